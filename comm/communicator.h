@@ -1,0 +1,118 @@
+// Communicator: the collectives zerostep's ZeRO stages need, over flat
+// host buffers, behind one small interface. Backends: sim (SimWorld, the
+// deterministic in-process simulator), gloo (later), nccl (later).
+//
+// Contract for every backend (checked by //comm:conformance):
+//   - Collectives are matched across ranks by call order: the k-th
+//     collective on every rank is one collective. Every rank must pass the
+//     same op, dtype, element count (and root for broadcast). A mismatch is
+//     reported as CommError on every rank, never a hang (where the backend
+//     can detect it; sim always does).
+//   - Calls are blocking: when a call returns, the output buffer holds the
+//     result and the input buffer may be reused.
+//   - Inputs and outputs may alias where stated (all_reduce is in place;
+//     all_gather's input may be the rank's own slice of its output).
+//   - A failed collective throws CommError naming the op, its sequence
+//     number and the rank(s) at fault; the output buffer is then undefined.
+//
+// Thread safety: one Communicator object belongs to one rank and is used from
+// one thread at a time.
+//
+// Ownership: buffers are borrowed for the duration of the call only.
+#ifndef ZEROSTEP_COMM_COMMUNICATOR_H_
+#define ZEROSTEP_COMM_COMMUNICATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace zerostep {
+
+enum class DType : uint8_t { kFloat32, kFloat64, kInt64 };
+
+size_t dtype_size(DType dtype);
+const char* to_string(DType dtype);
+
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() { return DType::kFloat32; }
+template <>
+constexpr DType dtype_of<double>() { return DType::kFloat64; }
+template <>
+constexpr DType dtype_of<int64_t>() { return DType::kInt64; }
+
+// A borrowed, typed, contiguous host buffer.
+struct Buffer {
+  void* data = nullptr;
+  size_t numel = 0;
+  DType dtype = DType::kFloat32;
+
+  template <typename T>
+  static Buffer of(T* p, size_t n) {
+    return Buffer{static_cast<void*>(p), n, dtype_of<T>()};
+  }
+  size_t bytes() const { return numel * dtype_size(dtype); }
+};
+
+enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin };
+const char* to_string(ReduceOp op);
+
+// The part of a training step a collective belongs to. Recorded by the
+// traffic ledger so that tests can assert, for example, that stage 0/1 in
+// unmanaged mode moves nothing during backward.
+enum class Phase : uint8_t { kSetup, kBackward, kStep };
+const char* to_string(Phase phase);
+
+struct AllReduceOptions {
+  ReduceOp op = ReduceOp::kSum;
+  Phase phase = Phase::kStep;
+};
+
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::kSum;
+  Phase phase = Phase::kStep;
+};
+
+struct AllGatherOptions {
+  Phase phase = Phase::kStep;
+};
+
+struct BroadcastOptions {
+  int root = 0;
+  Phase phase = Phase::kSetup;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // A short name for logs: "sim", "gloo", ...
+  virtual std::string backend_name() const = 0;
+
+  // In place: every rank's `buf` becomes op(buf of rank 0..W-1).
+  virtual void all_reduce(Buffer buf, const AllReduceOptions& opts) = 0;
+
+  // `input` holds W equal chunks of output.numel elements; rank r receives
+  // op over ranks of chunk r. input.numel must equal W * output.numel.
+  // `output` must not overlap `input`.
+  virtual void reduce_scatter(Buffer input, Buffer output,
+                              const ReduceScatterOptions& opts) = 0;
+
+  // output.numel must equal W * input.numel; chunk r of every rank's output
+  // becomes rank r's input. `input` may be this rank's chunk of `output`.
+  virtual void all_gather(Buffer input, Buffer output,
+                          const AllGatherOptions& opts) = 0;
+
+  // Every rank's `buf` becomes root's `buf`.
+  virtual void broadcast(Buffer buf, const BroadcastOptions& opts) = 0;
+
+  // Returns when every rank has entered the barrier.
+  virtual void barrier() = 0;
+};
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_COMM_COMMUNICATOR_H_

@@ -1,0 +1,171 @@
+#include "comm/conformance.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <numeric>
+
+namespace zerostep {
+namespace {
+
+// Values are small integers so that every reduction order gives the same
+// bits: the suite checks semantics, not a backend's summation order.
+template <typename T>
+T value_at(int rank, size_t i) {
+  return static_cast<T>((rank + 1) * 10 + static_cast<int>(i % 7));
+}
+
+template <typename T>
+void check_all_reduce(Communicator& c, ReduceOp op) {
+  const int w = c.world_size();
+  const size_t n = 37;  // not a multiple of common world sizes
+  std::vector<T> buf(n);
+  for (size_t i = 0; i < n; ++i) buf[i] = value_at<T>(c.rank(), i);
+  c.all_reduce(Buffer::of(buf.data(), n), {op, Phase::kStep});
+  for (size_t i = 0; i < n; ++i) {
+    T expect = value_at<T>(0, i);
+    for (int r = 1; r < w; ++r) {
+      T x = value_at<T>(r, i);
+      if (op == ReduceOp::kSum || op == ReduceOp::kAvg) expect += x;
+      if (op == ReduceOp::kMax) expect = std::max(expect, x);
+      if (op == ReduceOp::kMin) expect = std::min(expect, x);
+    }
+    if (op == ReduceOp::kAvg) expect = expect / static_cast<T>(w);
+    ASSERT_EQ(buf[i], expect) << "rank " << c.rank() << " element " << i
+                              << " op " << to_string(op);
+  }
+}
+
+void all_reduce_every_op_and_dtype(Communicator& c) {
+  for (ReduceOp op :
+       {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+    check_all_reduce<float>(c, op);
+    check_all_reduce<double>(c, op);
+    if (op != ReduceOp::kAvg) check_all_reduce<int64_t>(c, op);
+  }
+}
+
+void reduce_scatter_gives_each_rank_its_chunk(Communicator& c) {
+  const int w = c.world_size();
+  const size_t chunk = 5;
+  std::vector<float> in(chunk * w);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = value_at<float>(c.rank(), i);
+  std::vector<float> out(chunk, -1.0f);
+  c.reduce_scatter(Buffer::of(in.data(), in.size()),
+                   Buffer::of(out.data(), chunk), {ReduceOp::kSum,
+                                                   Phase::kBackward});
+  for (size_t i = 0; i < chunk; ++i) {
+    const size_t g = c.rank() * chunk + i;
+    float expect = 0;
+    for (int r = 0; r < w; ++r) expect += value_at<float>(r, g);
+    ASSERT_EQ(out[i], expect) << "rank " << c.rank() << " element " << i;
+  }
+}
+
+void all_gather_concatenates_in_rank_order(Communicator& c) {
+  const int w = c.world_size();
+  const size_t chunk = 3;
+  std::vector<double> in(chunk);
+  for (size_t i = 0; i < chunk; ++i) in[i] = c.rank() * 100.0 + i;
+  std::vector<double> out(chunk * w, -1.0);
+  c.all_gather(Buffer::of(in.data(), chunk), Buffer::of(out.data(), out.size()),
+               {Phase::kStep});
+  for (int r = 0; r < w; ++r)
+    for (size_t i = 0; i < chunk; ++i)
+      ASSERT_EQ(out[r * chunk + i], r * 100.0 + i) << "rank " << c.rank();
+}
+
+void all_gather_in_place_from_own_slice(Communicator& c) {
+  const int w = c.world_size();
+  const size_t chunk = 4;
+  std::vector<float> buf(chunk * w, -1.0f);
+  for (size_t i = 0; i < chunk; ++i)
+    buf[c.rank() * chunk + i] = static_cast<float>(c.rank() * 10 + i);
+  c.all_gather(Buffer::of(buf.data() + c.rank() * chunk, chunk),
+               Buffer::of(buf.data(), buf.size()), {Phase::kStep});
+  for (int r = 0; r < w; ++r)
+    for (size_t i = 0; i < chunk; ++i)
+      ASSERT_EQ(buf[r * chunk + i], static_cast<float>(r * 10 + i));
+}
+
+void broadcast_from_every_root(Communicator& c) {
+  for (int root = 0; root < c.world_size(); ++root) {
+    std::vector<int64_t> buf(6, c.rank() == root ? 1000 + root : -1);
+    c.broadcast(Buffer::of(buf.data(), buf.size()), {root, Phase::kSetup});
+    for (int64_t v : buf) ASSERT_EQ(v, 1000 + root) << "root " << root;
+  }
+}
+
+void empty_buffers_are_fine(Communicator& c) {
+  std::vector<float> none;
+  c.all_reduce(Buffer::of(none.data(), 0), {});
+  c.barrier();
+}
+
+void long_mixed_sequence_stays_matched(Communicator& c) {
+  const int w = c.world_size();
+  for (int k = 0; k < 50; ++k) {
+    float x = static_cast<float>(c.rank() + k);
+    c.all_reduce(Buffer::of(&x, 1), {ReduceOp::kSum, Phase::kStep});
+    float expect = 0;
+    for (int r = 0; r < w; ++r) expect += static_cast<float>(r + k);
+    ASSERT_EQ(x, expect) << "iteration " << k;
+    if (k % 10 == 0) c.barrier();
+  }
+}
+
+struct Case {
+  const char* name;
+  void (*body)(Communicator&);
+};
+
+const Case kCases[] = {
+    {"AllReduceEveryOpAndDtype", all_reduce_every_op_and_dtype},
+    {"ReduceScatterGivesEachRankItsChunk",
+     reduce_scatter_gives_each_rank_its_chunk},
+    {"AllGatherConcatenatesInRankOrder", all_gather_concatenates_in_rank_order},
+    {"AllGatherInPlaceFromOwnSlice", all_gather_in_place_from_own_slice},
+    {"BroadcastFromEveryRoot", broadcast_from_every_root},
+    {"EmptyBuffersAreFine", empty_buffers_are_fine},
+    {"LongMixedSequenceStaysMatched", long_mixed_sequence_stays_matched},
+};
+
+class ConformanceTest : public ::testing::Test {
+ public:
+  ConformanceTest(std::function<std::unique_ptr<ConformanceRunner>()> make,
+                  int world, void (*body)(Communicator&))
+      : make_(std::move(make)), world_(world), body_(body) {}
+  void TestBody() override {
+    std::unique_ptr<ConformanceRunner> runner = make_();
+    runner->run(world_, [this](Communicator& c) {
+      ASSERT_EQ(c.world_size(), world_);
+      body_(c);
+    });
+  }
+
+ private:
+  std::function<std::unique_ptr<ConformanceRunner>()> make_;
+  int world_;
+  void (*body_)(Communicator&);
+};
+
+}  // namespace
+
+void register_communicator_conformance(
+    const std::string& backend,
+    std::function<std::unique_ptr<ConformanceRunner>()> make_runner) {
+  std::vector<int> worlds = make_runner()->world_sizes();
+  for (const Case& c : kCases) {
+    for (int w : worlds) {
+      const std::string suite = "CommConformance/" + backend + "." + c.name;
+      const std::string name = "world" + std::to_string(w);
+      ::testing::RegisterTest(
+          suite.c_str(), name.c_str(), nullptr, nullptr, __FILE__, __LINE__,
+          [make_runner, w, body = c.body]() -> ::testing::Test* {
+            return new ConformanceTest(make_runner, w, body);
+          });
+    }
+  }
+}
+
+}  // namespace zerostep

@@ -1,0 +1,99 @@
+#include "comm/ledger.h"
+
+namespace zerostep {
+
+const char* to_string(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kBarrier:
+      return "barrier";
+  }
+  return "?";
+}
+
+uint64_t Ledger::total_bytes() const {
+  uint64_t total = 0;
+  for (const LedgerEntry& e : entries_) total += e.bytes;
+  return total;
+}
+
+uint64_t Ledger::bytes_in(Phase phase) const {
+  uint64_t total = 0;
+  for (const LedgerEntry& e : entries_)
+    if (e.phase == phase) total += e.bytes;
+  return total;
+}
+
+size_t Ledger::count_in(Phase phase) const {
+  size_t n = 0;
+  for (const LedgerEntry& e : entries_)
+    if (e.phase == phase) ++n;
+  return n;
+}
+
+void RecordingCommunicator::add(CollectiveKind kind, DType dtype, size_t numel,
+                                Phase phase) {
+  LedgerEntry e;
+  e.seq = seq_++;
+  e.kind = kind;
+  e.dtype = dtype;
+  e.numel = numel;
+  e.bytes = numel * dtype_size(dtype);
+  e.phase = phase;
+  const uint64_t w = static_cast<uint64_t>(world_size());
+  switch (kind) {
+    case CollectiveKind::kAllReduce:
+      e.wire_bytes = 2 * (w - 1) * e.bytes / w;
+      break;
+    case CollectiveKind::kReduceScatter:
+    case CollectiveKind::kAllGather:
+      e.wire_bytes = (w - 1) * e.bytes / w;
+      break;
+    case CollectiveKind::kBroadcast:
+      e.wire_bytes = w > 1 ? e.bytes : 0;
+      break;
+    case CollectiveKind::kBarrier:
+      e.wire_bytes = 0;
+      break;
+  }
+  e.world_size = world_size();
+  ledger_->record(e);
+}
+
+void RecordingCommunicator::all_reduce(Buffer buf,
+                                       const AllReduceOptions& opts) {
+  inner_->all_reduce(buf, opts);
+  add(CollectiveKind::kAllReduce, buf.dtype, buf.numel, opts.phase);
+}
+
+void RecordingCommunicator::reduce_scatter(Buffer input, Buffer output,
+                                           const ReduceScatterOptions& opts) {
+  inner_->reduce_scatter(input, output, opts);
+  add(CollectiveKind::kReduceScatter, input.dtype, input.numel, opts.phase);
+}
+
+void RecordingCommunicator::all_gather(Buffer input, Buffer output,
+                                       const AllGatherOptions& opts) {
+  inner_->all_gather(input, output, opts);
+  add(CollectiveKind::kAllGather, output.dtype, output.numel, opts.phase);
+}
+
+void RecordingCommunicator::broadcast(Buffer buf,
+                                      const BroadcastOptions& opts) {
+  inner_->broadcast(buf, opts);
+  add(CollectiveKind::kBroadcast, buf.dtype, buf.numel, opts.phase);
+}
+
+void RecordingCommunicator::barrier() {
+  inner_->barrier();
+  add(CollectiveKind::kBarrier, DType::kFloat32, 0, Phase::kSetup);
+}
+
+}  // namespace zerostep

@@ -1,0 +1,92 @@
+// Config: a DeepSpeed ds_config JSON document, validated into a plain struct.
+//
+// Key names are DeepSpeed's. parse_config() checks the whole document and
+// throws one ConfigError that lists every problem (key, value, rule, fix):
+//   - unknown keys get "did you mean" (a misspelt managed_gradient_accumulation
+//     must never silently keep managed mode);
+//   - keys DeepSpeed knows but zerostep does not implement (flops_profiler,
+//     tensorboard, ...) are accepted and listed once in Config::ignored_keys;
+//   - "auto" (left by Hugging Face integrations) is rejected with the number
+//     to write instead where it can be derived;
+//   - train_batch_size = train_micro_batch_size_per_gpu *
+//     gradient_accumulation_steps * world_size: any two of the three batch
+//     keys determine the third; a mismatch is an error.
+//   - unmanaged mode (managed_gradient_accumulation = false) rejects
+//     pipeline sections and overlap_comm with stage 0/1, each with its own
+//     message.
+// See docs/config.md for every key, its default and its effect.
+//
+// Thread safety: Config is a value; parse_config is reentrant.
+#ifndef ZEROSTEP_ENGINE_CONFIG_H_
+#define ZEROSTEP_ENGINE_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zerostep {
+
+// How gradients accumulated over a window are scaled (see DESIGN.md §1).
+enum class GradAccumScaling {
+  kConfigured,    // backward(loss, scale_wrt_gas=true) divides by the
+                  // configured gradient_accumulation_steps (DeepSpeed).
+  kPerStepCount,  // step() divides the accumulated gradient by the number of
+                  // backward() calls in the window.
+  kNone,          // gradients are summed over the window.
+};
+
+enum class OptimizerType { kAdam, kAdamW, kSGD };
+
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::kAdamW;  // "optimizer.type"
+  double lr = 1e-3;                            // params.lr
+  double beta1 = 0.9;                          // params.betas[0]
+  double beta2 = 0.999;                        // params.betas[1]
+  double eps = 1e-8;                           // params.eps
+  double weight_decay = 0.0;                   // params.weight_decay
+  double momentum = 0.0;                       // params.momentum (SGD)
+};
+
+struct ZeroConfig {
+  int stage = 0;                           // zero_optimization.stage
+  bool overlap_comm = false;               // zero_optimization.overlap_comm
+  int64_t reduce_bucket_size = 500000000;  // elements
+  int64_t allgather_bucket_size = 500000000;  // elements
+  bool contiguous_gradients = true;
+};
+
+struct Config {
+  int world_size = 1;  // not a ds_config key: given to parse_config.
+
+  int64_t train_batch_size = 0;                // derived if absent
+  int64_t train_micro_batch_size_per_gpu = 0;  // derived if absent
+  int64_t gradient_accumulation_steps = 0;     // derived if absent (default 1)
+
+  bool managed_gradient_accumulation = true;
+  GradAccumScaling gradient_accumulation_scaling =
+      GradAccumScaling::kConfigured;
+
+  OptimizerConfig optimizer;
+  double gradient_clipping = 0.0;  // 0 = off
+  ZeroConfig zero;
+  int64_t steps_per_print = 10;
+
+  // DeepSpeed keys present in the document that zerostep accepts but does
+  // not act on, in document order (top-level names, e.g. "tensorboard").
+  std::vector<std::string> ignored_keys;
+};
+
+// Parses and validates `json_text` for a run of `world_size` ranks.
+// Throws ConfigError listing every problem found.
+Config parse_config(const std::string& json_text, int world_size);
+
+// Reads `path` and parses it. Throws IoError naming the path if it cannot be
+// read, ConfigError (whose message starts with the path) if it is invalid.
+Config load_config_file(const std::string& path, int world_size);
+
+const char* to_string(GradAccumScaling s);
+const char* to_string(OptimizerType t);
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_ENGINE_CONFIG_H_
