@@ -1,0 +1,37 @@
+// Stage0: plain data parallelism (DDP). Every rank holds the whole model,
+// its gradients and the whole optimizer state. The window's gradients are
+// all-reduced (average) once; every rank then applies the same update.
+//
+// Ownership and threading: see zero/stage.h.
+#ifndef ZEROSTEP_ZERO_STAGE0_H_
+#define ZEROSTEP_ZERO_STAGE0_H_
+
+#include "zero/stage.h"
+
+namespace zerostep {
+
+class Stage0 final : public Stage {
+ public:
+  Stage0(const StageOptions& options, FlatBuffers buffers, Communicator* comm);
+
+  int stage() const override { return 0; }
+  void on_backward(Phase) override {}
+  void reduce_window(int64_t window_backwards, int64_t global_steps,
+                     Phase phase) override;
+  GradStats finalize(double divisor, double clip) override;
+  void apply_update(const OptimizerHyper& hyper) override;
+  void zero_grad() override;
+  const FlatOptimizer& optimizer() const override { return optimizer_; }
+  size_t optimizer_offset() const override { return 0; }
+  MemoryStats memory() const override;
+
+ private:
+  FlatLayout layout_;
+  FlatBuffers buf_;
+  Communicator* comm_;
+  FlatOptimizer optimizer_;
+};
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_ZERO_STAGE0_H_

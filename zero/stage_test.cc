@@ -1,0 +1,157 @@
+#include "zero/stage.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "common/errors.h"
+#include "sim/sim_world.h"
+
+namespace zerostep {
+namespace {
+
+struct RankState {
+  std::vector<float> params, grads;
+};
+
+// Runs `windows` windows of `backwards` accumulated random gradients through
+// a stage on a simulated world; returns every rank's final parameters.
+std::vector<std::vector<float>> train(int stage, int world, int windows,
+                                      int backwards, double clip = 0.0) {
+  const std::vector<size_t> numels = {13, 50, 7};
+  FlatLayout layout = FlatLayout::make(numels, world);
+  StageOptions opts;
+  opts.stage = stage;
+  opts.layout = layout;
+  opts.optimizer.kind = OptimizerKind::kAdamW;
+  opts.optimizer.lr = 0.01;
+  opts.optimizer.weight_decay = 0.1;
+  SimWorld sim({world, 5});
+  std::vector<RankState> ranks(world);
+  sim.run([&](int r) {
+    RankState& s = ranks[r];
+    s.params.assign(layout.padded_numel, 0.0f);
+    s.grads.assign(layout.padded_numel, 0.0f);
+    for (size_t i = 0; i < layout.numel; ++i) s.params[i] = 0.01f * i;
+    auto st = make_stage(opts, {s.params.data(), s.grads.data()}, &sim.comm(r));
+    std::mt19937 rng(1000 + r);
+    std::normal_distribution<float> nd;
+    for (int k = 0; k < windows; ++k) {
+      for (int b = 0; b < backwards; ++b) {
+        for (size_t i = 0; i < layout.numel; ++i) s.grads[i] += nd(rng);
+        st->on_backward(Phase::kBackward);
+      }
+      st->reduce_window(backwards, k, Phase::kStep);
+      st->finalize(backwards, clip);
+      st->apply_update(opts.optimizer);
+      st->zero_grad();
+    }
+  });
+  std::vector<std::vector<float>> out;
+  for (auto& s : ranks) out.push_back(s.params);
+  return out;
+}
+
+TEST(StageTest, ReplicasStayIdenticalAndPaddingStaysZero) {
+  for (int stage : {0, 1}) {
+    auto params = train(stage, 3, 4, 2);
+    FlatLayout layout = FlatLayout::make({13, 50, 7}, 3);
+    for (int r = 1; r < 3; ++r) EXPECT_EQ(params[r], params[0]) << stage;
+    for (size_t i = layout.numel; i < layout.padded_numel; ++i)
+      EXPECT_EQ(params[0][i], 0.0f) << "stage " << stage << " padding " << i;
+  }
+}
+
+// Bitwise: both stages reduce each element in rank order (Note [Reduction
+// order]) and apply the same elementwise optimizer, so partitioning the
+// optimizer must not change a single bit.
+TEST(StageTest, Stage1EqualsStage0Bitwise) {
+  for (int world : {1, 2, 3, 4}) {
+    auto p0 = train(0, world, 3, 3);
+    auto p1 = train(1, world, 3, 3);
+    ASSERT_EQ(p0[0].size(), p1[0].size());
+    EXPECT_EQ(0, std::memcmp(p0[0].data(), p1[0].data(), p0[0].size() * 4))
+        << "world " << world;
+  }
+}
+
+TEST(StageTest, ClippingGivesTheSameResultOnBothStages) {
+  auto p0 = train(0, 2, 2, 2, /*clip=*/0.5);
+  auto p1 = train(1, 2, 2, 2, /*clip=*/0.5);
+  auto unclipped = train(0, 2, 2, 2);
+  for (size_t i = 0; i < p0[0].size(); ++i)
+    EXPECT_NEAR(p0[0][i], p1[0][i], 1e-6) << i;
+  EXPECT_NE(p0[0], unclipped[0]);
+}
+
+TEST(StageTest, DisagreeingWindowIsAnErrorOnEveryRankAndReducesNothing) {
+  for (int stage : {0, 1}) {
+    FlatLayout layout = FlatLayout::make({40}, 2);
+    StageOptions opts;
+    opts.stage = stage;
+    opts.layout = layout;
+    SimWorld sim({2, 5});
+    std::vector<RankState> ranks(2);
+    auto errors = sim.run_collect([&](int r) {
+      RankState& s = ranks[r];
+      s.params.assign(layout.padded_numel, 1.0f);
+      s.grads.assign(layout.padded_numel, static_cast<float>(r + 1));
+      auto st = make_stage(opts, {s.params.data(), s.grads.data()},
+                           &sim.comm(r));
+      st->reduce_window(/*window_backwards=*/r == 0 ? 4 : 5, 0,
+                        Phase::kStep);
+    });
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(errors[r]) << "rank " << r;
+      try {
+        std::rethrow_exception(errors[r]);
+      } catch (const UsageError& e) {
+        std::string what = e.what();
+        EXPECT_NE(what.find("rank 0 ran 4 backward() calls"),
+                  std::string::npos)
+            << what;
+        EXPECT_NE(what.find("rank 1 ran 5 backward() calls"),
+                  std::string::npos)
+            << what;
+      }
+      EXPECT_EQ(ranks[r].grads[0], static_cast<float>(r + 1));
+      EXPECT_EQ(ranks[r].params[0], 1.0f);
+    }
+  }
+}
+
+TEST(StageTest, Stage1HoldsOneWorldthOfTheOptimizerState) {
+  FlatLayout layout = FlatLayout::make({1000}, 4);
+  SimWorld sim({4, 5});
+  std::vector<MemoryStats> mem(4);
+  std::vector<MemoryStats> mem0(4);
+  sim.run([&](int r) {
+    std::vector<float> p(layout.padded_numel), g(layout.padded_numel);
+    StageOptions o;
+    o.layout = layout;
+    o.stage = 1;
+    mem[r] = make_stage(o, {p.data(), g.data()}, &sim.comm(r))->memory();
+    o.stage = 0;
+    mem0[r] = make_stage(o, {p.data(), g.data()}, &sim.comm(r))->memory();
+  });
+  EXPECT_EQ(mem[0].optimizer_state_bytes * 4, mem0[0].optimizer_state_bytes);
+}
+
+TEST(StageTest, UnsupportedStageIsAClearError) {
+  SimWorld sim({1, 5});
+  std::vector<float> p(16), g(16);
+  StageOptions o;
+  o.layout = FlatLayout::make({16}, 1);
+  o.stage = 4;
+  try {
+    make_stage(o, {p.data(), g.data()}, &sim.comm(0));
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_optimization.stage = 4"),
+              std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace zerostep
