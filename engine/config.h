@@ -72,7 +72,9 @@ struct Config {
   int64_t steps_per_print = 10;
 
   // DeepSpeed keys present in the document that zerostep accepts but does
-  // not act on, in document order (top-level names, e.g. "tensorboard").
+  // not act on, once each, in document order: top-level names
+  // ("tensorboard"), nested ones dotted ("zero_optimization.sub_group_size",
+  // "optimizer.params.torch_adam").
   std::vector<std::string> ignored_keys;
 };
 
@@ -81,7 +83,8 @@ struct Config {
 Config parse_config(const std::string& json_text, int world_size);
 
 // Reads `path` and parses it. Throws IoError naming the path if it cannot be
-// read, ConfigError (whose message starts with the path) if it is invalid.
+// read, ConfigError (same problems; message "invalid ds_config '<path>': ...")
+// if it is invalid.
 Config load_config_file(const std::string& path, int world_size);
 
 const char* to_string(GradAccumScaling s);

@@ -8,12 +8,13 @@ default linker path). With LIBTORCH_HOME set to an unpacked LibTorch
 _DEBIAN_BUILD = """
 package(default_visibility = ["//visibility:public"])
 
-# Debian installs the headers under /usr/include, which the compiler already
-# searches and Bazel treats as a system directory, so only the C++ frontend's
-# include root has to be added.
+# Debian installs ATen/c10 headers under /usr/include, which the compiler
+# already searches. The C++ frontend's include root is linked in as
+# api_include/ and declared, so that `includes` reaches every dependent.
 cc_library(
     name = "libtorch",
-    copts = ["-isystem", "/usr/include/torch/csrc/api/include"],
+    hdrs = glob(["api_include/**"]),
+    includes = ["api_include"],
     linkopts = ["-ltorch", "-ltorch_cpu", "-lc10", "-lpthread"],
 )
 """
@@ -45,6 +46,7 @@ def _libtorch_repository_impl(ctx):
             fail("LibTorch not found: /usr/include/torch/csrc/api/include/torch/torch.h is missing. " +
                  "Fix: run ./bazelw (it installs Debian's libtorch-dev), or set LIBTORCH_HOME " +
                  "to an unpacked LibTorch.")
+        ctx.symlink("/usr/include/torch/csrc/api/include", "api_include")
         ctx.file("BUILD", _DEBIAN_BUILD)
         return
     if not ctx.path(home + "/include/torch/csrc/api/include/torch/torch.h").exists:

@@ -1,0 +1,1034 @@
+#include "engine/config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <utility>
+
+#include "common/errors.h"
+
+namespace zerostep {
+namespace {
+
+// ordered_json keeps the document's key order, so problems and ignored_keys
+// come out in the order the user wrote them.
+using Json = nlohmann::ordered_json;
+
+constexpr const char* kAutoRule =
+    "\"auto\" is a placeholder that the Hugging Face Trainer replaces before "
+    "DeepSpeed reads the file; zerostep reads the file as written";
+
+constexpr const char* kBatchRelation =
+    "train_batch_size = train_micro_batch_size_per_gpu × "
+    "gradient_accumulation_steps × world_size";
+
+const std::vector<std::string> kTopSupported = {
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "managed_gradient_accumulation",
+    "gradient_accumulation_scaling",
+    "optimizer",
+    "gradient_clipping",
+    "steps_per_print",
+    "zero_optimization",
+};
+
+// DeepSpeed keys accepted and not acted on. fp16, bf16, bfloat16 and amp are
+// here too but are rejected when they enable mixed precision (see
+// parse_precision_section).
+const std::vector<std::string> kTopIgnored = {
+    "flops_profiler",
+    "tensorboard",
+    "wandb",
+    "csv_monitor",
+    "comet",
+    "activation_checkpointing",
+    "wall_clock_breakdown",
+    "memory_breakdown",
+    "dump_state",
+    "prescale_gradients",
+    "gradient_predivide_factor",
+    "sparse_gradients",
+    "communication_data_type",
+    "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer",
+    "aio",
+    "autotuning",
+    "elasticity",
+    "data_efficiency",
+    "curriculum_learning",
+    "compression_training",
+    "checkpoint",
+    "data_types",
+    "amp",
+    "fp16",
+    "bf16",
+    "bfloat16",
+    "seq_parallel_communication_data_type",
+    "eigenvalue",
+    "progressive_layer_drop",
+    "quantize_training",
+    "sparse_attention",
+    "load_universal_checkpoint",
+    "use_node_local_storage",
+    "nebula",
+    "weight_quantization",
+    "hybrid_engine",
+};
+
+// DeepSpeed keys that zerostep knows and always rejects (with a message of
+// their own, never "unknown key").
+const std::vector<std::string> kTopRejected = {
+    "scheduler",
+    "pipeline",
+    "pipeline_parallel_size",
+};
+
+const std::vector<std::string> kZeroSupported = {
+    "stage",
+    "overlap_comm",
+    "reduce_bucket_size",
+    "allgather_bucket_size",
+    "contiguous_gradients",
+};
+
+const std::vector<std::string> kZeroIgnored = {
+    "reduce_scatter",
+    "allgather_partitions",
+    "offload_optimizer",
+    "offload_param",
+    "stage3_param_persistence_threshold",
+    "stage3_max_live_parameters",
+    "stage3_max_reuse_distance",
+    "stage3_prefetch_bucket_size",
+    "stage3_gather_16bit_weights_on_model_save",
+    "sub_group_size",
+    "round_robin_gradients",
+    "elastic_checkpoint",
+    "ignore_unused_parameters",
+    "load_from_fp32_weights",
+    "cpu_offload",
+    "zero_hpz_partition_size",
+    "zero_quantized_weights",
+    "zero_quantized_gradients",
+    "mics_shard_size",
+    "memory_efficient_linear",
+};
+
+const std::vector<std::string> kOptimizerKeys = {"type", "params"};
+const std::vector<std::string> kOptimizerParams = {"lr", "betas", "eps",
+                                                   "weight_decay", "momentum"};
+const std::vector<std::string> kOptimizerParamsIgnored = {"torch_adam",
+                                                          "adam_w_mode"};
+
+std::string lower(std::string s) {
+  for (char& c : s)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+size_t levenshtein(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t subst = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, subst});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// The closest candidate (case-insensitive) within max(2, len/3) edits, or ""
+// when none is close enough to be a plausible typo.
+std::string closest(
+    const std::string& word,
+    std::initializer_list<const std::vector<std::string>*> candidate_lists) {
+  const std::string w = lower(word);
+  const size_t limit = std::max<size_t>(2, w.size() / 3);
+  std::string best;
+  size_t best_distance = limit + 1;
+  for (const std::vector<std::string>* list : candidate_lists) {
+    for (const std::string& c : *list) {
+      size_t d = levenshtein(w, lower(c));
+      if (d < best_distance) {
+        best_distance = d;
+        best = c;
+      }
+    }
+  }
+  return best;
+}
+
+bool is_auto(const Json& v) {
+  return v.is_string() && lower(v.get<std::string>()) == "auto";
+}
+
+// True when `s` is, in full, a number a user meant to write without quotes.
+bool looks_numeric(const std::string& s) {
+  // strtod also takes " 4", "nan" and "inf", which are not JSON numbers.
+  if (s.empty() || !(std::isdigit(static_cast<unsigned char>(s[0])) ||
+                     s[0] == '-' || s[0] == '.')) {
+    return false;
+  }
+  char* end = nullptr;
+  std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size();
+}
+
+// "e.g. 16 or 32": the multiples of `d` around `t`.
+std::string multiples_near(int64_t t, int64_t d) {
+  int64_t below = t / d * d;
+  std::string s = "e.g. ";
+  if (below > 0) s += std::to_string(below) + " or ";
+  return s + std::to_string(below + d);
+}
+
+struct BatchTriple {
+  int64_t tbs = 0;
+  int64_t micro = 0;
+  int64_t gas = 0;
+};
+
+// One batch key as given: value is set when present and valid.
+struct BatchInput {
+  std::optional<int64_t> value;
+  std::string dump;  // JSON text of the value, for messages
+};
+
+// Applies train_batch_size = micro × gas × world to whichever keys are given
+// and derives the rest. Returns nullopt after adding problems to *out.
+std::optional<BatchTriple> resolve_batch(const BatchInput& t,
+                                         const BatchInput& m,
+                                         const BatchInput& g, int64_t w,
+                                         std::vector<ConfigProblem>* out) {
+  auto overflow = [&](const std::string& key, const std::string& dump) {
+    out->push_back({key, dump,
+                    "makes micro × gas × world_size overflow a 64-bit integer",
+                    "use smaller batch sizes"});
+    return std::nullopt;
+  };
+  int64_t product = 0;
+  if (t.value && m.value && g.value) {
+    if (__builtin_mul_overflow(*m.value, *g.value, &product) ||
+        __builtin_mul_overflow(product, w, &product)) {
+      return overflow("train_batch_size", t.dump);
+    }
+    if (*t.value == product) return BatchTriple{*t.value, *m.value, *g.value};
+    const std::string arithmetic =
+        std::to_string(*m.value) + " × " + std::to_string(*g.value) + " × " +
+        std::to_string(w) + " = " + std::to_string(product);
+    out->push_back(
+        {"train_batch_size", t.dump,
+         "must equal train_micro_batch_size_per_gpu × "
+         "gradient_accumulation_steps × world_size = " +
+             arithmetic,
+         "write " + std::to_string(product) + " (= micro " +
+             std::to_string(*m.value) + " × gas " + std::to_string(*g.value) +
+             " × world " + std::to_string(w) +
+             "), or remove one of the three keys and let zerostep derive it"});
+    return std::nullopt;
+  }
+  if (t.value && m.value) {
+    if (__builtin_mul_overflow(*m.value, w, &product)) {
+      return overflow("train_micro_batch_size_per_gpu", m.dump);
+    }
+    if (*t.value % product == 0) {
+      return BatchTriple{*t.value, *m.value, *t.value / product};
+    }
+    out->push_back(
+        {"train_batch_size", t.dump,
+         "must be divisible by train_micro_batch_size_per_gpu × world_size = " +
+             std::to_string(*m.value) + " × " + std::to_string(w) + " = " +
+             std::to_string(product) +
+             " (gradient_accumulation_steps = train_batch_size / " +
+             std::to_string(product) + ")",
+         "write a multiple of " + std::to_string(product) + ", " +
+             multiples_near(*t.value, product)});
+    return std::nullopt;
+  }
+  if (t.value && g.value) {
+    if (__builtin_mul_overflow(*g.value, w, &product)) {
+      return overflow("gradient_accumulation_steps", g.dump);
+    }
+    if (*t.value % product == 0) {
+      return BatchTriple{*t.value, *t.value / product, *g.value};
+    }
+    out->push_back(
+        {"train_batch_size", t.dump,
+         "must be divisible by gradient_accumulation_steps × world_size = " +
+             std::to_string(*g.value) + " × " + std::to_string(w) + " = " +
+             std::to_string(product) +
+             " (train_micro_batch_size_per_gpu = train_batch_size / " +
+             std::to_string(product) + ")",
+         "write a multiple of " + std::to_string(product) + ", " +
+             multiples_near(*t.value, product)});
+    return std::nullopt;
+  }
+  if (m.value && g.value) {
+    if (__builtin_mul_overflow(*m.value, *g.value, &product) ||
+        __builtin_mul_overflow(product, w, &product)) {
+      return overflow("gradient_accumulation_steps", g.dump);
+    }
+    return BatchTriple{product, *m.value, *g.value};
+  }
+  if (m.value) {
+    if (__builtin_mul_overflow(*m.value, w, &product)) {
+      return overflow("train_micro_batch_size_per_gpu", m.dump);
+    }
+    return BatchTriple{product, *m.value, 1};
+  }
+  if (g.value) {
+    out->push_back(
+        {"train_micro_batch_size_per_gpu", "",
+         "is required: gradient_accumulation_steps alone does not determine "
+         "the batch size (" +
+             std::string(kBatchRelation) + ")",
+         "add train_micro_batch_size_per_gpu (samples per rank per "
+         "backward) or train_batch_size"});
+    return std::nullopt;
+  }
+  if (t.value) {
+    if (*t.value % w == 0) return BatchTriple{*t.value, *t.value / w, 1};
+    out->push_back(
+        {"train_batch_size", t.dump,
+         "must be divisible by world_size " + std::to_string(w) +
+             " (without gradient_accumulation_steps it is 1, so "
+             "train_micro_batch_size_per_gpu = train_batch_size / world_size)",
+         "write a multiple of " + std::to_string(w) + ", " +
+             multiples_near(*t.value, w) +
+             ", or also give train_micro_batch_size_per_gpu"});
+    return std::nullopt;
+  }
+  out->push_back(
+      {"train_batch_size", "",
+       "no batch size given: train_batch_size or "
+       "train_micro_batch_size_per_gpu is required (" +
+           std::string(kBatchRelation) +
+           "; any two of the three determine the third)",
+       "add \"train_micro_batch_size_per_gpu\": <samples per rank per "
+       "backward>, and optionally gradient_accumulation_steps"});
+  return std::nullopt;
+}
+
+class Parser {
+ public:
+  explicit Parser(int world_size) { cfg_.world_size = world_size; }
+
+  Config run(const std::string& text) {
+    if (cfg_.world_size < 1) {
+      add("world_size", std::to_string(cfg_.world_size),
+          "must be >= 1 (the number of ranks; an argument of parse_config, "
+          "not a ds_config key)",
+          "pass the number of ranks in the run, e.g. 1 for one process");
+    }
+    Json doc;
+    try {
+      doc = Json::parse(text);
+    } catch (const Json::parse_error& e) {
+      // e.what() is "[json.exception.parse_error.101] parse error at line L,
+      // column C: ..."; the bracketed id means nothing to a user.
+      std::string what = e.what();
+      size_t bracket = what.find("] ");
+      if (what.rfind("[json.exception", 0) == 0 &&
+          bracket != std::string::npos) {
+        what = what.substr(bracket + 2);
+      }
+      add("<document>", "", what,
+          "fix the JSON at that position (ds_config is plain JSON: no "
+          "comments, no trailing commas, keys in double quotes)");
+      throw ConfigError(std::move(problems_));
+    }
+    if (!doc.is_object()) {
+      add("<document>", doc.dump(), "must be a JSON object",
+          "write the settings as { \"key\": value, ... }");
+      throw ConfigError(std::move(problems_));
+    }
+    for (auto it = doc.begin(); it != doc.end(); ++it) {
+      parse_top(it.key(), it.value());
+    }
+    check_batch();
+    check_cross_keys();
+    if (!problems_.empty()) throw ConfigError(std::move(problems_));
+    return cfg_;
+  }
+
+ private:
+  enum class Slot { kTbs, kMicro, kGas };
+
+  // A batch key as read: `value` is set only when present and valid.
+  struct BatchKey {
+    const Json* raw = nullptr;
+    std::optional<int64_t> value;
+    bool bad = false;                // present but rejected
+    size_t auto_problem = SIZE_MAX;  // index of its "auto" problem, if any
+  };
+
+  void add(std::string key, std::string value, std::string rule,
+           std::string fix) {
+    problems_.push_back(
+        {std::move(key), std::move(value), std::move(rule), std::move(fix)});
+  }
+
+  void ignore(const std::string& key) {
+    if (!contains(cfg_.ignored_keys, key)) cfg_.ignored_keys.push_back(key);
+  }
+
+  void unknown_key(const std::string& key, const Json& v,
+                   const std::string& where, const std::string& suggestion) {
+    add(key, v.dump(),
+        where == "ds_config" ? "is not a ds_config key zerostep knows"
+                             : "is not a key zerostep knows in " + where,
+        suggestion.empty()
+            ? "remove it; docs/config.md lists every supported key"
+            : "did you mean \"" + suggestion + "\"?");
+  }
+
+  // --- typed readers: return the value, or record why not ---
+
+  std::optional<bool> read_bool(const std::string& key, const Json& v) {
+    if (v.is_boolean()) return v.get<bool>();
+    if (is_auto(v)) {
+      add(key, v.dump(), kAutoRule,
+          "write true or false (a JSON boolean, no quotes)");
+      return std::nullopt;
+    }
+    std::string fix = "write true or false (a JSON boolean, no quotes)";
+    if (v.is_string()) {
+      std::string s = lower(v.get<std::string>());
+      if (s == "true" || s == "false") {
+        fix = "write " + s + " (a JSON boolean, no quotes)";
+      }
+    }
+    add(key, v.dump(), "must be a JSON boolean (true or false)", fix);
+    return std::nullopt;
+  }
+
+  // `want` completes "write ..." in a fix, e.g. "a number >= 0".
+  std::optional<double> read_number(const std::string& key, const Json& v,
+                                    const std::string& want) {
+    if (v.is_number()) return v.get<double>();
+    type_error(key, v, "a JSON number", want);
+    return std::nullopt;
+  }
+
+  // A whole number; integral floats (5e8, as DeepSpeed files often write
+  // bucket sizes) are accepted.
+  std::optional<int64_t> read_whole(const std::string& key, const Json& v,
+                                    const std::string& want) {
+    if (v.is_number_integer() && !v.is_number_unsigned()) {
+      return v.get<int64_t>();
+    }
+    if (v.is_number_unsigned()) {
+      uint64_t u = v.get<uint64_t>();
+      if (u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return static_cast<int64_t>(u);
+      }
+      add(key, v.dump(), "is too large for a 64-bit integer", "write " + want);
+      return std::nullopt;
+    }
+    if (v.is_number_float()) {
+      double d = v.get<double>();
+      // 2^63 is exactly representable; anything >= it does not fit.
+      if (std::isfinite(d) && std::trunc(d) == d &&
+          d >= -9.2233720368547758e18 && d < 9.2233720368547758e18) {
+        return static_cast<int64_t>(d);
+      }
+      add(key, v.dump(), "must be a whole number", "write " + want);
+      return std::nullopt;
+    }
+    type_error(key, v, "a whole JSON number", want);
+    return std::nullopt;
+  }
+
+  void type_error(const std::string& key, const Json& v,
+                  const std::string& type, const std::string& want) {
+    if (is_auto(v)) {
+      add(key, v.dump(), kAutoRule, "write " + want);
+      return;
+    }
+    std::string fix = "write " + want;
+    if (v.is_string() && looks_numeric(v.get<std::string>())) {
+      fix = "write " + v.get<std::string>() + " (a JSON number, no quotes)";
+    }
+    add(key, v.dump(), "must be " + type, fix);
+  }
+
+  // --- top level ---
+
+  void parse_top(const std::string& key, const Json& v) {
+    if (key == "train_batch_size") {
+      read_batch(Slot::kTbs, key, v);
+    } else if (key == "train_micro_batch_size_per_gpu") {
+      read_batch(Slot::kMicro, key, v);
+    } else if (key == "gradient_accumulation_steps") {
+      read_batch(Slot::kGas, key, v);
+    } else if (key == "managed_gradient_accumulation") {
+      if (auto b = read_bool(key, v)) {
+        cfg_.managed_gradient_accumulation = *b;
+        managed_valid_ = true;
+      } else {
+        managed_valid_ = false;
+      }
+    } else if (key == "gradient_accumulation_scaling") {
+      parse_scaling(key, v);
+    } else if (key == "optimizer") {
+      parse_optimizer(v);
+    } else if (key == "gradient_clipping") {
+      if (auto d =
+              read_number(key, v, "a number >= 0 (0 turns clipping off)")) {
+        if (*d < 0) {
+          add(key, v.dump(), "must be >= 0 (the max global grad norm)",
+              "write 0 to turn clipping off, or a positive norm such as 1.0");
+        } else {
+          cfg_.gradient_clipping = *d;
+        }
+      }
+    } else if (key == "steps_per_print") {
+      if (auto n = read_whole(key, v, "an integer >= 1, e.g. 10")) {
+        if (*n < 1) {
+          add(key, v.dump(), "must be an integer >= 1",
+              "write an integer >= 1, e.g. 10");
+        } else {
+          cfg_.steps_per_print = *n;
+        }
+      }
+    } else if (key == "zero_optimization") {
+      parse_zero(v);
+    } else if (key == "scheduler") {
+      // Silently dropping an LR schedule would change training.
+      add(key, v.dump(),
+          "learning-rate schedules are not implemented yet in this version "
+          "(ignoring the section would silently change training)",
+          "remove the scheduler section and use a constant lr "
+          "(optimizer.params.lr)");
+    } else if (key == "pipeline" || key == "pipeline_parallel_size") {
+      if (key == "pipeline_parallel_size" && v.is_number() &&
+          v.get<double>() == 1.0) {
+        ignore(key);  // one stage is no pipeline.
+      } else if (pipeline_key_.empty()) {
+        pipeline_key_ = key;
+        pipeline_dump_ = v.dump();
+      }
+    } else if (key == "fp16" || key == "bf16" || key == "bfloat16" ||
+               key == "amp") {
+      parse_precision_section(key, v);
+    } else if (contains(kTopIgnored, key)) {
+      ignore(key);
+    } else {
+      unknown_key(key, v, "ds_config",
+                  closest(key, {&kTopSupported, &kTopIgnored, &kTopRejected}));
+    }
+  }
+
+  void read_batch(Slot slot, const std::string& key, const Json& v) {
+    BatchKey& b = batch_[static_cast<int>(slot)];
+    b.raw = &v;
+    if (is_auto(v)) {
+      // The fix needs the other batch keys; check_batch() fills it in.
+      b.auto_problem = problems_.size();
+      add(key, v.dump(), kAutoRule, "");
+      return;
+    }
+    auto n = read_whole(key, v, "a positive integer, e.g. 4");
+    if (!n) {
+      b.bad = true;
+    } else if (*n < 1) {
+      add(key, v.dump(), "must be a positive integer",
+          "write a positive integer, e.g. 4");
+      b.bad = true;
+    } else {
+      b.value = *n;
+    }
+  }
+
+  void parse_scaling(const std::string& key, const Json& v) {
+    static const std::vector<std::string> kModes = {"configured",
+                                                    "per_step_count", "none"};
+    const std::string want =
+        "one of \"configured\", \"per_step_count\", \"none\" (a JSON string)";
+    if (!v.is_string() || is_auto(v)) {
+      if (is_auto(v)) {
+        add(key, v.dump(), kAutoRule, "write " + want);
+      } else {
+        add(key, v.dump(), "must be a JSON string", "write " + want);
+      }
+      return;
+    }
+    const std::string s = lower(v.get<std::string>());
+    if (s == "configured") {
+      cfg_.gradient_accumulation_scaling = GradAccumScaling::kConfigured;
+    } else if (s == "per_step_count") {
+      cfg_.gradient_accumulation_scaling = GradAccumScaling::kPerStepCount;
+    } else if (s == "none") {
+      cfg_.gradient_accumulation_scaling = GradAccumScaling::kNone;
+    } else {
+      std::string guess = closest(s, {&kModes});
+      add(key, v.dump(),
+          "must be \"configured\", \"per_step_count\" or \"none\"",
+          guess.empty() ? "write " + want : "did you mean \"" + guess + "\"?");
+    }
+  }
+
+  // fp16 / bf16 / bfloat16 / amp: ignored unless they turn mixed precision
+  // on, which zerostep does not implement yet (training would silently run
+  // in fp32 instead).
+  void parse_precision_section(const std::string& key, const Json& v) {
+    if (!v.is_object()) {
+      add(key, v.dump(), "must be a JSON object",
+          "write { \"enabled\": false } or remove the section");
+      return;
+    }
+    auto it = v.find("enabled");
+    if (it == v.end()) {
+      ignore(key);
+      return;
+    }
+    const std::string ekey = key + ".enabled";
+    const std::string rule =
+        "mixed precision (" + key +
+        ") is not implemented yet in this version; zerostep trains in fp32 "
+        "(mixed precision comes in a later release)";
+    const std::string fix =
+        "set \"enabled\": false or remove the " + key + " section";
+    if (is_auto(*it)) {
+      add(ekey, it->dump(), std::string(kAutoRule) + "; " + rule, fix);
+      return;
+    }
+    auto enabled = read_bool(ekey, *it);
+    if (!enabled) return;
+    if (*enabled) {
+      add(ekey, it->dump(), rule, fix);
+    } else {
+      ignore(key);
+    }
+  }
+
+  // --- optimizer ---
+
+  void parse_optimizer(const Json& v) {
+    if (!v.is_object()) {
+      add("optimizer", v.dump(), "must be a JSON object",
+          "write { \"type\": \"AdamW\", \"params\": { \"lr\": 0.001 } }");
+      return;
+    }
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (!contains(kOptimizerKeys, it.key())) {
+        unknown_key("optimizer." + it.key(), it.value(), "optimizer",
+                    closest(it.key(), {&kOptimizerKeys}));
+      }
+    }
+    bool type_known = false;
+    auto type = v.find("type");
+    if (type == v.end()) {
+      add("optimizer.type", "",
+          "is required when the optimizer section is present",
+          "add \"type\": \"AdamW\" (or \"Adam\", \"SGD\")");
+    } else if (!type->is_string()) {
+      add("optimizer.type", type->dump(), "must be a JSON string",
+          "write \"AdamW\", \"Adam\" or \"SGD\"");
+    } else {
+      const std::string t = lower(type->get<std::string>());
+      if (t == "adam") {
+        cfg_.optimizer.type = OptimizerType::kAdam;
+        type_known = true;
+      } else if (t == "adamw") {
+        cfg_.optimizer.type = OptimizerType::kAdamW;
+        type_known = true;
+      } else if (t == "sgd") {
+        cfg_.optimizer.type = OptimizerType::kSGD;
+        type_known = true;
+      } else {
+        static const std::vector<std::string> kTypes = {"Adam", "AdamW", "SGD"};
+        std::string guess = closest(t, {&kTypes});
+        add("optimizer.type", type->dump(),
+            "is not an optimizer zerostep implements; supported: Adam, "
+            "AdamW, SGD (any letter case)",
+            guess.empty() ? "write \"AdamW\", \"Adam\" or \"SGD\""
+                          : "did you mean \"" + guess + "\"?");
+      }
+    }
+    auto params = v.find("params");
+    if (params == v.end()) return;
+    if (!params->is_object()) {
+      add("optimizer.params", params->dump(), "must be a JSON object",
+          "write { \"lr\": 0.001, ... }");
+      return;
+    }
+    const bool sgd = type_known && cfg_.optimizer.type == OptimizerType::kSGD;
+    const bool adam = type_known && !sgd;
+    OptimizerConfig& o = cfg_.optimizer;
+    for (auto it = params->begin(); it != params->end(); ++it) {
+      const std::string& name = it.key();
+      const std::string key = "optimizer.params." + name;
+      const Json& p = it.value();
+      if (name == "lr") {
+        if (auto d = read_number(key, p, "a number >= 0, e.g. 0.001")) {
+          if (*d < 0) {
+            add(key, p.dump(), "must be >= 0",
+                "write a number >= 0, e.g. 0.001");
+          } else {
+            o.lr = *d;
+          }
+        }
+      } else if (name == "betas") {
+        if (sgd) {
+          not_for_type(key, p, "Adam and AdamW");
+        } else {
+          parse_betas(key, p);
+        }
+      } else if (name == "eps") {
+        if (sgd) {
+          not_for_type(key, p, "Adam and AdamW");
+        } else if (auto d = read_number(key, p, "a number > 0, e.g. 1e-8")) {
+          if (!(*d > 0)) {
+            add(key, p.dump(), "must be > 0 (it keeps the update finite)",
+                "write a small positive number, e.g. 1e-8");
+          } else {
+            o.eps = *d;
+          }
+        }
+      } else if (name == "weight_decay") {
+        if (auto d = read_number(key, p, "a number >= 0, e.g. 0.01")) {
+          if (*d < 0) {
+            add(key, p.dump(), "must be >= 0",
+                "write 0 for none, or a positive number such as 0.01");
+          } else {
+            o.weight_decay = *d;
+          }
+        }
+      } else if (name == "momentum") {
+        if (adam) {
+          not_for_type(key, p, "SGD");
+        } else if (auto d = read_number(key, p, "a number >= 0, e.g. 0.9")) {
+          if (*d < 0) {
+            add(key, p.dump(), "must be >= 0", "write a number >= 0, e.g. 0.9");
+          } else {
+            o.momentum = *d;
+          }
+        }
+      } else if (contains(kOptimizerParamsIgnored, name)) {
+        ignore(key);
+      } else {
+        unknown_key(
+            key, p, "optimizer.params",
+            closest(name, {&kOptimizerParams, &kOptimizerParamsIgnored}));
+      }
+    }
+  }
+
+  void not_for_type(const std::string& key, const Json& v,
+                    const std::string& types) {
+    add(key, v.dump(),
+        "applies to " + types + " only, not to optimizer.type \"" +
+            to_string(cfg_.optimizer.type) + "\"",
+        "remove it, or change optimizer.type");
+  }
+
+  void parse_betas(const std::string& key, const Json& v) {
+    const std::string want =
+        "[b1, b2], two numbers in [0, 1), e.g. [0.9, 0.999]";
+    if (is_auto(v)) {
+      add(key, v.dump(), kAutoRule, "write " + want);
+      return;
+    }
+    if (!v.is_array() || v.size() != 2) {
+      add(key, v.dump(), "must be a JSON array of two numbers",
+          "write " + want);
+      return;
+    }
+    double b[2] = {cfg_.optimizer.beta1, cfg_.optimizer.beta2};
+    bool ok = true;
+    for (size_t i = 0; i < 2; ++i) {
+      const std::string k = key + "[" + std::to_string(i) + "]";
+      auto d = read_number(k, v[i], "a number in [0, 1)");
+      if (!d) {
+        ok = false;
+      } else if (!(*d >= 0 && *d < 1)) {
+        add(k, v[i].dump(), "must be in [0, 1)",
+            i == 0 ? "write a number in [0, 1), e.g. 0.9"
+                   : "write a number in [0, 1), e.g. 0.999");
+        ok = false;
+      } else {
+        b[i] = *d;
+      }
+    }
+    if (ok) {
+      cfg_.optimizer.beta1 = b[0];
+      cfg_.optimizer.beta2 = b[1];
+    }
+  }
+
+  // --- zero_optimization ---
+
+  void parse_zero(const Json& v) {
+    if (!v.is_object()) {
+      add("zero_optimization", v.dump(), "must be a JSON object",
+          "write { \"stage\": 2, ... }");
+      return;
+    }
+    ZeroConfig& z = cfg_.zero;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      const std::string& name = it.key();
+      const std::string key = "zero_optimization." + name;
+      const Json& p = it.value();
+      if (name == "stage") {
+        if (auto n = read_whole(key, p, "one of 0, 1, 2, 3")) {
+          if (*n < 0 || *n > 3) {
+            add(key, p.dump(), "must be 0, 1, 2 or 3",
+                "write one of 0, 1, 2, 3");
+            stage_valid_ = false;
+          } else {
+            z.stage = static_cast<int>(*n);
+          }
+        } else {
+          stage_valid_ = false;
+        }
+      } else if (name == "overlap_comm") {
+        if (auto b = read_bool(key, p)) z.overlap_comm = *b;
+      } else if (name == "contiguous_gradients") {
+        if (auto b = read_bool(key, p)) z.contiguous_gradients = *b;
+      } else if (name == "reduce_bucket_size" ||
+                 name == "allgather_bucket_size") {
+        const std::string want = "a positive number of elements, e.g. 5e8";
+        if (auto n = read_whole(key, p, want)) {
+          if (*n < 1) {
+            add(key, p.dump(), "must be a positive number of elements",
+                "write " + want);
+          } else if (name == "reduce_bucket_size") {
+            z.reduce_bucket_size = *n;
+          } else {
+            z.allgather_bucket_size = *n;
+          }
+        }
+      } else if (name == "offload_optimizer" || name == "offload_param") {
+        parse_offload(key, p);
+      } else if (name == "cpu_offload") {
+        // Legacy spelling of offload_optimizer.device = "cpu".
+        if (auto b = read_bool(key, p)) {
+          if (*b) {
+            add(key, p.dump(),
+                "optimizer offload is not implemented yet in this version "
+                "(offload comes in a later release)",
+                "set it to false or remove it");
+          } else {
+            ignore(key);
+          }
+        }
+      } else if (contains(kZeroIgnored, name)) {
+        ignore(key);
+      } else {
+        unknown_key(key, p, "zero_optimization",
+                    closest(name, {&kZeroSupported, &kZeroIgnored}));
+      }
+    }
+  }
+
+  void parse_offload(const std::string& key, const Json& v) {
+    if (v.is_null()) {
+      ignore(key);
+      return;
+    }
+    if (!v.is_object()) {
+      add(key, v.dump(), "must be a JSON object",
+          "write { \"device\": \"none\" } or remove the section");
+      return;
+    }
+    auto device = v.find("device");
+    if (device == v.end()) {
+      ignore(key);
+      return;
+    }
+    const std::string dkey = key + ".device";
+    std::string d =
+        device->is_string() ? lower(device->get<std::string>()) : "";
+    if (d == "none") {
+      ignore(key);
+    } else if (d == "cpu" || d == "nvme") {
+      const std::string what =
+          key == "zero_optimization.offload_param" ? "parameter" : "optimizer";
+      add(dkey, device->dump(),
+          what +
+              " offload is not implemented yet in this version (offload "
+              "comes in a later release)",
+          "set \"device\": \"none\" or remove the " +
+              key.substr(key.find('.') + 1) + " section");
+    } else {
+      add(dkey, device->dump(), "must be \"none\", \"cpu\" or \"nvme\"",
+          "write \"none\" (offload is not implemented yet)");
+    }
+  }
+
+  // --- checks that need several keys ---
+
+  void check_batch() {
+    BatchKey& t = batch_[0];
+    BatchKey& m = batch_[1];
+    BatchKey& g = batch_[2];
+    if (cfg_.world_size < 1) return;
+    const int64_t w = cfg_.world_size;
+    auto input = [](const BatchKey& k) {
+      return BatchInput{k.value, k.raw ? k.raw->dump() : ""};
+    };
+    const bool any_bad = t.bad || m.bad || g.bad;
+    const bool any_auto = t.auto_problem != SIZE_MAX ||
+                          m.auto_problem != SIZE_MAX ||
+                          g.auto_problem != SIZE_MAX;
+    if (any_auto) {
+      // Derive as if each "auto" key were absent; if that determines it,
+      // the fix names the exact number.
+      std::optional<BatchTriple> d;
+      if (!any_bad) {
+        std::vector<ConfigProblem> scratch;
+        d = resolve_batch(input(t), input(m), input(g), w, &scratch);
+      }
+      const std::string generic = "write a positive integer (" +
+                                  std::string(kBatchRelation) +
+                                  ", with world_size = " + std::to_string(w) +
+                                  "; any two determine the third)";
+      if (t.auto_problem != SIZE_MAX) {
+        problems_[t.auto_problem].fix =
+            d ? "write " + std::to_string(d->tbs) + " (= micro " +
+                    std::to_string(d->micro) + " × gas " +
+                    std::to_string(d->gas) + " × world " + std::to_string(w) +
+                    ")"
+              : generic;
+      }
+      if (m.auto_problem != SIZE_MAX) {
+        problems_[m.auto_problem].fix =
+            d ? "write " + std::to_string(d->micro) + " (= train_batch_size " +
+                    std::to_string(d->tbs) + " / (gas " +
+                    std::to_string(d->gas) + " × world " + std::to_string(w) +
+                    "))"
+              : generic;
+      }
+      if (g.auto_problem != SIZE_MAX) {
+        problems_[g.auto_problem].fix =
+            d ? "write " + std::to_string(d->gas) + " (= train_batch_size " +
+                    std::to_string(d->tbs) + " / (micro " +
+                    std::to_string(d->micro) + " × world " + std::to_string(w) +
+                    "))"
+              : generic;
+      }
+      return;
+    }
+    // A rejected batch key would only cascade into misleading arithmetic.
+    if (any_bad) return;
+    if (auto r = resolve_batch(input(t), input(m), input(g), w, &problems_)) {
+      cfg_.train_batch_size = r->tbs;
+      cfg_.train_micro_batch_size_per_gpu = r->micro;
+      cfg_.gradient_accumulation_steps = r->gas;
+    }
+  }
+
+  // Cross-key rules read a rejected key as its default.
+  void check_cross_keys() {
+    const bool managed =
+        managed_valid_ ? cfg_.managed_gradient_accumulation : true;
+    if (!pipeline_key_.empty()) {
+      if (!managed) {
+        add(pipeline_key_, pipeline_dump_,
+            "pipeline parallelism owns the micro-batch schedule and cannot be "
+            "combined with a caller-owned accumulation boundary "
+            "(managed_gradient_accumulation = false)",
+            "remove the " + pipeline_key_ +
+                " key or set managed_gradient_accumulation to true");
+      } else {
+        add(pipeline_key_, pipeline_dump_,
+            "pipeline parallelism is not supported by zerostep",
+            "remove the " + pipeline_key_ + " key");
+      }
+    }
+    if (!managed && stage_valid_ && cfg_.zero.overlap_comm &&
+        cfg_.zero.stage <= 1) {
+      add("zero_optimization.overlap_comm", "true",
+          "with managed_gradient_accumulation = false, stage " +
+              std::to_string(cfg_.zero.stage) +
+              " reduces gradients only inside step(), so there is no "
+              "backward work to overlap communication with",
+          "set overlap_comm to false, or use zero_optimization.stage 2 or 3");
+    }
+  }
+
+  Config cfg_;
+  std::vector<ConfigProblem> problems_;
+  BatchKey batch_[3];  // indexed by Slot
+  bool managed_valid_ = true;
+  bool stage_valid_ = true;
+  std::string pipeline_key_;
+  std::string pipeline_dump_;
+};
+
+}  // namespace
+
+Config parse_config(const std::string& json_text, int world_size) {
+  return Parser(world_size).run(json_text);
+}
+
+Config load_config_file(const std::string& path, int world_size) {
+  std::string text;
+  {
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(
+        std::fopen(path.c_str(), "rb"), &std::fclose);
+    if (!f) {
+      throw IoError("cannot read ds_config file '" + path +
+                    "': " + std::strerror(errno));
+    }
+    char buf[1 << 16];
+    size_t n = 0;
+    while ((n = std::fread(buf, 1, sizeof(buf), f.get())) > 0) {
+      text.append(buf, n);
+    }
+    // fopen succeeds on a directory on Linux; the read fails with EISDIR.
+    if (std::ferror(f.get())) {
+      throw IoError("cannot read ds_config file '" + path +
+                    "': " + std::strerror(errno));
+    }
+  }
+  try {
+    return parse_config(text, world_size);
+  } catch (const ConfigError& e) {
+    throw ConfigError(e.problems(), path);
+  }
+}
+
+const char* to_string(GradAccumScaling s) {
+  switch (s) {
+    case GradAccumScaling::kConfigured:
+      return "configured";
+    case GradAccumScaling::kPerStepCount:
+      return "per_step_count";
+    case GradAccumScaling::kNone:
+      return "none";
+  }
+  return "unknown";
+}
+
+const char* to_string(OptimizerType t) {
+  switch (t) {
+    case OptimizerType::kAdam:
+      return "Adam";
+    case OptimizerType::kAdamW:
+      return "AdamW";
+    case OptimizerType::kSGD:
+      return "SGD";
+  }
+  return "unknown";
+}
+
+}  // namespace zerostep

@@ -1,0 +1,118 @@
+// Engine: a ZeRO data-parallel training engine for one rank, in which the
+// caller may own the gradient-accumulation boundary.
+//
+//   Engine engine(model, config, &comm);
+//   for (...) {                       // managed (default): GAS micro-steps
+//     engine.backward(loss_fn(model, batch));
+//     engine.step();                  // updates on the boundary only
+//   }
+//   // unmanaged (managed_gradient_accumulation = false):
+//   for (i < n) engine.backward(loss_i);   // n chosen at run time
+//   engine.step();                          // exactly one update
+//
+// The model's trainable parameters are moved into one flat float32 buffer
+// (each parameter becomes a view of it) and their .grad into another, so
+// autograd accumulates straight into the buffer the stage reduces. Do not
+// replace parameters, set .grad, or call zero_grad() on the model: the
+// engine owns both. Parameters with requires_grad = false stay where they
+// are and are never communicated.
+//
+// At construction rank 0's parameter values are broadcast to every rank.
+//
+// Errors: UsageError for calls not allowed in the current state (the call
+// changes nothing), ConfigError is raised earlier by parse_config, CommError
+// when a collective fails. A c10::Error from LibTorch inside backward()
+// becomes UsageError with the engine's context.
+//
+// Ownership: `*comm` must outlive the Engine; the Engine shares `model`.
+// Thread safety: none; one Engine per rank, used from one thread.
+#ifndef ZEROSTEP_ENGINE_ENGINE_H_
+#define ZEROSTEP_ENGINE_ENGINE_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "engine/boundary.h"
+#include "engine/config.h"
+#include "zero/stage.h"
+
+namespace zerostep {
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
+         Communicator* comm);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Accumulates d(loss)/d(params) into the flat gradient buffer. With
+  // scale_wrt_gas and gradient_accumulation_scaling "configured", the loss
+  // is divided by gradient_accumulation_steps first (DeepSpeed). Managed
+  // mode reduces the window's gradients when this backward is on the
+  // boundary (stage 0/1).
+  void backward(const torch::Tensor& loss, bool scale_wrt_gas = true);
+
+  // Managed: on the boundary, finalizes and applies one update; otherwise
+  // only advances micro_steps. Unmanaged: always finalizes the gradients of
+  // the backward() calls since the last step and applies one update.
+  void step();
+
+  bool is_gradient_accumulation_boundary() const;
+  void set_gradient_accumulation_boundary(bool is_boundary);
+
+  int64_t micro_steps() const { return boundary_.micro_steps(); }
+  int64_t global_steps() const { return boundary_.global_steps(); }
+  int64_t global_samples() const { return boundary_.global_samples(); }
+  int64_t skipped_steps() const { return boundary_.skipped_steps(); }
+  // backward() calls in the current (open) window.
+  int64_t window_backwards() const { return boundary_.window_backwards(); }
+  // Whether the last step() applied an update.
+  bool was_step_applied() const { return step_applied_; }
+  // The global gradient L2 norm of the last applied update (after the
+  // division of per_step_count scaling, before clipping); -1 before the
+  // first update.
+  double get_global_grad_norm() const { return last_grad_norm_; }
+
+  const Config& config() const { return config_; }
+  int rank() const { return comm_->rank(); }
+  int world_size() const { return comm_->world_size(); }
+
+  // The trainable parameters, in registration order (views of the flat
+  // buffer).
+  const std::vector<torch::Tensor>& parameters() const { return params_; }
+  // The flat parameter buffer (layout().numel elements; padding excluded).
+  torch::Tensor flat_parameters() const;
+  // The flat gradient buffer, accumulated over the open window.
+  torch::Tensor flat_gradients() const;
+  const FlatLayout& layout() const { return layout_; }
+
+  // The optimizer this rank runs: its state covers flat elements
+  // [optimizer_offset, optimizer_offset + optimizer.numel()).
+  const FlatOptimizer& optimizer() const { return stage_->optimizer(); }
+  size_t optimizer_offset() const { return stage_->optimizer_offset(); }
+  MemoryStats memory() const { return stage_->memory(); }
+
+ private:
+  OptimizerHyper hyper() const;
+
+  Config config_;
+  Communicator* comm_;
+  std::shared_ptr<torch::nn::Module> model_;
+  std::vector<torch::Tensor> params_;
+  FlatLayout layout_;
+  torch::Tensor flat_params_;  // padded_numel float32
+  torch::Tensor flat_grads_;   // padded_numel float32
+  AccumulationBoundary boundary_;
+  std::unique_ptr<Stage> stage_;
+  bool step_applied_ = false;
+  double last_grad_norm_ = -1.0;
+};
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_ENGINE_ENGINE_H_

@@ -1,0 +1,48 @@
+// Task: a model, its deterministic synthetic data and its loss: what the
+// harness, the property tests and the benchmarks train.
+//
+// Data is a pure function of (seed, sample index), generated up front for a
+// whole run, so rank r's micro-batch i of window k and the single-rank
+// full-batch reference see exactly the same samples.
+//
+// Thread safety: a Task is immutable; make_model() uses torch's global seed
+// and must be called from one thread at a time.
+#ifndef ZEROSTEP_MODELS_TASK_H_
+#define ZEROSTEP_MODELS_TASK_H_
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+
+namespace zerostep {
+
+// Samples [first, first + count) of a dataset.
+struct Batch {
+  torch::Tensor input;
+  torch::Tensor target;
+};
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual std::string name() const = 0;
+  // A freshly initialised model; the same seed gives the same weights.
+  virtual std::shared_ptr<torch::nn::Module> make_model(uint64_t seed) const = 0;
+  // `num_samples` samples drawn from `seed`.
+  virtual Batch make_data(uint64_t seed, int64_t num_samples) const = 0;
+  // Mean loss of `model` over the batch's samples.
+  virtual torch::Tensor loss(torch::nn::Module& model,
+                             const Batch& batch) const = 0;
+};
+
+// "mlp" or "gpt"; `scale` multiplies the hidden width (1 = the default
+// small model). Throws UsageError naming the valid names.
+std::unique_ptr<Task> make_task(const std::string& name, int scale = 1);
+
+// Rows [first, first + count) of a batch.
+Batch slice(const Batch& batch, int64_t first, int64_t count);
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_MODELS_TASK_H_

@@ -1,0 +1,58 @@
+#include "models/tiny_gpt.h"
+
+#include <cmath>
+
+namespace zerostep {
+
+TinyGptBlockImpl::TinyGptBlockImpl(const TinyGptOptions& o)
+    : n_head_(o.n_head) {
+  ln1_ = register_module("ln1", torch::nn::LayerNorm(
+                                    torch::nn::LayerNormOptions({o.d_model})));
+  qkv_ = register_module("qkv", torch::nn::Linear(o.d_model, 3 * o.d_model));
+  proj_ = register_module("proj", torch::nn::Linear(o.d_model, o.d_model));
+  ln2_ = register_module("ln2", torch::nn::LayerNorm(
+                                    torch::nn::LayerNormOptions({o.d_model})));
+  fc_ = register_module("fc", torch::nn::Linear(o.d_model, 4 * o.d_model));
+  fc_out_ =
+      register_module("fc_out", torch::nn::Linear(4 * o.d_model, o.d_model));
+}
+
+torch::Tensor TinyGptBlockImpl::forward(torch::Tensor x) {
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+  const int64_t hd = c / n_head_;
+  auto qkv = qkv_->forward(ln1_->forward(x)).chunk(3, /*dim=*/-1);
+  auto heads = [&](const torch::Tensor& y) {
+    return y.view({b, t, n_head_, hd}).transpose(1, 2);
+  };
+  torch::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) /
+                      std::sqrt(static_cast<double>(hd));
+  torch::Tensor mask =
+      torch::ones({t, t}, torch::kBool).tril().logical_not();
+  att = att.masked_fill(mask, -1e9).softmax(-1);
+  torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, c});
+  x = x + proj_->forward(y);
+  x = x + fc_out_->forward(torch::gelu(fc_->forward(ln2_->forward(x))));
+  return x;
+}
+
+TinyGptImpl::TinyGptImpl(const TinyGptOptions& o) : options_(o) {
+  tok_ = register_module("tok", torch::nn::Embedding(o.vocab_size, o.d_model));
+  pos_ = register_module("pos", torch::nn::Embedding(o.block_size, o.d_model));
+  for (int64_t i = 0; i < o.n_layer; ++i)
+    blocks_.push_back(
+        register_module("block" + std::to_string(i), TinyGptBlock(o)));
+  ln_f_ = register_module(
+      "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
+  head_ = register_module("head", torch::nn::Linear(o.d_model, o.vocab_size));
+}
+
+torch::Tensor TinyGptImpl::forward(torch::Tensor tokens) {
+  const int64_t t = tokens.size(1);
+  torch::Tensor positions = torch::arange(t, torch::kLong);
+  torch::Tensor x = tok_->forward(tokens) + pos_->forward(positions);
+  for (auto& block : blocks_) x = block->forward(x);
+  return head_->forward(ln_f_->forward(x));
+}
+
+}  // namespace zerostep

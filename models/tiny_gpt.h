@@ -1,0 +1,53 @@
+// A tiny GPT-style decoder (token + position embeddings, pre-LayerNorm
+// blocks of causal self-attention and a GELU MLP, tied-free LM head) for the
+// harness's "gpt" model. Deterministic given torch's global seed at
+// construction.
+#ifndef ZEROSTEP_MODELS_TINY_GPT_H_
+#define ZEROSTEP_MODELS_TINY_GPT_H_
+
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace zerostep {
+
+struct TinyGptOptions {
+  int64_t vocab_size = 64;
+  int64_t block_size = 16;  // maximum sequence length
+  int64_t d_model = 32;
+  int64_t n_head = 2;
+  int64_t n_layer = 2;
+};
+
+class TinyGptBlockImpl : public torch::nn::Module {
+ public:
+  explicit TinyGptBlockImpl(const TinyGptOptions& o);
+  torch::Tensor forward(torch::Tensor x);
+
+ private:
+  int64_t n_head_;
+  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc_{nullptr},
+      fc_out_{nullptr};
+};
+TORCH_MODULE(TinyGptBlock);
+
+class TinyGptImpl : public torch::nn::Module {
+ public:
+  explicit TinyGptImpl(const TinyGptOptions& options);
+  // tokens: [batch, seq] int64 → logits [batch, seq, vocab].
+  torch::Tensor forward(torch::Tensor tokens);
+  const TinyGptOptions& options() const { return options_; }
+
+ private:
+  TinyGptOptions options_;
+  torch::nn::Embedding tok_{nullptr}, pos_{nullptr};
+  std::vector<TinyGptBlock> blocks_;
+  torch::nn::LayerNorm ln_f_{nullptr};
+  torch::nn::Linear head_{nullptr};
+};
+TORCH_MODULE(TinyGpt);
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_MODELS_TINY_GPT_H_

@@ -1,0 +1,269 @@
+#include "parity/scenario.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <sstream>
+
+#include "common/errors.h"
+#include "engine/engine.h"
+#include "sim/sim_world.h"
+
+namespace zerostep {
+namespace {
+
+using nlohmann::json;
+
+const char* scaling_name(GradAccumScaling s) { return to_string(s); }
+
+// A window's samples, laid out [micro-batch i][rank r][mb samples].
+int64_t window_samples(const Scenario& s, int k) {
+  return static_cast<int64_t>(s.backwards[k]) * s.world_size * s.micro_batch;
+}
+
+std::vector<float> to_vector(const torch::Tensor& t) {
+  torch::Tensor c = t.contiguous();
+  return std::vector<float>(c.data_ptr<float>(),
+                            c.data_ptr<float>() + c.numel());
+}
+
+struct Run {
+  Config config;
+  int world_size = 1;
+  bool drive_override = false;  // managed with varying N
+  bool reference = false;       // one backward over the whole window
+};
+
+RunDigest train(const Scenario& s, const Task& task, const Batch& data,
+                const Run& run) {
+  SimWorld world({run.world_size, s.seed});
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  for (int r = 0; r < run.world_size; ++r)
+    models.push_back(task.make_model(s.seed));
+  std::vector<std::vector<float>> finals(run.world_size);
+  std::vector<int64_t> samples(run.world_size), applied(run.world_size);
+  const int steps = static_cast<int>(s.backwards.size());
+  std::vector<std::vector<double>> losses(run.world_size,
+                                          std::vector<double>(steps, 0.0));
+  world.run([&](int r) {
+    torch::nn::Module& model = *models[r];
+    Engine engine(models[r], run.config, &world.comm(r));
+    int64_t base = 0;
+    for (int k = 0; k < steps; ++k) {
+      const int n = s.backwards[k];
+      if (run.reference) {
+        const int64_t count = window_samples(s, k);
+        torch::Tensor loss = task.loss(model, slice(data, base, count));
+        double factor = 1.0;
+        if (s.scaling == GradAccumScaling::kConfigured)
+          factor = static_cast<double>(n) /
+                   static_cast<double>(s.backwards.front());
+        if (s.scaling == GradAccumScaling::kNone) factor = n;
+        losses[r][k] = loss.item<double>();
+        engine.backward(loss * factor, /*scale_wrt_gas=*/false);
+        engine.step();
+        applied[r] += engine.was_step_applied();
+      } else {
+        double sum = 0.0;
+        for (int i = 0; i < n; ++i) {
+          const int64_t first =
+              base + (static_cast<int64_t>(i) * s.world_size + r) *
+                         s.micro_batch;
+          torch::Tensor loss =
+              task.loss(model, slice(data, first, s.micro_batch));
+          sum += loss.item<double>();
+          if (run.drive_override)
+            engine.set_gradient_accumulation_boundary(i == n - 1);
+          engine.backward(loss);
+          if (run.config.managed_gradient_accumulation) {
+            engine.step();
+            applied[r] += engine.was_step_applied();
+          }
+        }
+        if (!run.config.managed_gradient_accumulation) {
+          engine.step();
+          applied[r] += engine.was_step_applied();
+        }
+        losses[r][k] = sum / n;
+      }
+      base += window_samples(s, k);
+    }
+    finals[r] = to_vector(engine.flat_parameters());
+    samples[r] = engine.global_samples();
+  });
+  RunDigest d;
+  d.params = finals[0];
+  d.replicas_identical = true;
+  for (int r = 1; r < run.world_size; ++r)
+    d.replicas_identical = d.replicas_identical &&
+                           finals[r].size() == finals[0].size() &&
+                           std::memcmp(finals[r].data(), finals[0].data(),
+                                       finals[0].size() * 4) == 0;
+  d.comm_bytes = world.ledger(0).total_bytes();
+  d.backward_comm_bytes = world.ledger(0).bytes_in(Phase::kBackward);
+  d.global_samples = samples[0];
+  d.steps_applied = applied[0];
+  for (int k = 0; k < steps; ++k) {
+    double m = 0.0;
+    for (int r = 0; r < run.world_size; ++r) m += losses[r][k];
+    d.losses.push_back(m / run.world_size);
+  }
+  d.digest = fnv1a_hex(d.params.data(), d.params.size() * sizeof(float));
+  return d;
+}
+
+}  // namespace
+
+std::string fnv1a_hex(const void* data, size_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+Config scenario_config(const Scenario& s, bool managed) {
+  json j = s.base_config_json.empty() ? json::object()
+                                      : json::parse(s.base_config_json);
+  int64_t micro = s.micro_batch;
+  j.erase("train_batch_size");
+  j["train_micro_batch_size_per_gpu"] = micro;
+  j["gradient_accumulation_steps"] = s.backwards.front();
+  j["managed_gradient_accumulation"] = managed;
+  j["gradient_accumulation_scaling"] = to_string(s.scaling);
+  if (!j.contains("zero_optimization") || !j["zero_optimization"].is_object())
+    j["zero_optimization"] = json::object();
+  j["zero_optimization"]["stage"] = s.stage;
+  if (s.gradient_clipping > 0.0) j["gradient_clipping"] = s.gradient_clipping;
+  if (!j.contains("optimizer"))
+    j["optimizer"] = {{"type", "AdamW"},
+                      {"params", {{"lr", 1e-3}, {"weight_decay", 0.01}}}};
+  return parse_config(j.dump(), s.world_size);
+}
+
+ScenarioResult run_scenario(const Scenario& s) {
+  if (s.backwards.empty())
+    throw UsageError("a scenario needs at least one window (--backwards)");
+  for (int n : s.backwards)
+    if (n < 1)
+      throw UsageError("--backwards: every N must be at least 1, got " +
+                       std::to_string(n));
+  std::unique_ptr<Task> task = make_task(s.model, s.model_scale);
+  int64_t total = 0;
+  for (size_t k = 0; k < s.backwards.size(); ++k)
+    total += window_samples(s, static_cast<int>(k));
+  const Batch data = task->make_data(s.seed ^ 0x5eed, total);
+
+  const bool varying =
+      std::adjacent_find(s.backwards.begin(), s.backwards.end(),
+                         std::not_equal_to<int>()) != s.backwards.end();
+  ScenarioResult res;
+  res.scenario = s;
+
+  Run unmanaged{scenario_config(s, false), s.world_size, false, false};
+  Run managed{scenario_config(s, true), s.world_size, varying, false};
+  Scenario ref_s = s;
+  ref_s.world_size = 1;
+  ref_s.stage = 0;
+  ref_s.scaling = GradAccumScaling::kNone;  // the factor is in the loss
+  ref_s.backwards = {1};
+  Run reference{scenario_config(ref_s, true), 1, false, true};
+
+  res.unmanaged = train(s, *task, data, unmanaged);
+  res.managed = train(s, *task, data, managed);
+  res.reference = train(s, *task, data, reference);
+
+  const auto& u = res.unmanaged.params;
+  const auto& m = res.managed.params;
+  const auto& ref = res.reference.params;
+  res.bitwise_equal =
+      u.size() == m.size() && std::memcmp(u.data(), m.data(), u.size() * 4) == 0;
+  double max_ref = 0.0, max_ref_diff = 0.0;
+  for (size_t i = 0; i < u.size(); ++i) {
+    res.max_abs_diff = std::max(res.max_abs_diff,
+                                static_cast<double>(std::fabs(u[i] - m[i])));
+    max_ref = std::max(max_ref, static_cast<double>(std::fabs(ref[i])));
+    max_ref_diff = std::max(max_ref_diff,
+                            static_cast<double>(std::fabs(u[i] - ref[i])));
+  }
+  res.ref_max_rel_diff = max_ref > 0 ? max_ref_diff / max_ref : max_ref_diff;
+  for (int n : s.backwards)
+    res.expected_global_samples +=
+        static_cast<int64_t>(n) * s.world_size * s.micro_batch;
+
+  auto require = [&](bool cond, const std::string& why) {
+    if (!cond) res.failures.push_back(why);
+  };
+  const int64_t steps = static_cast<int64_t>(s.backwards.size());
+  require(res.bitwise_equal, "unmanaged and managed parameters differ "
+                             "(max_abs_diff " +
+                                 std::to_string(res.max_abs_diff) + ")");
+  require(res.unmanaged.comm_bytes == res.managed.comm_bytes,
+          "unmanaged moved " + std::to_string(res.unmanaged.comm_bytes) +
+              " bytes, managed " + std::to_string(res.managed.comm_bytes));
+  if (s.stage <= 1)
+    require(res.unmanaged.backward_comm_bytes == 0,
+            "stage " + std::to_string(s.stage) +
+                " unmanaged communicated during backward");
+  require(res.unmanaged.replicas_identical, "unmanaged replicas diverged");
+  require(res.managed.replicas_identical, "managed replicas diverged");
+  require(res.unmanaged.steps_applied == steps,
+          "unmanaged applied " + std::to_string(res.unmanaged.steps_applied) +
+              " of " + std::to_string(steps) + " updates");
+  require(res.managed.steps_applied == steps,
+          "managed applied " + std::to_string(res.managed.steps_applied) +
+              " of " + std::to_string(steps) + " updates");
+  require(res.unmanaged.global_samples == res.expected_global_samples,
+          "unmanaged global_samples " +
+              std::to_string(res.unmanaged.global_samples) + " != " +
+              std::to_string(res.expected_global_samples));
+  require(res.ref_max_rel_diff <= kReferenceTolerance,
+          "differs from the single-rank reference by " +
+              std::to_string(res.ref_max_rel_diff) + " (tolerance " +
+              std::to_string(kReferenceTolerance) + ")");
+  res.ok = res.failures.empty();
+  return res;
+}
+
+std::string to_json_line(const ScenarioResult& r) {
+  const Scenario& s = r.scenario;
+  json j;
+  j["stage"] = s.stage;
+  j["offload"] = "none";
+  j["world"] = s.world_size;
+  j["dtype"] = "fp32";
+  j["model"] = s.model;
+  j["backwards"] = s.backwards;
+  j["scaling"] = scaling_name(s.scaling);
+  j["seed"] = s.seed;
+  j["bitwise_equal"] = r.bitwise_equal;
+  j["max_abs_diff"] = r.max_abs_diff;
+  j["ref_max_rel_diff"] = r.ref_max_rel_diff;
+  j["ref_tolerance"] = kReferenceTolerance;
+  j["comm_bytes_managed"] = r.managed.comm_bytes;
+  j["comm_bytes_unmanaged"] = r.unmanaged.comm_bytes;
+  j["backward_comm_bytes_managed"] = r.managed.backward_comm_bytes;
+  j["backward_comm_bytes_unmanaged"] = r.unmanaged.backward_comm_bytes;
+  j["global_samples"] = r.unmanaged.global_samples;
+  j["expected_global_samples"] = r.expected_global_samples;
+  j["steps_applied"] = r.unmanaged.steps_applied;
+  j["param_digest_unmanaged"] = r.unmanaged.digest;
+  j["param_digest_managed"] = r.managed.digest;
+  j["param_digest_reference"] = r.reference.digest;
+  j["losses_unmanaged"] = r.unmanaged.losses;
+  j["losses_managed"] = r.managed.losses;
+  j["ok"] = r.ok;
+  j["failures"] = r.failures;
+  return j.dump();
+}
+
+}  // namespace zerostep

@@ -1,0 +1,101 @@
+// Parity scenarios: the question zerostep exists to answer, as a function.
+//
+// run_scenario() trains the same model from the same initial state on the
+// same data three ways on the simulator and compares them:
+//   unmanaged  managed_gradient_accumulation = false: N_k backward() calls,
+//              then one step(), for each window k;
+//   managed    the twin with the same config but managed = true: step()
+//              after every backward(). For a constant N the configured
+//              gradient_accumulation_steps (= N) drives the boundary; for a
+//              varying N, set_gradient_accumulation_boundary(true) on the
+//              last backward of each window;
+//   reference  one rank, one backward() per window over all W·N_k·mb
+//              samples of the window, with the loss multiplied so that it
+//              equals what the scaling mode asks of the distributed runs
+//              (configured: N_k/GAS, per_step_count: 1, none: N_k).
+//
+// Note [Parity claims]
+// ~~~~~~~~~~~~~~~~~~~~
+// unmanaged vs managed: BITWISE. Both modes accumulate the same backward
+// results into the same buffer in the same order, issue the same
+// collectives (sim reduces in a fixed rank order, Note [Reduction order]),
+// and scale at the same points (the configured loss division in backward,
+// the per_step_count division in step), so no floating-point operation
+// differs. This holds for every scaling mode and every N sequence.
+// distributed vs reference: TOLERANCE. The reference sums the samples in
+// one batched reduction inside autograd instead of W·N partial means, so
+// the float results differ in rounding; Adam turns gradient rounding into
+// parameter differences of the order of lr × relative gradient error per
+// step. The check is max|p_dist − p_ref| / max|p_ref| <= kReferenceTolerance.
+//
+// Thread safety: run_scenario is reentrant; it uses torch's global seed
+// while building models (from the calling thread only).
+#ifndef ZEROSTEP_PARITY_SCENARIO_H_
+#define ZEROSTEP_PARITY_SCENARIO_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "models/task.h"
+
+namespace zerostep {
+
+inline constexpr double kReferenceTolerance = 1e-4;
+
+struct Scenario {
+  int stage = 0;
+  int world_size = 1;
+  std::vector<int> backwards = {4};  // N per window; one entry per step
+  GradAccumScaling scaling = GradAccumScaling::kConfigured;
+  std::string model = "mlp";
+  int model_scale = 1;
+  uint64_t seed = 1;
+  int64_t micro_batch = 2;
+  double gradient_clipping = 0.0;
+  // A user's ds_config JSON to start from ("" = built-in defaults). The
+  // scenario overrides the batch keys, the stage, the accumulation mode and
+  // the scaling; everything else (optimizer, clipping, ...) is kept.
+  std::string base_config_json;
+};
+
+struct RunDigest {
+  std::vector<float> params;  // rank 0's final flat parameters
+  bool replicas_identical = false;
+  uint64_t comm_bytes = 0;           // rank 0, all phases
+  uint64_t backward_comm_bytes = 0;  // rank 0, during backward()
+  int64_t global_samples = 0;
+  int64_t steps_applied = 0;
+  std::vector<double> losses;  // mean over ranks of each window's mean loss
+  std::string digest;          // FNV-1a 64 of params' bytes, hex
+};
+
+struct ScenarioResult {
+  Scenario scenario;
+  RunDigest unmanaged;
+  RunDigest managed;
+  RunDigest reference;
+  bool bitwise_equal = false;
+  double max_abs_diff = 0.0;
+  double ref_max_rel_diff = 0.0;
+  int64_t expected_global_samples = 0;
+  bool ok = false;
+  std::vector<std::string> failures;  // why not ok, one line each
+};
+
+// Throws ConfigError if the scenario's config is invalid, UsageError for a
+// bad scenario (e.g. an empty N list).
+ScenarioResult run_scenario(const Scenario& scenario);
+
+// The config a scenario runs with (exposed for tests and tools).
+Config scenario_config(const Scenario& s, bool managed);
+
+std::string fnv1a_hex(const void* data, size_t bytes);
+
+// One JSON object on one line: the harness's --json record.
+std::string to_json_line(const ScenarioResult& r);
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_PARITY_SCENARIO_H_

@@ -1,0 +1,235 @@
+// The main job: the managed/unmanaged parity matrix on the simulator.
+//
+//   ./bazelw run //tools:harness                      # embedded default
+//   ./bazelw run //tools:harness -- --json --stages=0,1 --world=1,2,4
+//
+// For every (stage, world, scaling) it runs an unmanaged engine (N backward
+// calls, one step), its managed twin and a single-rank full-batch reference
+// (parity/scenario.h, Note [Parity claims]); prints a table (or one JSON
+// object per scenario with --json) on stdout and progress on stderr. Exit
+// status 0 only if every scenario is ok.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "engine/config.h"
+#include "parity/scenario.h"
+#include "tools/runtime_info.h"
+
+namespace zerostep {
+namespace {
+
+constexpr const char* kUsage = R"(usage: harness [flags]
+  --stages=0,1          ZeRO stages to run
+  --world=1,2,4         simulated world sizes
+  --backwards=4         N backward() calls per step; a list (2,5,3) gives one
+                        N per step and sets --steps to its length
+  --steps=K             steps per scenario (default 3; repeats a single N)
+  --scaling=LIST        configured,per_step_count,none (default: all three)
+  --model=mlp|gpt       built-in model (default mlp)
+  --model-scale=S       width multiplier (default 1)
+  --micro-batch=B       samples per backward per rank (default 2)
+  --clip=C              gradient_clipping (default 0 = off)
+  --seed=S              run seed (default 1)
+  --config=FILE         a ds_config JSON as the base of every scenario
+  --threads=T           compute threads per rank (default 1)
+  --json                one JSON object per scenario per line
+  --help
+)";
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::cerr << "harness: " << msg << "\n\n" << kUsage;
+  std::exit(2);
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::vector<int> int_list(const std::string& flag, const std::string& v) {
+  std::vector<int> out;
+  for (const std::string& s : split(v)) {
+    char* end = nullptr;
+    long x = std::strtol(s.c_str(), &end, 10);
+    if (end == s.c_str() || *end != '\0')
+      usage_error("--" + flag + "=" + v + ": '" + s + "' is not an integer");
+    out.push_back(static_cast<int>(x));
+  }
+  if (out.empty()) usage_error("--" + flag + " needs at least one value");
+  return out;
+}
+
+GradAccumScaling parse_scaling(const std::string& s) {
+  if (s == "configured") return GradAccumScaling::kConfigured;
+  if (s == "per_step_count") return GradAccumScaling::kPerStepCount;
+  if (s == "none") return GradAccumScaling::kNone;
+  usage_error("--scaling: '" + s +
+              "' is not one of configured, per_step_count, none");
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+int main_impl(int argc, char** argv) {
+  std::vector<int> stages = {0, 1}, worlds = {1, 2, 4}, backwards = {4};
+  int steps = 3;
+  bool steps_given = false;
+  std::vector<GradAccumScaling> scalings = {GradAccumScaling::kConfigured,
+                                            GradAccumScaling::kPerStepCount,
+                                            GradAccumScaling::kNone};
+  std::string model = "mlp", config_path;
+  int model_scale = 1, threads = 1;
+  int64_t micro = 2;
+  double clip = 0.0;
+  uint64_t seed = 1;
+  bool as_json = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::cout << kUsage;
+      return 0;
+    }
+    if (a == "--json") {
+      as_json = true;
+      continue;
+    }
+    const size_t eq = a.find('=');
+    if (a.rfind("--", 0) != 0 || eq == std::string::npos)
+      usage_error("unrecognised argument '" + a + "'");
+    const std::string key = a.substr(2, eq - 2), v = a.substr(eq + 1);
+    if (key == "stages") stages = int_list(key, v);
+    else if (key == "world") worlds = int_list(key, v);
+    else if (key == "backwards") backwards = int_list(key, v);
+    else if (key == "steps") { steps = int_list(key, v).front(); steps_given = true; }
+    else if (key == "scaling") {
+      scalings.clear();
+      for (const std::string& s : split(v)) scalings.push_back(parse_scaling(s));
+    } else if (key == "model") model = v;
+    else if (key == "model-scale") model_scale = int_list(key, v).front();
+    else if (key == "micro-batch") micro = int_list(key, v).front();
+    else if (key == "clip") clip = std::atof(v.c_str());
+    else if (key == "seed") seed = std::strtoull(v.c_str(), nullptr, 10);
+    else if (key == "config") config_path = v;
+    else if (key == "threads") threads = int_list(key, v).front();
+    else usage_error("unknown flag --" + key);
+  }
+  for (int s : stages)
+    if (s < 0 || s > 1)
+      usage_error("--stages: stage " + std::to_string(s) +
+                  " is not available in this build (0 and 1 are)");
+  for (int w : worlds)
+    if (w < 1) usage_error("--world: " + std::to_string(w) + " must be >= 1");
+  if (steps < 1) usage_error("--steps must be >= 1");
+  if (micro < 1) usage_error("--micro-batch must be >= 1");
+  if (threads < 1) usage_error("--threads must be >= 1");
+  std::vector<int> per_step;
+  if (backwards.size() > 1) {
+    if (steps_given && steps != static_cast<int>(backwards.size()))
+      usage_error("--steps=" + std::to_string(steps) + " disagrees with the " +
+                  std::to_string(backwards.size()) + " entries of --backwards");
+    per_step = backwards;
+  } else {
+    per_step.assign(steps, backwards.front());
+  }
+
+  std::string base_config;
+  if (!config_path.empty()) {
+    // Validate the user's file exactly as the engine would, for every world.
+    for (int w : worlds) load_config_file(config_path, w);
+    std::ifstream in(config_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    base_config = ss.str();
+  }
+
+  set_compute_threads(threads);
+  std::cerr << "zerostep harness: seed=" << seed << " stages=" << join(stages)
+            << " world=" << join(worlds) << " backwards=" << join(per_step)
+            << " model=" << model << " model_scale=" << model_scale
+            << " micro_batch=" << micro << " clip=" << clip
+            << " config=" << (config_path.empty() ? "(built-in)" : config_path)
+            << "\n  " << runtime_info() << "\n";
+
+  std::vector<Scenario> scenarios;
+  for (int stage : stages)
+    for (int w : worlds)
+      for (GradAccumScaling sc : scalings) {
+        Scenario s;
+        s.stage = stage;
+        s.world_size = w;
+        s.backwards = per_step;
+        s.scaling = sc;
+        s.model = model;
+        s.model_scale = model_scale;
+        s.seed = seed;
+        s.micro_batch = micro;
+        s.gradient_clipping = clip;
+        s.base_config_json = base_config;
+        scenarios.push_back(s);
+      }
+
+  if (!as_json) {
+    std::printf("%-5s %-5s %-15s %-7s %-12s %-12s %-14s %-14s %-16s %s\n",
+                "stage", "world", "scaling", "bitwise", "max_abs_diff",
+                "ref_rel_diff", "bytes_managed", "bytes_unmgd", "digest", "ok");
+  }
+  int failed = 0;
+  for (size_t i = 0; i < scenarios.size(); ++i) {
+    const Scenario& s = scenarios[i];
+    auto t0 = std::chrono::steady_clock::now();
+    ScenarioResult r = run_scenario(s);
+    const double secs = std::chrono::duration<double>(
+                            std::chrono::steady_clock::now() - t0)
+                            .count();
+    std::cerr << "[" << (i + 1) << "/" << scenarios.size() << "] stage="
+              << s.stage << " world=" << s.world_size
+              << " scaling=" << to_string(s.scaling) << " "
+              << (r.ok ? "ok" : "FAILED") << " (" << secs << " s)\n";
+    if (as_json) {
+      std::cout << to_json_line(r) << "\n";
+    } else {
+      std::printf("%-5d %-5d %-15s %-7s %-12.3g %-12.3g %-14llu %-14llu %-16s %s\n",
+                  s.stage, s.world_size, to_string(s.scaling),
+                  r.bitwise_equal ? "yes" : "NO", r.max_abs_diff,
+                  r.ref_max_rel_diff,
+                  static_cast<unsigned long long>(r.managed.comm_bytes),
+                  static_cast<unsigned long long>(r.unmanaged.comm_bytes),
+                  r.unmanaged.digest.c_str(), r.ok ? "ok" : "FAILED");
+    }
+    std::cout.flush();
+    if (!r.ok) {
+      ++failed;
+      for (const std::string& f : r.failures)
+        std::cerr << "    failure: " << f << "\n";
+    }
+  }
+  std::cerr << (scenarios.size() - failed) << " of " << scenarios.size()
+            << " scenarios ok (seed=" << seed << ")\n";
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace zerostep
+
+int main(int argc, char** argv) {
+  try {
+    return zerostep::main_impl(argc, argv);
+  } catch (const zerostep::Error& e) {
+    std::cerr << "harness: " << e.what() << "\n";
+    return 2;
+  }
+}

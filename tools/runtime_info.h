@@ -1,0 +1,20 @@
+// What the process computes with: the BLAS library LibTorch resolved at run
+// time and the thread counts, so every tool can print them at start.
+#ifndef ZEROSTEP_TOOLS_RUNTIME_INFO_H_
+#define ZEROSTEP_TOOLS_RUNTIME_INFO_H_
+
+#include <string>
+
+namespace zerostep {
+
+// Sets LibTorch's intra-op threads and, when OpenBLAS is loaded, its thread
+// count to `threads` (Debian's LibTorch starts with 1 and resets OpenMP's).
+void set_compute_threads(int threads);
+
+// e.g. "blas=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3
+// (OpenBLAS 0.3.21, 1 thread) torch_threads=1"
+std::string runtime_info();
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_TOOLS_RUNTIME_INFO_H_
