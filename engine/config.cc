@@ -129,6 +129,8 @@ const std::vector<std::string> kOptimizerParams = {"lr", "betas", "eps",
                                                    "weight_decay", "momentum"};
 const std::vector<std::string> kOptimizerParamsIgnored = {"torch_adam",
                                                           "adam_w_mode"};
+// Note: adam_w_mode is read (for "Adam") before the ignored list is
+// consulted; it stays listed here for did-you-mean suggestions.
 
 std::string lower(std::string s) {
   for (char& c : s)
@@ -634,6 +636,7 @@ class Parser {
       }
     }
     bool type_known = false;
+    bool type_is_adam = false;
     auto type = v.find("type");
     if (type == v.end()) {
       add("optimizer.type", "",
@@ -645,7 +648,10 @@ class Parser {
     } else {
       const std::string t = lower(type->get<std::string>());
       if (t == "adam") {
-        cfg_.optimizer.type = OptimizerType::kAdam;
+        // DeepSpeed's "Adam" decouples weight decay (adam_w_mode defaults
+        // to true); params.adam_w_mode = false selects L2 Adam below.
+        cfg_.optimizer.type = OptimizerType::kAdamW;
+        type_is_adam = true;
         type_known = true;
       } else if (t == "adamw") {
         cfg_.optimizer.type = OptimizerType::kAdamW;
@@ -721,6 +727,16 @@ class Parser {
           } else {
             o.momentum = *d;
           }
+        }
+      } else if (name == "adam_w_mode") {
+        if (!p.is_boolean()) {
+          add(key, p.dump(), "must be a JSON boolean",
+              "write true (decoupled weight decay, AdamW) or false (L2, "
+              "Adam)");
+        } else if (!type_is_adam) {
+          ignore(key);  // DeepSpeed reads it for "Adam" only
+        } else if (!p.get<bool>()) {
+          o.type = OptimizerType::kAdam;
         }
       } else if (contains(kOptimizerParamsIgnored, name)) {
         ignore(key);

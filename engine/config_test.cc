@@ -325,7 +325,24 @@ TEST(ParseConfigTest, OptimizerTypeIsCaseInsensitiveAndParamsAreRead) {
   c = parse_config(
       R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "ADAM"}})",
       1);
+  // DeepSpeed's "Adam" decouples weight decay unless adam_w_mode is false.
+  EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);
+  c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})",
+      1);
   EXPECT_EQ(c.optimizer.type, OptimizerType::kAdam);
+  c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "Adam", "params": {"adam_w_mode": true}}})",
+      1);
+  EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);
+  EXPECT_THROW(
+      parse_config(
+          R"({"train_micro_batch_size_per_gpu": 1,
+              "optimizer": {"type": "Adam", "params": {"adam_w_mode": "no"}}})",
+          1),
+      ConfigError);
   c = parse_config(
       R"({"train_micro_batch_size_per_gpu": 1,
           "optimizer": {"type": "sgd", "params": {"lr": 0.1, "momentum": 0.9}}})",
@@ -370,15 +387,23 @@ TEST(ParseConfigTest, UnknownOptimizerParamGetsDidYouMean) {
   EXPECT_EQ(p.fix, "did you mean \"weight_decay\"?");
 }
 
-TEST(ParseConfigTest, DeepSpeedAdamFlagsAreIgnored) {
+TEST(ParseConfigTest, DeepSpeedAdamFlagsAreReadOrIgnored) {
   Config c = parse_config(
       R"({"train_micro_batch_size_per_gpu": 1,
           "optimizer": {"type": "Adam",
             "params": {"lr": 1e-4, "torch_adam": true, "adam_w_mode": false}}})",
       1);
+  // adam_w_mode is acted on for "Adam"; torch_adam is ignored.
   EXPECT_EQ(c.ignored_keys,
-            (std::vector<std::string>{"optimizer.params.torch_adam",
-                                      "optimizer.params.adam_w_mode"}));
+            (std::vector<std::string>{"optimizer.params.torch_adam"}));
+  EXPECT_EQ(c.optimizer.type, OptimizerType::kAdam);
+  c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})",
+      1);
+  EXPECT_EQ(c.ignored_keys,
+            (std::vector<std::string>{"optimizer.params.adam_w_mode"}));
+  EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);
 }
 
 TEST(ParseConfigTest, UnknownOptimizerTypeListsTheSupportedOnes) {

@@ -1,0 +1,272 @@
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "common/errors.h"
+#include "models/task.h"
+#include "sim/sim_world.h"
+
+namespace zerostep {
+namespace {
+
+std::string config_json(int stage, bool managed, int gas,
+                        const std::string& extra = "") {
+  return "{\"train_micro_batch_size_per_gpu\": 2, "
+         "\"gradient_accumulation_steps\": " +
+         std::to_string(gas) + ", \"managed_gradient_accumulation\": " +
+         (managed ? "true" : "false") +
+         ", \"zero_optimization\": {\"stage\": " + std::to_string(stage) +
+         "}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01}}" +
+         extra + "}";
+}
+
+// A world of `w` ranks, each with an mlp replica and its data.
+struct Fixture {
+  Fixture(int w, int stage, bool managed, int gas = 4)
+      : world({w, 11}),
+        task(make_task("mlp")),
+        config(parse_config(config_json(stage, managed, gas), w)),
+        data(task->make_data(3, 64)) {
+    for (int r = 0; r < w; ++r) models.push_back(task->make_model(5));
+  }
+  torch::Tensor loss(int r, int i) {
+    return task->loss(*models[r], slice(data, (i * 4 + r) % 60, 2));
+  }
+  SimWorld world;
+  std::unique_ptr<Task> task;
+  Config config;
+  Batch data;
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+};
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+TEST(EngineTest, UnmanagedRejectsSetBoundaryAndChangesNothing) {
+  Fixture fx(1, 0, /*managed=*/false);
+  fx.world.run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+    e.backward(fx.loss(r, 0));
+    std::string msg =
+        message_of([&] { e.set_gradient_accumulation_boundary(true); });
+    EXPECT_NE(msg.find("set_gradient_accumulation_boundary() is not allowed "
+                       "with managed_gradient_accumulation = false"),
+              std::string::npos)
+        << msg;
+    EXPECT_FALSE(e.is_gradient_accumulation_boundary());
+    EXPECT_EQ(e.window_backwards(), 1);
+    e.step();
+    EXPECT_TRUE(e.was_step_applied());
+  });
+}
+
+TEST(EngineTest, StepWithNoBackwardIsAnErrorThatChangesNothing) {
+  for (int stage : {0, 1}) {
+    Fixture fx(2, stage, /*managed=*/false);
+    fx.world.run([&](int r) {
+      Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+      e.backward(fx.loss(r, 0));
+      e.step();
+      torch::Tensor before = e.flat_parameters().clone();
+      const uint64_t bytes = fx.world.ledger(r).total_bytes();
+      std::string msg = message_of([&] { e.step(); });
+      EXPECT_NE(msg.find("no backward() since the last step"),
+                std::string::npos)
+          << msg;
+      EXPECT_TRUE(torch::equal(before, e.flat_parameters()));
+      EXPECT_EQ(e.global_steps(), 1);
+      EXPECT_EQ(e.global_samples(), 2 * 2);
+      EXPECT_EQ(fx.world.ledger(r).total_bytes(), bytes);  // no collective
+      // The engine is still usable.
+      e.backward(fx.loss(r, 1));
+      e.step();
+      EXPECT_EQ(e.global_steps(), 2);
+    });
+  }
+}
+
+TEST(EngineTest, RanksThatDisagreeOnNGetAnErrorOnEveryRankAndNoUpdate) {
+  for (int stage : {0, 1}) {
+    Fixture fx(3, stage, /*managed=*/false);
+    std::vector<torch::Tensor> before(3), after(3);
+    auto errors = fx.world.run_collect([&](int r) {
+      Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+      before[r] = e.flat_parameters().clone();
+      const int n = r == 1 ? 3 : 2;  // rank 1 runs one backward too many
+      for (int i = 0; i < n; ++i) e.backward(fx.loss(r, i));
+      try {
+        e.step();
+      } catch (...) {
+        after[r] = e.flat_parameters().clone();
+        EXPECT_EQ(e.global_steps(), 0);
+        EXPECT_FALSE(e.is_gradient_accumulation_boundary());
+        throw;
+      }
+    });
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(errors[r]) << "stage " << stage << " rank " << r;
+      std::string msg = message_of([&] { std::rethrow_exception(errors[r]); });
+      EXPECT_NE(msg.find("ranks disagree on the accumulation window"),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("rank 1 ran 3 backward() calls"), std::string::npos)
+          << msg;
+      EXPECT_TRUE(torch::equal(before[r], after[r])) << "rank " << r;
+    }
+  }
+}
+
+// A Communicator decorator that records the engine's boundary flag each time
+// the engine communicates: the flag must be true exactly during step().
+class BoundarySpy final : public Communicator {
+ public:
+  BoundarySpy(Communicator* inner) : inner_(inner) {}
+  const Engine* engine = nullptr;
+  std::vector<std::pair<Phase, bool>> seen;
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string backend_name() const override { return "spy"; }
+  void all_reduce(Buffer b, const AllReduceOptions& o) override {
+    note(o.phase);
+    inner_->all_reduce(b, o);
+  }
+  void reduce_scatter(Buffer i, Buffer out,
+                      const ReduceScatterOptions& o) override {
+    note(o.phase);
+    inner_->reduce_scatter(i, out, o);
+  }
+  void all_gather(Buffer i, Buffer out, const AllGatherOptions& o) override {
+    note(o.phase);
+    inner_->all_gather(i, out, o);
+  }
+  void broadcast(Buffer b, const BroadcastOptions& o) override {
+    inner_->broadcast(b, o);
+  }
+  void barrier() override { inner_->barrier(); }
+
+ private:
+  void note(Phase p) {
+    if (engine) seen.push_back({p, engine->is_gradient_accumulation_boundary()});
+  }
+  Communicator* inner_;
+};
+
+TEST(EngineTest, UnmanagedBoundaryFlagIsTrueOnlyWhileStepRuns) {
+  for (int stage : {0, 1}) {
+    Fixture fx(2, stage, /*managed=*/false);
+    fx.world.run([&](int r) {
+      BoundarySpy spy(&fx.world.comm(r));
+      Engine e(fx.models[r], fx.config, &spy);
+      spy.engine = &e;
+      for (int k = 0; k < 3; ++k) {
+        for (int i = 0; i < k + 1; ++i) {
+          EXPECT_FALSE(e.is_gradient_accumulation_boundary());
+          e.backward(fx.loss(r, i));
+        }
+        EXPECT_FALSE(e.is_gradient_accumulation_boundary());
+        e.step();
+        EXPECT_FALSE(e.is_gradient_accumulation_boundary());
+      }
+      ASSERT_FALSE(spy.seen.empty());
+      for (auto [phase, flag] : spy.seen) {
+        EXPECT_EQ(phase, Phase::kStep);
+        EXPECT_TRUE(flag);
+      }
+    });
+    // Stage 0/1 unmanaged: nothing moves during backward.
+    EXPECT_EQ(fx.world.ledger(0).bytes_in(Phase::kBackward), 0u);
+  }
+}
+
+TEST(EngineTest, ManagedReducesInTheBoundaryBackward) {
+  Fixture fx(2, 0, /*managed=*/true, /*gas=*/2);
+  fx.world.run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+    for (int i = 0; i < 4; ++i) {
+      e.backward(fx.loss(r, i));
+      e.step();
+      EXPECT_EQ(e.was_step_applied(), i % 2 == 1);
+    }
+    EXPECT_EQ(e.global_steps(), 2);
+    EXPECT_EQ(e.global_samples(), 2 * 8);
+    EXPECT_EQ(e.micro_steps(), 4);
+  });
+  EXPECT_GT(fx.world.ledger(0).bytes_in(Phase::kBackward), 0u);
+}
+
+TEST(EngineTest, ManagedSecondBackwardAfterTheBoundaryIsRejected) {
+  Fixture fx(1, 0, /*managed=*/true, /*gas=*/1);
+  fx.world.run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+    e.backward(fx.loss(r, 0));
+    std::string msg = message_of([&] { e.backward(fx.loss(r, 1)); });
+    EXPECT_NE(msg.find("after the boundary backward"), std::string::npos)
+        << msg;
+  });
+}
+
+TEST(EngineTest, NonScalarLossIsAUsageError) {
+  Fixture fx(1, 0, /*managed=*/false);
+  fx.world.run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+    EXPECT_THROW(e.backward(torch::ones({3}, torch::requires_grad())),
+                 UsageError);
+    EXPECT_EQ(e.window_backwards(), 0);
+  });
+}
+
+TEST(EngineTest, FrozenParametersStayOutOfTheFlatBufferAndUnchanged) {
+  Fixture fx(2, 1, /*managed=*/false);
+  std::vector<torch::Tensor> frozen_before(2);
+  for (int r = 0; r < 2; ++r) {
+    auto params = fx.models[r]->parameters();
+    params.front().set_requires_grad(false);
+    frozen_before[r] = params.front().clone();
+  }
+  fx.world.run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+    const size_t trainable = e.parameters().size();
+    EXPECT_EQ(trainable, fx.models[r]->parameters().size() - 1);
+    for (int k = 0; k < 2; ++k) {
+      e.backward(fx.loss(r, k));
+      e.step();
+    }
+    EXPECT_TRUE(torch::equal(fx.models[r]->parameters().front(),
+                             frozen_before[r]));
+  });
+}
+
+TEST(EngineTest, ConfigForAnotherWorldSizeIsRejected) {
+  Fixture fx(2, 0, false);
+  Config one = parse_config(config_json(0, false, 4), 1);
+  auto errors = fx.world.run_collect([&](int r) {
+    Engine e(fx.models[r], one, &fx.world.comm(r));
+  });
+  std::string msg = message_of([&] { std::rethrow_exception(errors[0]); });
+  EXPECT_NE(msg.find("parsed for world_size 1"), std::string::npos) << msg;
+}
+
+TEST(EngineTest, ReplicasStartFromRankZerosWeights) {
+  Fixture fx(2, 0, false);
+  {
+    torch::NoGradGuard g;
+    fx.models[1]->parameters().front().add_(1.0);  // rank 1 differs
+  }
+  std::vector<torch::Tensor> flat(2);
+  fx.world.run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+    flat[r] = e.flat_parameters().clone();
+  });
+  EXPECT_TRUE(torch::equal(flat[0], flat[1]));
+}
+
+}  // namespace
+}  // namespace zerostep

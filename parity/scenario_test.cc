@@ -1,0 +1,100 @@
+#include "parity/scenario.h"
+
+#include <gtest/gtest.h>
+
+#include "common/errors.h"
+
+namespace zerostep {
+namespace {
+
+Scenario base(int stage, int world) {
+  Scenario s;
+  s.stage = stage;
+  s.world_size = world;
+  s.backwards = {2, 5, 3};
+  s.seed = 42;
+  return s;
+}
+
+TEST(ScenarioTest, SameSeedReproducesTheRunBitForBit) {
+  for (int stage : {0, 1}) {
+    ScenarioResult a = run_scenario(base(stage, 3));
+    ScenarioResult b = run_scenario(base(stage, 3));
+    EXPECT_EQ(a.unmanaged.digest, b.unmanaged.digest);
+    EXPECT_EQ(a.managed.digest, b.managed.digest);
+    EXPECT_EQ(a.reference.digest, b.reference.digest);
+    EXPECT_TRUE(a.ok) << ::testing::PrintToString(a.failures);
+  }
+}
+
+TEST(ScenarioTest, AnotherSeedGivesAnotherRun) {
+  Scenario s = base(0, 2);
+  ScenarioResult a = run_scenario(s);
+  s.seed = 43;
+  ScenarioResult b = run_scenario(s);
+  EXPECT_NE(a.unmanaged.digest, b.unmanaged.digest);
+}
+
+TEST(ScenarioTest, EveryScalingIsBitwiseForVaryingN) {
+  for (GradAccumScaling sc :
+       {GradAccumScaling::kConfigured, GradAccumScaling::kPerStepCount,
+        GradAccumScaling::kNone}) {
+    for (int stage : {0, 1}) {
+      Scenario s = base(stage, 2);
+      s.scaling = sc;
+      ScenarioResult r = run_scenario(s);
+      EXPECT_TRUE(r.bitwise_equal) << to_string(sc) << " stage " << stage;
+      EXPECT_TRUE(r.ok) << ::testing::PrintToString(r.failures);
+      EXPECT_EQ(r.unmanaged.backward_comm_bytes, 0u);
+      EXPECT_EQ(r.unmanaged.comm_bytes, r.managed.comm_bytes);
+    }
+  }
+}
+
+TEST(ScenarioTest, ScalingModesReallyDiffer) {
+  // Guards the test above against a harness that ignores the mode.
+  Scenario s = base(0, 2);
+  s.scaling = GradAccumScaling::kNone;
+  ScenarioResult none = run_scenario(s);
+  s.scaling = GradAccumScaling::kPerStepCount;
+  ScenarioResult per = run_scenario(s);
+  EXPECT_NE(none.unmanaged.digest, per.unmanaged.digest);
+}
+
+TEST(ScenarioTest, GptModelIsOkToo) {
+  Scenario s = base(1, 2);
+  s.model = "gpt";
+  ScenarioResult r = run_scenario(s);
+  EXPECT_TRUE(r.ok) << ::testing::PrintToString(r.failures);
+  EXPECT_LT(r.unmanaged.losses.back(), r.unmanaged.losses.front());
+}
+
+TEST(ScenarioTest, ClippingKeepsParity) {
+  Scenario s = base(1, 2);
+  s.gradient_clipping = 0.05;
+  ScenarioResult r = run_scenario(s);
+  EXPECT_TRUE(r.ok) << ::testing::PrintToString(r.failures);
+}
+
+TEST(ScenarioTest, UserConfigIsTheBase) {
+  Scenario s = base(0, 2);
+  s.base_config_json =
+      R"({"train_batch_size": 999, "optimizer": {"type": "SGD",
+          "params": {"lr": 0.05, "momentum": 0.9}}, "tensorboard": {}})";
+  Config c = scenario_config(s, false);
+  EXPECT_EQ(c.optimizer.type, OptimizerType::kSGD);
+  EXPECT_EQ(c.gradient_accumulation_steps, 2);
+  EXPECT_FALSE(c.managed_gradient_accumulation);
+  EXPECT_TRUE(run_scenario(s).ok);
+}
+
+TEST(ScenarioTest, EmptyOrNonPositiveNIsRejected) {
+  Scenario s = base(0, 1);
+  s.backwards = {};
+  EXPECT_THROW(run_scenario(s), UsageError);
+  s.backwards = {2, 0};
+  EXPECT_THROW(run_scenario(s), UsageError);
+}
+
+}  // namespace
+}  // namespace zerostep
