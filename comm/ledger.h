@@ -33,7 +33,7 @@ enum class CollectiveKind : uint8_t {
 const char* to_string(CollectiveKind kind);
 
 struct LedgerEntry {
-  int64_t seq = 0;  // this rank's collective sequence number, from 0
+  int64_t seq = 0;  // calls recorded by this communicator before, from 0
   CollectiveKind kind = CollectiveKind::kBarrier;
   DType dtype = DType::kFloat32;
   size_t numel = 0;   // elements of the payload as defined above

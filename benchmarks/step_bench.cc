@@ -1,0 +1,245 @@
+// step_bench: the wall time of one gradient-accumulation window, unmanaged
+// (N backward() calls, then one step()) against managed (backward() + step()
+// N times, gradient_accumulation_steps = N), for ZeRO stages 0 and 1 on the
+// simulator, measured alternately in the same run so that the ratio is taken
+// under the same machine conditions.
+//
+//   ./bazelw run -c opt //benchmarks:step_bench --
+//       --benchmark_min_time=0.2 --benchmark_format=json
+//       --benchmark_out=/tmp/step.json
+//   (one command line)
+//
+// One benchmark per (stage, world). Each builds two SimWorlds (one per
+// mode), their models and their Engines once, runs a few warm-up windows,
+// and then every benchmark iteration runs one managed window and one
+// unmanaged window (order alternating between iterations), each as one
+// SimWorld::run in which every rank runs the whole window. The Engines are
+// constructed inside a first SimWorld::run (their constructor broadcasts)
+// and reused by later runs: SimWorld restarts collective matching at
+// sequence 0 in every run, and all ranks issue the same collectives, so
+// the matching is unaffected.
+//
+// The iteration time (manual time) is the managed plus the unmanaged window.
+// Counters (see docs/benchmarks.md):
+//   managed_ms, unmanaged_ms          median window time of each mode
+//   ratio_unmanaged_over_managed      median over iterations of the paired
+//                                     ratio unmanaged_i / managed_i
+//   bytes_per_rank_per_window_{managed,unmanaged}
+//                                     rank 0's ledger bytes per window
+//   backward_bytes_per_window_unmanaged   must be 0 for stages 0/1
+//   params                            trainable parameters of the model
+//
+// Benchmarks never run under `bazel test`: the target is tagged "benchmark"
+// and is a cc_binary.
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "comm/ledger.h"
+#include "engine/config.h"
+#include "engine/engine.h"
+#include "models/task.h"
+#include "sim/sim_world.h"
+#include "tools/runtime_info.h"
+
+namespace zerostep {
+namespace {
+
+constexpr int kBackwardsPerWindow = 4;  // N = gradient_accumulation_steps
+constexpr const char* kModel = "mlp";
+constexpr int kModelScale = 6;       // mlp hidden width 64 * scale
+constexpr int64_t kMicroBatch = 32;  // samples per backward per rank
+constexpr uint64_t kSeed = 1;
+constexpr int kWarmupWindows = 2;
+
+std::string config_json(int stage, bool managed) {
+  return std::string("{\"train_micro_batch_size_per_gpu\": ") +
+         std::to_string(kMicroBatch) + ", \"gradient_accumulation_steps\": " +
+         std::to_string(kBackwardsPerWindow) +
+         ", \"managed_gradient_accumulation\": " +
+         (managed ? "true" : "false") +
+         ", \"zero_optimization\": {\"stage\": " + std::to_string(stage) +
+         "}, \"optimizer\": {\"type\": \"AdamW\", \"params\": "
+         "{\"lr\": 0.001, \"weight_decay\": 0.01}}}";
+}
+
+// One simulated world training one copy of the model per rank in one mode.
+class Rig {
+ public:
+  Rig(const Task& task, int stage, int world_size, bool managed)
+      : task_(task),
+        managed_(managed),
+        world_(SimOptions{world_size, kSeed}),
+        config_(parse_config(config_json(stage, managed), world_size)) {
+    // Models are built on this thread (make_model uses torch's global seed).
+    for (int r = 0; r < world_size; ++r)
+      models_.push_back(task.make_model(kSeed));
+    // Rank r's N micro-batches; every window reuses them.
+    const Batch all =
+        task.make_data(kSeed ^ 0x5eed, static_cast<int64_t>(world_size) *
+                                           kBackwardsPerWindow * kMicroBatch);
+    batches_.resize(world_size);
+    for (int r = 0; r < world_size; ++r)
+      for (int i = 0; i < kBackwardsPerWindow; ++i)
+        batches_[r].push_back(
+            slice(all, (static_cast<int64_t>(i) * world_size + r) * kMicroBatch,
+                  kMicroBatch));
+    engines_.resize(world_size);
+    // The Engine constructor broadcasts, so it runs on the rank threads.
+    world_.run([&](int r) {
+      engines_[r] =
+          std::make_unique<Engine>(models_[r], config_, &world_.comm(r));
+    });
+  }
+
+  // Runs one window on every rank; returns its wall time in seconds.
+  double window() {
+    const auto t0 = std::chrono::steady_clock::now();
+    world_.run([&](int r) { run_window(r); });
+    const auto t1 = std::chrono::steady_clock::now();
+    return std::chrono::duration<double>(t1 - t0).count();
+  }
+
+  void clear_ledgers() {
+    for (int r = 0; r < world_.world_size(); ++r)
+      world_.mutable_ledger(r).clear();
+  }
+  const Ledger& ledger0() const { return world_.ledger(0); }
+  int64_t params() const {
+    return static_cast<int64_t>(engines_[0]->layout().numel);
+  }
+
+ private:
+  void run_window(int r) {
+    Engine& engine = *engines_[r];
+    torch::nn::Module& model = *models_[r];
+    const int64_t steps_before = engine.global_steps();
+    for (int i = 0; i < kBackwardsPerWindow; ++i) {
+      engine.backward(task_.loss(model, batches_[r][i]));
+      if (managed_) engine.step();
+    }
+    if (!managed_) engine.step();
+    if (!engine.was_step_applied() ||
+        engine.global_steps() != steps_before + 1 ||
+        engine.window_backwards() != 0) {
+      throw std::logic_error("rank " + std::to_string(r) +
+                             ": the window did not end in exactly one "
+                             "applied update");
+    }
+  }
+
+  const Task& task_;
+  const bool managed_;
+  SimWorld world_;
+  const Config config_;
+  std::vector<std::shared_ptr<torch::nn::Module>> models_;
+  std::vector<std::vector<Batch>> batches_;
+  std::vector<std::unique_ptr<Engine>> engines_;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + mid, v.end());
+  const double hi = v[mid];
+  if (v.size() % 2 == 1) return hi;
+  return (hi + *std::max_element(v.begin(), v.begin() + mid)) / 2.0;
+}
+
+void BM_Window(benchmark::State& state) {
+  const int stage = static_cast<int>(state.range(0));
+  const int world_size = static_cast<int>(state.range(1));
+  std::unique_ptr<Task> task = make_task(kModel, kModelScale);
+  std::unique_ptr<Rig> managed, unmanaged;
+  try {
+    managed = std::make_unique<Rig>(*task, stage, world_size, true);
+    unmanaged = std::make_unique<Rig>(*task, stage, world_size, false);
+    for (int i = 0; i < kWarmupWindows; ++i) {
+      managed->window();
+      unmanaged->window();
+    }
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  managed->clear_ledgers();
+  unmanaged->clear_ledgers();
+
+  std::vector<double> tm, tu, ratio;
+  bool managed_first = true;
+  for (auto _ : state) {
+    double m = 0.0, u = 0.0;
+    try {
+      if (managed_first) {
+        m = managed->window();
+        u = unmanaged->window();
+      } else {
+        u = unmanaged->window();
+        m = managed->window();
+      }
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+      break;
+    }
+    managed_first = !managed_first;
+    tm.push_back(m);
+    tu.push_back(u);
+    ratio.push_back(u / m);
+    state.SetIterationTime(m + u);
+  }
+  if (tm.empty()) return;
+
+  const double windows = static_cast<double>(tm.size());
+  state.counters["managed_ms"] = median(tm) * 1e3;
+  state.counters["unmanaged_ms"] = median(tu) * 1e3;
+  state.counters["ratio_unmanaged_over_managed"] = median(ratio);
+  state.counters["bytes_per_rank_per_window_managed"] =
+      static_cast<double>(managed->ledger0().total_bytes()) / windows;
+  state.counters["bytes_per_rank_per_window_unmanaged"] =
+      static_cast<double>(unmanaged->ledger0().total_bytes()) / windows;
+  state.counters["backward_bytes_per_window_unmanaged"] =
+      static_cast<double>(unmanaged->ledger0().bytes_in(Phase::kBackward)) /
+      windows;
+  state.counters["params"] = static_cast<double>(managed->params());
+  // Both modes must move the same bytes, and stage 0/1 unmanaged nothing
+  // during backward (Note [Parity claims] in parity/scenario.h): a timing
+  // of runs that differ in traffic would not be a like-for-like ratio.
+  if (managed->ledger0().total_bytes() != unmanaged->ledger0().total_bytes())
+    state.SkipWithError("managed and unmanaged moved different bytes");
+  else if (unmanaged->ledger0().bytes_in(Phase::kBackward) != 0)
+    state.SkipWithError("unmanaged communicated during backward");
+}
+
+BENCHMARK(BM_Window)
+    ->ArgNames({"stage", "world"})
+    ->ArgsProduct({{0, 1}, {1, 2, 4}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace zerostep
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  // One compute thread per rank (the harness's default); the rank threads
+  // themselves are the parallelism.
+  zerostep::set_compute_threads(1);
+  benchmark::AddCustomContext("runtime", zerostep::runtime_info());
+  benchmark::AddCustomContext(
+      "workload", std::string("model=") + zerostep::kModel +
+                      " model_scale=" + std::to_string(zerostep::kModelScale) +
+                      " micro_batch=" + std::to_string(zerostep::kMicroBatch) +
+                      " backwards_per_window=" +
+                      std::to_string(zerostep::kBackwardsPerWindow));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
