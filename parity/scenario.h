@@ -24,9 +24,21 @@
 // differs. This holds for every scaling mode and every N sequence.
 // distributed vs reference: TOLERANCE. The reference sums the samples in
 // one batched reduction inside autograd instead of W·N partial means, so
-// the float results differ in rounding; Adam turns gradient rounding into
-// parameter differences of the order of lr × relative gradient error per
-// step. The check is max|p_dist − p_ref| / max|p_ref| <= kReferenceTolerance.
+// the float results differ in rounding. Adam normalises each element's
+// update by its own gradient history, so for an element whose gradient is
+// near zero (|g| ~ eps) rounding noise can move it by up to ~lr per step:
+// about 1% of random scenarios have one such element, off by ~1e-4 of
+// max|p| while the rest agree to ~1e-7 (seen with
+// --stages=0 --world=2 --backwards=2,6,5 --scaling=none --micro-batch=1
+// --seed=63872; relative L2 1.2e-5 there, against ~1e-7 typically). A
+// per-element bound would flag those runs, so the check is
+// on the relative L2 distance, ||p_dist − p_ref||₂ / ||p_ref||₂ <=
+// kReferenceTolerance, which a real error (a wrong scale, a lost micro-batch,
+// a stale partition) exceeds by orders of magnitude. The per-element
+// max|p_dist − p_ref| / max|p_ref| is reported too (ref_max_rel_diff).
+// Adam is nearly invariant to the scale of the gradient, so a wrong scaling
+// factor barely shows against the reference under Adam; scenario_test
+// therefore also runs the reference check with SGD, where it would.
 //
 // Thread safety: run_scenario is reentrant; it uses torch's global seed
 // while building models (from the calling thread only).
@@ -78,7 +90,8 @@ struct ScenarioResult {
   RunDigest reference;
   bool bitwise_equal = false;
   double max_abs_diff = 0.0;
-  double ref_max_rel_diff = 0.0;
+  double ref_max_rel_diff = 0.0;  // max|d| / max|p_ref|, informative
+  double ref_rel_l2_diff = 0.0;   // ||d||₂ / ||p_ref||₂, the checked one
   int64_t expected_global_samples = 0;
   bool ok = false;
   std::vector<std::string> failures;  // why not ok, one line each

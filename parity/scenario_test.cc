@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "common/errors.h"
 
 namespace zerostep {
@@ -86,6 +88,28 @@ TEST(ScenarioTest, UserConfigIsTheBase) {
   EXPECT_EQ(c.gradient_accumulation_steps, 2);
   EXPECT_FALSE(c.managed_gradient_accumulation);
   EXPECT_TRUE(run_scenario(s).ok);
+}
+
+// Under SGD the update is proportional to the gradient, so the reference
+// check sees a wrong scale. The run of one scaling mode must be ok against
+// its own reference and far outside tolerance against another mode's.
+TEST(ScenarioTest, ReferenceCheckCatchesAWrongScaleUnderSgd) {
+  Scenario s = base(1, 2);
+  s.base_config_json =
+      R"({"optimizer": {"type": "SGD", "params": {"lr": 0.05}}})";
+  s.scaling = GradAccumScaling::kNone;
+  ScenarioResult none = run_scenario(s);
+  EXPECT_TRUE(none.ok) << ::testing::PrintToString(none.failures);
+  s.scaling = GradAccumScaling::kPerStepCount;
+  ScenarioResult mean = run_scenario(s);
+  EXPECT_TRUE(mean.ok) << ::testing::PrintToString(mean.failures);
+  double diff_sq = 0, ref_sq = 0;
+  for (size_t i = 0; i < mean.reference.params.size(); ++i) {
+    const double d = none.unmanaged.params[i] - mean.reference.params[i];
+    diff_sq += d * d;
+    ref_sq += mean.reference.params[i] * mean.reference.params[i];
+  }
+  EXPECT_GT(std::sqrt(diff_sq / ref_sq), 100 * kReferenceTolerance);
 }
 
 TEST(ScenarioTest, EmptyOrNonPositiveNIsRejected) {

@@ -185,7 +185,7 @@ int main_impl(int argc, char** argv) {
   if (!as_json) {
     std::printf("%-5s %-5s %-15s %-7s %-12s %-12s %-14s %-14s %-16s %s\n",
                 "stage", "world", "scaling", "bitwise", "max_abs_diff",
-                "ref_rel_diff", "bytes_managed", "bytes_unmgd", "digest", "ok");
+                "ref_rel_l2", "bytes_managed", "bytes_unmgd", "digest", "ok");
   }
   int failed = 0;
   for (size_t i = 0; i < scenarios.size(); ++i) {
@@ -205,7 +205,7 @@ int main_impl(int argc, char** argv) {
       std::printf("%-5d %-5d %-15s %-7s %-12.3g %-12.3g %-14llu %-14llu %-16s %s\n",
                   s.stage, s.world_size, to_string(s.scaling),
                   r.bitwise_equal ? "yes" : "NO", r.max_abs_diff,
-                  r.ref_max_rel_diff,
+                  r.ref_rel_l2_diff,
                   static_cast<unsigned long long>(r.managed.comm_bytes),
                   static_cast<unsigned long long>(r.unmanaged.comm_bytes),
                   r.unmanaged.digest.c_str(), r.ok ? "ok" : "FAILED");

@@ -1,0 +1,452 @@
+// Property-based tests of the managed/unmanaged accumulation boundary
+// (DESIGN.md §1), with RapidCheck on top of Google Test.
+//
+//   ParityProperty.UnmanagedMatchesManagedTwin
+//       run_scenario() over random (world, stage, N sequence, scaling, model,
+//       micro batch, seed): unmanaged == managed twin bitwise, same comm
+//       bytes, every check of the scenario passes.
+//   UnmanagedInvariants.RandomBackwardStepSequences
+//       Engines in a SimWorld driven by a random backward/step sequence
+//       (the same on every rank) in unmanaged mode.
+//   ManagedInvariants.StandardLoopUpdatesEveryGasMicroSteps
+//       Engines in managed mode with backward()+step() per micro batch.
+//
+// CI budget: main() below defaults RapidCheck to max_success=kCiMaxSuccess
+// unless RC_PARAMS already sets max_success. Long mode and reproduction:
+// propertytests/README.md.
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/ledger.h"
+#include "common/errors.h"
+#include "engine/config.h"
+#include "engine/engine.h"
+#include "models/task.h"
+#include "parity/scenario.h"
+#include "sim/sim_world.h"
+#include "tools/runtime_info.h"
+
+namespace zerostep {
+namespace {
+
+// Successful cases per property when RC_PARAMS does not say otherwise.
+constexpr int kCiMaxSuccess = 40;
+
+// rc::gen::inRange scales its range with RapidCheck's size, which starts at 0
+// and grows over the run, so with a small max_success most cases would get
+// the low end of every range (stage 0, world 1, GAS 1). The parameters here
+// are few and small: draw them uniformly at full size from the first case.
+// Shrinking still moves towards `min`.
+template <typename T>
+rc::Gen<T> uniform_in(T min, T max) {
+  return rc::gen::resize(rc::kNominalSize, rc::gen::inRange<T>(min, max));
+}
+
+// How many times each property's body ran (generated cases plus shrink
+// attempts), printed at exit so the CI budget can be checked in the log.
+std::map<std::string, int>& body_runs() {
+  static std::map<std::string, int> runs;
+  return runs;
+}
+void count_run(const std::string& property) { ++body_runs()[property]; }
+
+const std::vector<std::string>& scaling_names() {
+  static const std::vector<std::string> names = {"configured", "per_step_count",
+                                                 "none"};
+  return names;
+}
+
+GradAccumScaling scaling_from(const std::string& name) {
+  if (name == "per_step_count") return GradAccumScaling::kPerStepCount;
+  if (name == "none") return GradAccumScaling::kNone;
+  return GradAccumScaling::kConfigured;
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i)
+    s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+// The same scenario as a harness command line, to rerun it outside
+// RapidCheck.
+std::string harness_command(const Scenario& s) {
+  std::ostringstream os;
+  os << "./bazelw run //tools:harness -- --stages=" << s.stage
+     << " --world=" << s.world_size << " --backwards=" << join(s.backwards)
+     << (s.backwards.size() == 1 ? " --steps=1" : "")
+     << " --scaling=" << to_string(s.scaling) << " --model=" << s.model
+     << " --model-scale=" << s.model_scale << " --micro-batch=" << s.micro_batch
+     << " --seed=" << s.seed;
+  return os.str();
+}
+
+Config engine_config(int world, int stage, bool managed, int64_t gas,
+                     int64_t micro_batch, const std::string& scaling) {
+  nlohmann::json j;
+  j["train_micro_batch_size_per_gpu"] = micro_batch;
+  j["gradient_accumulation_steps"] = gas;
+  j["managed_gradient_accumulation"] = managed;
+  j["gradient_accumulation_scaling"] = scaling;
+  j["zero_optimization"] = {{"stage", stage}};
+  j["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}};
+  return parse_config(j.dump(), world);
+}
+
+// Per-rank violations, collected inside the rank threads (RapidCheck's
+// RC_* macros are for the property's own thread) and asserted afterwards.
+class Violations {
+ public:
+  explicit Violations(int world) : per_rank_(world) {}
+  void expect(int rank, bool cond, const std::string& what) {
+    if (!cond) per_rank_[rank].push_back(what);
+  }
+  // Logs every violation (rank-prefixed) and returns how many there were.
+  size_t log_all() const {
+    size_t n = 0;
+    for (size_t r = 0; r < per_rank_.size(); ++r)
+      for (const std::string& v : per_rank_[r]) {
+        RC_LOG() << "rank " << r << ": " << v << "\n";
+        ++n;
+      }
+    return n;
+  }
+
+ private:
+  std::vector<std::vector<std::string>> per_rank_;
+};
+
+std::vector<std::shared_ptr<torch::nn::Module>> make_models(const Task& task,
+                                                            int world,
+                                                            uint64_t seed) {
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  for (int r = 0; r < world; ++r) models.push_back(task.make_model(seed));
+  return models;
+}
+
+// Rank r's i-th backward uses samples [(i·W + r)·mb, +mb).
+Batch micro_batch_of(const Batch& data, int64_t i, int world, int rank,
+                     int64_t mb) {
+  return slice(data, (i * world + rank) * mb, mb);
+}
+
+// ---------------------------------------------------------------------------
+// a. Parity: unmanaged (N_k backward + 1 step per window) vs the managed twin
+//    vs the single-rank reference, through run_scenario().
+// ---------------------------------------------------------------------------
+RC_GTEST_PROP(ParityProperty, UnmanagedMatchesManagedTwin, ()) {
+  count_run("ParityProperty.UnmanagedMatchesManagedTwin");
+  Scenario s;
+  s.world_size = *uniform_in(1, 5).as("world_size");
+  s.stage = *uniform_in(0, 2).as("stage");
+  const int windows = *uniform_in(1, 5).as("windows");
+  s.backwards = *rc::gen::container<std::vector<int>>(
+                     static_cast<size_t>(windows), uniform_in(1, 7))
+                     .as("backwards (N per window)");
+  s.scaling = scaling_from(
+      *rc::gen::elementOf(scaling_names()).as("gradient_accumulation_scaling"));
+  s.model = *rc::gen::weightedElement<std::string>({{9, "mlp"}, {1, "gpt"}})
+                 .as("model");
+  s.model_scale = *uniform_in(1, 3).as("model_scale");
+  s.micro_batch = *uniform_in<int64_t>(1, 4).as("micro_batch");
+  s.seed = *uniform_in<uint64_t>(0, 1u << 20).as("seed");
+
+  const bool varying =
+      std::adjacent_find(s.backwards.begin(), s.backwards.end(),
+                         std::not_equal_to<int>()) != s.backwards.end();
+  RC_TAG("stage " + std::to_string(s.stage), std::string(to_string(s.scaling)));
+  RC_CLASSIFY(varying, "varying N");
+  RC_CLASSIFY(s.world_size == 1, "world 1");
+  RC_CLASSIFY(s.model == "gpt", "gpt");
+
+  const ScenarioResult res = run_scenario(s);
+  RC_LOG() << "scenario: " << harness_command(s) << "\n"
+           << "result:   " << to_json_line(res) << "\n";
+  for (const std::string& f : res.failures)
+    RC_LOG() << "failure: " << f << "\n";
+
+  // The managed/unmanaged claims are exact and the reference check is a
+  // relative-L2 tolerance (Note [Parity claims]); every check must pass.
+  RC_ASSERT(res.bitwise_equal);
+  RC_ASSERT(res.unmanaged.comm_bytes == res.managed.comm_bytes);
+  RC_ASSERT(res.failures.empty());
+  RC_ASSERT(res.ok);
+}
+
+// ---------------------------------------------------------------------------
+// b. Unmanaged mode, a random sequence of backward ('B') and step ('S') calls,
+//    identical on every rank.
+// ---------------------------------------------------------------------------
+struct RankCounters {
+  int64_t micro_steps, global_steps, global_samples, skipped_steps,
+      window_backwards;
+  bool step_applied;
+  bool operator==(const RankCounters& o) const {
+    return micro_steps == o.micro_steps && global_steps == o.global_steps &&
+           global_samples == o.global_samples &&
+           skipped_steps == o.skipped_steps &&
+           window_backwards == o.window_backwards &&
+           step_applied == o.step_applied;
+  }
+};
+
+RankCounters counters_of(const Engine& e) {
+  return {e.micro_steps(),   e.global_steps(),     e.global_samples(),
+          e.skipped_steps(), e.window_backwards(), e.was_step_applied()};
+}
+
+std::string show(const RankCounters& c) {
+  std::ostringstream os;
+  os << "{micro_steps " << c.micro_steps << ", global_steps " << c.global_steps
+     << ", global_samples " << c.global_samples << ", skipped_steps "
+     << c.skipped_steps << ", window_backwards " << c.window_backwards
+     << ", was_step_applied " << c.step_applied << "}";
+  return os.str();
+}
+
+RC_GTEST_PROP(UnmanagedInvariants, RandomBackwardStepSequences, ()) {
+  count_run("UnmanagedInvariants.RandomBackwardStepSequences");
+  const int world = *uniform_in(1, 5).as("world_size");
+  const int stage = *uniform_in(0, 2).as("stage");
+  const std::string scaling =
+      *rc::gen::elementOf(scaling_names()).as("gradient_accumulation_scaling");
+  const int64_t gas = *uniform_in<int64_t>(1, 5).as(
+      "gradient_accumulation_steps (configured only)");
+  const int64_t mb = *uniform_in<int64_t>(1, 4).as("micro_batch");
+  const int length = *uniform_in(1, 13).as("ops length");
+  const std::string ops =
+      *rc::gen::container<std::string>(
+           static_cast<size_t>(length),
+           rc::gen::weightedElement<char>({{2, 'B'}, {1, 'S'}}))
+           .as("ops (B = backward, S = step)");
+  const uint64_t seed = *uniform_in<uint64_t>(0, 1u << 20).as("seed");
+
+  // The expected outcome, computed from the op sequence alone.
+  int64_t backwards = 0, window = 0, consumed = 0, steps_ok = 0,
+          empty_steps = 0;
+  for (char op : ops) {
+    if (op == 'B') {
+      ++backwards;
+      ++window;
+    } else if (window > 0) {
+      consumed += window;
+      window = 0;
+      ++steps_ok;
+    } else {
+      ++empty_steps;
+    }
+  }
+  RC_TAG("stage " + std::to_string(stage));
+  RC_CLASSIFY(empty_steps > 0, "step() with an empty window");
+  RC_CLASSIFY(window > 0, "ends with an open window");
+
+  const Config cfg =
+      engine_config(world, stage, /*managed=*/false, gas, mb, scaling);
+  std::unique_ptr<Task> task = make_task("mlp");
+  const Batch data = task->make_data(
+      seed ^ 0xb0b, std::max<int64_t>(1, backwards) * world * mb);
+  auto models = make_models(*task, world, seed);
+  SimWorld sim({world, seed});
+  Violations v(world);
+  std::vector<RankCounters> final_counters(world);
+  std::vector<torch::Tensor> final_params(world);
+
+  sim.run([&](int r) {
+    Engine e(models[r], cfg, &sim.comm(r));
+    int64_t i = 0;  // backward calls so far on this rank
+    for (size_t k = 0; k < ops.size(); ++k) {
+      const std::string at = "op " + std::to_string(k) + " '" + ops[k] + "'";
+      v.expect(r, !e.is_gradient_accumulation_boundary(),
+               at + ": is_gradient_accumulation_boundary() true before it");
+      const RankCounters before = counters_of(e);
+      if (ops[k] == 'B') {
+        torch::Tensor loss =
+            task->loss(*models[r], micro_batch_of(data, i++, world, r, mb));
+        e.backward(loss);
+        RankCounters want = before;
+        ++want.micro_steps;
+        ++want.window_backwards;
+        v.expect(r, counters_of(e) == want,
+                 at + ": counters " + show(counters_of(e)) + ", expected " +
+                     show(want));
+      } else if (before.window_backwards == 0) {
+        const torch::Tensor params = e.flat_parameters().clone();
+        const torch::Tensor grads = e.flat_gradients().clone();
+        bool threw = false;
+        try {
+          e.step();
+        } catch (const UsageError&) {
+          threw = true;
+        }
+        v.expect(r, threw, at + ": step() with no backward did not throw");
+        v.expect(r, torch::equal(e.flat_parameters(), params),
+                 at + ": rejected step() changed the parameters");
+        v.expect(r, torch::equal(e.flat_gradients(), grads),
+                 at + ": rejected step() changed the gradients");
+        v.expect(r, counters_of(e) == before,
+                 at + ": rejected step() changed counters " + show(before) +
+                     " -> " + show(counters_of(e)));
+      } else {
+        e.step();
+        RankCounters want = before;
+        ++want.global_steps;
+        want.global_samples += mb * world * before.window_backwards;
+        want.window_backwards = 0;
+        want.step_applied = true;
+        v.expect(r, counters_of(e) == want,
+                 at + ": counters " + show(counters_of(e)) + ", expected " +
+                     show(want));
+        v.expect(r, e.flat_gradients().abs().max().item<float>() == 0.0f,
+                 at + ": gradients not cleared after step()");
+      }
+      v.expect(r, !e.is_gradient_accumulation_boundary(),
+               at + ": is_gradient_accumulation_boundary() true after it");
+    }
+    final_counters[r] = counters_of(e);
+    final_params[r] = e.flat_parameters().clone();
+  });
+
+  RC_LOG() << "expected: global_steps " << steps_ok << ", backwards consumed "
+           << consumed << ", open window " << window << "\n";
+  for (int r = 0; r < world; ++r) {
+    RC_LOG() << "rank " << r << " final " << show(final_counters[r])
+             << ", backward-phase bytes "
+             << sim.ledger(r).bytes_in(Phase::kBackward) << "\n";
+  }
+  RC_ASSERT(v.log_all() == 0u);
+  for (int r = 0; r < world; ++r) {
+    const RankCounters& c = final_counters[r];
+    RC_ASSERT(c.global_steps == steps_ok);
+    RC_ASSERT(c.global_samples == mb * world * consumed);
+    RC_ASSERT(c.micro_steps == backwards);
+    RC_ASSERT(c.window_backwards == window);
+    RC_ASSERT(c.skipped_steps == 0);
+    // Stage 0/1 unmanaged: backward() never communicates.
+    RC_ASSERT(sim.ledger(r).bytes_in(Phase::kBackward) == 0u);
+    RC_ASSERT(sim.ledger(r).count_in(Phase::kBackward) == 0u);
+    RC_ASSERT(torch::equal(final_params[r], final_params[0]));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// c. Managed mode, the standard loop: backward() + step() per micro batch.
+// ---------------------------------------------------------------------------
+RC_GTEST_PROP(ManagedInvariants, StandardLoopUpdatesEveryGasMicroSteps, ()) {
+  count_run("ManagedInvariants.StandardLoopUpdatesEveryGasMicroSteps");
+  const int world = *uniform_in(1, 5).as("world_size");
+  const int stage = *uniform_in(0, 2).as("stage");
+  const std::string scaling =
+      *rc::gen::elementOf(scaling_names()).as("gradient_accumulation_scaling");
+  const int64_t gas =
+      *uniform_in<int64_t>(1, 5).as("gradient_accumulation_steps");
+  const int64_t mb = *uniform_in<int64_t>(1, 4).as("micro_batch");
+  const int64_t micro_steps =
+      *uniform_in<int64_t>(1, 13).as("micro-steps (backward+step pairs)");
+  const uint64_t seed = *uniform_in<uint64_t>(0, 1u << 20).as("seed");
+  RC_TAG("gas " + std::to_string(gas));
+  RC_CLASSIFY(micro_steps % gas != 0, "ends mid-window");
+
+  const Config cfg =
+      engine_config(world, stage, /*managed=*/true, gas, mb, scaling);
+  RC_ASSERT(cfg.train_batch_size == mb * gas * world);
+  std::unique_ptr<Task> task = make_task("mlp");
+  const Batch data = task->make_data(seed ^ 0xb0b, micro_steps * world * mb);
+  auto models = make_models(*task, world, seed);
+  SimWorld sim({world, seed});
+  Violations v(world);
+  std::vector<RankCounters> final_counters(world);
+  std::vector<torch::Tensor> final_params(world);
+
+  sim.run([&](int r) {
+    Engine e(models[r], cfg, &sim.comm(r));
+    for (int64_t k = 1; k <= micro_steps; ++k) {
+      const std::string at = "micro-step " + std::to_string(k);
+      const bool boundary = k % gas == 0;
+      v.expect(r, e.micro_steps() == k - 1,
+               at + ": micro_steps " + std::to_string(e.micro_steps()) +
+                   " before backward");
+      v.expect(r, e.is_gradient_accumulation_boundary() == boundary,
+               at + ": is_gradient_accumulation_boundary() is " +
+                   std::to_string(e.is_gradient_accumulation_boundary()));
+      const torch::Tensor params = e.flat_parameters().clone();
+      torch::Tensor loss =
+          task->loss(*models[r], micro_batch_of(data, k - 1, world, r, mb));
+      e.backward(loss);
+      e.step();
+      const int64_t steps = k / gas;
+      v.expect(r, e.was_step_applied() == boundary,
+               at + ": was_step_applied() is " +
+                   std::to_string(e.was_step_applied()));
+      if (!boundary)
+        v.expect(r, torch::equal(e.flat_parameters(), params),
+                 at + ": parameters changed off the boundary");
+      v.expect(r, e.global_steps() == steps,
+               at + ": global_steps " + std::to_string(e.global_steps()) +
+                   ", expected " + std::to_string(steps));
+      v.expect(r, e.global_samples() == steps * cfg.train_batch_size,
+               at + ": global_samples " + std::to_string(e.global_samples()) +
+                   ", expected " +
+                   std::to_string(steps * cfg.train_batch_size));
+      v.expect(r, e.micro_steps() == k,
+               at + ": micro_steps " + std::to_string(e.micro_steps()) +
+                   " after step");
+    }
+    final_counters[r] = counters_of(e);
+    final_params[r] = e.flat_parameters().clone();
+  });
+
+  for (int r = 0; r < world; ++r)
+    RC_LOG() << "rank " << r << " final " << show(final_counters[r]) << "\n";
+  RC_ASSERT(v.log_all() == 0u);
+  for (int r = 0; r < world; ++r) {
+    RC_ASSERT(final_counters[r].global_steps == micro_steps / gas);
+    RC_ASSERT(final_counters[r].global_samples ==
+              final_counters[r].global_steps * cfg.train_batch_size);
+    RC_ASSERT(torch::equal(final_params[r], final_params[0]));
+  }
+}
+
+// RC_PARAMS with max_success=kCiMaxSuccess added unless it sets max_success.
+// Must run before anything touches RapidCheck's configuration, which reads
+// RC_PARAMS once, on first use.
+void apply_default_rc_params() {
+  const char* current = std::getenv("RC_PARAMS");
+  std::string params = current ? current : "";
+  if (params.find("max_success") != std::string::npos) return;
+  params = "max_success=" + std::to_string(kCiMaxSuccess) +
+           (params.empty() ? "" : " " + params);
+  setenv("RC_PARAMS", params.c_str(), /*overwrite=*/1);
+}
+
+}  // namespace
+}  // namespace zerostep
+
+int main(int argc, char** argv) {
+  zerostep::apply_default_rc_params();
+  zerostep::set_compute_threads(1);
+  std::cerr << "propertytests: RC_PARAMS=\"" << std::getenv("RC_PARAMS")
+            << "\" " << zerostep::runtime_info() << std::endl;
+  ::testing::InitGoogleTest(&argc, argv);
+  const int status = RUN_ALL_TESTS();
+  for (const auto& [property, runs] : zerostep::body_runs())
+    std::cerr << "propertytests: " << property << ": body ran " << runs
+              << " times (generated cases + shrink attempts)" << std::endl;
+  return status;
+}
