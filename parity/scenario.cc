@@ -19,8 +19,6 @@ namespace {
 
 using nlohmann::json;
 
-const char* scaling_name(GradAccumScaling s) { return to_string(s); }
-
 // A window's samples, laid out [micro-batch i][rank r][mb samples].
 int64_t window_samples(const Scenario& s, int k) {
   return static_cast<int64_t>(s.backwards[k]) * s.world_size * s.micro_batch;
@@ -248,7 +246,7 @@ std::string to_json_line(const ScenarioResult& r) {
   j["dtype"] = "fp32";
   j["model"] = s.model;
   j["backwards"] = s.backwards;
-  j["scaling"] = scaling_name(s.scaling);
+  j["scaling"] = to_string(s.scaling);
   j["seed"] = s.seed;
   j["bitwise_equal"] = r.bitwise_equal;
   j["max_abs_diff"] = r.max_abs_diff;

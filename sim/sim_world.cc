@@ -30,10 +30,10 @@ struct SimWorld::Slot {
 
 namespace {
 
-std::string describe(const char* kind, ReduceOp op, Buffer in, Buffer out,
-                     int root, CollectiveKind k) {
+std::string describe(CollectiveKind k, ReduceOp op, Buffer in, Buffer out,
+                     int root) {
   std::ostringstream os;
-  os << kind << "(";
+  os << to_string(k) << "(";
   switch (k) {
     case CollectiveKind::kAllReduce:
       os << to_string(op) << ", " << to_string(in.dtype) << " x " << in.numel;
@@ -55,36 +55,37 @@ std::string describe(const char* kind, ReduceOp op, Buffer in, Buffer out,
   return os.str();
 }
 
+// acc[i] = op(acc[i], x[i]); the op is chosen once per call, not per
+// element, so each loop is a plain elementwise pass.
 template <typename T>
-T combine(T a, T b, ReduceOp op) {
+void fold(T* __restrict acc, const T* __restrict x, size_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
-      return a + b;
+      for (size_t i = 0; i < n; ++i) acc[i] = acc[i] + x[i];
+      return;
     case ReduceOp::kMax:
-      return std::max(a, b);
+      for (size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], x[i]);
+      return;
     case ReduceOp::kMin:
-      return std::min(a, b);
+      for (size_t i = 0; i < n; ++i) acc[i] = std::min(acc[i], x[i]);
+      return;
   }
-  return a;
 }
 
 // Reduces `count` elements at element offset `offset` of every rank's
-// input, in rank order (Note [Reduction order]), into `out`.
+// input, in rank order (Note [Reduction order]), into `out`, which must not
+// overlap any input.
 template <typename T>
 void reduce_rank_order(const std::vector<const T*>& inputs, size_t offset,
                        size_t count, ReduceOp op, T* out) {
   const size_t world = inputs.size();
-  std::vector<T> acc(inputs[0] + offset, inputs[0] + offset + count);
-  for (size_t r = 1; r < world; ++r) {
-    const T* x = inputs[r] + offset;
-    for (size_t i = 0; i < count; ++i) acc[i] = combine(acc[i], x[i], op);
-  }
+  std::memcpy(out, inputs[0] + offset, count * sizeof(T));
+  for (size_t r = 1; r < world; ++r) fold(out, inputs[r] + offset, count, op);
   if (op == ReduceOp::kAvg) {
     const T w = static_cast<T>(world);
-    for (size_t i = 0; i < count; ++i) acc[i] = acc[i] / w;
+    for (size_t i = 0; i < count; ++i) out[i] = out[i] / w;
   }
-  std::memcpy(out, acc.data(), count * sizeof(T));
 }
 
 }  // namespace
@@ -115,6 +116,13 @@ class SimWorld::RankComm final : public Communicator {
                        "the output's dtype (input " +
                        std::to_string(input.numel) + ", output " +
                        std::to_string(output.numel) + ")");
+    }
+    const char* in = static_cast<const char*>(input.data);
+    const char* out = static_cast<const char*>(output.data);
+    if (out < in + input.bytes() && in < out + output.bytes()) {
+      throw UsageError("reduce_scatter on rank " + std::to_string(rank_) +
+                       ": the output buffer overlaps the input; give it a "
+                       "buffer of its own");
     }
     Arrival a;
     a.kind = CollectiveKind::kReduceScatter;
@@ -264,12 +272,10 @@ void SimWorld::execute(Slot& slot) {
     if (!same) {
       std::ostringstream os;
       os << "mismatched collective #" << slot.seq << ": rank 0 called "
-         << describe(to_string(a0.kind), a0.op, a0.input, a0.output, a0.root,
-                     a0.kind)
+         << describe(a0.kind, a0.op, a0.input, a0.output, a0.root)
          << " in phase " << to_string(a0.phase) << " but rank " << r
          << " called "
-         << describe(to_string(ar.kind), ar.op, ar.input, ar.output, ar.root,
-                     ar.kind)
+         << describe(ar.kind, ar.op, ar.input, ar.output, ar.root)
          << " in phase " << to_string(ar.phase)
          << ". Every rank must issue the same collectives in the same order "
             "(did the ranks run different numbers of backward() calls?)";
@@ -284,12 +290,12 @@ void SimWorld::execute(Slot& slot) {
       inputs[r] = static_cast<const T*>(slot.arrivals[r].input.data);
     switch (a0.kind) {
       case CollectiveKind::kAllReduce: {
+        // In place: reduce into reused scratch, then copy to every rank.
         const size_t n = a0.input.numel;
-        std::vector<T> result(n);
-        reduce_rank_order<T>(inputs, 0, n, a0.op, result.data());
+        T* result = scratch<T>(n);
+        reduce_rank_order<T>(inputs, 0, n, a0.op, result);
         for (int r = 0; r < w; ++r)
-          std::memcpy(slot.arrivals[r].output.data, result.data(),
-                      n * sizeof(T));
+          std::memcpy(slot.arrivals[r].output.data, result, n * sizeof(T));
         break;
       }
       case CollectiveKind::kReduceScatter: {
@@ -302,20 +308,19 @@ void SimWorld::execute(Slot& slot) {
       case CollectiveKind::kAllGather: {
         const size_t n = a0.input.numel;
         // Stage first: an input may be a slice of its rank's output.
-        std::vector<T> staged(n * w);
+        T* staged = scratch<T>(n * w);
         for (int q = 0; q < w; ++q)
-          std::memcpy(staged.data() + q * n, inputs[q], n * sizeof(T));
+          std::memcpy(staged + q * n, inputs[q], n * sizeof(T));
         for (int r = 0; r < w; ++r)
-          std::memcpy(slot.arrivals[r].output.data, staged.data(),
+          std::memcpy(slot.arrivals[r].output.data, staged,
                       n * w * sizeof(T));
         break;
       }
       case CollectiveKind::kBroadcast: {
         const size_t n = a0.input.numel;
-        std::vector<T> staged(inputs[a0.root], inputs[a0.root] + n);
         for (int r = 0; r < w; ++r)
           if (r != a0.root)
-            std::memcpy(slot.arrivals[r].output.data, staged.data(),
+            std::memcpy(slot.arrivals[r].output.data, inputs[a0.root],
                         n * sizeof(T));
         break;
       }

@@ -81,6 +81,13 @@ class SimWorld {
   void collective(int rank, Arrival arrival);
   void execute(Slot& slot);
   void mark_exited(int rank, const std::string& reason);
+  // `n` elements of reusable scratch (grown, never shrunk), so collectives
+  // do not allocate and first-touch fresh pages on every call.
+  template <typename T>
+  T* scratch(size_t n) {
+    if (scratch_.size() < n * sizeof(T)) scratch_.resize(n * sizeof(T));
+    return reinterpret_cast<T*>(scratch_.data());
+  }
 
   SimOptions options_;
   std::vector<std::unique_ptr<RankComm>> raw_comms_;
@@ -94,6 +101,7 @@ class SimWorld {
   std::vector<bool> exited_;                        // GUARDED_BY(mu_)
   std::vector<std::string> exit_reason_;            // GUARDED_BY(mu_)
   int first_failed_rank_ = -1;                      // GUARDED_BY(mu_)
+  std::vector<unsigned char> scratch_;              // GUARDED_BY(mu_)
 };
 
 }  // namespace zerostep

@@ -162,3 +162,19 @@ TEST(SimWorldTest, ZeroRanksIsRejected) {
 
 }  // namespace
 }  // namespace zerostep
+
+namespace zerostep {
+namespace {
+
+TEST(SimWorldTest, ReduceScatterIntoItsOwnInputIsRejected) {
+  SimWorld world({2, 7});
+  EXPECT_THROW(world.run([&](int r) {
+    std::vector<float> buf(8, 1.0f);
+    world.comm(r).reduce_scatter(Buffer::of(buf.data(), 8),
+                                 Buffer::of(buf.data() + 4, 4), {});
+  }),
+               UsageError);
+}
+
+}  // namespace
+}  // namespace zerostep

@@ -70,6 +70,22 @@ std::vector<int> int_list(const std::string& flag, const std::string& v) {
   return out;
 }
 
+double parse_double(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0')
+    usage_error("--" + flag + "=" + v + ": not a number");
+  return x;
+}
+
+uint64_t parse_u64(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+  if (v.empty() || v[0] == '-' || *end != '\0')
+    usage_error("--" + flag + "=" + v + ": not a non-negative integer");
+  return x;
+}
+
 GradAccumScaling parse_scaling(const std::string& s) {
   if (s == "configured") return GradAccumScaling::kConfigured;
   if (s == "per_step_count") return GradAccumScaling::kPerStepCount;
@@ -121,8 +137,8 @@ int main_impl(int argc, char** argv) {
     } else if (key == "model") model = v;
     else if (key == "model-scale") model_scale = int_list(key, v).front();
     else if (key == "micro-batch") micro = int_list(key, v).front();
-    else if (key == "clip") clip = std::atof(v.c_str());
-    else if (key == "seed") seed = std::strtoull(v.c_str(), nullptr, 10);
+    else if (key == "clip") clip = parse_double(key, v);
+    else if (key == "seed") seed = parse_u64(key, v);
     else if (key == "config") config_path = v;
     else if (key == "threads") threads = int_list(key, v).front();
     else usage_error("unknown flag --" + key);
@@ -136,6 +152,7 @@ int main_impl(int argc, char** argv) {
   if (steps < 1) usage_error("--steps must be >= 1");
   if (micro < 1) usage_error("--micro-batch must be >= 1");
   if (threads < 1) usage_error("--threads must be >= 1");
+  if (clip < 0) usage_error("--clip must be >= 0 (0 = off)");
   std::vector<int> per_step;
   if (backwards.size() > 1) {
     if (steps_given && steps != static_cast<int>(backwards.size()))

@@ -1,6 +1,7 @@
 #include "zero/stage.h"
 
 #include <cmath>
+#include <cstring>
 #include <sstream>
 #include <vector>
 
@@ -22,11 +23,60 @@ std::unique_ptr<Stage> make_stage(const StageOptions& options,
     case 1:
       return std::make_unique<Stage1>(options, buffers, comm);
     default:
-      throw UsageError("zero_optimization.stage = " +
-                       std::to_string(options.stage) +
-                       " is not available in this build (stages 0 and 1 "
-                       "are). Fix: use stage 0 or 1");
+      throw UsageError(
+          "zero_optimization.stage = " + std::to_string(options.stage) +
+          " is not available in this build (stages 0 and 1 "
+          "are). Fix: use stage 0 or 1");
   }
+}
+
+FlatStage::FlatStage(const StageOptions& options, FlatBuffers buffers,
+                     Communicator* comm, bool partitioned, size_t owned_offset,
+                     size_t owned_numel)
+    : layout_(options.layout),
+      buf_(buffers),
+      comm_(comm),
+      partitioned_(partitioned),
+      owned_offset_(owned_offset),
+      owned_numel_(owned_numel),
+      optimizer_(options.optimizer, owned_numel) {
+  ZS_CHECK(owned_offset + owned_numel <= layout_.padded_numel);
+}
+
+GradStats FlatStage::finalize(double divisor, double clip) {
+  ZS_CHECK(owned_grad_ != nullptr);
+  internal::divide(owned_grad_, owned_numel_, divisor);
+  GradStats stats;
+  double sq = internal::sum_of_squares(owned_grad_, owned_numel_);
+  // A replicated gradient's local norm is the global one; a partition's is
+  // not (one 8-byte all-reduce per step, in both modes).
+  if (partitioned_)
+    comm_->all_reduce(Buffer::of(&sq, 1), {ReduceOp::kSum, Phase::kStep});
+  stats.global_norm = std::sqrt(sq);
+  const float coef = internal::clip_coefficient(stats.global_norm, clip);
+  if (coef < 1.0f) {
+    internal::scale(owned_grad_, owned_numel_, coef);
+    stats.clipped = true;
+  }
+  return stats;
+}
+
+void FlatStage::update_owned(const OptimizerHyper& hyper) {
+  optimizer_.step(buf_.params + owned_offset_, owned_grad_, hyper);
+}
+
+void FlatStage::zero_grad() {
+  std::memset(buf_.grads, 0, layout_.padded_numel * sizeof(float));
+  if (partitioned_) std::memset(owned_grad_, 0, owned_numel_ * sizeof(float));
+}
+
+MemoryStats FlatStage::memory() const {
+  MemoryStats m;
+  m.param_bytes = layout_.padded_numel * sizeof(float);
+  m.grad_bytes = layout_.padded_numel * sizeof(float) +
+                 (partitioned_ ? owned_numel_ * sizeof(float) : 0);
+  m.optimizer_state_bytes = optimizer_.state_bytes();
+  return m;
 }
 
 namespace internal {
@@ -47,8 +97,8 @@ void agree_on_window(Communicator& comm, int64_t window_backwards,
      << " reporting): ";
   for (int r = 0; r < w; ++r) {
     os << (r ? ", " : "") << "rank " << r << " ran " << all[2 * r]
-       << " backward() call" << (all[2 * r] == 1 ? "" : "s") << " at global step "
-       << all[2 * r + 1];
+       << " backward() call" << (all[2 * r] == 1 ? "" : "s")
+       << " at global step " << all[2 * r + 1];
   }
   os << ". Every rank must call backward() the same number of times before "
         "each step(); no gradient was reduced and no parameter was updated";

@@ -86,6 +86,41 @@ class Stage {
   virtual MemoryStats memory() const = 0;
 };
 
+// What stages 0 and 1 share: the buffers, the communicator, and one
+// optimizer over the span of the flat buffer this rank updates ("owned":
+// the whole buffer at stage 0, the rank's partition at stage 1), whose
+// reduced gradient lives at `owned_grad`.
+class FlatStage : public Stage {
+ public:
+  // Divides the owned gradient, computes the global norm (an 8-byte
+  // all-reduce when the owned span is a partition), clips.
+  GradStats finalize(double divisor, double clip) override;
+  void zero_grad() override;
+  const FlatOptimizer& optimizer() const override { return optimizer_; }
+  size_t optimizer_offset() const override { return owned_offset_; }
+  MemoryStats memory() const override;
+
+ protected:
+  // `partitioned`: the owned span is this rank's partition, reduced into a
+  // buffer of its own (stage 1), not the replicated whole (stage 0).
+  FlatStage(const StageOptions& options, FlatBuffers buffers,
+            Communicator* comm, bool partitioned, size_t owned_offset,
+            size_t owned_numel);
+  // Points the owned gradient at its storage (the flat gradient buffer, or
+  // a partition buffer the subclass owns).
+  void set_owned_grad(float* owned_grad) { owned_grad_ = owned_grad; }
+  // The optimizer on the owned span of the parameters.
+  void update_owned(const OptimizerHyper& hyper);
+  FlatLayout layout_;
+  FlatBuffers buf_;
+  Communicator* comm_;
+  bool partitioned_;
+  size_t owned_offset_;
+  size_t owned_numel_;
+  float* owned_grad_ = nullptr;
+  FlatOptimizer optimizer_;
+};
+
 // Throws UsageError for an unsupported stage number.
 std::unique_ptr<Stage> make_stage(const StageOptions& options,
                                   FlatBuffers buffers, Communicator* comm);

@@ -10,7 +10,7 @@
 
 namespace zerostep {
 
-class Stage0 final : public Stage {
+class Stage0 final : public FlatStage {
  public:
   Stage0(const StageOptions& options, FlatBuffers buffers, Communicator* comm);
 
@@ -18,18 +18,7 @@ class Stage0 final : public Stage {
   void on_backward(Phase) override {}
   void reduce_window(int64_t window_backwards, int64_t global_steps,
                      Phase phase) override;
-  GradStats finalize(double divisor, double clip) override;
   void apply_update(const OptimizerHyper& hyper) override;
-  void zero_grad() override;
-  const FlatOptimizer& optimizer() const override { return optimizer_; }
-  size_t optimizer_offset() const override { return 0; }
-  MemoryStats memory() const override;
-
- private:
-  FlatLayout layout_;
-  FlatBuffers buf_;
-  Communicator* comm_;
-  FlatOptimizer optimizer_;
 };
 
 }  // namespace zerostep

@@ -15,7 +15,7 @@
 
 namespace zerostep {
 
-class Stage1 final : public Stage {
+class Stage1 final : public FlatStage {
  public:
   Stage1(const StageOptions& options, FlatBuffers buffers, Communicator* comm);
 
@@ -23,20 +23,9 @@ class Stage1 final : public Stage {
   void on_backward(Phase) override {}
   void reduce_window(int64_t window_backwards, int64_t global_steps,
                      Phase phase) override;
-  GradStats finalize(double divisor, double clip) override;
   void apply_update(const OptimizerHyper& hyper) override;
-  void zero_grad() override;
-  const FlatOptimizer& optimizer() const override { return optimizer_; }
-  size_t optimizer_offset() const override {
-    return layout_.partition_begin(comm_->rank());
-  }
-  MemoryStats memory() const override;
 
  private:
-  FlatLayout layout_;
-  FlatBuffers buf_;
-  Communicator* comm_;
-  FlatOptimizer optimizer_;
   std::vector<float> grad_partition_;  // the reduced gradient this rank owns
 };
 

@@ -97,10 +97,9 @@ TEST(StageTest, DisagreeingWindowIsAnErrorOnEveryRankAndReducesNothing) {
       RankState& s = ranks[r];
       s.params.assign(layout.padded_numel, 1.0f);
       s.grads.assign(layout.padded_numel, static_cast<float>(r + 1));
-      auto st = make_stage(opts, {s.params.data(), s.grads.data()},
-                           &sim.comm(r));
-      st->reduce_window(/*window_backwards=*/r == 0 ? 4 : 5, 0,
-                        Phase::kStep);
+      auto st =
+          make_stage(opts, {s.params.data(), s.grads.data()}, &sim.comm(r));
+      st->reduce_window(/*window_backwards=*/r == 0 ? 4 : 5, 0, Phase::kStep);
     });
     for (int r = 0; r < 2; ++r) {
       ASSERT_TRUE(errors[r]) << "rank " << r;
@@ -108,11 +107,9 @@ TEST(StageTest, DisagreeingWindowIsAnErrorOnEveryRankAndReducesNothing) {
         std::rethrow_exception(errors[r]);
       } catch (const UsageError& e) {
         std::string what = e.what();
-        EXPECT_NE(what.find("rank 0 ran 4 backward() calls"),
-                  std::string::npos)
+        EXPECT_NE(what.find("rank 0 ran 4 backward() calls"), std::string::npos)
             << what;
-        EXPECT_NE(what.find("rank 1 ran 5 backward() calls"),
-                  std::string::npos)
+        EXPECT_NE(what.find("rank 1 ran 5 backward() calls"), std::string::npos)
             << what;
       }
       EXPECT_EQ(ranks[r].grads[0], static_cast<float>(r + 1));
