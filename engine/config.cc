@@ -573,12 +573,8 @@ class Parser {
       return;
     }
     const std::string s = lower(v.get<std::string>());
-    if (s == "configured") {
-      cfg_.gradient_accumulation_scaling = GradAccumScaling::kConfigured;
-    } else if (s == "per_step_count") {
-      cfg_.gradient_accumulation_scaling = GradAccumScaling::kPerStepCount;
-    } else if (s == "none") {
-      cfg_.gradient_accumulation_scaling = GradAccumScaling::kNone;
+    if (auto mode = grad_accum_scaling_from_string(s)) {
+      cfg_.gradient_accumulation_scaling = *mode;
     } else {
       std::string guess = closest(s, {&kModes});
       add(key, v.dump(),
@@ -1021,6 +1017,15 @@ Config load_config_file(const std::string& path, int world_size) {
   } catch (const ConfigError& e) {
     throw ConfigError(e.problems(), path);
   }
+}
+
+std::optional<GradAccumScaling> grad_accum_scaling_from_string(
+    const std::string& name) {
+  const std::string s = lower(name);
+  if (s == "configured") return GradAccumScaling::kConfigured;
+  if (s == "per_step_count") return GradAccumScaling::kPerStepCount;
+  if (s == "none") return GradAccumScaling::kNone;
+  return std::nullopt;
 }
 
 const char* to_string(GradAccumScaling s) {

@@ -21,6 +21,7 @@
 #define ZEROSTEP_ENGINE_CONFIG_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,10 @@ Config parse_config(const std::string& json_text, int world_size);
 Config load_config_file(const std::string& path, int world_size);
 
 const char* to_string(GradAccumScaling s);
+// The mode named `name` ("configured", "per_step_count", "none"; any letter
+// case), or nullopt.
+std::optional<GradAccumScaling> grad_accum_scaling_from_string(
+    const std::string& name);
 const char* to_string(OptimizerType t);
 
 }  // namespace zerostep

@@ -759,3 +759,22 @@ TEST(ToStringTest, NamesMatchTheConfigValues) {
 
 }  // namespace
 }  // namespace zerostep
+
+namespace zerostep {
+namespace {
+
+TEST(GradAccumScalingFromStringTest, NamesEveryModeInAnyCaseAndNothingElse) {
+  EXPECT_EQ(grad_accum_scaling_from_string("configured"),
+            GradAccumScaling::kConfigured);
+  EXPECT_EQ(grad_accum_scaling_from_string("Per_Step_Count"),
+            GradAccumScaling::kPerStepCount);
+  EXPECT_EQ(grad_accum_scaling_from_string("none"), GradAccumScaling::kNone);
+  EXPECT_EQ(grad_accum_scaling_from_string("mean"), std::nullopt);
+  for (GradAccumScaling m :
+       {GradAccumScaling::kConfigured, GradAccumScaling::kPerStepCount,
+        GradAccumScaling::kNone})
+    EXPECT_EQ(grad_accum_scaling_from_string(to_string(m)), m);
+}
+
+}  // namespace
+}  // namespace zerostep

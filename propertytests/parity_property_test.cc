@@ -73,9 +73,7 @@ const std::vector<std::string>& scaling_names() {
 }
 
 GradAccumScaling scaling_from(const std::string& name) {
-  if (name == "per_step_count") return GradAccumScaling::kPerStepCount;
-  if (name == "none") return GradAccumScaling::kNone;
-  return GradAccumScaling::kConfigured;
+  return grad_accum_scaling_from_string(name).value();
 }
 
 std::string join(const std::vector<int>& v) {

@@ -87,9 +87,7 @@ uint64_t parse_u64(const std::string& flag, const std::string& v) {
 }
 
 GradAccumScaling parse_scaling(const std::string& s) {
-  if (s == "configured") return GradAccumScaling::kConfigured;
-  if (s == "per_step_count") return GradAccumScaling::kPerStepCount;
-  if (s == "none") return GradAccumScaling::kNone;
+  if (auto mode = grad_accum_scaling_from_string(s)) return *mode;
   usage_error("--scaling: '" + s +
               "' is not one of configured, per_step_count, none");
 }
