@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace zerostep {
@@ -83,6 +84,23 @@ struct BroadcastOptions {
   Phase phase = Phase::kSetup;
 };
 
+// The handle of an asynchronous collective.
+//
+// wait() blocks until the collective has completed on this rank: the output
+// buffer then holds the result and the input buffer may be reused. It throws
+// CommError if the collective failed. wait() may be called more than once;
+// later calls return at once (or throw the same error). Until wait() has
+// returned, the caller must not touch either buffer. Destroying a Work that
+// was never waited on is allowed; the collective still completes.
+// A backend may complete the collective before the issuing call returns
+// (sim does: its virtual clock, not wall time, models the overlap) and may
+// raise a failure from the issuing call instead of from wait().
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -106,11 +124,23 @@ class Communicator {
   virtual void all_gather(Buffer input, Buffer output,
                           const AllGatherOptions& opts) = 0;
 
+  // As reduce_scatter, without blocking (see Work). Asynchronous and
+  // blocking collectives are matched across ranks in issue order.
+  virtual std::shared_ptr<Work> reduce_scatter_async(
+      Buffer input, Buffer output, const ReduceScatterOptions& opts) = 0;
+
   // Every rank's `buf` becomes root's `buf`.
   virtual void broadcast(Buffer buf, const BroadcastOptions& opts) = 0;
 
   // Returns when every rank has entered the barrier.
   virtual void barrier() = 0;
+};
+
+// A Work that is already complete: for backends that finish a collective
+// inside the issuing call.
+class CompletedWork final : public Work {
+ public:
+  void wait() override {}
 };
 
 }  // namespace zerostep

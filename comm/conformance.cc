@@ -62,6 +62,36 @@ void reduce_scatter_gives_each_rank_its_chunk(Communicator& c) {
   }
 }
 
+void async_reduce_scatters_match_in_issue_order(Communicator& c) {
+  const int w = c.world_size();
+  const size_t chunk = 6;
+  std::vector<std::vector<float>> ins(3, std::vector<float>(chunk * w));
+  std::vector<std::vector<float>> outs(3, std::vector<float>(chunk, -1.0f));
+  std::vector<std::shared_ptr<Work>> works;
+  for (int k = 0; k < 3; ++k) {
+    for (size_t i = 0; i < ins[k].size(); ++i)
+      ins[k][i] = static_cast<float>(k * 1000 + c.rank() * 10 + i % 5);
+    works.push_back(c.reduce_scatter_async(
+        Buffer::of(ins[k].data(), ins[k].size()),
+        Buffer::of(outs[k].data(), chunk), {ReduceOp::kSum, Phase::kBackward}));
+  }
+  // A blocking collective issued while async ones may be in flight.
+  float x = 1.0f;
+  c.all_reduce(Buffer::of(&x, 1), {});
+  ASSERT_EQ(x, static_cast<float>(w));
+  for (int k = 2; k >= 0; --k) works[k]->wait();  // any wait order
+  for (int k = 0; k < 3; ++k) {
+    works[k]->wait();  // a second wait returns at once
+    for (size_t i = 0; i < chunk; ++i) {
+      const size_t g = c.rank() * chunk + i;
+      float expect = 0;
+      for (int r = 0; r < w; ++r)
+        expect += static_cast<float>(k * 1000 + r * 10 + g % 5);
+      ASSERT_EQ(outs[k][i], expect) << "op " << k << " element " << i;
+    }
+  }
+}
+
 void all_gather_concatenates_in_rank_order(Communicator& c) {
   const int w = c.world_size();
   const size_t chunk = 3;
@@ -123,6 +153,8 @@ const Case kCases[] = {
     {"AllReduceEveryOpAndDtype", all_reduce_every_op_and_dtype},
     {"ReduceScatterGivesEachRankItsChunk",
      reduce_scatter_gives_each_rank_its_chunk},
+    {"AsyncReduceScattersMatchInIssueOrder",
+     async_reduce_scatters_match_in_issue_order},
     {"AllGatherConcatenatesInRankOrder", all_gather_concatenates_in_rank_order},
     {"AllGatherInPlaceFromOwnSlice", all_gather_in_place_from_own_slice},
     {"BroadcastFromEveryRoot", broadcast_from_every_root},

@@ -79,6 +79,13 @@ void RecordingCommunicator::reduce_scatter(Buffer input, Buffer output,
   add(CollectiveKind::kReduceScatter, input.dtype, input.numel, opts.phase);
 }
 
+std::shared_ptr<Work> RecordingCommunicator::reduce_scatter_async(
+    Buffer input, Buffer output, const ReduceScatterOptions& opts) {
+  std::shared_ptr<Work> work = inner_->reduce_scatter_async(input, output, opts);
+  add(CollectiveKind::kReduceScatter, input.dtype, input.numel, opts.phase);
+  return work;
+}
+
 void RecordingCommunicator::all_gather(Buffer input, Buffer output,
                                        const AllGatherOptions& opts) {
   inner_->all_gather(input, output, opts);

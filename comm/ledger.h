@@ -58,7 +58,8 @@ class Ledger {
 };
 
 // Wraps `inner` (not owned; must outlive this) and records each call in
-// `*ledger` (not owned) once the call has returned successfully.
+// `*ledger` (not owned) once the call has returned successfully (an
+// asynchronous one when it is issued).
 class RecordingCommunicator final : public Communicator {
  public:
   RecordingCommunicator(Communicator* inner, Ledger* ledger)
@@ -71,6 +72,8 @@ class RecordingCommunicator final : public Communicator {
   void all_reduce(Buffer buf, const AllReduceOptions& opts) override;
   void reduce_scatter(Buffer input, Buffer output,
                       const ReduceScatterOptions& opts) override;
+  std::shared_ptr<Work> reduce_scatter_async(
+      Buffer input, Buffer output, const ReduceScatterOptions& opts) override;
   void all_gather(Buffer input, Buffer output,
                   const AllGatherOptions& opts) override;
   void broadcast(Buffer buf, const BroadcastOptions& opts) override;

@@ -2,6 +2,9 @@
 
 #include <sstream>
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+
 #include "common/errors.h"
 
 namespace zerostep {
@@ -29,6 +32,25 @@ std::vector<size_t> numels_of(const std::vector<torch::Tensor>& ps) {
   for (const torch::Tensor& p : ps) n.push_back(static_cast<size_t>(p.numel()));
   return n;
 }
+
+// Runs after AccumulateGrad has added a backward's gradient into a
+// parameter's .grad (a view of the flat gradient buffer): the point from
+// which a stage may communicate that gradient (overlap_comm).
+class GradReadyHook final : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(Stage* stage, size_t param_index)
+      : stage_(stage), param_index_(param_index) {}
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list&) override {
+    stage_->on_grad_ready(param_index_);
+    return outputs;
+  }
+
+ private:
+  Stage* stage_;
+  size_t param_index_;
+};
 
 }  // namespace
 
@@ -82,10 +104,23 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   so.stage = config_.zero.stage;
   so.layout = layout_;
   so.optimizer = hyper();
+  so.reduce_bucket_size = config_.zero.reduce_bucket_size;
+  so.allgather_bucket_size = config_.zero.allgather_bucket_size;
+  so.overlap_comm = config_.zero.overlap_comm;
   stage_ = make_stage(so,
                       {flat_params_.data_ptr<float>(),
                        flat_grads_.data_ptr<float>()},
                       comm_);
+  if (stage_->wants_grad_ready()) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      // The parameter holds its accumulator weakly: keep it (and the hook)
+      // alive for the engine's lifetime.
+      grad_accumulators_.push_back(
+          torch::autograd::impl::grad_accumulator(params_[i]));
+      grad_accumulators_.back()->add_post_hook(
+          std::make_unique<GradReadyHook>(stage_.get(), i));
+    }
+  }
 }
 
 Engine::~Engine() = default;
@@ -123,6 +158,8 @@ void Engine::backward(const torch::Tensor& loss, bool scale_wrt_gas) {
       config_.gradient_accumulation_steps > 1) {
     scaled = loss / static_cast<double>(config_.gradient_accumulation_steps);
   }
+  stage_->begin_backward(boundary_.window_backwards() + 1,
+                         boundary_.global_steps());
   try {
     scaled.backward();
   } catch (const c10::Error& e) {
@@ -130,7 +167,7 @@ void Engine::backward(const torch::Tensor& loss, bool scale_wrt_gas) {
                                  "rank ") +
                      std::to_string(rank()) + ": " + e.what_without_backtrace());
   }
-  stage_->on_backward(Phase::kBackward);
+  stage_->end_backward();
   if (plan.reduce_window) {
     stage_->reduce_window(boundary_.window_backwards() + 1,
                           boundary_.global_steps(), Phase::kBackward);

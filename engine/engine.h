@@ -91,10 +91,12 @@ class Engine {
   torch::Tensor flat_gradients() const;
   const FlatLayout& layout() const { return layout_; }
 
-  // The optimizer this rank runs: its state covers flat elements
-  // [optimizer_offset, optimizer_offset + optimizer.numel()).
+  // The optimizer this rank runs: its state covers the flat ranges
+  // owned_spans(), concatenated in that order.
   const FlatOptimizer& optimizer() const { return stage_->optimizer(); }
-  size_t optimizer_offset() const { return stage_->optimizer_offset(); }
+  const std::vector<Span>& owned_spans() const {
+    return stage_->owned_spans();
+  }
   MemoryStats memory() const { return stage_->memory(); }
 
  private:
@@ -109,6 +111,8 @@ class Engine {
   torch::Tensor flat_grads_;   // padded_numel float32
   AccumulationBoundary boundary_;
   std::unique_ptr<Stage> stage_;
+  // AccumulateGrad nodes carrying the stage's grad-ready hooks.
+  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
   bool step_applied_ = false;
   double last_grad_norm_ = -1.0;
 };

@@ -140,7 +140,12 @@ Config scenario_config(const Scenario& s, bool managed) {
   j["gradient_accumulation_scaling"] = to_string(s.scaling);
   if (!j.contains("zero_optimization") || !j["zero_optimization"].is_object())
     j["zero_optimization"] = json::object();
-  j["zero_optimization"]["stage"] = s.stage;
+  json& zero = j["zero_optimization"];
+  zero["stage"] = s.stage;
+  if (s.overlap_comm) zero["overlap_comm"] = true;
+  if (s.reduce_bucket_size > 0) zero["reduce_bucket_size"] = s.reduce_bucket_size;
+  if (s.allgather_bucket_size > 0)
+    zero["allgather_bucket_size"] = s.allgather_bucket_size;
   if (s.gradient_clipping > 0.0) j["gradient_clipping"] = s.gradient_clipping;
   if (!j.contains("optimizer"))
     j["optimizer"] = {{"type", "AdamW"},
@@ -172,6 +177,7 @@ ScenarioResult run_scenario(const Scenario& s) {
   Scenario ref_s = s;
   ref_s.world_size = 1;
   ref_s.stage = 0;
+  ref_s.overlap_comm = false;
   ref_s.scaling = GradAccumScaling::kNone;  // the factor is in the loss
   ref_s.backwards = {1};
   Run reference{scenario_config(ref_s, true), 1, false, true};
@@ -242,6 +248,7 @@ std::string to_json_line(const ScenarioResult& r) {
   json j;
   j["stage"] = s.stage;
   j["offload"] = "none";
+  j["overlap_comm"] = s.overlap_comm;
   j["world"] = s.world_size;
   j["dtype"] = "fp32";
   j["model"] = s.model;

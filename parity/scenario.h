@@ -66,6 +66,10 @@ struct Scenario {
   uint64_t seed = 1;
   int64_t micro_batch = 2;
   double gradient_clipping = 0.0;
+  // zero_optimization keys (0 = the config's value or DeepSpeed's default).
+  bool overlap_comm = false;  // stage 2 only
+  int64_t reduce_bucket_size = 0;
+  int64_t allgather_bucket_size = 0;
   // A user's ds_config JSON to start from ("" = built-in defaults). The
   // scenario overrides the batch keys, the stage, the accumulation mode and
   // the scaling; everything else (optimizer, clipping, ...) is kept.

@@ -41,13 +41,17 @@ TEST(ScenarioTest, EveryScalingIsBitwiseForVaryingN) {
   for (GradAccumScaling sc :
        {GradAccumScaling::kConfigured, GradAccumScaling::kPerStepCount,
         GradAccumScaling::kNone}) {
-    for (int stage : {0, 1}) {
+    for (int stage : {0, 1, 2}) {
       Scenario s = base(stage, 2);
       s.scaling = sc;
       ScenarioResult r = run_scenario(s);
       EXPECT_TRUE(r.bitwise_equal) << to_string(sc) << " stage " << stage;
       EXPECT_TRUE(r.ok) << ::testing::PrintToString(r.failures);
-      EXPECT_EQ(r.unmanaged.backward_comm_bytes, 0u);
+      if (stage < 2) EXPECT_EQ(r.unmanaged.backward_comm_bytes, 0u);
+      // Stage 2 reduces in every backward, in both modes alike.
+      if (stage == 2)
+        EXPECT_EQ(r.unmanaged.backward_comm_bytes,
+                  r.managed.backward_comm_bytes);
       EXPECT_EQ(r.unmanaged.comm_bytes, r.managed.comm_bytes);
     }
   }
@@ -61,6 +65,36 @@ TEST(ScenarioTest, ScalingModesReallyDiffer) {
   s.scaling = GradAccumScaling::kPerStepCount;
   ScenarioResult per = run_scenario(s);
   EXPECT_NE(none.unmanaged.digest, per.unmanaged.digest);
+}
+
+TEST(ScenarioTest, Stage2WithOverlapAndSmallBucketsIsOkAndBitwise) {
+  Scenario s = base(2, 4);
+  s.reduce_bucket_size = 512;
+  s.allgather_bucket_size = 128;
+  ScenarioResult plain = run_scenario(s);
+  s.overlap_comm = true;
+  ScenarioResult overlapped = run_scenario(s);
+  EXPECT_TRUE(plain.ok) << ::testing::PrintToString(plain.failures);
+  EXPECT_TRUE(overlapped.ok) << ::testing::PrintToString(overlapped.failures);
+  // Overlap changes when buckets are sent, not what is computed.
+  EXPECT_EQ(plain.unmanaged.digest, overlapped.unmanaged.digest);
+}
+
+// Final parameters of the same scenario across stages: stages 0 and 1 are
+// bitwise equal (same reduction per element); stage 2 sums per backward
+// first, so it agrees within the reference tolerance.
+TEST(ScenarioTest, StagesAgreeWithEachOther) {
+  ScenarioResult r0 = run_scenario(base(0, 4));
+  ScenarioResult r1 = run_scenario(base(1, 4));
+  ScenarioResult r2 = run_scenario(base(2, 4));
+  EXPECT_EQ(r0.unmanaged.digest, r1.unmanaged.digest);
+  double diff_sq = 0, ref_sq = 0;
+  for (size_t i = 0; i < r0.unmanaged.params.size(); ++i) {
+    const double d = r0.unmanaged.params[i] - r2.unmanaged.params[i];
+    diff_sq += d * d;
+    ref_sq += r0.unmanaged.params[i] * r0.unmanaged.params[i];
+  }
+  EXPECT_LE(std::sqrt(diff_sq / ref_sq), kReferenceTolerance);
 }
 
 TEST(ScenarioTest, GptModelIsOkToo) {

@@ -93,6 +93,11 @@ std::string harness_command(const Scenario& s) {
      << " --scaling=" << to_string(s.scaling) << " --model=" << s.model
      << " --model-scale=" << s.model_scale << " --micro-batch=" << s.micro_batch
      << " --seed=" << s.seed;
+  if (s.overlap_comm) os << " --overlap-comm";
+  if (s.reduce_bucket_size > 0)
+    os << " --reduce-bucket-size=" << s.reduce_bucket_size;
+  if (s.allgather_bucket_size > 0)
+    os << " --allgather-bucket-size=" << s.allgather_bucket_size;
   return os.str();
 }
 
@@ -153,7 +158,7 @@ RC_GTEST_PROP(ParityProperty, UnmanagedMatchesManagedTwin, ()) {
   count_run("ParityProperty.UnmanagedMatchesManagedTwin");
   Scenario s;
   s.world_size = *uniform_in(1, 5).as("world_size");
-  s.stage = *uniform_in(0, 2).as("stage");
+  s.stage = *uniform_in(0, 3).as("stage");
   const int windows = *uniform_in(1, 5).as("windows");
   s.backwards = *rc::gen::container<std::vector<int>>(
                      static_cast<size_t>(windows), uniform_in(1, 7))
@@ -165,6 +170,14 @@ RC_GTEST_PROP(ParityProperty, UnmanagedMatchesManagedTwin, ()) {
   s.model_scale = *uniform_in(1, 3).as("model_scale");
   s.micro_batch = *uniform_in<int64_t>(1, 4).as("micro_batch");
   s.seed = *uniform_in<uint64_t>(0, 1u << 20).as("seed");
+  if (s.stage == 2) {
+    // Small buckets so that several buckets and all-gather pieces occur.
+    s.overlap_comm = *rc::gen::arbitrary<bool>().as("overlap_comm");
+    s.reduce_bucket_size =
+        *rc::gen::element<int64_t>(0, 256, 1024, 4096).as("reduce_bucket_size");
+    s.allgather_bucket_size = *rc::gen::element<int64_t>(0, 128, 1024)
+                                   .as("allgather_bucket_size");
+  }
 
   const bool varying =
       std::adjacent_find(s.backwards.begin(), s.backwards.end(),
@@ -222,7 +235,7 @@ std::string show(const RankCounters& c) {
 RC_GTEST_PROP(UnmanagedInvariants, RandomBackwardStepSequences, ()) {
   count_run("UnmanagedInvariants.RandomBackwardStepSequences");
   const int world = *uniform_in(1, 5).as("world_size");
-  const int stage = *uniform_in(0, 2).as("stage");
+  const int stage = *uniform_in(0, 3).as("stage");
   const std::string scaling =
       *rc::gen::elementOf(scaling_names()).as("gradient_accumulation_scaling");
   const int64_t gas = *uniform_in<int64_t>(1, 5).as(
@@ -336,9 +349,15 @@ RC_GTEST_PROP(UnmanagedInvariants, RandomBackwardStepSequences, ()) {
     RC_ASSERT(c.micro_steps == backwards);
     RC_ASSERT(c.window_backwards == window);
     RC_ASSERT(c.skipped_steps == 0);
-    // Stage 0/1 unmanaged: backward() never communicates.
-    RC_ASSERT(sim.ledger(r).bytes_in(Phase::kBackward) == 0u);
-    RC_ASSERT(sim.ledger(r).count_in(Phase::kBackward) == 0u);
+    // Stage 0/1 unmanaged: backward() never communicates. Stage 2
+    // reduce-scatters in every backward (agreement + buckets).
+    if (stage < 2) {
+      RC_ASSERT(sim.ledger(r).bytes_in(Phase::kBackward) == 0u);
+      RC_ASSERT(sim.ledger(r).count_in(Phase::kBackward) == 0u);
+    } else {
+      RC_ASSERT(sim.ledger(r).count_in(Phase::kBackward) >=
+                2 * static_cast<size_t>(backwards));
+    }
     RC_ASSERT(torch::equal(final_params[r], final_params[0]));
   }
 }
@@ -349,7 +368,7 @@ RC_GTEST_PROP(UnmanagedInvariants, RandomBackwardStepSequences, ()) {
 RC_GTEST_PROP(ManagedInvariants, StandardLoopUpdatesEveryGasMicroSteps, ()) {
   count_run("ManagedInvariants.StandardLoopUpdatesEveryGasMicroSteps");
   const int world = *uniform_in(1, 5).as("world_size");
-  const int stage = *uniform_in(0, 2).as("stage");
+  const int stage = *uniform_in(0, 3).as("stage");
   const std::string scaling =
       *rc::gen::elementOf(scaling_names()).as("gradient_accumulation_scaling");
   const int64_t gas =

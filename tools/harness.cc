@@ -36,6 +36,10 @@ constexpr const char* kUsage = R"(usage: harness [flags]
   --model-scale=S       width multiplier (default 1)
   --micro-batch=B       samples per backward per rank (default 2)
   --clip=C              gradient_clipping (default 0 = off)
+  --overlap-comm        zero_optimization.overlap_comm for stage >= 2
+                        scenarios (stages 0/1 run without it)
+  --reduce-bucket-size=E   elements per reduce-scatter bucket (stage 2)
+  --allgather-bucket-size=E  elements per all-gather (stage 2)
   --seed=S              run seed (default 1)
   --config=FILE         a ds_config JSON as the base of every scenario
   --threads=T           compute threads per rank (default 1)
@@ -110,7 +114,8 @@ int main_impl(int argc, char** argv) {
   int64_t micro = 2;
   double clip = 0.0;
   uint64_t seed = 1;
-  bool as_json = false;
+  bool as_json = false, overlap = false;
+  int64_t reduce_bucket = 0, allgather_bucket = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -119,6 +124,10 @@ int main_impl(int argc, char** argv) {
     }
     if (a == "--json") {
       as_json = true;
+      continue;
+    }
+    if (a == "--overlap-comm") {
+      overlap = true;
       continue;
     }
     const size_t eq = a.find('=');
@@ -139,12 +148,16 @@ int main_impl(int argc, char** argv) {
     else if (key == "seed") seed = parse_u64(key, v);
     else if (key == "config") config_path = v;
     else if (key == "threads") threads = int_list(key, v).front();
+    else if (key == "reduce-bucket-size")
+      reduce_bucket = static_cast<int64_t>(parse_u64(key, v));
+    else if (key == "allgather-bucket-size")
+      allgather_bucket = static_cast<int64_t>(parse_u64(key, v));
     else usage_error("unknown flag --" + key);
   }
   for (int s : stages)
-    if (s < 0 || s > 1)
+    if (s < 0 || s > 2)
       usage_error("--stages: stage " + std::to_string(s) +
-                  " is not available in this build (0 and 1 are)");
+                  " is not available in this build (0, 1 and 2 are)");
   for (int w : worlds)
     if (w < 1) usage_error("--world: " + std::to_string(w) + " must be >= 1");
   if (steps < 1) usage_error("--steps must be >= 1");
@@ -176,6 +189,9 @@ int main_impl(int argc, char** argv) {
             << " world=" << join(worlds) << " backwards=" << join(per_step)
             << " model=" << model << " model_scale=" << model_scale
             << " micro_batch=" << micro << " clip=" << clip
+            << " overlap_comm=" << (overlap ? "stage>=2" : "off")
+            << " reduce_bucket_size=" << reduce_bucket
+            << " allgather_bucket_size=" << allgather_bucket
             << " config=" << (config_path.empty() ? "(built-in)" : config_path)
             << "\n  " << runtime_info() << "\n";
 
@@ -193,6 +209,9 @@ int main_impl(int argc, char** argv) {
         s.seed = seed;
         s.micro_batch = micro;
         s.gradient_clipping = clip;
+        s.overlap_comm = overlap && stage >= 2;
+        s.reduce_bucket_size = reduce_bucket;
+        s.allgather_bucket_size = allgather_bucket;
         s.base_config_json = base_config;
         scenarios.push_back(s);
       }

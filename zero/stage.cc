@@ -8,6 +8,7 @@
 #include "common/errors.h"
 #include "zero/stage0.h"
 #include "zero/stage1.h"
+#include "zero/stage2.h"
 
 namespace zerostep {
 
@@ -22,25 +23,35 @@ std::unique_ptr<Stage> make_stage(const StageOptions& options,
       return std::make_unique<Stage0>(options, buffers, comm);
     case 1:
       return std::make_unique<Stage1>(options, buffers, comm);
+    case 2:
+      return std::make_unique<Stage2>(options, buffers, comm);
     default:
       throw UsageError(
           "zero_optimization.stage = " + std::to_string(options.stage) +
-          " is not available in this build (stages 0 and 1 "
-          "are). Fix: use stage 0 or 1");
+          " is not available in this build (stages 0, 1 and 2 are). Fix: "
+          "use stage 0, 1 or 2");
   }
 }
 
 FlatStage::FlatStage(const StageOptions& options, FlatBuffers buffers,
-                     Communicator* comm, bool partitioned, size_t owned_offset,
-                     size_t owned_numel)
+                     Communicator* comm, bool partitioned,
+                     std::vector<Span> owned)
     : layout_(options.layout),
       buf_(buffers),
       comm_(comm),
       partitioned_(partitioned),
-      owned_offset_(owned_offset),
-      owned_numel_(owned_numel),
-      optimizer_(options.optimizer, owned_numel) {
-  ZS_CHECK(owned_offset + owned_numel <= layout_.padded_numel);
+      owned_(std::move(owned)),
+      owned_numel_(0),
+      optimizer_(options.optimizer, [&] {
+        size_t n = 0;
+        for (const Span& s : owned_) n += s.numel;
+        return n;
+      }()) {
+  for (const Span& s : owned_) {
+    ZS_CHECK(s.offset + s.numel <= layout_.padded_numel);
+    owned_numel_ += s.numel;
+  }
+  if (owned_.size() > 1) owned_params_.assign(owned_numel_, 0.0f);
 }
 
 GradStats FlatStage::finalize(double divisor, double clip) {
@@ -62,7 +73,23 @@ GradStats FlatStage::finalize(double divisor, double clip) {
 }
 
 void FlatStage::update_owned(const OptimizerHyper& hyper) {
-  optimizer_.step(buf_.params + owned_offset_, owned_grad_, hyper);
+  if (owned_.size() == 1) {
+    optimizer_.step(buf_.params + owned_[0].offset, owned_grad_, hyper);
+    return;
+  }
+  size_t at = 0;
+  for (const Span& s : owned_) {
+    std::memcpy(owned_params_.data() + at, buf_.params + s.offset,
+                s.numel * sizeof(float));
+    at += s.numel;
+  }
+  optimizer_.step(owned_params_.data(), owned_grad_, hyper);
+  at = 0;
+  for (const Span& s : owned_) {
+    std::memcpy(buf_.params + s.offset, owned_params_.data() + at,
+                s.numel * sizeof(float));
+    at += s.numel;
+  }
 }
 
 void FlatStage::zero_grad() {
@@ -75,33 +102,42 @@ MemoryStats FlatStage::memory() const {
   m.param_bytes = layout_.padded_numel * sizeof(float);
   m.grad_bytes = layout_.padded_numel * sizeof(float) +
                  (partitioned_ ? owned_numel_ * sizeof(float) : 0);
-  m.optimizer_state_bytes = optimizer_.state_bytes();
+  m.optimizer_state_bytes =
+      optimizer_.state_bytes() + owned_params_.size() * sizeof(float);
   return m;
 }
 
 namespace internal {
 
-void agree_on_window(Communicator& comm, int64_t window_backwards,
+void agree_on_window(Communicator& comm, WindowEvent event, int64_t count,
                      int64_t global_steps) {
   const int w = comm.world_size();
-  int64_t mine[2] = {window_backwards, global_steps};
-  std::vector<int64_t> all(2 * w);
-  comm.all_gather(Buffer::of(mine, 2), Buffer::of(all.data(), all.size()),
-                  {Phase::kStep});
+  int64_t mine[3] = {static_cast<int64_t>(event), count, global_steps};
+  std::vector<int64_t> all(3 * w);
+  comm.all_gather(Buffer::of(mine, 3), Buffer::of(all.data(), all.size()),
+                  {event == WindowEvent::kStep ? Phase::kStep
+                                               : Phase::kBackward});
   bool agree = true;
   for (int r = 1; r < w; ++r)
-    agree = agree && all[2 * r] == all[0] && all[2 * r + 1] == all[1];
+    for (int i = 0; i < 3; ++i) agree = agree && all[3 * r + i] == all[i];
   if (agree) return;
   std::ostringstream os;
   os << "ranks disagree on the accumulation window (rank " << comm.rank()
      << " reporting): ";
   for (int r = 0; r < w; ++r) {
-    os << (r ? ", " : "") << "rank " << r << " ran " << all[2 * r]
-       << " backward() call" << (all[2 * r] == 1 ? "" : "s")
-       << " at global step " << all[2 * r + 1];
+    const int64_t* a = &all[3 * r];
+    os << (r ? ", " : "") << "rank " << r;
+    if (a[0] == static_cast<int64_t>(WindowEvent::kStep)) {
+      os << " ran " << a[1] << " backward() call" << (a[1] == 1 ? "" : "s")
+         << " and steps";
+    } else {
+      os << " starts backward() number " << a[1] << " of the window";
+    }
+    os << " at global step " << a[2];
   }
   os << ". Every rank must call backward() the same number of times before "
-        "each step(); no gradient was reduced and no parameter was updated";
+        "each step(); no gradient of this call was reduced and no parameter "
+        "was updated";
   throw UsageError(os.str());
 }
 

@@ -7,24 +7,33 @@
 // never count micro-steps: AccumulationBoundary (engine/boundary.h) decides
 // when each call happens (Note [Boundary semantics]).
 //
-//   on_backward(phase)      after every backward's autograd pass
-//                           (stages 0/1: nothing).
-//   reduce_window(n, phase) once per window: agree on n across ranks, then
-//                           reduce (stage 0: all-reduce; stage 1:
-//                           reduce-scatter to each partition's owner).
+//   begin_backward(k, s)    before the autograd pass of the window's k-th
+//                           backward (stages 2/3: agree on k, s).
+//   on_grad_ready(i)        during autograd, once parameter i's gradient of
+//                           this backward is complete (stage 2 with
+//                           overlap_comm: launch the buckets it completes).
+//   end_backward()          after the autograd pass (stage 2: reduce-scatter
+//                           every bucket into the rank's accumulated
+//                           partition, clear the full gradient).
+//   reduce_window(n, s, p)  once per window: agree on n and s, then reduce
+//                           (stage 0: all-reduce; stage 1: reduce-scatter;
+//                           stage 2: nothing left to reduce).
 //   finalize(divisor, clip) inside step(): divide the reduced gradient,
 //                           compute the global norm, clip.
-//   apply_update(hyper)     the optimizer on this rank's part, then (stage 1)
-//                           all-gather of the updated parameters.
+//   apply_update(hyper)     the optimizer on this rank's part, then (stages
+//                           1/2) all-gather of the updated parameters.
 //   zero_grad()             clear the window's gradients.
 //
 // Note [Window agreement]
 // ~~~~~~~~~~~~~~~~~~~~~~~
-// Before the first gradient collective of a window every rank all-gathers
-// (backward count, global step). Ranks that ran different numbers of
-// backward() calls all raise the same UsageError before any gradient is
-// reduced, so nothing is updated and nothing hangs. Both accumulation modes
-// issue it, so managed and unmanaged runs move the same bytes.
+// Before the first gradient collective of a backward (stages 2/3) and of a
+// step, every rank all-gathers (event, count, global step): event is
+// "backward number k of the window" or "step after n backwards". Ranks that
+// disagree (one runs an extra backward while another steps) meet in the same
+// small all-gather, all see the disagreement and raise the same UsageError
+// before any gradient of that call is reduced: nothing is updated and
+// nothing hangs, on any backend. Both accumulation modes issue the same
+// agreements, so managed and unmanaged runs move the same bytes.
 //
 // Ownership: `comm` and the buffers must outlive the Stage.
 // Thread safety: none; one Stage per rank.
@@ -33,6 +42,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "zero/flat_layout.h"
@@ -41,15 +51,26 @@
 namespace zerostep {
 
 struct StageOptions {
-  int stage = 0;  // 0 or 1 (2 and 3: later)
+  int stage = 0;  // 0, 1 or 2
   FlatLayout layout;
   OptimizerHyper optimizer;
+  // Stage 2: elements per reduce-scatter bucket (all ranks' chunks
+  // together) and per all-gather; launch buckets during autograd.
+  int64_t reduce_bucket_size = 500000000;
+  int64_t allgather_bucket_size = 500000000;
+  bool overlap_comm = false;
 };
 
 // Views of the engine's flat buffers; each holds layout.padded_numel floats.
 struct FlatBuffers {
   float* params = nullptr;
   float* grads = nullptr;
+};
+
+// A range of the flat buffers.
+struct Span {
+  size_t offset = 0;
+  size_t numel = 0;
 };
 
 struct GradStats {
@@ -69,7 +90,13 @@ class Stage {
   virtual ~Stage() = default;
 
   virtual int stage() const = 0;
-  virtual void on_backward(Phase phase) = 0;
+  // Throws UsageError (Note [Window agreement]) or CommError; nothing has
+  // changed on error.
+  virtual void begin_backward(int64_t backward_index, int64_t global_steps) = 0;
+  virtual void on_grad_ready(size_t param_index) = 0;
+  virtual void end_backward() = 0;
+  // Whether on_grad_ready() does anything (the engine then installs hooks).
+  virtual bool wants_grad_ready() const = 0;
   // Throws UsageError (Note [Window agreement]) or CommError; the gradient
   // buffers are unchanged on error.
   virtual void reduce_window(int64_t window_backwards, int64_t global_steps,
@@ -81,44 +108,51 @@ class Stage {
   virtual void zero_grad() = 0;
 
   virtual const FlatOptimizer& optimizer() const = 0;
-  // First element (of the flat buffer) this rank's optimizer updates.
-  virtual size_t optimizer_offset() const = 0;
+  // The flat-buffer ranges this rank's optimizer updates, in the order of
+  // its state (stage 0: everything; stage 1: the rank's partition; stage 2:
+  // the rank's chunk of every bucket).
+  virtual const std::vector<Span>& owned_spans() const = 0;
   virtual MemoryStats memory() const = 0;
 };
 
-// What stages 0 and 1 share: the buffers, the communicator, and one
-// optimizer over the span of the flat buffer this rank updates ("owned":
-// the whole buffer at stage 0, the rank's partition at stage 1), whose
-// reduced gradient lives at `owned_grad`.
+// What stages 0-2 share: the buffers, the communicator, and one optimizer
+// over the spans of the flat buffer this rank updates, whose reduced
+// gradient lives contiguously at `owned_grad`.
 class FlatStage : public Stage {
  public:
+  void begin_backward(int64_t, int64_t) override {}
+  void on_grad_ready(size_t) override {}
+  void end_backward() override {}
+  bool wants_grad_ready() const override { return false; }
   // Divides the owned gradient, computes the global norm (an 8-byte
-  // all-reduce when the owned span is a partition), clips.
+  // all-reduce when the owned spans are a partition), clips.
   GradStats finalize(double divisor, double clip) override;
   void zero_grad() override;
   const FlatOptimizer& optimizer() const override { return optimizer_; }
-  size_t optimizer_offset() const override { return owned_offset_; }
+  const std::vector<Span>& owned_spans() const override { return owned_; }
   MemoryStats memory() const override;
 
  protected:
-  // `partitioned`: the owned span is this rank's partition, reduced into a
-  // buffer of its own (stage 1), not the replicated whole (stage 0).
+  // `partitioned`: the owned spans are this rank's share, reduced into a
+  // buffer of its own (stages 1/2), not the replicated whole (stage 0).
   FlatStage(const StageOptions& options, FlatBuffers buffers,
-            Communicator* comm, bool partitioned, size_t owned_offset,
-            size_t owned_numel);
+            Communicator* comm, bool partitioned, std::vector<Span> owned);
   // Points the owned gradient at its storage (the flat gradient buffer, or
   // a partition buffer the subclass owns).
   void set_owned_grad(float* owned_grad) { owned_grad_ = owned_grad; }
-  // The optimizer on the owned span of the parameters.
+  // The optimizer on the owned spans of the parameters (in place for one
+  // span; through a contiguous copy for several).
   void update_owned(const OptimizerHyper& hyper);
+
   FlatLayout layout_;
   FlatBuffers buf_;
   Communicator* comm_;
   bool partitioned_;
-  size_t owned_offset_;
+  std::vector<Span> owned_;
   size_t owned_numel_;
   float* owned_grad_ = nullptr;
   FlatOptimizer optimizer_;
+  std::vector<float> owned_params_;  // stage 2's contiguous update copy
 };
 
 // Throws UsageError for an unsupported stage number.
@@ -126,8 +160,11 @@ std::unique_ptr<Stage> make_stage(const StageOptions& options,
                                   FlatBuffers buffers, Communicator* comm);
 
 namespace internal {
-// Note [Window agreement]. Throws UsageError naming each disagreeing rank.
-void agree_on_window(Communicator& comm, int64_t window_backwards,
+enum class WindowEvent : int64_t { kStep = 0, kBackward = 1 };
+// Note [Window agreement]. `count` is the backward's number in the window
+// (kBackward) or the window's backward count (kStep). Throws UsageError
+// naming each rank's position.
+void agree_on_window(Communicator& comm, WindowEvent event, int64_t count,
                      int64_t global_steps);
 // Sum of squares of x[0, n) in double.
 double sum_of_squares(const float* x, size_t n);

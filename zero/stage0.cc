@@ -5,13 +5,14 @@ namespace zerostep {
 Stage0::Stage0(const StageOptions& options, FlatBuffers buffers,
                Communicator* comm)
     : FlatStage(options, buffers, comm, /*partitioned=*/false,
-                /*owned_offset=*/0, options.layout.padded_numel) {
+                {Span{0, options.layout.padded_numel}}) {
   set_owned_grad(buf_.grads);
 }
 
 void Stage0::reduce_window(int64_t window_backwards, int64_t global_steps,
                            Phase phase) {
-  internal::agree_on_window(*comm_, window_backwards, global_steps);
+  internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
+                            window_backwards, global_steps);
   comm_->all_reduce(Buffer::of(buf_.grads, layout_.padded_numel),
                     {ReduceOp::kAvg, phase});
 }

@@ -15,7 +15,6 @@ class Stage0 final : public FlatStage {
   Stage0(const StageOptions& options, FlatBuffers buffers, Communicator* comm);
 
   int stage() const override { return 0; }
-  void on_backward(Phase) override {}
   void reduce_window(int64_t window_backwards, int64_t global_steps,
                      Phase phase) override;
   void apply_update(const OptimizerHyper& hyper) override;

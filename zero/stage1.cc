@@ -5,15 +5,16 @@ namespace zerostep {
 Stage1::Stage1(const StageOptions& options, FlatBuffers buffers,
                Communicator* comm)
     : FlatStage(options, buffers, comm, /*partitioned=*/true,
-                options.layout.partition_begin(comm->rank()),
-                options.layout.partition_numel),
+                {Span{options.layout.partition_begin(comm->rank()),
+                      options.layout.partition_numel}}),
       grad_partition_(options.layout.partition_numel, 0.0f) {
   set_owned_grad(grad_partition_.data());
 }
 
 void Stage1::reduce_window(int64_t window_backwards, int64_t global_steps,
                            Phase phase) {
-  internal::agree_on_window(*comm_, window_backwards, global_steps);
+  internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
+                            window_backwards, global_steps);
   comm_->reduce_scatter(Buffer::of(buf_.grads, layout_.padded_numel),
                         Buffer::of(owned_grad_, owned_numel_),
                         {ReduceOp::kAvg, phase});
@@ -21,7 +22,7 @@ void Stage1::reduce_window(int64_t window_backwards, int64_t global_steps,
 
 void Stage1::apply_update(const OptimizerHyper& hyper) {
   update_owned(hyper);
-  comm_->all_gather(Buffer::of(buf_.params + owned_offset_, owned_numel_),
+  comm_->all_gather(Buffer::of(buf_.params + owned_[0].offset, owned_numel_),
                     Buffer::of(buf_.params, layout_.padded_numel),
                     {Phase::kStep});
 }

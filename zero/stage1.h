@@ -20,7 +20,6 @@ class Stage1 final : public FlatStage {
   Stage1(const StageOptions& options, FlatBuffers buffers, Communicator* comm);
 
   int stage() const override { return 1; }
-  void on_backward(Phase) override {}
   void reduce_window(int64_t window_backwards, int64_t global_steps,
                      Phase phase) override;
   void apply_update(const OptimizerHyper& hyper) override;

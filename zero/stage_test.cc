@@ -18,7 +18,9 @@ struct RankState {
 // Runs `windows` windows of `backwards` accumulated random gradients through
 // a stage on a simulated world; returns every rank's final parameters.
 std::vector<std::vector<float>> train(int stage, int world, int windows,
-                                      int backwards, double clip = 0.0) {
+                                      int backwards, double clip = 0.0,
+                                      int64_t reduce_bucket = 500000000,
+                                      int64_t allgather_bucket = 500000000) {
   const std::vector<size_t> numels = {13, 50, 7};
   FlatLayout layout = FlatLayout::make(numels, world);
   StageOptions opts;
@@ -27,6 +29,8 @@ std::vector<std::vector<float>> train(int stage, int world, int windows,
   opts.optimizer.kind = OptimizerKind::kAdamW;
   opts.optimizer.lr = 0.01;
   opts.optimizer.weight_decay = 0.1;
+  opts.reduce_bucket_size = reduce_bucket;
+  opts.allgather_bucket_size = allgather_bucket;
   SimWorld sim({world, 5});
   std::vector<RankState> ranks(world);
   sim.run([&](int r) {
@@ -39,8 +43,9 @@ std::vector<std::vector<float>> train(int stage, int world, int windows,
     std::normal_distribution<float> nd;
     for (int k = 0; k < windows; ++k) {
       for (int b = 0; b < backwards; ++b) {
+        st->begin_backward(b + 1, k);
         for (size_t i = 0; i < layout.numel; ++i) s.grads[i] += nd(rng);
-        st->on_backward(Phase::kBackward);
+        st->end_backward();
       }
       st->reduce_window(backwards, k, Phase::kStep);
       st->finalize(backwards, clip);
@@ -54,7 +59,7 @@ std::vector<std::vector<float>> train(int stage, int world, int windows,
 }
 
 TEST(StageTest, ReplicasStayIdenticalAndPaddingStaysZero) {
-  for (int stage : {0, 1}) {
+  for (int stage : {0, 1, 2}) {
     auto params = train(stage, 3, 4, 2);
     FlatLayout layout = FlatLayout::make({13, 50, 7}, 3);
     for (int r = 1; r < 3; ++r) EXPECT_EQ(params[r], params[0]) << stage;
@@ -76,17 +81,70 @@ TEST(StageTest, Stage1EqualsStage0Bitwise) {
   }
 }
 
+// Stage 2 sums each backward's gradient over ranks and then over backwards;
+// stages 0/1 sum over backwards locally, then over ranks. Different float
+// order, so a tolerance: a few ulps of the update.
+TEST(StageTest, Stage2AgreesWithStage0) {
+  for (int world : {1, 2, 3, 4}) {
+    auto p0 = train(0, world, 3, 3);
+    auto p2 = train(2, world, 3, 3);
+    for (size_t i = 0; i < p0[0].size(); ++i)
+      ASSERT_NEAR(p0[0][i], p2[0][i], 1e-5) << "world " << world << " " << i;
+  }
+}
+
+// Bitwise: buckets only cut the same elementwise work into pieces.
+TEST(StageTest, Stage2BucketSizesDoNotChangeABit) {
+  for (int world : {1, 2, 3}) {
+    auto one = train(2, world, 2, 2);
+    auto many = train(2, world, 2, 2, 0.0, /*reduce_bucket=*/16 * world,
+                      /*allgather_bucket=*/16 * world);
+    auto pieces = train(2, world, 2, 2, 0.0, /*reduce_bucket=*/64 * world,
+                        /*allgather_bucket=*/16 * world);
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(one[r], many[r]) << "world " << world;
+      EXPECT_EQ(one[r], pieces[r]) << "world " << world;
+    }
+  }
+}
+
+TEST(StageTest, Stage2OwnsOneChunkOfEveryBucket) {
+  FlatLayout layout = FlatLayout::make({200}, 2);  // padded to 224
+  SimWorld sim({2, 5});
+  std::vector<std::vector<Span>> owned(2);
+  sim.run([&](int r) {
+    std::vector<float> p(layout.padded_numel), g(layout.padded_numel);
+    StageOptions o;
+    o.layout = layout;
+    o.stage = 2;
+    o.reduce_bucket_size = 64;  // 32 per rank
+    owned[r] = make_stage(o, {p.data(), g.data()}, &sim.comm(r))->owned_spans();
+  });
+  ASSERT_EQ(owned[0].size(), 4u);  // 224 / 64 buckets, the last one 32
+  EXPECT_EQ(owned[0][0].offset, 0u);
+  EXPECT_EQ(owned[1][0].offset, 32u);
+  EXPECT_EQ(owned[1][3].offset, 192u + 16u);
+  EXPECT_EQ(owned[1][3].numel, 16u);
+  size_t total = 0;
+  for (int r = 0; r < 2; ++r)
+    for (const Span& s : owned[r]) total += s.numel;
+  EXPECT_EQ(total, layout.padded_numel);
+}
+
 TEST(StageTest, ClippingGivesTheSameResultOnBothStages) {
   auto p0 = train(0, 2, 2, 2, /*clip=*/0.5);
   auto p1 = train(1, 2, 2, 2, /*clip=*/0.5);
+  auto p2 = train(2, 2, 2, 2, /*clip=*/0.5, /*reduce_bucket=*/64);
   auto unclipped = train(0, 2, 2, 2);
-  for (size_t i = 0; i < p0[0].size(); ++i)
+  for (size_t i = 0; i < p0[0].size(); ++i) {
     EXPECT_NEAR(p0[0][i], p1[0][i], 1e-6) << i;
+    EXPECT_NEAR(p0[0][i], p2[0][i], 1e-5) << i;
+  }
   EXPECT_NE(p0[0], unclipped[0]);
 }
 
 TEST(StageTest, DisagreeingWindowIsAnErrorOnEveryRankAndReducesNothing) {
-  for (int stage : {0, 1}) {
+  for (int stage : {0, 1, 2}) {
     FlatLayout layout = FlatLayout::make({40}, 2);
     StageOptions opts;
     opts.stage = stage;
@@ -107,13 +165,48 @@ TEST(StageTest, DisagreeingWindowIsAnErrorOnEveryRankAndReducesNothing) {
         std::rethrow_exception(errors[r]);
       } catch (const UsageError& e) {
         std::string what = e.what();
-        EXPECT_NE(what.find("rank 0 ran 4 backward() calls"), std::string::npos)
+        EXPECT_NE(what.find("rank 0 ran 4 backward() calls and steps"), std::string::npos)
             << what;
-        EXPECT_NE(what.find("rank 1 ran 5 backward() calls"), std::string::npos)
+        EXPECT_NE(what.find("rank 1 ran 5 backward() calls and steps"), std::string::npos)
             << what;
       }
       EXPECT_EQ(ranks[r].grads[0], static_cast<float>(r + 1));
       EXPECT_EQ(ranks[r].params[0], 1.0f);
+    }
+  }
+}
+
+// Stage 2 reduces in backward: a rank that runs one backward more than the
+// others meets their step()'s agreement with its backward's and everyone
+// stops with the same error instead of mismatching collectives.
+TEST(StageTest, Stage2ExtraBackwardMeetsTheOthersStepWithAClearError) {
+  FlatLayout layout = FlatLayout::make({40}, 2);
+  StageOptions opts;
+  opts.stage = 2;
+  opts.layout = layout;
+  SimWorld sim({2, 5});
+  auto errors = sim.run_collect([&](int r) {
+    std::vector<float> p(layout.padded_numel, 1.0f), g(layout.padded_numel);
+    auto st = make_stage(opts, {p.data(), g.data()}, &sim.comm(r));
+    const int n = r == 0 ? 2 : 3;
+    for (int b = 1; b <= n; ++b) {
+      st->begin_backward(b, 0);
+      st->end_backward();
+    }
+    st->reduce_window(n, 0, Phase::kStep);
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(errors[r]) << r;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const UsageError& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find("rank 0 ran 2 backward() calls and steps"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("rank 1 starts backward() number 3"),
+                std::string::npos)
+          << what;
     }
   }
 }

@@ -1,0 +1,173 @@
+#include "zero/stage2.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/errors.h"
+
+namespace zerostep {
+namespace {
+
+// Rounds down to a multiple of FlatLayout::kAlignNumel, at least one.
+size_t aligned_elements(int64_t n) {
+  const size_t a = FlatLayout::kAlignNumel;
+  const size_t x = n > 0 ? static_cast<size_t>(n) : 0;
+  return std::max(a, x / a * a);
+}
+
+std::vector<Span> make_buckets(const FlatLayout& layout, int64_t bucket_size) {
+  const size_t w = static_cast<size_t>(layout.world_size);
+  // Elements per rank per bucket: a multiple of the alignment, so every
+  // bucket's size is a multiple of W × 16 and divides into W chunks.
+  const size_t per_rank = aligned_elements(bucket_size / static_cast<int64_t>(w));
+  const size_t size = per_rank * w;
+  std::vector<Span> buckets;
+  for (size_t at = 0; at < layout.padded_numel; at += size)
+    buckets.push_back({at, std::min(size, layout.padded_numel - at)});
+  return buckets;
+}
+
+std::vector<Span> owned_chunks(const FlatLayout& layout, int64_t bucket_size,
+                               int rank) {
+  std::vector<Span> owned;
+  for (const Span& b : make_buckets(layout, bucket_size)) {
+    const size_t chunk = b.numel / layout.world_size;
+    owned.push_back({b.offset + rank * chunk, chunk});
+  }
+  return owned;
+}
+
+}  // namespace
+
+Stage2::Stage2(const StageOptions& options, FlatBuffers buffers,
+               Communicator* comm)
+    : FlatStage(options, buffers, comm, /*partitioned=*/true,
+                owned_chunks(options.layout, options.reduce_bucket_size,
+                             comm->rank())),
+      overlap_comm_(options.overlap_comm),
+      allgather_piece_(aligned_elements(options.allgather_bucket_size /
+                                        options.layout.world_size)),
+      buckets_(make_buckets(options.layout, options.reduce_bucket_size)) {
+  ZS_CHECK(buckets_.size() == owned_.size());
+  size_t at = 0;
+  for (const Span& o : owned_) {
+    scratch_offset_.push_back(at);
+    at += o.numel;
+  }
+  grad_partition_.assign(owned_numel_, 0.0f);
+  reduce_scratch_.assign(owned_numel_, 0.0f);
+  set_owned_grad(grad_partition_.data());
+  size_t largest = 0;
+  for (const Span& o : owned_) largest = std::max(largest, o.numel);
+  if (largest > allgather_piece_)
+    gather_staging_.assign(allgather_piece_ * layout_.world_size, 0.0f);
+  // Which buckets each parameter touches, for overlap_comm's readiness.
+  buckets_of_param_.resize(layout_.numels.size());
+  params_in_bucket_.assign(buckets_.size(), 0);
+  for (size_t p = 0; p < layout_.numels.size(); ++p) {
+    const size_t begin = layout_.offsets[p];
+    const size_t end = begin + layout_.numels[p];
+    for (size_t k = 0; k < buckets_.size(); ++k) {
+      const Span& b = buckets_[k];
+      if (begin < b.offset + b.numel && b.offset < end && begin < end) {
+        buckets_of_param_[p].push_back(k);
+        ++params_in_bucket_[k];
+      }
+    }
+  }
+  launched_.assign(buckets_.size(), false);
+  pending_ = params_in_bucket_;
+}
+
+void Stage2::begin_backward(int64_t backward_index, int64_t global_steps) {
+  internal::agree_on_window(*comm_, internal::WindowEvent::kBackward,
+                            backward_index, global_steps);
+  pending_ = params_in_bucket_;
+  std::fill(launched_.begin(), launched_.end(), false);
+  launch_order_.clear();
+  works_.clear();
+}
+
+void Stage2::launch(size_t k) {
+  const Span& b = buckets_[k];
+  launched_[k] = true;
+  launch_order_.push_back(k);
+  works_.push_back(comm_->reduce_scatter_async(
+      Buffer::of(buf_.grads + b.offset, b.numel),
+      Buffer::of(reduce_scratch_.data() + scratch_offset_[k], owned_[k].numel),
+      {ReduceOp::kSum, Phase::kBackward}));
+}
+
+void Stage2::on_grad_ready(size_t param_index) {
+  if (!overlap_comm_) return;
+  ZS_CHECK(param_index < buckets_of_param_.size());
+  for (size_t k : buckets_of_param_[param_index]) {
+    ZS_CHECK(pending_[k] > 0);
+    if (--pending_[k] == 0 && !launched_[k]) launch(k);
+  }
+}
+
+void Stage2::end_backward() {
+  // Buckets whose parameters got no gradient in this backward (or all of
+  // them, without overlap_comm) go now, in bucket order.
+  for (size_t k = 0; k < buckets_.size(); ++k)
+    if (!launched_[k]) launch(k);
+  for (const std::shared_ptr<Work>& w : works_) w->wait();
+  works_.clear();
+  // Bucket order, whatever the launch order: the sums are elementwise and
+  // the buckets disjoint, so the result is the same bits either way.
+  const size_t n = owned_numel_;
+  float* acc = grad_partition_.data();
+  const float* x = reduce_scratch_.data();
+  for (size_t i = 0; i < n; ++i) acc[i] += x[i];
+  std::memset(buf_.grads, 0, layout_.padded_numel * sizeof(float));
+}
+
+void Stage2::reduce_window(int64_t window_backwards, int64_t global_steps,
+                           Phase) {
+  // Every backward already reduced its gradient into the partitions.
+  internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
+                            window_backwards, global_steps);
+}
+
+GradStats Stage2::finalize(double divisor, double clip) {
+  // The partition holds the sum over ranks: make it the average first.
+  internal::divide(owned_grad_, owned_numel_, layout_.world_size);
+  return FlatStage::finalize(divisor, clip);
+}
+
+void Stage2::apply_update(const OptimizerHyper& hyper) {
+  update_owned(hyper);
+  const size_t w = static_cast<size_t>(layout_.world_size);
+  const size_t r = static_cast<size_t>(comm_->rank());
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    const Span& b = buckets_[k];
+    const size_t chunk = owned_[k].numel;
+    if (chunk <= allgather_piece_) {
+      comm_->all_gather(Buffer::of(buf_.params + owned_[k].offset, chunk),
+                        Buffer::of(buf_.params + b.offset, b.numel),
+                        {Phase::kStep});
+      continue;
+    }
+    // The bucket is larger than one all-gather: gather it piece by piece
+    // through the staging buffer, then put each rank's piece in place.
+    for (size_t at = 0; at < chunk; at += allgather_piece_) {
+      const size_t piece = std::min(allgather_piece_, chunk - at);
+      comm_->all_gather(
+          Buffer::of(buf_.params + b.offset + r * chunk + at, piece),
+          Buffer::of(gather_staging_.data(), piece * w), {Phase::kStep});
+      for (size_t q = 0; q < w; ++q)
+        std::memcpy(buf_.params + b.offset + q * chunk + at,
+                    gather_staging_.data() + q * piece, piece * sizeof(float));
+    }
+  }
+}
+
+MemoryStats Stage2::memory() const {
+  MemoryStats m = FlatStage::memory();
+  m.grad_bytes += reduce_scratch_.size() * sizeof(float);
+  m.param_bytes += gather_staging_.size() * sizeof(float);
+  return m;
+}
+
+}  // namespace zerostep

@@ -1,0 +1,82 @@
+// Stage2: gradients and optimizer state partitioned across ranks; gradients
+// reduced on every backward, in managed and unmanaged mode alike.
+//
+// Note [Bucket-interleaved partition]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The flat buffer is cut into buckets of at most reduce_bucket_size
+// elements (a multiple of W × 16). Bucket k is a contiguous range; its
+// reduce-scatter gives rank r the r-th chunk of that range. Rank r's
+// partition is therefore its chunk of every bucket (owned_spans()), not one
+// contiguous range as at stage 1. This keeps every reduce-scatter input a
+// contiguous slice of the flat gradient (no staging copy), and makes a
+// bucket ready as soon as the parameters in one contiguous range have their
+// gradients, which is what overlap_comm needs: autograd finishes parameters
+// roughly in reverse registration order.
+//
+// Per backward: agreement (Note [Window agreement]); then each bucket is
+// reduce-scattered (sum) into a per-bucket scratch chunk (launched from
+// on_grad_ready() as soon as its parameters are complete with overlap_comm,
+// else all in end_backward()); end_backward() waits for all of them in
+// launch order, adds the chunks into the rank's accumulated gradient
+// partition in bucket order, and clears the full gradient for the next
+// backward. The accumulated partition is the sum over backwards of the sum
+// over ranks; finalize() divides it by W (then by the per_step_count
+// divisor). Step: the optimizer updates the owned chunks; each bucket is
+// all-gathered in place (in pieces of allgather_bucket_size through a
+// staging buffer when the bucket is larger).
+//
+// Memory: the full flat gradient stays allocated (autograd accumulates into
+// it); what is partitioned is the accumulated window gradient, the
+// optimizer state, and the reduce scratch.
+//
+// Ownership and threading: see zero/stage.h.
+#ifndef ZEROSTEP_ZERO_STAGE2_H_
+#define ZEROSTEP_ZERO_STAGE2_H_
+
+#include <memory>
+#include <vector>
+
+#include "zero/stage.h"
+
+namespace zerostep {
+
+class Stage2 final : public FlatStage {
+ public:
+  Stage2(const StageOptions& options, FlatBuffers buffers, Communicator* comm);
+
+  int stage() const override { return 2; }
+  void begin_backward(int64_t backward_index, int64_t global_steps) override;
+  void on_grad_ready(size_t param_index) override;
+  void end_backward() override;
+  bool wants_grad_ready() const override { return overlap_comm_; }
+  void reduce_window(int64_t window_backwards, int64_t global_steps,
+                     Phase phase) override;
+  GradStats finalize(double divisor, double clip) override;
+  void apply_update(const OptimizerHyper& hyper) override;
+  MemoryStats memory() const override;
+
+  // Bucket k's range of the flat buffer (for tests and docs).
+  const std::vector<Span>& buckets() const { return buckets_; }
+
+ private:
+  void launch(size_t bucket);
+
+  bool overlap_comm_;
+  size_t allgather_piece_;             // elements per rank per all-gather
+  std::vector<Span> buckets_;          // contiguous flat ranges
+  std::vector<size_t> scratch_offset_;  // bucket k's chunk in the scratch
+  std::vector<std::vector<size_t>> buckets_of_param_;
+  std::vector<size_t> params_in_bucket_;
+  // Per backward:
+  std::vector<size_t> pending_;  // parameters of bucket k not yet ready
+  std::vector<bool> launched_;
+  std::vector<size_t> launch_order_;
+  std::vector<std::shared_ptr<Work>> works_;
+  std::vector<float> grad_partition_;  // accumulated over the window
+  std::vector<float> reduce_scratch_;  // this backward's reduced chunks
+  std::vector<float> gather_staging_;  // only if a bucket exceeds a piece
+};
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_ZERO_STAGE2_H_
