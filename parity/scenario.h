@@ -21,7 +21,12 @@
 // collectives (sim reduces in a fixed rank order, Note [Reduction order]),
 // and scale at the same points (the configured loss division in backward,
 // the per_step_count division in step), so no floating-point operation
-// differs. This holds for every scaling mode and every N sequence.
+// differs. This holds for every scaling mode, every N sequence and every
+// stage (stage 2 reduces in every backward in both modes), with or without
+// overlap_comm (which changes when a bucket is sent, not what is summed).
+// across stages: stage 1 equals stage 0 BITWISE (each element is reduced
+// the same way); stage 2 sums over ranks per backward before summing over
+// backwards, so it agrees with stages 0/1 within the TOLERANCE below.
 // distributed vs reference: TOLERANCE. The reference sums the samples in
 // one batched reduction inside autograd instead of W·N partial means, so
 // the float results differ in rounding. Adam normalises each element's
