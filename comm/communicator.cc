@@ -44,6 +44,8 @@ const char* to_string(Phase phase) {
   switch (phase) {
     case Phase::kSetup:
       return "setup";
+    case Phase::kForward:
+      return "forward";
     case Phase::kBackward:
       return "backward";
     case Phase::kStep:

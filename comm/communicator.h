@@ -61,8 +61,9 @@ const char* to_string(ReduceOp op);
 
 // The part of a training step a collective belongs to. Recorded by the
 // traffic ledger so that tests can assert, for example, that stage 0/1 in
-// unmanaged mode moves nothing during backward.
-enum class Phase : uint8_t { kSetup, kBackward, kStep };
+// unmanaged mode moves nothing during backward. kForward: stage 3's
+// parameter gathers before a block's forward.
+enum class Phase : uint8_t { kSetup, kForward, kBackward, kStep };
 const char* to_string(Phase phase);
 
 struct AllReduceOptions {

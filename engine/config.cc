@@ -99,6 +99,7 @@ const std::vector<std::string> kZeroSupported = {
     "reduce_bucket_size",
     "allgather_bucket_size",
     "contiguous_gradients",
+    "stage3_param_persistence_threshold",
 };
 
 const std::vector<std::string> kZeroIgnored = {
@@ -106,7 +107,6 @@ const std::vector<std::string> kZeroIgnored = {
     "allgather_partitions",
     "offload_optimizer",
     "offload_param",
-    "stage3_param_persistence_threshold",
     "stage3_max_live_parameters",
     "stage3_max_reuse_distance",
     "stage3_prefetch_bucket_size",
@@ -826,6 +826,15 @@ class Parser {
             z.reduce_bucket_size = *n;
           } else {
             z.allgather_bucket_size = *n;
+          }
+        }
+      } else if (name == "stage3_param_persistence_threshold") {
+        const std::string want = "a number of elements >= 0, e.g. 1e5";
+        if (auto n = read_whole(key, p, want)) {
+          if (*n < 0) {
+            add(key, p.dump(), "must be >= 0", "write " + want);
+          } else {
+            z.stage3_param_persistence_threshold = *n;
           }
         }
       } else if (name == "offload_optimizer" || name == "offload_param") {

@@ -54,6 +54,8 @@ struct ZeroConfig {
   int64_t reduce_bucket_size = 500000000;  // elements
   int64_t allgather_bucket_size = 500000000;  // elements
   bool contiguous_gradients = true;
+  // Stage 3: parameters with fewer elements stay whole on every rank.
+  int64_t stage3_param_persistence_threshold = 100000;
 };
 
 struct Config {

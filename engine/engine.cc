@@ -1,11 +1,15 @@
 #include "engine/engine.h"
 
-#include <sstream>
-
+#include <ATen/native/Resize.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 
+#include <cstring>
+#include <map>
+#include <sstream>
+
 #include "common/errors.h"
+#include "zero/stage3.h"
 
 namespace zerostep {
 namespace {
@@ -74,15 +78,35 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   for (const torch::Tensor& p : params_) {
     if (p.scalar_type() != torch::kFloat32 || !p.device().is_cpu()) {
       throw UsageError("trainable parameter of dtype " +
-                       std::string(c10::toString(p.scalar_type())) +
-                       " on " + p.device().str() +
+                       std::string(c10::toString(p.scalar_type())) + " on " +
+                       p.device().str() +
                        ": this build trains float32 parameters on the CPU");
     }
   }
+  if (config_.zero.stage == 3) {
+    setup_stage3();
+  } else {
+    setup_flat();
+  }
+  if (stage_->wants_grad_ready()) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      // The parameter holds its accumulator weakly: keep it (and the hook)
+      // alive for the engine's lifetime.
+      grad_accumulators_.push_back(
+          torch::autograd::impl::grad_accumulator(params_[i]));
+      grad_accumulators_.back()->add_post_hook(
+          std::make_unique<GradReadyHook>(stage_.get(), i));
+    }
+  }
+}
+
+void Engine::setup_flat() {
   // Flat buffers, allocated once and touched once (zeros) up front.
   auto opts = torch::TensorOptions().dtype(torch::kFloat32);
-  flat_params_ = torch::zeros({static_cast<int64_t>(layout_.padded_numel)}, opts);
-  flat_grads_ = torch::zeros({static_cast<int64_t>(layout_.padded_numel)}, opts);
+  flat_params_ =
+      torch::zeros({static_cast<int64_t>(layout_.padded_numel)}, opts);
+  flat_grads_ =
+      torch::zeros({static_cast<int64_t>(layout_.padded_numel)}, opts);
   {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -97,9 +121,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
     }
   }
   // Every replica starts from rank 0's values.
-  comm_->broadcast(Buffer::of(flat_params_.data_ptr<float>(),
-                              layout_.padded_numel),
-                   {0, Phase::kSetup});
+  comm_->broadcast(
+      Buffer::of(flat_params_.data_ptr<float>(), layout_.padded_numel),
+      {0, Phase::kSetup});
   StageOptions so;
   so.stage = config_.zero.stage;
   so.layout = layout_;
@@ -107,23 +131,178 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   so.reduce_bucket_size = config_.zero.reduce_bucket_size;
   so.allgather_bucket_size = config_.zero.allgather_bucket_size;
   so.overlap_comm = config_.zero.overlap_comm;
-  stage_ = make_stage(so,
-                      {flat_params_.data_ptr<float>(),
-                       flat_grads_.data_ptr<float>()},
-                      comm_);
-  if (stage_->wants_grad_ready()) {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      // The parameter holds its accumulator weakly: keep it (and the hook)
-      // alive for the engine's lifetime.
-      grad_accumulators_.push_back(
-          torch::autograd::impl::grad_accumulator(params_[i]));
-      grad_accumulators_.back()->add_post_hook(
-          std::make_unique<GradReadyHook>(stage_.get(), i));
-    }
-  }
+  stage_ = make_stage(
+      so, {flat_params_.data_ptr<float>(), flat_grads_.data_ptr<float>()},
+      comm_);
 }
 
-Engine::~Engine() = default;
+// Note [Stage 3 groups] (zero/stage3.h): each Zero3Block's parameters form
+// one group; the rest, and parameters below the persistence threshold, form
+// the persistent group. Each group gets one full parameter storage and one
+// full gradient storage that the parameters and their .grad view for the
+// engine's lifetime; releasing a group resizes its storage to zero bytes
+// (views stay valid objects, and tensors autograd saved from them see the
+// data again once the group is gathered for backward).
+void Engine::setup_stage3() {
+  // The innermost block that contains a parameter owns it.
+  std::map<const void*, size_t> block_of_param;  // TensorImpl* → block index
+  std::vector<torch::nn::Module*> blocks;
+  for (const auto& item : model_->named_modules()) {
+    torch::nn::Module* m = item.value().get();
+    if (dynamic_cast<Zero3Block*>(m) == nullptr) continue;
+    for (const torch::Tensor& p : m->parameters(/*recurse=*/true))
+      block_of_param[p.unsafeGetTensorImpl()] = blocks.size();
+    blocks.push_back(m);
+  }
+  const int64_t threshold = config_.zero.stage3_param_persistence_threshold;
+  std::vector<Stage3Group> groups(blocks.size());
+  Stage3Group persistent;
+  persistent.persistent = true;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto it = block_of_param.find(params_[i].unsafeGetTensorImpl());
+    Stage3Group& g =
+        it == block_of_param.end() || params_[i].numel() < threshold
+            ? persistent
+            : groups[it->second];
+    g.params.push_back(i);
+    g.numel += static_cast<size_t>(params_[i].numel());
+  }
+  // Blocks left with no parameter of their own are not groups.
+  std::vector<Stage3Group> used;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    if (groups[b].params.empty()) continue;
+    block_group_[blocks[b]] = used.size();
+    used.push_back(groups[b]);
+  }
+  if (!persistent.params.empty()) used.push_back(persistent);
+  const size_t quantum = FlatLayout::kAlignNumel * comm_->world_size();
+  std::vector<float*> initial;
+  {
+    torch::NoGradGuard no_grad;
+    auto opts = torch::TensorOptions().dtype(torch::kFloat32);
+    for (const Stage3Group& g : used) {
+      const int64_t padded = static_cast<int64_t>(
+          std::max(quantum, (g.numel + quantum - 1) / quantum * quantum));
+      group_params_.push_back(torch::zeros({padded}, opts));
+      group_grads_.push_back(torch::zeros({padded}, opts));
+      int64_t at = 0;
+      for (size_t i : g.params) {
+        torch::Tensor& p = params_[i];
+        const int64_t n = p.numel();
+        torch::Tensor view =
+            group_params_.back().narrow(0, at, n).view(p.sizes());
+        view.copy_(p);
+        p.set_data(view);
+        p.mutable_grad() = group_grads_.back().narrow(0, at, n).view(p.sizes());
+        at += n;
+      }
+      // Every replica starts from rank 0's values.
+      comm_->broadcast(Buffer::of(group_params_.back().data_ptr<float>(),
+                                  static_cast<size_t>(padded)),
+                       {0, Phase::kSetup});
+      initial.push_back(group_params_.back().data_ptr<float>());
+    }
+  }
+  StageOptions so;
+  so.stage = 3;
+  so.layout = layout_;
+  so.optimizer = hyper();
+  auto stage3 = std::make_unique<Stage3>(so, used, layout_.numels, initial,
+                                         &group_storage_, comm_);
+  stage3_ = stage3.get();
+  stage_ = std::move(stage3);
+  previous_hooks_ = internal::set_thread_zero3_hooks(this);
+}
+
+float* Engine::GroupStorageImpl::resize(torch::Tensor& t, bool zero) {
+  const size_t bytes = static_cast<size_t>(t.numel()) * sizeof(float);
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  at::native::resize_bytes_cpu(storage, bytes);
+  float* data = t.data_ptr<float>();
+  if (zero) std::memset(data, 0, bytes);
+  return data;
+}
+
+void Engine::GroupStorageImpl::free(torch::Tensor& t) {
+  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), 0);
+}
+
+float* Engine::GroupStorageImpl::materialize_params(size_t g) {
+  return resize(engine->group_params_[g], /*zero=*/false);
+}
+void Engine::GroupStorageImpl::release_params(size_t g) {
+  free(engine->group_params_[g]);
+}
+float* Engine::GroupStorageImpl::materialize_grads(size_t g) {
+  return resize(engine->group_grads_[g], /*zero=*/true);
+}
+void Engine::GroupStorageImpl::release_grads(size_t g) {
+  free(engine->group_grads_[g]);
+}
+
+namespace {
+
+// Identity in forward; in backward, gathers the block's group (parameters
+// and zeroed gradient storage) before the block's own backward runs.
+struct GatherForBackward : public torch::autograd::Function<GatherForBackward> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx,
+                               torch::Tensor output, int64_t stage3,
+                               int64_t group) {
+    ctx->saved_data["stage3"] = stage3;
+    ctx->saved_data["group"] = group;
+    return output;
+  }
+  static torch::autograd::variable_list backward(
+      torch::autograd::AutogradContext* ctx,
+      torch::autograd::variable_list grads) {
+    auto* stage3 = reinterpret_cast<Stage3*>(ctx->saved_data["stage3"].toInt());
+    stage3->gather_for_backward(
+        static_cast<size_t>(ctx->saved_data["group"].toInt()));
+    return {grads[0], torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool Engine::enter(torch::nn::Module& block) {
+  auto it = block_group_.find(&block);
+  if (it == block_group_.end()) return false;
+  stage3_->gather(it->second, Phase::kForward);
+  return true;
+}
+
+torch::Tensor Engine::exit(torch::nn::Module& block,
+                           const torch::Tensor& output) {
+  const size_t g = block_group_.at(&block);
+  stage3_->release(g);
+  if (!torch::GradMode::is_enabled() || !output.requires_grad()) return output;
+  return GatherForBackward::apply(
+      output, static_cast<int64_t>(reinterpret_cast<intptr_t>(stage3_)),
+      static_cast<int64_t>(g));
+}
+
+void Engine::abandon(torch::nn::Module& block) {
+  stage3_->release(block_group_.at(&block));
+}
+
+torch::Tensor Engine::full_parameters() {
+  torch::Tensor out =
+      torch::empty({static_cast<int64_t>(layout_.numel)}, torch::kFloat32);
+  if (stage3_ != nullptr) {
+    stage3_->full_parameters(out.data_ptr<float>(), Phase::kSetup);
+    return out;
+  }
+  out.copy_(flat_params_.narrow(0, 0, static_cast<int64_t>(layout_.numel)));
+  return out;
+}
+
+void Engine::reset_peak_memory() {
+  if (stage3_ != nullptr) stage3_->reset_peak();
+}
+
+Engine::~Engine() {
+  if (stage3_ != nullptr) internal::set_thread_zero3_hooks(previous_hooks_);
+}
 
 OptimizerHyper Engine::hyper() const {
   OptimizerHyper h;
@@ -165,7 +344,8 @@ void Engine::backward(const torch::Tensor& loss, bool scale_wrt_gas) {
   } catch (const c10::Error& e) {
     throw UsageError(std::string("backward(): LibTorch's autograd failed on "
                                  "rank ") +
-                     std::to_string(rank()) + ": " + e.what_without_backtrace());
+                     std::to_string(rank()) + ": " +
+                     e.what_without_backtrace());
   }
   stage_->end_backward();
   if (plan.reduce_window) {
@@ -184,10 +364,10 @@ void Engine::step() {
         stage_->reduce_window(plan.window_backwards, boundary_.global_steps(),
                               Phase::kStep);
       }
-      const double divisor =
-          config_.gradient_accumulation_scaling == GradAccumScaling::kPerStepCount
-              ? static_cast<double>(plan.window_backwards)
-              : 1.0;
+      const double divisor = config_.gradient_accumulation_scaling ==
+                                     GradAccumScaling::kPerStepCount
+                                 ? static_cast<double>(plan.window_backwards)
+                                 : 1.0;
       GradStats stats = stage_->finalize(divisor, config_.gradient_clipping);
       stage_->apply_update(hyper());
       stage_->zero_grad();
@@ -210,11 +390,21 @@ void Engine::set_gradient_accumulation_boundary(bool is_boundary) {
 }
 
 torch::Tensor Engine::flat_parameters() const {
+  require_flat("flat_parameters");
   return flat_params_.narrow(0, 0, static_cast<int64_t>(layout_.numel));
 }
 
 torch::Tensor Engine::flat_gradients() const {
+  require_flat("flat_gradients");
   return flat_grads_.narrow(0, 0, static_cast<int64_t>(layout_.numel));
+}
+
+void Engine::require_flat(const char* what) const {
+  if (stage3_ == nullptr) return;
+  throw UsageError(std::string(what) +
+                   "() is not available at ZeRO stage 3: parameters and "
+                   "gradients are partitioned at rest. Fix: use "
+                   "full_parameters() (a collective: call it on every rank)");
 }
 
 }  // namespace zerostep

@@ -32,17 +32,20 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "engine/boundary.h"
 #include "engine/config.h"
+#include "engine/zero3_block.h"
 #include "zero/stage.h"
+#include "zero/stage3.h"
 
 namespace zerostep {
 
-class Engine {
+class Engine final : private internal::Zero3Hooks {
  public:
   Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
          Communicator* comm);
@@ -85,22 +88,51 @@ class Engine {
   // The trainable parameters, in registration order (views of the flat
   // buffer).
   const std::vector<torch::Tensor>& parameters() const { return params_; }
-  // The flat parameter buffer (layout().numel elements; padding excluded).
+  // The flat parameter buffer (layout().numel elements; padding excluded),
+  // a view. Stages 0-2 only (UsageError at stage 3).
   torch::Tensor flat_parameters() const;
-  // The flat gradient buffer, accumulated over the open window.
+  // The flat gradient buffer, accumulated over the open window. Stages 0-2
+  // only (UsageError at stage 3).
   torch::Tensor flat_gradients() const;
+  // A copy of every trainable parameter, concatenated in registration order
+  // (layout().numel elements). At stage 3 it all-gathers the partitions: a
+  // collective, so every rank must call it at the same point.
+  torch::Tensor full_parameters();
+  // Stage 3: restarts the peak of memory().peak_bytes from what is resident
+  // now; other stages: nothing.
+  void reset_peak_memory();
   const FlatLayout& layout() const { return layout_; }
 
   // The optimizer this rank runs: its state covers the flat ranges
   // owned_spans(), concatenated in that order.
   const FlatOptimizer& optimizer() const { return stage_->optimizer(); }
-  const std::vector<Span>& owned_spans() const {
-    return stage_->owned_spans();
-  }
+  const std::vector<Span>& owned_spans() const { return stage_->owned_spans(); }
   MemoryStats memory() const { return stage_->memory(); }
 
  private:
   OptimizerHyper hyper() const;
+  void setup_flat();
+  void setup_stage3();
+  void require_flat(const char* what) const;
+
+  // internal::Zero3Hooks (stage 3 blocks; engine/zero3_block.h).
+  bool enter(torch::nn::Module& block) override;
+  torch::Tensor exit(torch::nn::Module& block,
+                     const torch::Tensor& output) override;
+  void abandon(torch::nn::Module& block) override;
+
+  // Stage 3's group storages: LibTorch storages resized between zero bytes
+  // and their full size.
+  struct GroupStorageImpl final : GroupStorage {
+    explicit GroupStorageImpl(Engine* e) : engine(e) {}
+    float* materialize_params(size_t group) override;
+    void release_params(size_t group) override;
+    float* materialize_grads(size_t group) override;
+    void release_grads(size_t group) override;
+    static float* resize(torch::Tensor& t, bool zero);
+    static void free(torch::Tensor& t);
+    Engine* engine;
+  };
 
   Config config_;
   Communicator* comm_;
@@ -111,6 +143,13 @@ class Engine {
   torch::Tensor flat_grads_;   // padded_numel float32
   AccumulationBoundary boundary_;
   std::unique_ptr<Stage> stage_;
+  // Stage 3 only.
+  Stage3* stage3_ = nullptr;
+  std::vector<torch::Tensor> group_params_;
+  std::vector<torch::Tensor> group_grads_;
+  std::map<const torch::nn::Module*, size_t> block_group_;
+  GroupStorageImpl group_storage_{this};
+  internal::Zero3Hooks* previous_hooks_ = nullptr;
   // AccumulateGrad nodes carrying the stage's grad-ready hooks.
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
   bool step_applied_ = false;

@@ -95,18 +95,23 @@ TEST(EngineTest, StepWithNoBackwardIsAnErrorThatChangesNothing) {
 }
 
 TEST(EngineTest, RanksThatDisagreeOnNGetAnErrorOnEveryRankAndNoUpdate) {
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     Fixture fx(3, stage, /*managed=*/false);
     std::vector<torch::Tensor> before(3), after(3);
+    // Stage 3 keeps only partitions: compare what the optimizer owns.
+    auto snapshot = [&](Engine& e) {
+      return stage < 3 ? e.flat_parameters().clone()
+                       : torch::tensor(e.optimizer().exp_avg());
+    };
     auto errors = fx.world.run_collect([&](int r) {
       Engine e(fx.models[r], fx.config, &fx.world.comm(r));
-      before[r] = e.flat_parameters().clone();
+      before[r] = snapshot(e);
       const int n = r == 1 ? 3 : 2;  // rank 1 runs one backward too many
       try {
         for (int i = 0; i < n; ++i) e.backward(fx.loss(r, i));
         e.step();
       } catch (...) {
-        after[r] = e.flat_parameters().clone();
+        after[r] = snapshot(e);
         EXPECT_EQ(e.global_steps(), 0);
         EXPECT_FALSE(e.is_gradient_accumulation_boundary());
         throw;
@@ -240,6 +245,85 @@ TEST(EngineTest, Stage2OverlapLaunchesBucketsInGradientReadyOrder) {
   EXPECT_TRUE(std::is_sorted(plain.begin(), plain.end()));
   EXPECT_GT(hooked.front(), hooked.back());
   EXPECT_TRUE(torch::equal(finals[0], finals[1]));
+}
+
+size_t total(const MemoryStats& m) {
+  return m.param_bytes + m.grad_bytes + m.optimizer_state_bytes;
+}
+
+// Stage 3 at world 4: what a rank holds at rest is about a quarter of what
+// stage 0 holds, and at its peak (inside a step) it holds one block more.
+TEST(EngineTest, Stage3HoldsAQuarterOfStage0PlusOneBlock) {
+  const int w = 4;
+  std::vector<MemoryStats> mem(4);  // [stage0 rest, stage3 rest, stage3 peak]
+  size_t largest_block = 0;
+  for (int stage : {0, 3}) {
+    SimWorld world({w, 11});
+    auto task = make_task("mlp", /*scale=*/4);
+    Config cfg = parse_config(
+        "{\"train_micro_batch_size_per_gpu\": 2, "
+        "\"managed_gradient_accumulation\": false, \"zero_optimization\": "
+        "{\"stage\": " +
+            std::to_string(stage) +
+            ", \"stage3_param_persistence_threshold\": 0}}",
+        w);
+    Batch data = task->make_data(3, 64);
+    std::vector<std::shared_ptr<torch::nn::Module>> models;
+    for (int r = 0; r < w; ++r) models.push_back(task->make_model(5));
+    if (stage == 3)
+      for (const auto& m : models[0]->children())
+        largest_block = std::max(
+            largest_block, static_cast<size_t>(m->parameters()[0].numel() +
+                                               m->parameters()[1].numel()));
+    world.run([&](int r) {
+      Engine e(models[r], cfg, &world.comm(r));
+      e.reset_peak_memory();
+      for (int i = 0; i < 3; ++i)
+        e.backward(task->loss(*models[r], slice(data, 2 * (i * w + r), 2)));
+      e.step();
+      if (r == 0) {
+        mem[stage == 0 ? 0 : 1] = e.memory();
+      }
+    });
+  }
+  const size_t stage0 = total(mem[0]);
+  const size_t rest3 = total(mem[1]);
+  const size_t peak3 = mem[1].peak_bytes;
+  // One block's working set: its full parameters and gradients (padded to
+  // 16·W elements), plus the reduce scratch of one partition.
+  const size_t quantum = 16 * w;
+  const size_t padded = (largest_block + quantum - 1) / quantum * quantum;
+  const size_t block = (2 * padded + padded / w) * sizeof(float);
+  // Every group is padded on its own: at most one quantum per group more
+  // than stage 0's single padding, in each of 4 partition arrays.
+  const size_t slack = 3 * quantum * 4 * sizeof(float);
+  RecordProperty("stage0_bytes", std::to_string(stage0));
+  RecordProperty("stage3_rest_bytes", std::to_string(rest3));
+  RecordProperty("stage3_peak_bytes", std::to_string(peak3));
+  EXPECT_LE(rest3, stage0 / 4 + block + slack)
+      << "stage0 " << stage0 << " stage3 rest " << rest3;
+  EXPECT_LE(peak3, stage0 / 4 + block + slack)
+      << "stage0 " << stage0 << " stage3 peak " << peak3 << " block " << block;
+  EXPECT_GT(peak3, rest3);  // blocks really came and went
+  EXPECT_LT(rest3, stage0 / 2);
+}
+
+TEST(EngineTest, Stage3FlatAccessorsAreAClearError) {
+  SimWorld world({2, 11});
+  auto task = make_task("mlp");
+  Config cfg = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 2,
+          "zero_optimization": {"stage": 3}})",
+      2);
+  std::vector<std::shared_ptr<torch::nn::Module>> models = {
+      task->make_model(5), task->make_model(5)};
+  world.run([&](int r) {
+    Engine e(models[r], cfg, &world.comm(r));
+    std::string msg = message_of([&] { e.flat_parameters(); });
+    EXPECT_NE(msg.find("use full_parameters()"), std::string::npos) << msg;
+    EXPECT_EQ(e.full_parameters().numel(),
+              static_cast<int64_t>(e.layout().numel));
+  });
 }
 
 TEST(EngineTest, UnmanagedBoundaryFlagIsTrueOnlyWhileStepRuns) {

@@ -6,34 +6,36 @@ namespace zerostep {
 
 TinyGptBlockImpl::TinyGptBlockImpl(const TinyGptOptions& o)
     : n_head_(o.n_head) {
-  ln1_ = register_module("ln1", torch::nn::LayerNorm(
-                                    torch::nn::LayerNormOptions({o.d_model})));
+  ln1_ = register_module(
+      "ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
   qkv_ = register_module("qkv", torch::nn::Linear(o.d_model, 3 * o.d_model));
   proj_ = register_module("proj", torch::nn::Linear(o.d_model, o.d_model));
-  ln2_ = register_module("ln2", torch::nn::LayerNorm(
-                                    torch::nn::LayerNormOptions({o.d_model})));
+  ln2_ = register_module(
+      "ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
   fc_ = register_module("fc", torch::nn::Linear(o.d_model, 4 * o.d_model));
   fc_out_ =
       register_module("fc_out", torch::nn::Linear(4 * o.d_model, o.d_model));
 }
 
-torch::Tensor TinyGptBlockImpl::forward(torch::Tensor x) {
-  const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
-  const int64_t hd = c / n_head_;
-  auto qkv = qkv_->forward(ln1_->forward(x)).chunk(3, /*dim=*/-1);
-  auto heads = [&](const torch::Tensor& y) {
-    return y.view({b, t, n_head_, hd}).transpose(1, 2);
-  };
-  torch::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) /
-                      std::sqrt(static_cast<double>(hd));
-  torch::Tensor mask =
-      torch::ones({t, t}, torch::kBool).tril().logical_not();
-  att = att.masked_fill(mask, -1e9).softmax(-1);
-  torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, c});
-  x = x + proj_->forward(y);
-  x = x + fc_out_->forward(torch::gelu(fc_->forward(ln2_->forward(x))));
-  return x;
+torch::Tensor TinyGptBlockImpl::forward(torch::Tensor input) {
+  return zero3_block(*this, input, [&](const torch::Tensor& in) {
+    torch::Tensor x = in;
+    const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+    const int64_t hd = c / n_head_;
+    auto qkv = qkv_->forward(ln1_->forward(x)).chunk(3, /*dim=*/-1);
+    auto heads = [&](const torch::Tensor& y) {
+      return y.view({b, t, n_head_, hd}).transpose(1, 2);
+    };
+    torch::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+    torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) /
+                        std::sqrt(static_cast<double>(hd));
+    torch::Tensor mask = torch::ones({t, t}, torch::kBool).tril().logical_not();
+    att = att.masked_fill(mask, -1e9).softmax(-1);
+    torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, c});
+    x = x + proj_->forward(y);
+    x = x + fc_out_->forward(torch::gelu(fc_->forward(ln2_->forward(x))));
+    return x;
+  });
 }
 
 TinyGptImpl::TinyGptImpl(const TinyGptOptions& o) : options_(o) {

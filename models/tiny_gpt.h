@@ -9,6 +9,8 @@
 
 #include <vector>
 
+#include "engine/zero3_block.h"
+
 namespace zerostep {
 
 struct TinyGptOptions {
@@ -19,7 +21,8 @@ struct TinyGptOptions {
   int64_t n_layer = 2;
 };
 
-class TinyGptBlockImpl : public torch::nn::Module {
+// One transformer block: a ZeRO stage 3 block (engine/zero3_block.h).
+class TinyGptBlockImpl : public torch::nn::Module, public Zero3Block {
  public:
   explicit TinyGptBlockImpl(const TinyGptOptions& o);
   torch::Tensor forward(torch::Tensor x);

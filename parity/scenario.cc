@@ -45,6 +45,9 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
     models.push_back(task.make_model(s.seed));
   std::vector<std::vector<float>> finals(run.world_size);
   std::vector<int64_t> samples(run.world_size), applied(run.world_size);
+  std::vector<uint64_t> comm_bytes(run.world_size),
+      backward_bytes(run.world_size);
+  std::vector<MemoryStats> memory(run.world_size);
   const int steps = static_cast<int>(s.backwards.size());
   std::vector<std::vector<double>> losses(run.world_size,
                                           std::vector<double>(steps, 0.0));
@@ -91,7 +94,11 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
       }
       base += window_samples(s, k);
     }
-    finals[r] = to_vector(engine.flat_parameters());
+    // Training's traffic, before the (stage 3: collective) read-back.
+    comm_bytes[r] = world.ledger(r).total_bytes();
+    backward_bytes[r] = world.ledger(r).bytes_in(Phase::kBackward);
+    memory[r] = engine.memory();
+    finals[r] = to_vector(engine.full_parameters());
     samples[r] = engine.global_samples();
   });
   RunDigest d;
@@ -102,8 +109,11 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
                            finals[r].size() == finals[0].size() &&
                            std::memcmp(finals[r].data(), finals[0].data(),
                                        finals[0].size() * 4) == 0;
-  d.comm_bytes = world.ledger(0).total_bytes();
-  d.backward_comm_bytes = world.ledger(0).bytes_in(Phase::kBackward);
+  d.comm_bytes = comm_bytes[0];
+  d.backward_comm_bytes = backward_bytes[0];
+  d.memory_rest_bytes = memory[0].param_bytes + memory[0].grad_bytes +
+                        memory[0].optimizer_state_bytes;
+  d.memory_peak_bytes = memory[0].peak_bytes;
   d.global_samples = samples[0];
   d.steps_applied = applied[0];
   for (int k = 0; k < steps; ++k) {
@@ -146,6 +156,8 @@ Config scenario_config(const Scenario& s, bool managed) {
   if (s.reduce_bucket_size > 0) zero["reduce_bucket_size"] = s.reduce_bucket_size;
   if (s.allgather_bucket_size > 0)
     zero["allgather_bucket_size"] = s.allgather_bucket_size;
+  if (s.persistence_threshold >= 0)
+    zero["stage3_param_persistence_threshold"] = s.persistence_threshold;
   if (s.gradient_clipping > 0.0) j["gradient_clipping"] = s.gradient_clipping;
   if (!j.contains("optimizer"))
     j["optimizer"] = {{"type", "AdamW"},
@@ -249,6 +261,7 @@ std::string to_json_line(const ScenarioResult& r) {
   j["stage"] = s.stage;
   j["offload"] = "none";
   j["overlap_comm"] = s.overlap_comm;
+  j["persistence_threshold"] = s.persistence_threshold;
   j["world"] = s.world_size;
   j["dtype"] = "fp32";
   j["model"] = s.model;
@@ -264,6 +277,8 @@ std::string to_json_line(const ScenarioResult& r) {
   j["comm_bytes_unmanaged"] = r.unmanaged.comm_bytes;
   j["backward_comm_bytes_managed"] = r.managed.backward_comm_bytes;
   j["backward_comm_bytes_unmanaged"] = r.unmanaged.backward_comm_bytes;
+  j["memory_rest_bytes"] = r.unmanaged.memory_rest_bytes;
+  j["memory_peak_bytes"] = r.unmanaged.memory_peak_bytes;
   j["global_samples"] = r.unmanaged.global_samples;
   j["expected_global_samples"] = r.expected_global_samples;
   j["steps_applied"] = r.unmanaged.steps_applied;

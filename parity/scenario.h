@@ -75,6 +75,10 @@ struct Scenario {
   bool overlap_comm = false;  // stage 2 only
   int64_t reduce_bucket_size = 0;
   int64_t allgather_bucket_size = 0;
+  // Stage 3: stage3_param_persistence_threshold; < 0 keeps the config's (or
+  // DeepSpeed's default 1e5, which leaves the small built-in models whole:
+  // use 0 to partition every block).
+  int64_t persistence_threshold = -1;
   // A user's ds_config JSON to start from ("" = built-in defaults). The
   // scenario overrides the batch keys, the stage, the accumulation mode and
   // the scaling; everything else (optimizer, clipping, ...) is kept.
@@ -90,6 +94,10 @@ struct RunDigest {
   int64_t steps_applied = 0;
   std::vector<double> losses;  // mean over ranks of each window's mean loss
   std::string digest;          // FNV-1a 64 of params' bytes, hex
+  // Rank 0's params + grads + optimizer bytes after the last step, and the
+  // peak during the run (Engine::memory()).
+  size_t memory_rest_bytes = 0;
+  size_t memory_peak_bytes = 0;
 };
 
 struct ScenarioResult {

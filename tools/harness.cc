@@ -40,6 +40,10 @@ constexpr const char* kUsage = R"(usage: harness [flags]
                         scenarios (stages 0/1 run without it)
   --reduce-bucket-size=E   elements per reduce-scatter bucket (stage 2)
   --allgather-bucket-size=E  elements per all-gather (stage 2)
+  --persistence-threshold=E  stage3_param_persistence_threshold (default 0
+                        with the built-in config, so every block of the
+                        small built-in models is partitioned; the
+                        --config file's value otherwise)
   --seed=S              run seed (default 1)
   --config=FILE         a ds_config JSON as the base of every scenario
   --threads=T           compute threads per rank (default 1)
@@ -115,7 +119,7 @@ int main_impl(int argc, char** argv) {
   double clip = 0.0;
   uint64_t seed = 1;
   bool as_json = false, overlap = false;
-  int64_t reduce_bucket = 0, allgather_bucket = 0;
+  int64_t reduce_bucket = 0, allgather_bucket = 0, persistence = -1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -150,14 +154,16 @@ int main_impl(int argc, char** argv) {
     else if (key == "threads") threads = int_list(key, v).front();
     else if (key == "reduce-bucket-size")
       reduce_bucket = static_cast<int64_t>(parse_u64(key, v));
+    else if (key == "persistence-threshold")
+      persistence = static_cast<int64_t>(parse_u64(key, v));
     else if (key == "allgather-bucket-size")
       allgather_bucket = static_cast<int64_t>(parse_u64(key, v));
     else usage_error("unknown flag --" + key);
   }
   for (int s : stages)
-    if (s < 0 || s > 2)
+    if (s < 0 || s > 3)
       usage_error("--stages: stage " + std::to_string(s) +
-                  " is not available in this build (0, 1 and 2 are)");
+                  " is not a ZeRO stage (0, 1, 2, 3)");
   for (int w : worlds)
     if (w < 1) usage_error("--world: " + std::to_string(w) + " must be >= 1");
   if (steps < 1) usage_error("--steps must be >= 1");
@@ -212,14 +218,17 @@ int main_impl(int argc, char** argv) {
         s.overlap_comm = overlap && stage >= 2;
         s.reduce_bucket_size = reduce_bucket;
         s.allgather_bucket_size = allgather_bucket;
+        s.persistence_threshold =
+            persistence >= 0 ? persistence : (config_path.empty() ? 0 : -1);
         s.base_config_json = base_config;
         scenarios.push_back(s);
       }
 
   if (!as_json) {
-    std::printf("%-5s %-5s %-15s %-7s %-12s %-12s %-14s %-14s %-16s %s\n",
-                "stage", "world", "scaling", "bitwise", "max_abs_diff",
-                "ref_rel_l2", "bytes_managed", "bytes_unmgd", "digest", "ok");
+    std::printf(
+        "%-5s %-5s %-15s %-7s %-12s %-12s %-14s %-14s %-11s %-11s %-16s %s\n",
+        "stage", "world", "scaling", "bitwise", "max_abs_diff", "ref_rel_l2",
+        "bytes_managed", "bytes_unmgd", "mem_rest", "mem_peak", "digest", "ok");
   }
   int failed = 0;
   for (size_t i = 0; i < scenarios.size(); ++i) {
@@ -236,13 +245,15 @@ int main_impl(int argc, char** argv) {
     if (as_json) {
       std::cout << to_json_line(r) << "\n";
     } else {
-      std::printf("%-5d %-5d %-15s %-7s %-12.3g %-12.3g %-14llu %-14llu %-16s %s\n",
-                  s.stage, s.world_size, to_string(s.scaling),
-                  r.bitwise_equal ? "yes" : "NO", r.max_abs_diff,
-                  r.ref_rel_l2_diff,
-                  static_cast<unsigned long long>(r.managed.comm_bytes),
-                  static_cast<unsigned long long>(r.unmanaged.comm_bytes),
-                  r.unmanaged.digest.c_str(), r.ok ? "ok" : "FAILED");
+      std::printf(
+          "%-5d %-5d %-15s %-7s %-12.3g %-12.3g %-14llu %-14llu %-11zu %-11zu "
+          "%-16s %s\n",
+          s.stage, s.world_size, to_string(s.scaling),
+          r.bitwise_equal ? "yes" : "NO", r.max_abs_diff, r.ref_rel_l2_diff,
+          static_cast<unsigned long long>(r.managed.comm_bytes),
+          static_cast<unsigned long long>(r.unmanaged.comm_bytes),
+          r.unmanaged.memory_rest_bytes, r.unmanaged.memory_peak_bytes,
+          r.unmanaged.digest.c_str(), r.ok ? "ok" : "FAILED");
     }
     std::cout.flush();
     if (!r.ok) {

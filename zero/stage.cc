@@ -28,8 +28,9 @@ std::unique_ptr<Stage> make_stage(const StageOptions& options,
     default:
       throw UsageError(
           "zero_optimization.stage = " + std::to_string(options.stage) +
-          " is not available in this build (stages 0, 1 and 2 are). Fix: "
-          "use stage 0, 1 or 2");
+          " is not one make_stage() builds (stages 0, 1 and 2; the Engine "
+          "builds stage 3, which needs its LibTorch storages). Fix: use "
+          "stage 0, 1, 2, or an Engine for stage 3");
   }
 }
 
@@ -104,6 +105,8 @@ MemoryStats FlatStage::memory() const {
                  (partitioned_ ? owned_numel_ * sizeof(float) : 0);
   m.optimizer_state_bytes =
       optimizer_.state_bytes() + owned_params_.size() * sizeof(float);
+  // Stages 0-2 allocate everything up front: the peak is what is resident.
+  m.peak_bytes = m.param_bytes + m.grad_bytes + m.optimizer_state_bytes;
   return m;
 }
 

@@ -83,6 +83,10 @@ struct MemoryStats {
   size_t param_bytes = 0;
   size_t grad_bytes = 0;
   size_t optimizer_state_bytes = 0;
+  // The most params + grads + optimizer bytes resident at once since
+  // construction or Engine::reset_peak_memory() (stage 3, whose full
+  // storages come and go); stages 0-2 allocate up front: the same as now.
+  size_t peak_bytes = 0;
 };
 
 class Stage {

@@ -167,6 +167,7 @@ MemoryStats Stage2::memory() const {
   MemoryStats m = FlatStage::memory();
   m.grad_bytes += reduce_scratch_.size() * sizeof(float);
   m.param_bytes += gather_staging_.size() * sizeof(float);
+  m.peak_bytes = m.param_bytes + m.grad_bytes + m.optimizer_state_bytes;
   return m;
 }
 

@@ -1,0 +1,62 @@
+// Zero3Block: how a model tells a ZeRO stage 3 engine where its blocks are.
+//
+// LibTorch's C++ modules have no forward hooks, so a block cooperates: it
+// derives from Zero3Block and runs its forward through zero3_block():
+//
+//   class MyBlockImpl : public torch::nn::Module, public zerostep::Zero3Block {
+//     torch::Tensor forward(torch::Tensor x) {
+//       return zerostep::zero3_block(*this, x, [&](const torch::Tensor& x) {
+//         return fc2(torch::relu(fc1(x)));
+//       });
+//     }
+//   };
+//
+// With a stage 3 Engine on the calling thread, zero3_block gathers the
+// block's parameters before `body`, releases them after it, and arranges for
+// them to be gathered again just before the block's backward (Note [Stage 3
+// groups] in zero/stage3.h). Without one (any other stage, no engine,
+// inference) it just calls `body`. Parameters outside every block stay whole
+// on every rank, so any module trains correctly; blocks are what bring the
+// memory down to about 1/W of the model plus one block.
+//
+// Thread safety: the engine is looked up per thread (each simulated or real
+// rank runs its engine on its own thread).
+#ifndef ZEROSTEP_ENGINE_ZERO3_BLOCK_H_
+#define ZEROSTEP_ENGINE_ZERO3_BLOCK_H_
+
+#include <torch/torch.h>
+
+#include <functional>
+
+namespace zerostep {
+
+// A marker base for modules whose parameters form one stage 3 group.
+class Zero3Block {
+ public:
+  virtual ~Zero3Block() = default;
+};
+
+torch::Tensor zero3_block(
+    torch::nn::Module& block, const torch::Tensor& input,
+    const std::function<torch::Tensor(const torch::Tensor&)>& body);
+
+namespace internal {
+
+// What a stage 3 engine does around a block (implemented by Engine).
+class Zero3Hooks {
+ public:
+  virtual ~Zero3Hooks() = default;
+  // Returns false if `block` is not one of this engine's blocks.
+  virtual bool enter(torch::nn::Module& block) = 0;
+  virtual torch::Tensor exit(torch::nn::Module& block,
+                             const torch::Tensor& output) = 0;
+  virtual void abandon(torch::nn::Module& block) = 0;  // body threw
+};
+
+// Installs `hooks` for the calling thread; returns the previous ones.
+Zero3Hooks* set_thread_zero3_hooks(Zero3Hooks* hooks);
+
+}  // namespace internal
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_ENGINE_ZERO3_BLOCK_H_

@@ -1,0 +1,239 @@
+#include "zero/stage3.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/errors.h"
+
+namespace zerostep {
+
+Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
+               const std::vector<size_t>& param_numels,
+               const std::vector<float*>& initial_params, GroupStorage* storage,
+               Communicator* comm)
+    : groups_(std::move(groups)),
+      param_offset_(param_numels.size(), 0),
+      param_numel_(param_numels),
+      group_of_(param_numels.size(), 0),
+      storage_(storage),
+      comm_(comm),
+      world_(comm->world_size()),
+      rank_(comm->rank()),
+      optimizer_(options.optimizer, [&] {
+        const size_t quantum = FlatLayout::kAlignNumel * comm->world_size();
+        size_t n = 0;
+        for (const Stage3Group& g : groups_)
+          n += (g.numel + quantum - 1) / quantum * quantum / comm->world_size();
+        return n;
+      }()) {
+  ZS_CHECK(storage_ != nullptr);
+  ZS_CHECK(initial_params.size() == groups_.size());
+  const size_t quantum = FlatLayout::kAlignNumel * world_;
+  size_t virtual_offset = 0;  // groups laid out back to back, padded
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    size_t at = 0;
+    for (size_t p : groups_[g].params) {
+      ZS_CHECK(p < param_numels.size());
+      group_of_[p] = g;
+      param_offset_[p] = at;
+      at += param_numels[p];
+    }
+    ZS_CHECK(at == groups_[g].numel);
+    const size_t padded =
+        std::max(quantum, (at + quantum - 1) / quantum * quantum);
+    padded_.push_back(padded);
+    partition_.push_back(padded / world_);
+    part_offset_.push_back(owned_numel_);
+    owned_.push_back({virtual_offset + rank_ * partition_[g], partition_[g]});
+    owned_numel_ += partition_[g];
+    virtual_offset += padded;
+  }
+  ZS_CHECK(optimizer_.numel() == owned_numel_);
+  part_params_.assign(owned_numel_, 0.0f);
+  part_grads_.assign(owned_numel_, 0.0f);
+  size_t largest = 0;
+  for (size_t n : partition_) largest = std::max(largest, n);
+  scratch_.assign(largest, 0.0f);
+  full_params_.assign(groups_.size(), nullptr);
+  full_grads_.assign(groups_.size(), nullptr);
+  refs_.assign(groups_.size(), 0);
+  reduced_.assign(groups_.size(), false);
+  pending_.assign(groups_.size(), 0);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    ZS_CHECK(initial_params[g] != nullptr);
+    std::memcpy(part_params_.data() + part_offset_[g],
+                initial_params[g] + rank_ * partition_[g],
+                partition_[g] * sizeof(float));
+    if (groups_[g].persistent) {
+      full_params_[g] = initial_params[g];
+      full_grads_[g] = storage_->materialize_grads(g);
+    } else {
+      storage_->release_params(g);
+      storage_->release_grads(g);
+    }
+  }
+  reset_peak();
+}
+
+size_t Stage3::current_bytes() const {
+  size_t n = (part_params_.size() + part_grads_.size() + scratch_.size()) *
+                 sizeof(float) +
+             optimizer_.state_bytes();
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (full_params_[g]) n += padded_[g] * sizeof(float);
+    if (full_grads_[g]) n += padded_[g] * sizeof(float);
+  }
+  return n;
+}
+
+void Stage3::note_memory() {
+  peak_bytes_ = std::max(peak_bytes_, current_bytes());
+}
+
+MemoryStats Stage3::memory() const {
+  MemoryStats m;
+  m.param_bytes = part_params_.size() * sizeof(float);
+  m.grad_bytes = (part_grads_.size() + scratch_.size()) * sizeof(float);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (full_params_[g]) m.param_bytes += padded_[g] * sizeof(float);
+    if (full_grads_[g]) m.grad_bytes += padded_[g] * sizeof(float);
+  }
+  m.optimizer_state_bytes = optimizer_.state_bytes();
+  m.peak_bytes = peak_bytes_;
+  return m;
+}
+
+void Stage3::gather(size_t g, Phase phase) {
+  ZS_CHECK(g < groups_.size());
+  if (refs_[g]++ > 0 || full_params_[g] != nullptr) return;
+  full_params_[g] = storage_->materialize_params(g);
+  note_memory();
+  comm_->all_gather(
+      Buffer::of(part_params_.data() + part_offset_[g], partition_[g]),
+      Buffer::of(full_params_[g], padded_[g]), {phase});
+}
+
+void Stage3::release(size_t g) {
+  ZS_CHECK(g < groups_.size());
+  ZS_CHECK(refs_[g] > 0);
+  if (--refs_[g] > 0 || groups_[g].persistent) return;
+  storage_->release_params(g);
+  full_params_[g] = nullptr;
+}
+
+void Stage3::gather_for_backward(size_t g) {
+  gather(g, Phase::kBackward);
+  if (full_grads_[g] == nullptr) {
+    full_grads_[g] = storage_->materialize_grads(g);
+    note_memory();
+  }
+}
+
+void Stage3::begin_backward(int64_t backward_index, int64_t global_steps) {
+  internal::agree_on_window(*comm_, internal::WindowEvent::kBackward,
+                            backward_index, global_steps);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    pending_[g] = groups_[g].params.size();
+    reduced_[g] = false;
+  }
+}
+
+void Stage3::reduce_group(size_t g) {
+  ZS_CHECK(full_grads_[g] != nullptr);
+  comm_->reduce_scatter(Buffer::of(full_grads_[g], padded_[g]),
+                        Buffer::of(scratch_.data(), partition_[g]),
+                        {ReduceOp::kSum, Phase::kBackward});
+  float* acc = part_grads_.data() + part_offset_[g];
+  for (size_t i = 0; i < partition_[g]; ++i) acc[i] += scratch_[i];
+  reduced_[g] = true;
+  if (groups_[g].persistent) {
+    std::memset(full_grads_[g], 0, padded_[g] * sizeof(float));
+    return;
+  }
+  storage_->release_grads(g);
+  full_grads_[g] = nullptr;
+  // Its backward is over: the parameters go too.
+  refs_[g] = 0;
+  if (full_params_[g] != nullptr) {
+    storage_->release_params(g);
+    full_params_[g] = nullptr;
+  }
+}
+
+void Stage3::on_grad_ready(size_t param_index) {
+  ZS_CHECK(param_index < group_of_.size());
+  const size_t g = group_of_[param_index];
+  ZS_CHECK(pending_[g] > 0);
+  if (--pending_[g] == 0 && !reduced_[g]) reduce_group(g);
+}
+
+void Stage3::end_backward() {
+  // Groups whose parameters got no gradient in this backward (or only
+  // some): reduce what they hold, in group order, so every rank issues the
+  // same collectives.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (reduced_[g]) continue;
+    if (full_grads_[g] == nullptr)
+      full_grads_[g] = storage_->materialize_grads(g);
+    reduce_group(g);
+  }
+}
+
+void Stage3::reduce_window(int64_t window_backwards, int64_t global_steps,
+                           Phase) {
+  internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
+                            window_backwards, global_steps);
+}
+
+GradStats Stage3::finalize(double divisor, double clip) {
+  float* grad = part_grads_.data();
+  const size_t n = part_grads_.size();
+  internal::divide(grad, n, world_);
+  internal::divide(grad, n, divisor);
+  GradStats stats;
+  double sq = internal::sum_of_squares(grad, n);
+  comm_->all_reduce(Buffer::of(&sq, 1), {ReduceOp::kSum, Phase::kStep});
+  stats.global_norm = std::sqrt(sq);
+  const float coef = internal::clip_coefficient(stats.global_norm, clip);
+  if (coef < 1.0f) {
+    internal::scale(grad, n, coef);
+    stats.clipped = true;
+  }
+  return stats;
+}
+
+void Stage3::apply_update(const OptimizerHyper& hyper) {
+  optimizer_.step(part_params_.data(), part_grads_.data(), hyper);
+  // Persistent groups are whole on every rank: refresh them now. The others
+  // are gathered from the partitions when next used.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (!groups_[g].persistent) continue;
+    comm_->all_gather(
+        Buffer::of(part_params_.data() + part_offset_[g], partition_[g]),
+        Buffer::of(full_params_[g], padded_[g]), {Phase::kStep});
+  }
+}
+
+void Stage3::zero_grad() {
+  std::fill(part_grads_.begin(), part_grads_.end(), 0.0f);
+}
+
+void Stage3::full_parameters(float* out, Phase phase) {
+  std::vector<float> staging;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    staging.assign(padded_[g], 0.0f);
+    comm_->all_gather(
+        Buffer::of(part_params_.data() + part_offset_[g], partition_[g]),
+        Buffer::of(staging.data(), padded_[g]), {phase});
+    size_t out_at = 0;
+    for (size_t p = 0; p < param_numel_.size(); ++p) {
+      if (group_of_[p] == g)
+        std::memcpy(out + out_at, staging.data() + param_offset_[p],
+                    param_numel_[p] * sizeof(float));
+      out_at += param_numel_[p];
+    }
+  }
+}
+
+}  // namespace zerostep

@@ -1,0 +1,132 @@
+// Stage3: parameters, gradients and optimizer state partitioned at rest.
+//
+// Note [Stage 3 groups]
+// ~~~~~~~~~~~~~~~~~~~~~
+// Trainable parameters are split into groups: one per block (a module the
+// model marks as a Zero3Block, engine/zero3_block.h) plus one persistent
+// group for everything else and for parameters smaller than
+// stage3_param_persistence_threshold. Each group is one flat range, padded
+// to a multiple of W × 16; rank r owns its r-th 1/W. At rest a rank holds
+// only its partitions (fp32 parameters = the master copy, the accumulated
+// gradient, the optimizer state): the full parameter and gradient storage
+// of a non-persistent group exists only while the group is in use.
+//
+//   forward     gather(g): all-gather the partitions into freshly
+//               materialized full storage; release(g) after the block.
+//   backward    gather_for_backward(g) before the block's backward
+//               (again all-gather, plus zeroed gradient storage); when
+//               every parameter of the group has its gradient
+//               (on_grad_ready), reduce-scatter (sum) the group's gradient
+//               into the rank's partition accumulator and release both
+//               storages. end_backward() does the same for groups whose
+//               parameters got no gradient.
+//   step        agreement, divide by W (and the per_step_count divisor),
+//               norm (8-byte all-reduce), clip, optimizer on the
+//               partitions, all-gather of the persistent group.
+// Memory: the GroupStorage the engine provides allocates and frees the full
+// storages; memory() reports what is resident now and the peak since the
+// last reset_peak().
+//
+// Ownership: `comm` and `storage` must outlive the Stage3.
+// Thread safety: none; one Stage3 per rank.
+#ifndef ZEROSTEP_ZERO_STAGE3_H_
+#define ZEROSTEP_ZERO_STAGE3_H_
+
+#include <memory>
+#include <vector>
+
+#include "zero/stage.h"
+
+namespace zerostep {
+
+struct Stage3Group {
+  std::vector<size_t> params;  // engine parameter indices, in order
+  size_t numel = 0;            // sum of the parameters' numels
+  bool persistent = false;     // stays whole on every rank
+};
+
+// Full-size storage of a group, owned by the engine (LibTorch storages that
+// the parameters and their .grad view). Each call returns padded_numel
+// floats; materialize_grads returns zeros.
+class GroupStorage {
+ public:
+  virtual ~GroupStorage() = default;
+  virtual float* materialize_params(size_t group) = 0;
+  virtual void release_params(size_t group) = 0;
+  virtual float* materialize_grads(size_t group) = 0;
+  virtual void release_grads(size_t group) = 0;
+};
+
+class Stage3 final : public Stage {
+ public:
+  // `initial_params[g]` holds group g's full values (rank 0's, after the
+  // engine's broadcast), materialized; `param_numels[i]` is parameter i's
+  // size (to map parameters to offsets inside their group).
+  Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
+         const std::vector<size_t>& param_numels,
+         const std::vector<float*>& initial_params, GroupStorage* storage,
+         Communicator* comm);
+
+  int stage() const override { return 3; }
+  void begin_backward(int64_t backward_index, int64_t global_steps) override;
+  void on_grad_ready(size_t param_index) override;
+  void end_backward() override;
+  bool wants_grad_ready() const override { return true; }
+  void reduce_window(int64_t window_backwards, int64_t global_steps,
+                     Phase phase) override;
+  GradStats finalize(double divisor, double clip) override;
+  void apply_update(const OptimizerHyper& hyper) override;
+  void zero_grad() override;
+  const FlatOptimizer& optimizer() const override { return optimizer_; }
+  const std::vector<Span>& owned_spans() const override { return owned_; }
+  MemoryStats memory() const override;
+
+  // Forward: makes group g's full parameters available (reference counted).
+  void gather(size_t group, Phase phase);
+  // Forward: drops one reference; frees the storage at zero (persistent
+  // groups stay).
+  void release(size_t group);
+  // Backward: the group's parameters and zeroed gradient storage, before
+  // the block's backward runs.
+  void gather_for_backward(size_t group);
+  // Every rank calls it: all-gathers every group into `out` (the
+  // parameters in registration order, param_numels concatenated).
+  void full_parameters(float* out, Phase phase);
+  void reset_peak() { peak_bytes_ = current_bytes(); }
+
+  size_t num_groups() const { return groups_.size(); }
+  size_t group_of(size_t param_index) const { return group_of_[param_index]; }
+  size_t padded_numel(size_t group) const { return padded_[group]; }
+
+ private:
+  void reduce_group(size_t group);
+  size_t current_bytes() const;
+  void note_memory();
+
+  std::vector<Stage3Group> groups_;
+  std::vector<size_t> param_offset_;  // within its group
+  std::vector<size_t> param_numel_;
+  std::vector<size_t> group_of_;
+  std::vector<size_t> padded_, partition_, part_offset_;
+  GroupStorage* storage_;
+  Communicator* comm_;
+  int world_;
+  int rank_;
+  std::vector<Span> owned_;
+  size_t owned_numel_ = 0;
+  std::vector<float> part_params_;  // the rank's partitions, concatenated
+  std::vector<float> part_grads_;   // accumulated over the window
+  std::vector<float> scratch_;      // one group's reduced chunk
+  FlatOptimizer optimizer_;
+  // Per group, live state.
+  std::vector<float*> full_params_;  // nullptr while released
+  std::vector<float*> full_grads_;   // nullptr while released
+  std::vector<int> refs_;
+  std::vector<size_t> pending_;  // parameters still without gradient
+  std::vector<bool> reduced_;    // this backward
+  size_t peak_bytes_ = 0;
+};
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_ZERO_STAGE3_H_
