@@ -169,7 +169,8 @@ class BoundarySpy final : public Communicator {
 
  private:
   void note(Phase p) {
-    if (engine) seen.push_back({p, engine->is_gradient_accumulation_boundary()});
+    if (engine)
+      seen.push_back({p, engine->is_gradient_accumulation_boundary()});
   }
   Communicator* inner_;
 };
@@ -391,32 +392,77 @@ TEST(EngineTest, NonScalarLossIsAUsageError) {
 }
 
 TEST(EngineTest, FrozenParametersStayOutOfTheFlatBufferAndUnchanged) {
-  Fixture fx(2, 1, /*managed=*/false);
-  std::vector<torch::Tensor> frozen_before(2);
-  for (int r = 0; r < 2; ++r) {
-    auto params = fx.models[r]->parameters();
-    params.front().set_requires_grad(false);
-    frozen_before[r] = params.front().clone();
-  }
-  fx.world.run([&](int r) {
-    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
-    const size_t trainable = e.parameters().size();
-    EXPECT_EQ(trainable, fx.models[r]->parameters().size() - 1);
-    for (int k = 0; k < 2; ++k) {
-      e.backward(fx.loss(r, k));
-      e.step();
+  for (int stage : {1, 2, 3}) {
+    Fixture fx(2, stage, /*managed=*/false);
+    std::vector<torch::Tensor> frozen_before(2);
+    for (int r = 0; r < 2; ++r) {
+      auto params = fx.models[r]->parameters();
+      params.front().set_requires_grad(false);
+      frozen_before[r] = params.front().clone();
     }
-    EXPECT_TRUE(torch::equal(fx.models[r]->parameters().front(),
-                             frozen_before[r]));
-  });
+    fx.world.run([&](int r) {
+      Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+      const size_t trainable = e.parameters().size();
+      EXPECT_EQ(trainable, fx.models[r]->parameters().size() - 1);
+      for (int k = 0; k < 2; ++k) {
+        e.backward(fx.loss(r, k));
+        e.step();
+      }
+      EXPECT_TRUE(
+          torch::equal(fx.models[r]->parameters().front(), frozen_before[r]));
+    });
+  }
+}
+
+// Stage 3 on a model with no Zero3Block: everything is one persistent
+// group, so it trains exactly like stage 2 with one bucket (same
+// arithmetic per element): bitwise equal final parameters.
+TEST(EngineTest, Stage3TrainsAModelWithoutBlocks) {
+  std::vector<torch::Tensor> finals;
+  for (int stage : {2, 3}) {
+    SimWorld world({2, 11});
+    Config cfg = parse_config(
+        "{\"train_micro_batch_size_per_gpu\": 4, "
+        "\"managed_gradient_accumulation\": false, \"zero_optimization\": "
+        "{\"stage\": " +
+            std::to_string(stage) +
+            ", \"stage3_param_persistence_threshold\": 0}}",
+        2);
+    std::vector<std::shared_ptr<torch::nn::Module>> models;
+    for (int r = 0; r < 2; ++r) {
+      torch::manual_seed(9);
+      models.push_back(torch::nn::Sequential(torch::nn::Linear(6, 10),
+                                             torch::nn::Tanh(),
+                                             torch::nn::Linear(10, 1))
+                           .ptr());
+    }
+    torch::manual_seed(10);
+    torch::Tensor x = torch::randn({16, 6}), y = torch::randn({16, 1});
+    torch::Tensor final;
+    world.run([&](int r) {
+      auto& seq = dynamic_cast<torch::nn::SequentialImpl&>(*models[r]);
+      Engine e(models[r], cfg, &world.comm(r));
+      for (int step = 0; step < 3; ++step) {
+        for (int i = 0; i < 2; ++i) {
+          torch::Tensor xb = x.narrow(0, (i * 2 + r) * 4, 4);
+          torch::Tensor yb = y.narrow(0, (i * 2 + r) * 4, 4);
+          e.backward(torch::mse_loss(seq.forward(xb), yb));
+        }
+        e.step();
+      }
+      torch::Tensor p = e.full_parameters();
+      if (r == 0) final = p;
+    });
+    finals.push_back(final);
+  }
+  EXPECT_TRUE(torch::equal(finals[0], finals[1]));
 }
 
 TEST(EngineTest, ConfigForAnotherWorldSizeIsRejected) {
   Fixture fx(2, 0, false);
   Config one = parse_config(config_json(0, false, 4), 1);
-  auto errors = fx.world.run_collect([&](int r) {
-    Engine e(fx.models[r], one, &fx.world.comm(r));
-  });
+  auto errors = fx.world.run_collect(
+      [&](int r) { Engine e(fx.models[r], one, &fx.world.comm(r)); });
   std::string msg = message_of([&] { std::rethrow_exception(errors[0]); });
   EXPECT_NE(msg.find("parsed for world_size 1"), std::string::npos) << msg;
 }

@@ -46,7 +46,8 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
   std::vector<std::vector<float>> finals(run.world_size);
   std::vector<int64_t> samples(run.world_size), applied(run.world_size);
   std::vector<uint64_t> comm_bytes(run.world_size),
-      backward_bytes(run.world_size);
+      backward_bytes(run.world_size), forward_bytes(run.world_size),
+      step_bytes(run.world_size);
   std::vector<MemoryStats> memory(run.world_size);
   const int steps = static_cast<int>(s.backwards.size());
   std::vector<std::vector<double>> losses(run.world_size,
@@ -97,6 +98,8 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
     // Training's traffic, before the (stage 3: collective) read-back.
     comm_bytes[r] = world.ledger(r).total_bytes();
     backward_bytes[r] = world.ledger(r).bytes_in(Phase::kBackward);
+    forward_bytes[r] = world.ledger(r).bytes_in(Phase::kForward);
+    step_bytes[r] = world.ledger(r).bytes_in(Phase::kStep);
     memory[r] = engine.memory();
     finals[r] = to_vector(engine.full_parameters());
     samples[r] = engine.global_samples();
@@ -111,6 +114,8 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
                                        finals[0].size() * 4) == 0;
   d.comm_bytes = comm_bytes[0];
   d.backward_comm_bytes = backward_bytes[0];
+  d.forward_comm_bytes = forward_bytes[0];
+  d.step_comm_bytes = step_bytes[0];
   d.memory_rest_bytes = memory[0].param_bytes + memory[0].grad_bytes +
                         memory[0].optimizer_state_bytes;
   d.memory_peak_bytes = memory[0].peak_bytes;
@@ -277,6 +282,8 @@ std::string to_json_line(const ScenarioResult& r) {
   j["comm_bytes_unmanaged"] = r.unmanaged.comm_bytes;
   j["backward_comm_bytes_managed"] = r.managed.backward_comm_bytes;
   j["backward_comm_bytes_unmanaged"] = r.unmanaged.backward_comm_bytes;
+  j["forward_comm_bytes_unmanaged"] = r.unmanaged.forward_comm_bytes;
+  j["step_comm_bytes_unmanaged"] = r.unmanaged.step_comm_bytes;
   j["memory_rest_bytes"] = r.unmanaged.memory_rest_bytes;
   j["memory_peak_bytes"] = r.unmanaged.memory_peak_bytes;
   j["global_samples"] = r.unmanaged.global_samples;

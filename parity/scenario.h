@@ -90,6 +90,8 @@ struct RunDigest {
   bool replicas_identical = false;
   uint64_t comm_bytes = 0;           // rank 0, all phases
   uint64_t backward_comm_bytes = 0;  // rank 0, during backward()
+  uint64_t forward_comm_bytes = 0;   // rank 0, stage 3's forward gathers
+  uint64_t step_comm_bytes = 0;      // rank 0, during step()
   int64_t global_samples = 0;
   int64_t steps_applied = 0;
   std::vector<double> losses;  // mean over ranks of each window's mean loss

@@ -87,7 +87,13 @@ TEST(ScenarioTest, StagesAgreeWithEachOther) {
   ScenarioResult r0 = run_scenario(base(0, 4));
   ScenarioResult r1 = run_scenario(base(1, 4));
   ScenarioResult r2 = run_scenario(base(2, 4));
+  Scenario s3 = base(3, 4);
+  s3.persistence_threshold = 0;
+  ScenarioResult r3 = run_scenario(s3);
+  EXPECT_TRUE(r3.ok) << ::testing::PrintToString(r3.failures);
   EXPECT_EQ(r0.unmanaged.digest, r1.unmanaged.digest);
+  // Stage 3 reduces each element exactly as stage 2 does.
+  EXPECT_EQ(r2.unmanaged.digest, r3.unmanaged.digest);
   double diff_sq = 0, ref_sq = 0;
   for (size_t i = 0; i < r0.unmanaged.params.size(); ++i) {
     const double d = r0.unmanaged.params[i] - r2.unmanaged.params[i];
