@@ -2,7 +2,8 @@
 // (N backward() calls, then one step()) against managed (backward() + step()
 // N times, gradient_accumulation_steps = N), for ZeRO stages 0 and 1 on the
 // simulator, measured alternately in the same run so that the ratio is taken
-// under the same machine conditions.
+// under the same machine conditions. Stages 0-3; stage 3 with
+// stage3_param_persistence_threshold 0, so every layer is partitioned.
 //
 //   ./bazelw run -c opt //benchmarks:step_bench --
 //       --benchmark_min_time=0.2 --benchmark_format=json
@@ -27,6 +28,8 @@
 //   bytes_per_rank_per_window_{managed,unmanaged}
 //                                     rank 0's ledger bytes per window
 //   backward_bytes_per_window_unmanaged   must be 0 for stages 0/1
+//   wire_bytes_per_window, formula_wire_bytes_per_window, wire_over_formula
+//                                     ring bytes sent vs the alpha-beta model
 //   params                            trainable parameters of the model
 //
 // Benchmarks never run under `bazel test`: the target is tagged "benchmark"
@@ -66,6 +69,7 @@ std::string config_json(int stage, bool managed) {
          ", \"managed_gradient_accumulation\": " +
          (managed ? "true" : "false") +
          ", \"zero_optimization\": {\"stage\": " + std::to_string(stage) +
+         ", \"stage3_param_persistence_threshold\": 0"
          "}, \"optimizer\": {\"type\": \"AdamW\", \"params\": "
          "{\"lr\": 0.001, \"weight_decay\": 0.01}}}";
 }
@@ -208,18 +212,34 @@ void BM_Window(benchmark::State& state) {
       static_cast<double>(unmanaged->ledger0().bytes_in(Phase::kBackward)) /
       windows;
   state.counters["params"] = static_cast<double>(managed->params());
+  // Ring wire bytes one rank sends per window, against the alpha-beta
+  // model's β terms for Ψ = 4·params bytes, W ranks, N backwards:
+  //   stage 0/1  2(W-1)/W·Ψ           (all-reduce; reduce-scatter+all-gather)
+  //   stage 2    (N+1)(W-1)/W·Ψ       (reduce-scatter per backward, gather)
+  //   stage 3    3N(W-1)/W·Ψ          (gather fwd, gather bwd, r-s per bwd)
+  // The measured side adds padding and the small agreement/norm messages.
+  const double w = world_size, n = kBackwardsPerWindow;
+  const double psi = 4.0 * static_cast<double>(managed->params());
+  const double terms[] = {2, 2, n + 1, 3 * n};
+  const double formula = terms[stage] * (w - 1) / w * psi;
+  const double wire =
+      static_cast<double>(unmanaged->ledger0().total_wire_bytes()) / windows;
+  state.counters["wire_bytes_per_window"] = wire;
+  state.counters["formula_wire_bytes_per_window"] = formula;
+  if (world_size > 1)
+    state.counters["wire_over_formula"] = wire / formula;
   // Both modes must move the same bytes, and stage 0/1 unmanaged nothing
   // during backward (Note [Parity claims] in parity/scenario.h): a timing
   // of runs that differ in traffic would not be a like-for-like ratio.
   if (managed->ledger0().total_bytes() != unmanaged->ledger0().total_bytes())
     state.SkipWithError("managed and unmanaged moved different bytes");
-  else if (unmanaged->ledger0().bytes_in(Phase::kBackward) != 0)
-    state.SkipWithError("unmanaged communicated during backward");
+  else if (stage < 2 && unmanaged->ledger0().bytes_in(Phase::kBackward) != 0)
+    state.SkipWithError("stage 0/1 unmanaged communicated during backward");
 }
 
 BENCHMARK(BM_Window)
     ->ArgNames({"stage", "world"})
-    ->ArgsProduct({{0, 1}, {1, 2, 4}})
+    ->ArgsProduct({{0, 1, 2, 3}, {1, 2, 4}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

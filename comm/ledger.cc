@@ -24,6 +24,12 @@ uint64_t Ledger::total_bytes() const {
   return total;
 }
 
+uint64_t Ledger::total_wire_bytes() const {
+  uint64_t total = 0;
+  for (const LedgerEntry& e : entries_) total += e.wire_bytes;
+  return total;
+}
+
 uint64_t Ledger::bytes_in(Phase phase) const {
   uint64_t total = 0;
   for (const LedgerEntry& e : entries_)

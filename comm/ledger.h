@@ -50,6 +50,7 @@ class Ledger {
   void clear() { entries_.clear(); }
 
   uint64_t total_bytes() const;
+  uint64_t total_wire_bytes() const;
   uint64_t bytes_in(Phase phase) const;
   size_t count_in(Phase phase) const;
 

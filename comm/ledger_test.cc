@@ -24,6 +24,7 @@ TEST(LedgerTest, WireBytesFollowTheRingFormulas) {
   EXPECT_EQ(e[1].wire_bytes, 3u * 1600 / 4);
   EXPECT_EQ(e[2].wire_bytes, 3u * 1600 / 4);
   EXPECT_EQ(world.ledger(0).total_bytes(), 3u * 1600);
+  EXPECT_EQ(world.ledger(0).total_wire_bytes(), 4u * 3 * 1600 / 4);
   EXPECT_EQ(e[2].seq, 2);
 }
 

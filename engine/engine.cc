@@ -211,7 +211,9 @@ void Engine::setup_stage3() {
                                          &group_storage_, comm_);
   stage3_ = stage3.get();
   stage_ = std::move(stage3);
-  previous_hooks_ = internal::set_thread_zero3_hooks(this);
+  for (torch::nn::Module* b : blocks)
+    dynamic_cast<Zero3Block*>(b)->set_zero3_hooks(this);
+  blocks_ = blocks;
 }
 
 float* Engine::GroupStorageImpl::resize(torch::Tensor& t, bool zero) {
@@ -301,7 +303,10 @@ void Engine::reset_peak_memory() {
 }
 
 Engine::~Engine() {
-  if (stage3_ != nullptr) internal::set_thread_zero3_hooks(previous_hooks_);
+  for (torch::nn::Module* b : blocks_) {
+    auto* marked = dynamic_cast<Zero3Block*>(b);
+    if (marked->zero3_hooks() == this) marked->set_zero3_hooks(nullptr);
+  }
 }
 
 OptimizerHyper Engine::hyper() const {

@@ -149,7 +149,7 @@ class Engine final : private internal::Zero3Hooks {
   std::vector<torch::Tensor> group_grads_;
   std::map<const torch::nn::Module*, size_t> block_group_;
   GroupStorageImpl group_storage_{this};
-  internal::Zero3Hooks* previous_hooks_ = nullptr;
+  std::vector<torch::nn::Module*> blocks_;  // hooks point at this engine
   // AccumulateGrad nodes carrying the stage's grad-ready hooks.
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
   bool step_applied_ = false;

@@ -309,6 +309,28 @@ TEST(EngineTest, Stage3HoldsAQuarterOfStage0PlusOneBlock) {
   EXPECT_LT(rest3, stage0 / 2);
 }
 
+// The block finds its engine through the block itself, not through the
+// thread that built the engine: training on other threads works (the
+// benchmarks build engines in one SimWorld::run and train in later ones).
+TEST(EngineTest, Stage3EngineWorksFromThreadsOtherThanItsOwn) {
+  Fixture fx(2, 3, /*managed=*/false);
+  Config cfg = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 2,
+          "managed_gradient_accumulation": false,
+          "zero_optimization": {"stage": 3,
+                                "stage3_param_persistence_threshold": 0}})",
+      2);
+  std::vector<std::unique_ptr<Engine>> engines(2);
+  fx.world.run([&](int r) {
+    engines[r] = std::make_unique<Engine>(fx.models[r], cfg, &fx.world.comm(r));
+  });
+  fx.world.run([&](int r) {
+    engines[r]->backward(fx.loss(r, 0));
+    engines[r]->step();
+    EXPECT_EQ(engines[r]->global_steps(), 1);
+  });
+}
+
 TEST(EngineTest, Stage3FlatAccessorsAreAClearError) {
   SimWorld world({2, 11});
   auto task = make_task("mlp");

@@ -11,7 +11,7 @@
 //     }
 //   };
 //
-// With a stage 3 Engine on the calling thread, zero3_block gathers the
+// With a stage 3 Engine owning the block, zero3_block gathers the
 // block's parameters before `body`, releases them after it, and arranges for
 // them to be gathered again just before the block's backward (Note [Stage 3
 // groups] in zero/stage3.h). Without one (any other stage, no engine,
@@ -19,8 +19,10 @@
 // on every rank, so any module trains correctly; blocks are what bring the
 // memory down to about 1/W of the model plus one block.
 //
-// Thread safety: the engine is looked up per thread (each simulated or real
-// rank runs its engine on its own thread).
+// Thread safety: a block remembers the engine that owns it (set when a
+// stage 3 Engine is constructed over the model, cleared when it is
+// destroyed), so the forward may run on any thread. A model belongs to one
+// Engine at a time.
 #ifndef ZEROSTEP_ENGINE_ZERO3_BLOCK_H_
 #define ZEROSTEP_ENGINE_ZERO3_BLOCK_H_
 
@@ -30,10 +32,22 @@
 
 namespace zerostep {
 
-// A marker base for modules whose parameters form one stage 3 group.
+namespace internal {
+class Zero3Hooks;
+}  // namespace internal
+
+// A base for modules whose parameters form one stage 3 group.
 class Zero3Block {
  public:
   virtual ~Zero3Block() = default;
+
+  // For the Engine: the hooks of the stage 3 engine that owns this block,
+  // or nullptr.
+  internal::Zero3Hooks* zero3_hooks() const { return zero3_hooks_; }
+  void set_zero3_hooks(internal::Zero3Hooks* hooks) { zero3_hooks_ = hooks; }
+
+ private:
+  internal::Zero3Hooks* zero3_hooks_ = nullptr;
 };
 
 torch::Tensor zero3_block(
@@ -46,15 +60,13 @@ namespace internal {
 class Zero3Hooks {
  public:
   virtual ~Zero3Hooks() = default;
-  // Returns false if `block` is not one of this engine's blocks.
+  // Returns false if `block` holds no group of this engine (all its
+  // parameters are persistent or frozen).
   virtual bool enter(torch::nn::Module& block) = 0;
   virtual torch::Tensor exit(torch::nn::Module& block,
                              const torch::Tensor& output) = 0;
   virtual void abandon(torch::nn::Module& block) = 0;  // body threw
 };
-
-// Installs `hooks` for the calling thread; returns the previous ones.
-Zero3Hooks* set_thread_zero3_hooks(Zero3Hooks* hooks);
 
 }  // namespace internal
 }  // namespace zerostep
