@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <sstream>
@@ -309,7 +310,7 @@ Engine::~Engine() {
   }
 }
 
-OptimizerHyper Engine::hyper() const {
+OptimizerHyper Engine::hyper(const StepOverrides& o) const {
   OptimizerHyper h;
   switch (config_.optimizer.type) {
     case OptimizerType::kAdam:
@@ -322,11 +323,11 @@ OptimizerHyper Engine::hyper() const {
       h.kind = OptimizerKind::kSGD;
       break;
   }
-  h.lr = config_.optimizer.lr;
-  h.beta1 = config_.optimizer.beta1;
-  h.beta2 = config_.optimizer.beta2;
-  h.eps = config_.optimizer.eps;
-  h.weight_decay = config_.optimizer.weight_decay;
+  h.lr = o.lr.value_or(config_.optimizer.lr);
+  h.beta1 = o.beta1.value_or(config_.optimizer.beta1);
+  h.beta2 = o.beta2.value_or(config_.optimizer.beta2);
+  h.eps = o.eps.value_or(config_.optimizer.eps);
+  h.weight_decay = o.weight_decay.value_or(config_.optimizer.weight_decay);
   h.momentum = config_.optimizer.momentum;
   return h;
 }
@@ -360,7 +361,41 @@ void Engine::backward(const torch::Tensor& loss, bool scale_wrt_gas) {
   boundary_.commit_backward(plan);
 }
 
-void Engine::step() {
+namespace {
+
+void check_overrides(const StepOverrides& o) {
+  std::vector<std::string> bad;
+  auto check = [&](const char* name, const std::optional<double>& v,
+                   bool ok, const char* rule) {
+    if (v && !ok)
+      bad.push_back(std::string(name) + " = " + std::to_string(*v) + " " +
+                    rule);
+  };
+  check("lr", o.lr, o.lr && std::isfinite(*o.lr) && *o.lr >= 0,
+        "must be a finite number >= 0");
+  check("beta1", o.beta1, o.beta1 && *o.beta1 >= 0 && *o.beta1 < 1,
+        "must be in [0, 1)");
+  check("beta2", o.beta2, o.beta2 && *o.beta2 >= 0 && *o.beta2 < 1,
+        "must be in [0, 1)");
+  check("eps", o.eps, o.eps && *o.eps > 0, "must be > 0");
+  check("weight_decay", o.weight_decay,
+        o.weight_decay && std::isfinite(*o.weight_decay) && *o.weight_decay >= 0,
+        "must be a finite number >= 0");
+  check("gradient_clipping", o.gradient_clipping,
+        o.gradient_clipping && std::isfinite(*o.gradient_clipping) &&
+            *o.gradient_clipping >= 0,
+        "must be a finite number >= 0 (0 = off)");
+  if (bad.empty()) return;
+  std::string msg = "step(): invalid per-step hyperparameters: ";
+  for (size_t i = 0; i < bad.size(); ++i) msg += (i ? "; " : "") + bad[i];
+  throw UsageError(msg + ". Nothing was changed; fix the values and call "
+                         "step() again");
+}
+
+}  // namespace
+
+void Engine::step(const StepOverrides& overrides) {
+  check_overrides(overrides);
   const StepPlan plan = boundary_.plan_step();
   boundary_.enter_step();
   try {
@@ -373,8 +408,10 @@ void Engine::step() {
                                      GradAccumScaling::kPerStepCount
                                  ? static_cast<double>(plan.window_backwards)
                                  : 1.0;
-      GradStats stats = stage_->finalize(divisor, config_.gradient_clipping);
-      stage_->apply_update(hyper());
+      GradStats stats = stage_->finalize(
+          divisor,
+          overrides.gradient_clipping.value_or(config_.gradient_clipping));
+      stage_->apply_update(hyper(overrides));
       stage_->zero_grad();
       last_grad_norm_ = stats.global_norm;
     }

@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <vector>
 
@@ -44,6 +45,18 @@
 #include "zero/stage3.h"
 
 namespace zerostep {
+
+// Hyperparameters one step() uses instead of the configured ones (RPC
+// clients such as Tinker's optim_step send them with every step). Unset
+// fields keep the configured value; nothing carries over to later steps.
+struct StepOverrides {
+  std::optional<double> lr;
+  std::optional<double> beta1;
+  std::optional<double> beta2;
+  std::optional<double> eps;
+  std::optional<double> weight_decay;
+  std::optional<double> gradient_clipping;  // 0 = no clipping this step
+};
 
 class Engine final : private internal::Zero3Hooks {
  public:
@@ -63,7 +76,11 @@ class Engine final : private internal::Zero3Hooks {
   // Managed: on the boundary, finalizes and applies one update; otherwise
   // only advances micro_steps. Unmanaged: always finalizes the gradients of
   // the backward() calls since the last step and applies one update.
-  void step();
+  //
+  // `overrides` replace configured hyperparameters for this step only. Bad
+  // values (lr < 0, betas outside [0, 1), eps <= 0, weight_decay < 0,
+  // gradient_clipping < 0) are a UsageError that changes nothing.
+  void step(const StepOverrides& overrides = {});
 
   bool is_gradient_accumulation_boundary() const;
   void set_gradient_accumulation_boundary(bool is_boundary);
@@ -110,7 +127,7 @@ class Engine final : private internal::Zero3Hooks {
   MemoryStats memory() const { return stage_->memory(); }
 
  private:
-  OptimizerHyper hyper() const;
+  OptimizerHyper hyper(const StepOverrides& overrides = {}) const;
   void setup_flat();
   void setup_stage3();
   void require_flat(const char* what) const;

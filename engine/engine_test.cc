@@ -505,3 +505,73 @@ TEST(EngineTest, ReplicasStartFromRankZerosWeights) {
 
 }  // namespace
 }  // namespace zerostep
+
+namespace zerostep {
+namespace {
+
+// A step's overrides replace the configured hyperparameters for that step
+// only: lr 0.001 configured + override 0.01 trains bit for bit like lr 0.01
+// configured, and the next step without override is back at 0.001.
+TEST(EngineStepOverridesTest, ReplaceConfiguredValuesForOneStepOnly) {
+  auto run = [](double configured_lr, std::vector<StepOverrides> steps) {
+    SimWorld world({2, 11});
+    auto task = make_task("mlp");
+    Config cfg = parse_config(
+        "{\"train_micro_batch_size_per_gpu\": 2, "
+        "\"managed_gradient_accumulation\": false, \"zero_optimization\": "
+        "{\"stage\": 1}, \"optimizer\": {\"type\": \"AdamW\", \"params\": "
+        "{\"lr\": " +
+            std::to_string(configured_lr) + ", \"weight_decay\": 0.1}}}",
+        2);
+    Batch data = task->make_data(3, 64);
+    std::vector<std::shared_ptr<torch::nn::Module>> models = {
+        task->make_model(5), task->make_model(5)};
+    torch::Tensor out;
+    world.run([&](int r) {
+      Engine e(models[r], cfg, &world.comm(r));
+      for (size_t k = 0; k < steps.size(); ++k) {
+        e.backward(task->loss(*models[r], slice(data, 4 * k + 2 * r, 2)));
+        e.step(steps[k]);
+      }
+      if (r == 0) out = e.full_parameters();
+    });
+    return out;
+  };
+  StepOverrides fast;
+  fast.lr = 0.01;
+  StepOverrides none;
+  torch::Tensor a = run(0.01, {none, none});
+  torch::Tensor b = run(0.001, {fast, fast});
+  EXPECT_TRUE(torch::equal(a, b));
+  torch::Tensor c = run(0.001, {fast, none});
+  EXPECT_FALSE(torch::equal(a, c));  // the second step was back at 0.001
+  StepOverrides clip;
+  clip.gradient_clipping = 1e-3;
+  EXPECT_FALSE(torch::equal(run(0.01, {clip, clip}), a));
+}
+
+TEST(EngineStepOverridesTest, BadValuesAreAUsageErrorThatChangesNothing) {
+  Fixture fx(1, 0, /*managed=*/false);
+  fx.world.run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+    e.backward(fx.loss(r, 0));
+    torch::Tensor before = e.flat_parameters().clone();
+    StepOverrides bad;
+    bad.lr = -1.0;
+    bad.beta2 = 1.0;
+    std::string msg = message_of([&] { e.step(bad); });
+    EXPECT_NE(msg.find("lr = -1.000000 must be a finite number >= 0"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("beta2 = 1.000000 must be in [0, 1)"),
+              std::string::npos)
+        << msg;
+    EXPECT_TRUE(torch::equal(before, e.flat_parameters()));
+    EXPECT_EQ(e.window_backwards(), 1);
+    e.step();  // the window is still open and steps normally
+    EXPECT_EQ(e.global_steps(), 1);
+  });
+}
+
+}  // namespace
+}  // namespace zerostep
