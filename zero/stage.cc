@@ -57,20 +57,8 @@ FlatStage::FlatStage(const StageOptions& options, FlatBuffers buffers,
 
 GradStats FlatStage::finalize(double divisor, double clip) {
   ZS_CHECK(owned_grad_ != nullptr);
-  internal::divide(owned_grad_, owned_numel_, divisor);
-  GradStats stats;
-  double sq = internal::sum_of_squares(owned_grad_, owned_numel_);
-  // A replicated gradient's local norm is the global one; a partition's is
-  // not (one 8-byte all-reduce per step, in both modes).
-  if (partitioned_)
-    comm_->all_reduce(Buffer::of(&sq, 1), {ReduceOp::kSum, Phase::kStep});
-  stats.global_norm = std::sqrt(sq);
-  const float coef = internal::clip_coefficient(stats.global_norm, clip);
-  if (coef < 1.0f) {
-    internal::scale(owned_grad_, owned_numel_, coef);
-    stats.clipped = true;
-  }
-  return stats;
+  return internal::finalize_gradient(partitioned_ ? comm_ : nullptr,
+                                     owned_grad_, owned_numel_, divisor, clip);
 }
 
 void FlatStage::update_owned(const OptimizerHyper& hyper) {
@@ -142,6 +130,25 @@ void agree_on_window(Communicator& comm, WindowEvent event, int64_t count,
         "each step(); no gradient of this call was reduced and no parameter "
         "was updated";
   throw UsageError(os.str());
+}
+
+GradStats finalize_gradient(Communicator* partition_comm, float* grad,
+                            size_t n, double divisor, double clip) {
+  divide(grad, n, divisor);
+  GradStats stats;
+  double sq = sum_of_squares(grad, n);
+  // A replicated gradient's local norm is the global one; a partition's is
+  // not (one 8-byte all-reduce per step, in both modes).
+  if (partition_comm != nullptr)
+    partition_comm->all_reduce(Buffer::of(&sq, 1),
+                               {ReduceOp::kSum, Phase::kStep});
+  stats.global_norm = std::sqrt(sq);
+  const float coef = clip_coefficient(stats.global_norm, clip);
+  if (coef < 1.0f) {
+    scale(grad, n, coef);
+    stats.clipped = true;
+  }
+  return stats;
 }
 
 double sum_of_squares(const float* x, size_t n) {

@@ -170,6 +170,12 @@ enum class WindowEvent : int64_t { kStep = 0, kBackward = 1 };
 // naming each rank's position.
 void agree_on_window(Communicator& comm, WindowEvent event, int64_t count,
                      int64_t global_steps);
+// What every stage's finalize() does to the gradient it owns: divide by
+// `divisor`, compute the global L2 norm (all-reducing the squares over
+// `partition_comm` when the gradient is a partition; nullptr when it is
+// replicated), clip to `clip` (> 0).
+GradStats finalize_gradient(Communicator* partition_comm, float* grad,
+                            size_t n, double divisor, double clip);
 // Sum of squares of x[0, n) in double.
 double sum_of_squares(const float* x, size_t n);
 // x[i] = x[i] / divisor (skipped for divisor == 1).

@@ -187,20 +187,10 @@ void Stage3::reduce_window(int64_t window_backwards, int64_t global_steps,
 }
 
 GradStats Stage3::finalize(double divisor, double clip) {
-  float* grad = part_grads_.data();
-  const size_t n = part_grads_.size();
-  internal::divide(grad, n, world_);
-  internal::divide(grad, n, divisor);
-  GradStats stats;
-  double sq = internal::sum_of_squares(grad, n);
-  comm_->all_reduce(Buffer::of(&sq, 1), {ReduceOp::kSum, Phase::kStep});
-  stats.global_norm = std::sqrt(sq);
-  const float coef = internal::clip_coefficient(stats.global_norm, clip);
-  if (coef < 1.0f) {
-    internal::scale(grad, n, coef);
-    stats.clipped = true;
-  }
-  return stats;
+  // The partition holds the sum over ranks: make it the average first.
+  internal::divide(part_grads_.data(), part_grads_.size(), world_);
+  return internal::finalize_gradient(comm_, part_grads_.data(),
+                                     part_grads_.size(), divisor, clip);
 }
 
 void Stage3::apply_update(const OptimizerHyper& hyper) {

@@ -1,0 +1,353 @@
+// fused_adam_step against FlatOptimizer (the reference loop) and LibTorch,
+// and its determinism across thread counts and ISAs.
+//
+// Tolerances (see the numerical contract in fused_adam.h):
+//  * FlatOptimizer: bitwise in the default build. The test always requires
+//    1e-6 relative (what FMA contraction of FlatOptimizer's loop, in a build
+//    with -mfma or -march=native, could cost over 150 steps), and bitwise
+//    equality whenever this translation unit, built with the same flags as
+//    zero/optimizer.cc, has no FMA (__FMA__ undefined), so that the compiler
+//    cannot have contracted FlatOptimizer.
+//  * torch::optim::Adam/AdamW: 1e-5 relative over 200 steps, the bound
+//    zero/optimizer_test.cc uses for FlatOptimizer (LibTorch divides by
+//    sqrt(bias2) rather than multiplying by its float reciprocal).
+//  * Thread counts and ISAs: bitwise, always.
+#include "offload/fused_adam.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "common/errors.h"
+#include "zero/optimizer.h"
+
+namespace zerostep {
+namespace {
+
+#ifdef __FMA__
+constexpr bool kFlatMayBeContracted = true;
+#else
+constexpr bool kFlatMayBeContracted = false;
+#endif
+
+AdamStepParams params_for(const OptimizerHyper& h, int64_t step) {
+  AdamStepParams a;
+  a.lr = h.lr;
+  a.beta1 = h.beta1;
+  a.beta2 = h.beta2;
+  a.eps = h.eps;
+  a.weight_decay = h.weight_decay;
+  a.step = step;
+  a.decoupled = h.kind == OptimizerKind::kAdamW;
+  return a;
+}
+
+std::vector<float> normal(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> out(n);
+  for (float& x : out) x = dist(rng);
+  return out;
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0.0, mag = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    mag = std::max(mag, std::fabs(static_cast<double>(b[i])));
+  }
+  return mag == 0.0 ? diff : diff / mag;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() ||
+          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// The state of one fused run: parameters and both moments.
+struct State {
+  std::vector<float> p, m, v;
+  explicit State(size_t n, uint32_t seed)
+      : p(normal(n, seed)), m(n, 0.0f), v(n, 0.0f) {}
+};
+
+// `steps` fused steps from State(n, 1) with gradients normal(n, 100 + s)
+// scaled by 1 + s % 5 (so the moments see changing magnitudes).
+State run_fused(const OptimizerHyper& h, size_t n, int steps,
+                const FusedAdamOptions& options) {
+  State s(n, 1);
+  for (int step = 0; step < steps; ++step) {
+    const std::vector<float> g = normal(n, 100 + step, 1.0f + step % 5);
+    fused_adam_step(s.p.data(), g.data(), s.m.data(), s.v.data(), n,
+                    params_for(h, step + 1), options);
+  }
+  return s;
+}
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    if (fused_adam_isa_supported(isa)) out.push_back(isa);
+  return out;
+}
+
+// Same data, same steps, FlatOptimizer against the fused kernel on every
+// available ISA. The lr changes per step, as a scheduler would change it.
+void check_against_flat(OptimizerHyper h, size_t n) {
+  const int kSteps = 150;
+  for (Isa isa : available_isas()) {
+    SCOPED_TRACE(fused_adam_isa_name(isa));
+    FlatOptimizer flat(h, n);
+    std::vector<float> flat_p = normal(n, 1);
+    State s(n, 1);
+    const double base_lr = h.lr;
+    for (int step = 0; step < kSteps; ++step) {
+      h.lr = base_lr * (1.0 + 0.5 * std::cos(step * 0.1));
+      const std::vector<float> g = normal(n, 100 + step, 1.0f + step % 5);
+      flat.step(flat_p.data(), g.data(), h);
+      fused_adam_step(s.p.data(), g.data(), s.m.data(), s.v.data(), n,
+                      params_for(h, flat.step_count()),
+                      FusedAdamOptions{2, isa});
+    }
+    h.lr = base_lr;
+    EXPECT_LT(max_rel_diff(s.p, flat_p), 1e-6);
+    EXPECT_LT(max_rel_diff(s.m, flat.exp_avg()), 1e-6);
+    EXPECT_LT(max_rel_diff(s.v, flat.exp_avg_sq()), 1e-6);
+    if (!kFlatMayBeContracted) {
+      EXPECT_TRUE(bitwise_equal(s.p, flat_p));
+      EXPECT_TRUE(bitwise_equal(s.m, flat.exp_avg()));
+      EXPECT_TRUE(bitwise_equal(s.v, flat.exp_avg_sq()));
+    }
+  }
+}
+
+TEST(FusedAdamTest, AdamWWithWeightDecayMatchesFlatOptimizer) {
+  OptimizerHyper h;
+  h.kind = OptimizerKind::kAdamW;
+  h.lr = 1e-2;
+  h.weight_decay = 0.1;
+  check_against_flat(h, 1013);  // not a multiple of 8 or 16
+}
+
+TEST(FusedAdamTest, AdamWithL2WeightDecayMatchesFlatOptimizer) {
+  OptimizerHyper h;
+  h.kind = OptimizerKind::kAdam;
+  h.lr = 1e-2;
+  h.weight_decay = 0.01;
+  h.beta1 = 0.8;
+  h.beta2 = 0.95;
+  check_against_flat(h, 1013);
+}
+
+TEST(FusedAdamTest, AdamWithoutWeightDecayMatchesFlatOptimizer) {
+  OptimizerHyper h;
+  h.kind = OptimizerKind::kAdam;
+  h.lr = 3e-3;
+  h.eps = 1e-6;
+  check_against_flat(h, 1013);
+}
+
+TEST(FusedAdamTest, SingleElementMatchesFlatOptimizer) {
+  OptimizerHyper h;
+  h.kind = OptimizerKind::kAdamW;
+  h.weight_decay = 0.05;
+  check_against_flat(h, 1);
+}
+
+template <typename TorchOpt, typename Options>
+void check_against_torch(const OptimizerHyper& h, Options options) {
+  const int64_t n = 1000;
+  torch::manual_seed(7);
+  torch::Tensor theirs = torch::randn({n}).set_requires_grad(true);
+  std::vector<float> p(theirs.data_ptr<float>(), theirs.data_ptr<float>() + n);
+  std::vector<float> m(n, 0.0f), v(n, 0.0f);
+  TorchOpt opt({theirs}, options);
+  for (int step = 0; step < 200; ++step) {
+    torch::Tensor g = torch::randn({n}) * (1.0 + step % 5);
+    theirs.mutable_grad() = g.clone();
+    opt.step();
+    fused_adam_step(p.data(), g.data_ptr<float>(), m.data(), v.data(), n,
+                    params_for(h, step + 1));
+  }
+  const torch::Tensor ours = torch::from_blob(p.data(), {n}).clone();
+  const torch::Tensor ref = theirs.detach();
+  EXPECT_LT(((ours - ref).abs().max() / ref.abs().max()).item<double>(), 1e-5);
+}
+
+TEST(FusedAdamTest, AdamWMatchesLibTorch) {
+  OptimizerHyper h;
+  h.kind = OptimizerKind::kAdamW;
+  h.lr = 1e-2;
+  h.weight_decay = 0.1;
+  check_against_torch<torch::optim::AdamW>(
+      h, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+}
+
+TEST(FusedAdamTest, AdamMatchesLibTorch) {
+  OptimizerHyper h;
+  h.kind = OptimizerKind::kAdam;
+  h.lr = 1e-2;
+  h.weight_decay = 0.01;
+  h.beta1 = 0.8;
+  h.beta2 = 0.95;
+  check_against_torch<torch::optim::Adam>(
+      h, torch::optim::AdamOptions(1e-2).weight_decay(0.01).betas({0.8, 0.95}));
+}
+
+TEST(FusedAdamTest, BitwiseIdenticalAcrossThreadCounts) {
+  // Large enough that 7 threads really are 7 (each needs kMinChunk), and
+  // not a multiple of the chunk alignment.
+  const size_t n = 7 * kMinChunk + 13;
+  for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kAdam}) {
+    OptimizerHyper h;
+    h.kind = kind;
+    h.weight_decay = 0.02;
+    const State one = run_fused(h, n, 4, FusedAdamOptions{1, Isa::kAuto});
+    for (int threads : {2, 3, 7}) {
+      SCOPED_TRACE(threads);
+      const State many =
+          run_fused(h, n, 4, FusedAdamOptions{threads, Isa::kAuto});
+      EXPECT_TRUE(bitwise_equal(many.p, one.p));
+      EXPECT_TRUE(bitwise_equal(many.m, one.m));
+      EXPECT_TRUE(bitwise_equal(many.v, one.v));
+    }
+  }
+}
+
+// Every vector ISA against the scalar path, on sizes around the vector
+// widths (8, 16) so that both the full-vector loops and every tail length
+// run, and on a size that several threads split.
+void check_isa_matches_scalar(Isa isa) {
+  if (!fused_adam_isa_supported(isa)) {
+    std::cout << "[  SKIPPED ] this CPU lacks " << fused_adam_isa_name(isa)
+              << " (best: " << fused_adam_isa() << ")\n";
+    GTEST_SKIP() << "CPU lacks " << fused_adam_isa_name(isa);
+  }
+  std::vector<size_t> sizes;
+  for (size_t n = 1; n <= 40; ++n) sizes.push_back(n);
+  sizes.push_back(1000 + 5);
+  sizes.push_back(3 * kMinChunk + 7);
+  for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kAdam}) {
+    for (double wd : {0.0, 0.03}) {
+      OptimizerHyper h;
+      h.kind = kind;
+      h.weight_decay = wd;
+      for (size_t n : sizes) {
+        SCOPED_TRACE(testing::Message() << "n=" << n << " wd=" << wd);
+        const State scalar =
+            run_fused(h, n, 20, FusedAdamOptions{1, Isa::kScalar});
+        const State vec = run_fused(h, n, 20, FusedAdamOptions{3, isa});
+        ASSERT_TRUE(bitwise_equal(vec.p, scalar.p));
+        ASSERT_TRUE(bitwise_equal(vec.m, scalar.m));
+        ASSERT_TRUE(bitwise_equal(vec.v, scalar.v));
+      }
+    }
+  }
+}
+
+TEST(FusedAdamTest, Avx2BitwiseIdenticalToScalar) {
+  check_isa_matches_scalar(Isa::kAvx2);
+}
+
+TEST(FusedAdamTest, Avx512BitwiseIdenticalToScalar) {
+  check_isa_matches_scalar(Isa::kAvx512);
+}
+
+TEST(FusedAdamTest, AutoPicksTheBestIsaAndSaysWhich) {
+  std::cout << "fused_adam ISA on this CPU: " << fused_adam_isa() << "\n";
+  EXPECT_NE(fused_adam_best_isa(), Isa::kAuto);
+  EXPECT_TRUE(fused_adam_isa_supported(fused_adam_best_isa()));
+  EXPECT_STREQ(fused_adam_isa(), fused_adam_isa_name(fused_adam_best_isa()));
+  if (fused_adam_isa_supported(Isa::kAvx512)) {
+    EXPECT_EQ(fused_adam_best_isa(), Isa::kAvx512);
+    EXPECT_TRUE(fused_adam_isa_supported(Isa::kAvx2));
+  }
+}
+
+TEST(FusedAdamTest, EmptySpanIsANoOp) {
+  fused_adam_step(nullptr, nullptr, nullptr, nullptr, 0, AdamStepParams());
+  fused_adam_step(nullptr, nullptr, nullptr, nullptr, 0, AdamStepParams(),
+                  FusedAdamOptions{7, Isa::kAuto});
+}
+
+TEST(FusedAdamTest, ZeroParamsAndGradsStayZero) {
+  // The padding of a flat buffer must never move.
+  for (bool decoupled : {true, false}) {
+    std::vector<float> p(37, 0.0f), g(37, 0.0f), m(37, 0.0f), v(37, 0.0f);
+    AdamStepParams a;
+    a.weight_decay = 0.5;
+    a.decoupled = decoupled;
+    for (int64_t step = 1; step <= 5; ++step) {
+      a.step = step;
+      fused_adam_step(p.data(), g.data(), m.data(), v.data(), p.size(), a);
+    }
+    for (float x : p) EXPECT_EQ(x, 0.0f);
+  }
+}
+
+TEST(FusedAdamTest, RejectsMisuse) {
+  std::vector<float> b(4, 1.0f);
+  AdamStepParams a;
+  a.step = 0;
+  EXPECT_THROW(fused_adam_step(b.data(), b.data(), b.data(), b.data(), 1, a),
+               UsageError);
+  a.step = 1;
+  EXPECT_THROW(fused_adam_step(nullptr, b.data(), b.data(), b.data(), 1, a),
+               UsageError);
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (fused_adam_isa_supported(isa)) continue;
+    EXPECT_THROW(fused_adam_step(b.data(), b.data(), b.data(), b.data(), 1, a,
+                                 FusedAdamOptions{1, isa}),
+                 UsageError);
+  }
+}
+
+TEST(FusedAdamTest, ParallelChunksCoverTheSpanOnceOnAlignedBoundaries) {
+  for (size_t n : {size_t{1}, size_t{15}, kMinChunk - 1, 2 * kMinChunk + 1,
+                   7 * kMinChunk + 13}) {
+    for (int threads : {0, 1, 2, 3, 7}) {
+      SCOPED_TRACE(testing::Message() << "n=" << n << " threads=" << threads);
+      std::vector<int> hits(n, 0);
+      std::vector<std::pair<size_t, size_t>> chunks;
+      std::mutex mu;
+      parallel_chunks(n, threads, [&](size_t begin, size_t end) {
+        for (size_t i = begin; i < end; ++i) ++hits[i];
+        std::lock_guard<std::mutex> lock(mu);
+        chunks.emplace_back(begin, end);
+      });
+      for (int h : hits) ASSERT_EQ(h, 1);
+      const size_t want_threads = std::min<size_t>(
+          std::max(threads, 1), std::max<size_t>(1, n / kMinChunk));
+      EXPECT_EQ(chunks.size(), want_threads);
+      for (const auto& c : chunks) {
+        EXPECT_EQ(c.first % kChunkAlign, 0u);
+        if (c.second != n) {
+          EXPECT_EQ(c.second % kChunkAlign, 0u);
+          EXPECT_GE(c.second - c.first, kMinChunk);
+        }
+      }
+    }
+  }
+}
+
+TEST(FusedAdamTest, ParallelChunksRethrowsAWorkersException) {
+  EXPECT_THROW(parallel_chunks(4 * kMinChunk, 4,
+                               [](size_t begin, size_t) {
+                                 if (begin != 0)
+                                   throw std::runtime_error("chunk failed");
+                               }),
+               std::runtime_error);
+}
+
+}  // namespace
+}  // namespace zerostep
