@@ -513,12 +513,7 @@ class Parser {
     } else if (key == "zero_optimization") {
       parse_zero(v);
     } else if (key == "scheduler") {
-      // Silently dropping an LR schedule would change training.
-      add(key, v.dump(),
-          "learning-rate schedules are not implemented yet in this version "
-          "(ignoring the section would silently change training)",
-          "remove the scheduler section and use a constant lr "
-          "(optimizer.params.lr)");
+      parse_lr_schedule(v, &cfg_.scheduler, &problems_);
     } else if (key == "pipeline" || key == "pipeline_parallel_size") {
       if (key == "pipeline_parallel_size" && v.is_number() &&
           v.get<double>() == 1.0) {

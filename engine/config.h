@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/lr_schedule.h"
+
 namespace zerostep {
 
 // How gradients accumulated over a window are scaled (see DESIGN.md §1).
@@ -71,6 +73,9 @@ struct Config {
 
   OptimizerConfig optimizer;
   double gradient_clipping = 0.0;  // 0 = off
+  // "scheduler": DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR
+  // (engine/lr_schedule.h); kNone = constant optimizer lr.
+  LrScheduleSpec scheduler;
   ZeroConfig zero;
   int64_t steps_per_print = 10;
 

@@ -518,15 +518,27 @@ TEST(ParseConfigTest, OffloadDeviceNoneIsIgnored) {
 
 // --- sections that must not be silently ignored ---
 
-TEST(ParseConfigTest, SchedulerIsNotImplementedYet) {
+TEST(ParseConfigTest, SchedulerSectionIsParsed) {
+  Config c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "scheduler": {"type": "WarmupDecayLR", "params": {
+            "warmup_num_steps": 10, "total_num_steps": 100,
+            "warmup_max_lr": 0.01, "warmup_type": "linear"}}})",
+      1);
+  EXPECT_EQ(c.scheduler.type, LrScheduleSpec::Type::kWarmupDecayLR);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 10);
+  EXPECT_EQ(c.scheduler.total_num_steps, 100);
+  EXPECT_EQ(c.scheduler.warmup_type, WarmupType::kLinear);
+  EXPECT_TRUE(c.ignored_keys.empty());
+}
+
+TEST(ParseConfigTest, SchedulerProblemsJoinTheOthers) {
   ConfigProblem p = only_problem(
       R"({"train_micro_batch_size_per_gpu": 1,
-          "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}})");
-  EXPECT_EQ(p.key, "scheduler");
-  EXPECT_HAS(p.value, "WarmupLR");
-  EXPECT_HAS(p.rule, "not implemented yet");
-  EXPECT_HAS(p.fix, "remove the scheduler section");
-  EXPECT_HAS(p.fix, "constant lr");
+          "scheduler": {"type": "WarmupLR",
+                        "params": {"warmup_num_step": 10}}})");
+  EXPECT_EQ(p.key, "scheduler.params.warmup_num_step");
+  EXPECT_HAS(p.fix, "warmup_num_steps");
 }
 
 TEST(ParseConfigTest, EnabledMixedPrecisionIsNotImplementedYet) {
@@ -629,7 +641,7 @@ TEST(ParseConfigTest, EveryProblemIsReportedAtOnce) {
             "managed_gradient_accumulaton": false,
             "optimizer": {"type": "AdamW", "params": {"lr": -1}},
             "zero_optimization": {"stage": 7},
-            "scheduler": {"type": "WarmupLR"}})",
+            "scheduler": {"type": "WarmupLRR", "params": {}}})",
         4);
     FAIL() << "no ConfigError";
   } catch (const ConfigError& e) {
@@ -637,7 +649,8 @@ TEST(ParseConfigTest, EveryProblemIsReportedAtOnce) {
     ASSERT_EQ(ps.size(), 5u);
     for (const char* key :
          {"train_batch_size", "managed_gradient_accumulaton",
-          "optimizer.params.lr", "zero_optimization.stage", "scheduler"}) {
+          "optimizer.params.lr", "zero_optimization.stage",
+          "scheduler.type"}) {
       EXPECT_NE(find_key(ps, key), nullptr) << key;
     }
     std::string what = e.what();

@@ -66,7 +66,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
       model_(std::move(model)),
       params_(trainable(*model_)),
       layout_(FlatLayout::make(numels_of(params_), comm->world_size())),
-      boundary_(boundary_options(config, comm->world_size())) {
+      boundary_(boundary_options(config, comm->world_size())),
+      lr_schedule_(config.scheduler, config.optimizer.lr) {
   ZS_CHECK(comm_ != nullptr);
   if (config_.world_size != comm_->world_size()) {
     throw UsageError("the config was parsed for world_size " +
@@ -323,7 +324,7 @@ OptimizerHyper Engine::hyper(const StepOverrides& o) const {
       h.kind = OptimizerKind::kSGD;
       break;
   }
-  h.lr = o.lr.value_or(config_.optimizer.lr);
+  h.lr = o.lr.value_or(lr_schedule_.lr());
   h.beta1 = o.beta1.value_or(config_.optimizer.beta1);
   h.beta2 = o.beta2.value_or(config_.optimizer.beta2);
   h.eps = o.eps.value_or(config_.optimizer.eps);
@@ -421,6 +422,7 @@ void Engine::step(const StepOverrides& overrides) {
   }
   boundary_.finish_step(plan, plan.apply_update);
   step_applied_ = plan.apply_update;
+  if (step_applied_) lr_schedule_.advance();
 }
 
 bool Engine::is_gradient_accumulation_boundary() const {

@@ -93,6 +93,10 @@ class Engine final : private internal::Zero3Hooks {
   int64_t window_backwards() const { return boundary_.window_backwards(); }
   // Whether the last step() applied an update.
   bool was_step_applied() const { return step_applied_; }
+  // The lr the next applied update will use (the schedule's, or the
+  // configured constant; a StepOverrides lr wins for its step).
+  double get_lr() const { return lr_schedule_.lr(); }
+  const LrSchedule& lr_schedule() const { return lr_schedule_; }
   // The global gradient L2 norm of the last applied update (after the
   // division of per_step_count scaling, before clipping); -1 before the
   // first update.
@@ -159,6 +163,7 @@ class Engine final : private internal::Zero3Hooks {
   torch::Tensor flat_params_;  // padded_numel float32
   torch::Tensor flat_grads_;   // padded_numel float32
   AccumulationBoundary boundary_;
+  LrSchedule lr_schedule_;  // advances on every applied update
   std::unique_ptr<Stage> stage_;
   // Stage 3 only.
   Stage3* stage3_ = nullptr;

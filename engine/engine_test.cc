@@ -575,3 +575,59 @@ TEST(EngineStepOverridesTest, BadValuesAreAUsageErrorThatChangesNothing) {
 
 }  // namespace
 }  // namespace zerostep
+
+namespace zerostep {
+namespace {
+
+// The schedule feeds the optimizer the lr DeepSpeed's scheduler would, and
+// advances only on applied updates: a managed run with GAS 2 (a step()
+// after every backward) moves it every other step(). Training with the
+// schedule equals training with the same lrs given as per-step overrides.
+TEST(EngineScheduleTest, AdvancesOnAppliedUpdatesAndFeedsTheOptimizer) {
+  const std::string sched =
+      R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.001,
+          "warmup_max_lr": 0.01, "warmup_num_steps": 4,
+          "warmup_type": "linear"}})";
+  auto make_cfg = [&](bool with_schedule) {
+    return parse_config(
+        std::string(R"({"train_micro_batch_size_per_gpu": 2,
+            "gradient_accumulation_steps": 2,
+            "optimizer": {"type": "AdamW", "params": {"lr": 0.005}})") +
+            (with_schedule ? ", " + sched : "") + "}",
+        1);
+  };
+  auto task = make_task("mlp");
+  Batch data = task->make_data(3, 64);
+  std::vector<double> lrs_seen;
+  torch::Tensor scheduled, overridden;
+  for (int with_schedule : {1, 0}) {
+    SimWorld world({1, 11});
+    auto model = task->make_model(5);
+    Config cfg = make_cfg(with_schedule);
+    world.run([&](int r) {
+      Engine e(model, cfg, &world.comm(r));
+      for (int k = 0; k < 12; ++k) {
+        e.backward(task->loss(*model, slice(data, 2 * k, 2)));
+        StepOverrides o;
+        if (with_schedule) {
+          lrs_seen.push_back(e.get_lr());
+        } else {
+          o.lr = lrs_seen[k];
+        }
+        e.step(o);
+      }
+      (with_schedule ? scheduled : overridden) = e.full_parameters();
+    });
+  }
+  // Linear warmup over 4 applied updates, DeepSpeed's indexing: updates 1
+  // and 2 both at the start of the ramp (iterations -1 and 0), then 1/4,
+  // 2/4, 3/4 of the way, then the max. Each value holds for two step()s.
+  const double ramp[] = {0.001, 0.001, 0.00325, 0.0055, 0.00775, 0.01};
+  ASSERT_EQ(lrs_seen.size(), 12u);
+  for (int k = 0; k < 12; ++k)
+    EXPECT_NEAR(lrs_seen[k], ramp[k / 2], 1e-12) << "step() " << k;
+  EXPECT_TRUE(torch::equal(scheduled, overridden));
+}
+
+}  // namespace
+}  // namespace zerostep

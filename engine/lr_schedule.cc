@@ -37,9 +37,9 @@ const std::vector<std::string> kWarmupCosineLRParams = {
     "total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio",
     "warmup_type"};
 const std::vector<std::string> kAllParams = {
-    "warmup_min_lr",    "warmup_max_lr", "warmup_num_steps",
-    "warmup_type",      "total_num_steps", "warmup_min_ratio",
-    "cos_min_ratio",    "last_batch_iteration"};
+    "warmup_min_lr", "warmup_max_lr",       "warmup_num_steps",
+    "warmup_type",   "total_num_steps",     "warmup_min_ratio",
+    "cos_min_ratio", "last_batch_iteration"};
 
 const std::vector<std::string>& params_of(Type t) {
   switch (t) {
@@ -56,7 +56,8 @@ const std::vector<std::string>& params_of(Type t) {
 }
 
 std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (char& c : s)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
 
@@ -110,7 +111,8 @@ bool looks_numeric(const std::string& s) {
 // "WarmupLR and WarmupDecayLR": the schedules other than `t` that take `name`.
 std::string owners_of(const std::string& name, Type t) {
   std::vector<std::string> owners;
-  for (Type o : {Type::kWarmupLR, Type::kWarmupDecayLR, Type::kWarmupCosineLR}) {
+  for (Type o :
+       {Type::kWarmupLR, Type::kWarmupDecayLR, Type::kWarmupCosineLR}) {
     if (o != t && contains(params_of(o), name)) owners.push_back(to_string(o));
   }
   std::string s;
@@ -224,8 +226,8 @@ class ScheduleParser {
       return false;
     }
     const std::string t = type->template get<std::string>();
-    for (Type c : {Type::kWarmupLR, Type::kWarmupDecayLR,
-                   Type::kWarmupCosineLR}) {
+    for (Type c :
+         {Type::kWarmupLR, Type::kWarmupDecayLR, Type::kWarmupCosineLR}) {
       const std::string name = to_string(c);
       if (t == name) {
         out_->type = c;
@@ -247,8 +249,8 @@ class ScheduleParser {
           "lr");
       return false;
     }
-    static const std::vector<std::string> kTypes = {
-        "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
+    static const std::vector<std::string> kTypes = {"WarmupLR", "WarmupDecayLR",
+                                                    "WarmupCosineLR"};
     std::string guess = closest(t, kTypes);
     add(key, type->dump(),
         "is not a schedule zerostep implements; supported: " +
@@ -275,8 +277,9 @@ class ScheduleParser {
       } else if (t == Type::kWarmupLR && name == "total_num_steps") {
         fix += ", or use \"type\": \"WarmupDecayLR\" to decay after the warmup";
       } else {
-        fix += ", or use \"type\": \"WarmupCosineLR\" for ratios of "
-               "optimizer.params.lr";
+        fix +=
+            ", or use \"type\": \"WarmupCosineLR\" for ratios of "
+            "optimizer.params.lr";
       }
       add(key, v.dump(),
           "is a parameter of " + owners_of(name, t) + "; " + to_string(t) +
@@ -592,9 +595,9 @@ double LrSchedule::lr_at(int64_t i) const {
       if (i < w) {
         gamma = warmup_gamma(i);
       } else if (spec_.type == Type::kWarmupDecayLR) {
-        gamma = std::max(0.0, static_cast<double>(total - i) /
-                                  static_cast<double>(
-                                      std::max<int64_t>(1, total - w)));
+        gamma = std::max(
+            0.0, static_cast<double>(total - i) /
+                     static_cast<double>(std::max<int64_t>(1, total - w)));
       }
       return spec_.warmup_min_lr + (max_lr_ - spec_.warmup_min_lr) * gamma;
     }
@@ -610,8 +613,8 @@ double LrSchedule::lr_at(int64_t i) const {
             static_cast<double>(std::max<int64_t>(1, total - w));
         const double progress = std::min(1.0, done / span);
         const double cosine = (1.0 + std::cos(kPi * progress)) / 2.0;
-        ratio = std::max(0.0, spec_.cos_min_ratio +
-                                  (1.0 - spec_.cos_min_ratio) * cosine);
+        ratio = std::max(
+            0.0, spec_.cos_min_ratio + (1.0 - spec_.cos_min_ratio) * cosine);
       }
       return base_lr_ * ratio;
     }
