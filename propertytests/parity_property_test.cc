@@ -93,6 +93,9 @@ std::string harness_command(const Scenario& s) {
      << " --scaling=" << to_string(s.scaling) << " --model=" << s.model
      << " --model-scale=" << s.model_scale << " --micro-batch=" << s.micro_batch
      << " --seed=" << s.seed;
+  if (s.gradient_clipping > 0) os << " --clip=" << s.gradient_clipping;
+  if (!s.base_config_json.empty())
+    os << " --config=<a file holding: " << s.base_config_json << ">";
   if (s.overlap_comm) os << " --overlap-comm";
   if (s.reduce_bucket_size > 0)
     os << " --reduce-bucket-size=" << s.reduce_bucket_size;
@@ -172,6 +175,26 @@ RC_GTEST_PROP(ParityProperty, UnmanagedMatchesManagedTwin, ()) {
   s.model_scale = *uniform_in(1, 3).as("model_scale");
   s.micro_batch = *uniform_in<int64_t>(1, 4).as("micro_batch");
   s.seed = *uniform_in<uint64_t>(0, 1u << 20).as("seed");
+  s.gradient_clipping =
+      *rc::gen::element<double>(0.0, 0.05, 1.0).as("gradient_clipping");
+  const int schedule = *uniform_in(0, 4).as("scheduler (0 = none)");
+  if (schedule > 0) {
+    static const char* kSchedules[] = {
+        "",
+        R"({"type": "WarmupLR", "params": {"warmup_num_steps": 3,
+            "warmup_max_lr": 0.003, "warmup_type": "linear"}})",
+        R"({"type": "WarmupDecayLR", "params": {"warmup_num_steps": 2,
+            "total_num_steps": 4, "warmup_max_lr": 0.003}})",
+        R"({"type": "WarmupCosineLR", "params": {"warmup_num_steps": 2,
+            "total_num_steps": 4}})"};
+    s.base_config_json =
+        std::string(R"({"train_micro_batch_size_per_gpu": 1,
+                        "optimizer": {"type": "AdamW", "params": {"lr": 0.002}},
+                        "scheduler": )") +
+        kSchedules[schedule] + "}";
+  }
+  RC_CLASSIFY(schedule > 0, "scheduler");
+  RC_CLASSIFY(s.gradient_clipping > 0, "clipping");
   if (s.stage == 3) {
     s.persistence_threshold =
         *rc::gen::element<int64_t>(0, 3000, 100000).as("persistence_threshold");
