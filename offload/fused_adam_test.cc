@@ -3,8 +3,9 @@
 //
 // Tolerances (see the numerical contract in fused_adam.h):
 //  * FlatOptimizer: bitwise in the default build. The test always requires
-//    1e-6 relative (what FMA contraction of FlatOptimizer's loop, in a build
-//    with -mfma or -march=native, could cost over 150 steps), and bitwise
+//    1e-5 relative (FMA contraction of FlatOptimizer's loop, in a build with
+//    -mfma or -march=native, cost 1.6e-6 over 150 steps when we forced it on
+//    one side), and bitwise
 //    equality whenever this translation unit, built with the same flags as
 //    zero/optimizer.cc, has no FMA (__FMA__ undefined), so that the compiler
 //    cannot have contracted FlatOptimizer.
@@ -107,7 +108,7 @@ void check_against_flat(OptimizerHyper h, size_t n) {
   const int kSteps = 150;
   for (Isa isa : available_isas()) {
     SCOPED_TRACE(fused_adam_isa_name(isa));
-    FlatOptimizer flat(h, n);
+    FlatOptimizer flat(h, n, AdamKernel::kReference);
     std::vector<float> flat_p = normal(n, 1);
     State s(n, 1);
     const double base_lr = h.lr;
@@ -120,9 +121,9 @@ void check_against_flat(OptimizerHyper h, size_t n) {
                       FusedAdamOptions{2, isa});
     }
     h.lr = base_lr;
-    EXPECT_LT(max_rel_diff(s.p, flat_p), 1e-6);
-    EXPECT_LT(max_rel_diff(s.m, flat.exp_avg()), 1e-6);
-    EXPECT_LT(max_rel_diff(s.v, flat.exp_avg_sq()), 1e-6);
+    EXPECT_LT(max_rel_diff(s.p, flat_p), 1e-5);
+    EXPECT_LT(max_rel_diff(s.m, flat.exp_avg()), 1e-5);
+    EXPECT_LT(max_rel_diff(s.v, flat.exp_avg_sq()), 1e-5);
     if (!kFlatMayBeContracted) {
       EXPECT_TRUE(bitwise_equal(s.p, flat_p));
       EXPECT_TRUE(bitwise_equal(s.m, flat.exp_avg()));

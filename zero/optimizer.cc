@@ -3,11 +3,13 @@
 #include <cmath>
 
 #include "common/errors.h"
+#include "offload/fused_adam.h"
 
 namespace zerostep {
 
-FlatOptimizer::FlatOptimizer(const OptimizerHyper& hyper, size_t numel)
-    : kind_(hyper.kind), numel_(numel) {
+FlatOptimizer::FlatOptimizer(const OptimizerHyper& hyper, size_t numel,
+                             AdamKernel kernel)
+    : kind_(hyper.kind), kernel_(kernel), numel_(numel) {
   if (kind_ == OptimizerKind::kSGD) {
     if (hyper.momentum != 0.0) exp_avg_.assign(numel, 0.0f);
   } else {
@@ -45,6 +47,18 @@ void FlatOptimizer::step(float* params, const float* grads,
       }
       params[i] -= lr * d;
     }
+    return;
+  }
+  if (kernel_ == AdamKernel::kFused) {
+    AdamStepParams p;
+    p.lr = hyper.lr;
+    p.beta1 = hyper.beta1;
+    p.beta2 = hyper.beta2;
+    p.eps = hyper.eps;
+    p.weight_decay = hyper.weight_decay;
+    p.step = step_count_;
+    p.decoupled = kind_ == OptimizerKind::kAdamW;
+    fused_adam_step(params, grads, exp_avg_.data(), exp_avg_sq_.data(), n, p);
     return;
   }
   // Adam / AdamW, in LibTorch's operation order.

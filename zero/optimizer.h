@@ -29,9 +29,15 @@ struct OptimizerHyper {
   double momentum = 0.0;  // SGD only
 };
 
+// How Adam/AdamW updates are computed. Both give the same bits (no FMA in
+// either; offload/fused_adam.h): kFused is the vectorized single-pass
+// kernel, kReference the plain scalar loop the kernel is tested against.
+enum class AdamKernel { kFused, kReference };
+
 class FlatOptimizer {
  public:
-  FlatOptimizer(const OptimizerHyper& hyper, size_t numel);
+  FlatOptimizer(const OptimizerHyper& hyper, size_t numel,
+                AdamKernel kernel = AdamKernel::kFused);
 
   // One update of params[0, numel) from grads[0, numel) with `hyper`
   // (which may differ from the constructor's, e.g. a scheduled lr; the kind
@@ -49,6 +55,7 @@ class FlatOptimizer {
 
  private:
   OptimizerKind kind_;
+  AdamKernel kernel_;
   size_t numel_;
   int64_t step_count_ = 0;
   std::vector<float> exp_avg_;

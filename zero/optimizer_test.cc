@@ -95,3 +95,36 @@ TEST(FlatOptimizerTest, StateIsSizedOnceForTheSpan) {
 
 }  // namespace
 }  // namespace zerostep
+
+namespace zerostep {
+namespace {
+
+// The engine's optimizer runs the fused kernel; it must give exactly the
+// reference loop's bits (neither uses FMA), so switching kernels never
+// changes a training run.
+TEST(FlatOptimizerTest, FusedKernelGivesTheReferenceBits) {
+  for (OptimizerKind k : {OptimizerKind::kAdam, OptimizerKind::kAdamW}) {
+    OptimizerHyper h;
+    h.kind = k;
+    h.lr = 3e-3;
+    h.weight_decay = 0.05;
+    const size_t n = 1037;
+    torch::manual_seed(3);
+    torch::Tensor init = torch::randn({static_cast<int64_t>(n)});
+    std::vector<float> a(init.data_ptr<float>(), init.data_ptr<float>() + n);
+    std::vector<float> b = a;
+    FlatOptimizer fused(h, n, AdamKernel::kFused);
+    FlatOptimizer reference(h, n, AdamKernel::kReference);
+    for (int step = 0; step < 50; ++step) {
+      torch::Tensor g = torch::randn({static_cast<int64_t>(n)});
+      fused.step(a.data(), g.data_ptr<float>(), h);
+      reference.step(b.data(), g.data_ptr<float>(), h);
+    }
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(fused.exp_avg(), reference.exp_avg());
+    EXPECT_EQ(fused.exp_avg_sq(), reference.exp_avg_sq());
+  }
+}
+
+}  // namespace
+}  // namespace zerostep
