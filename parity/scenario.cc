@@ -12,6 +12,7 @@
 
 #include "common/errors.h"
 #include "engine/engine.h"
+#include "comm/gloo_world.h"
 #include "sim/sim_world.h"
 
 namespace zerostep {
@@ -39,7 +40,13 @@ struct Run {
 
 RunDigest train(const Scenario& s, const Task& task, const Batch& data,
                 const Run& run) {
-  SimWorld world({run.world_size, s.seed});
+  std::unique_ptr<LocalWorld> world_ptr;
+  if (s.backend == "gloo") {
+    world_ptr = std::make_unique<GlooLocalWorld>(run.world_size);
+  } else {
+    world_ptr = std::make_unique<SimWorld>(SimOptions{run.world_size, s.seed});
+  }
+  LocalWorld& world = *world_ptr;
   std::vector<std::shared_ptr<torch::nn::Module>> models;
   for (int r = 0; r < run.world_size; ++r)
     models.push_back(task.make_model(s.seed));
@@ -171,6 +178,10 @@ Config scenario_config(const Scenario& s, bool managed) {
 }
 
 ScenarioResult run_scenario(const Scenario& s) {
+  if (s.backend != "sim" && s.backend != "gloo")
+    throw UsageError("backend '" + s.backend +
+                     "' is not one of sim, gloo (nccl: --config=cuda on a "
+                     "GPU node)");
   if (s.backwards.empty())
     throw UsageError("a scenario needs at least one window (--backwards)");
   for (int n : s.backwards)
@@ -265,6 +276,7 @@ std::string to_json_line(const ScenarioResult& r) {
   json j;
   j["stage"] = s.stage;
   j["offload"] = "none";
+  j["backend"] = s.backend;
   j["overlap_comm"] = s.overlap_comm;
   j["persistence_threshold"] = s.persistence_threshold;
   j["world"] = s.world_size;

@@ -67,6 +67,9 @@ struct Scenario {
   std::vector<int> backwards = {4};  // N per window; one entry per step
   GradAccumScaling scaling = GradAccumScaling::kConfigured;
   std::string model = "mlp";
+  // "sim" (the deterministic simulator) or "gloo" (real Gloo collectives
+  // over loopback TCP, one thread per rank).
+  std::string backend = "sim";
   int model_scale = 1;
   uint64_t seed = 1;
   int64_t micro_batch = 2;

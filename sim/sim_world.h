@@ -39,6 +39,7 @@
 
 #include "comm/communicator.h"
 #include "comm/ledger.h"
+#include "comm/local_world.h"
 
 namespace zerostep {
 
@@ -47,7 +48,7 @@ struct SimOptions {
   uint64_t seed = 0;   // identifies the run; printed by tools
 };
 
-class SimWorld {
+class SimWorld final : public LocalWorld {
  public:
   // Throws UsageError if options.world_size < 1.
   explicit SimWorld(const SimOptions& options);
@@ -55,23 +56,23 @@ class SimWorld {
   SimWorld(const SimWorld&) = delete;
   SimWorld& operator=(const SimWorld&) = delete;
 
-  int world_size() const { return options_.world_size; }
+  int world_size() const override { return options_.world_size; }
   uint64_t seed() const { return options_.seed; }
 
   // Rank r's communicator; records into ledger(r).
-  Communicator& comm(int rank);
-  const Ledger& ledger(int rank) const;
-  Ledger& mutable_ledger(int rank);
+  Communicator& comm(int rank) override;
+  const Ledger& ledger(int rank) const override;
+  Ledger& mutable_ledger(int rank) override;
 
   // Runs fn(rank) on one thread per rank and joins them all. Returns the
   // error each rank ended with (nullptr for success).
   std::vector<std::exception_ptr> run_collect(
-      const std::function<void(int rank)>& fn);
+      const std::function<void(int rank)>& fn) override;
 
   // As run_collect, but rethrows the first error raised in the world (the
   // root cause: the error of the first rank to fail; other ranks' CommErrors
   // are consequences of it).
-  void run(const std::function<void(int rank)>& fn);
+  void run(const std::function<void(int rank)>& fn) override;
 
  private:
   class RankComm;

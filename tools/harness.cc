@@ -33,6 +33,7 @@ constexpr const char* kUsage = R"(usage: harness [flags]
   --steps=K             steps per scenario (default 3; repeats a single N)
   --scaling=LIST        configured,per_step_count,none (default: all three)
   --model=mlp|gpt       built-in model (default mlp)
+  --backend=sim|gloo    simulator (default) or real Gloo over loopback TCP
   --model-scale=S       width multiplier (default 1)
   --micro-batch=B       samples per backward per rank (default 2)
   --clip=C              gradient_clipping (default 0 = off)
@@ -113,7 +114,7 @@ int main_impl(int argc, char** argv) {
   std::vector<GradAccumScaling> scalings = {GradAccumScaling::kConfigured,
                                             GradAccumScaling::kPerStepCount,
                                             GradAccumScaling::kNone};
-  std::string model = "mlp", config_path;
+  std::string model = "mlp", config_path, backend = "sim";
   int model_scale = 1, threads = 1;
   int64_t micro = 2;
   double clip = 0.0;
@@ -146,6 +147,11 @@ int main_impl(int argc, char** argv) {
       scalings.clear();
       for (const std::string& s : split(v)) scalings.push_back(parse_scaling(s));
     } else if (key == "model") model = v;
+    else if (key == "backend") {
+      if (v != "sim" && v != "gloo")
+        usage_error("--backend=" + v + ": not one of sim, gloo");
+      backend = v;
+    }
     else if (key == "model-scale") model_scale = int_list(key, v).front();
     else if (key == "micro-batch") micro = int_list(key, v).front();
     else if (key == "clip") clip = parse_double(key, v);
@@ -191,7 +197,8 @@ int main_impl(int argc, char** argv) {
   }
 
   set_compute_threads(threads);
-  std::cerr << "zerostep harness: seed=" << seed << " stages=" << join(stages)
+  std::cerr << "zerostep harness: seed=" << seed << " backend=" << backend
+            << " stages=" << join(stages)
             << " world=" << join(worlds) << " backwards=" << join(per_step)
             << " model=" << model << " model_scale=" << model_scale
             << " micro_batch=" << micro << " clip=" << clip
@@ -211,6 +218,7 @@ int main_impl(int argc, char** argv) {
         s.backwards = per_step;
         s.scaling = sc;
         s.model = model;
+        s.backend = backend;
         s.model_scale = model_scale;
         s.seed = seed;
         s.micro_batch = micro;

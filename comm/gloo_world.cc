@@ -1,0 +1,269 @@
+#include "comm/gloo_world.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "common/errors.h"
+
+namespace zerostep {
+
+struct GlooCommunicator::Impl {
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+};
+
+namespace {
+
+at::ScalarType scalar_type(DType d) {
+  switch (d) {
+    case DType::kFloat32:
+      return at::kFloat;
+    case DType::kFloat64:
+      return at::kDouble;
+    case DType::kInt64:
+      return at::kLong;
+  }
+  return at::kFloat;
+}
+
+at::Tensor wrap(Buffer b) {
+  return torch::from_blob(b.data, {static_cast<int64_t>(b.numel)},
+                          torch::TensorOptions().dtype(scalar_type(b.dtype)));
+}
+
+c10d::ReduceOp c10d_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::kMax:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin:
+      return c10d::ReduceOp::MIN;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+// Runs a c10d call; any failure (timeout, peer gone) becomes CommError.
+template <typename F>
+void guarded(const char* what, int rank, F&& f) {
+  try {
+    f();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CommError(std::string("gloo ") + what + " on rank " +
+                    std::to_string(rank) + " failed: " + e.what());
+  }
+}
+
+c10::intrusive_ptr<c10d::ProcessGroupGloo> make_pg(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
+    const GlooOptions& options) {
+  auto o = c10d::ProcessGroupGloo::Options::create();
+  o->timeout = options.timeout;
+  o->devices.push_back(
+      c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, o);
+}
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0')
+    throw UsageError(std::string("environment variable ") + name +
+                     " is not set: the gloo backend reads torchrun's "
+                     "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Fix: "
+                     "start the program with tools/launch, torchrun or your "
+                     "scheduler, or set them");
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < 0)
+    throw UsageError(std::string("environment variable ") + name + "=" + v +
+                     " is not a non-negative integer");
+  return static_cast<int>(x);
+}
+
+}  // namespace
+
+GlooCommunicator::GlooCommunicator(std::unique_ptr<Impl> impl, int rank,
+                                   int world_size)
+    : impl_(std::move(impl)), rank_(rank), world_size_(world_size) {}
+
+GlooCommunicator::~GlooCommunicator() = default;
+
+std::unique_ptr<GlooCommunicator> GlooCommunicator::from_environment(
+    const GlooOptions& options) {
+  const int rank = env_int("RANK");
+  const int world = env_int("WORLD_SIZE");
+  const int port = env_int("MASTER_PORT");
+  const char* addr = std::getenv("MASTER_ADDR");
+  if (world < 1 || rank >= world)
+    throw UsageError("RANK=" + std::to_string(rank) + " WORLD_SIZE=" +
+                     std::to_string(world) +
+                     ": need WORLD_SIZE >= 1 and RANK < WORLD_SIZE");
+  if (addr == nullptr || *addr == '\0')
+    throw UsageError("environment variable MASTER_ADDR is not set (the "
+                     "address of rank 0's store, e.g. 127.0.0.1)");
+  auto impl = std::make_unique<Impl>();
+  guarded("rendezvous", rank, [&] {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(port);
+    so.isServer = rank == 0;
+    so.numWorkers = world;
+    so.timeout = options.timeout;
+    auto store = c10::make_intrusive<c10d::TCPStore>(addr, so);
+    impl->pg = make_pg(store, rank, world, options);
+  });
+  return std::unique_ptr<GlooCommunicator>(
+      new GlooCommunicator(std::move(impl), rank, world));
+}
+
+void GlooCommunicator::all_reduce(Buffer buf, const AllReduceOptions& opts) {
+  if (buf.numel == 0) return;
+  guarded("all_reduce", rank_, [&] {
+    std::vector<at::Tensor> t = {wrap(buf)};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d_op(opts.op);
+    impl_->pg->allreduce(t, o)->wait();
+    if (opts.op == ReduceOp::kAvg) t[0].div_(world_size_);
+  });
+}
+
+void GlooCommunicator::reduce_scatter(Buffer input, Buffer output,
+                                      const ReduceScatterOptions& opts) {
+  if (input.numel != output.numel * static_cast<size_t>(world_size_) ||
+      input.dtype != output.dtype)
+    throw UsageError("reduce_scatter on rank " + std::to_string(rank_) +
+                     ": input must hold world_size x output elements of the "
+                     "output's dtype");
+  guarded("reduce_scatter", rank_, [&] {
+    // Gloo has none: all-reduce a copy, keep this rank's chunk.
+    at::Tensor copy = wrap(input).clone();
+    std::vector<at::Tensor> t = {copy};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d_op(opts.op);
+    impl_->pg->allreduce(t, o)->wait();
+    if (opts.op == ReduceOp::kAvg) copy.div_(world_size_);
+    wrap(output).copy_(copy.narrow(0, rank_ * static_cast<int64_t>(output.numel),
+                                   static_cast<int64_t>(output.numel)));
+  });
+}
+
+std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(
+    Buffer input, Buffer output, const ReduceScatterOptions& opts) {
+  reduce_scatter(input, output, opts);
+  return std::make_shared<CompletedWork>();
+}
+
+void GlooCommunicator::all_gather(Buffer input, Buffer output,
+                                  const AllGatherOptions&) {
+  if (output.numel != input.numel * static_cast<size_t>(world_size_) ||
+      input.dtype != output.dtype)
+    throw UsageError("all_gather on rank " + std::to_string(rank_) +
+                     ": output must hold world_size x input elements of the "
+                     "input's dtype");
+  if (input.numel == 0) return;
+  guarded("all_gather", rank_, [&] {
+    // The input may be this rank's chunk of the output: copy it first.
+    std::vector<at::Tensor> in = {wrap(input).clone()};
+    at::Tensor out = wrap(output);
+    std::vector<std::vector<at::Tensor>> outs(1);
+    for (int r = 0; r < world_size_; ++r)
+      outs[0].push_back(out.narrow(0, r * static_cast<int64_t>(input.numel),
+                                   static_cast<int64_t>(input.numel)));
+    impl_->pg->allgather(outs, in)->wait();
+  });
+}
+
+void GlooCommunicator::broadcast(Buffer buf, const BroadcastOptions& opts) {
+  if (opts.root < 0 || opts.root >= world_size_)
+    throw UsageError("broadcast root " + std::to_string(opts.root) +
+                     " is not a rank of this world of " +
+                     std::to_string(world_size_));
+  if (buf.numel == 0) return;
+  guarded("broadcast", rank_, [&] {
+    std::vector<at::Tensor> t = {wrap(buf)};
+    c10d::BroadcastOptions o;
+    o.rootRank = opts.root;
+    impl_->pg->broadcast(t, o)->wait();
+  });
+}
+
+void GlooCommunicator::barrier() {
+  guarded("barrier", rank_, [&] { impl_->pg->barrier()->wait(); });
+}
+
+GlooLocalWorld::GlooLocalWorld(int world_size, const GlooOptions& options)
+    : world_size_(world_size) {
+  if (world_size < 1)
+    throw UsageError("GlooLocalWorld world_size = " +
+                     std::to_string(world_size) + ": must be at least 1");
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  raw_.resize(world_size);
+  std::vector<std::exception_ptr> errors(world_size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world_size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto impl = std::make_unique<GlooCommunicator::Impl>();
+        guarded("connect", r, [&] {
+          impl->pg = make_pg(store, r, world_size, options);
+        });
+        raw_[r].reset(new GlooCommunicator(std::move(impl), r, world_size));
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  ledgers_.resize(world_size);
+  for (int r = 0; r < world_size; ++r)
+    comms_.push_back(
+        std::make_unique<RecordingCommunicator>(raw_[r].get(), &ledgers_[r]));
+}
+
+GlooLocalWorld::~GlooLocalWorld() = default;
+
+Communicator& GlooLocalWorld::comm(int rank) {
+  ZS_CHECK(rank >= 0);
+  ZS_CHECK(rank < world_size_);
+  return *comms_[rank];
+}
+
+const Ledger& GlooLocalWorld::ledger(int rank) const {
+  ZS_CHECK(rank >= 0);
+  ZS_CHECK(rank < world_size_);
+  return ledgers_[rank];
+}
+
+Ledger& GlooLocalWorld::mutable_ledger(int rank) {
+  ZS_CHECK(rank >= 0);
+  ZS_CHECK(rank < world_size_);
+  return ledgers_[rank];
+}
+
+std::vector<std::exception_ptr> GlooLocalWorld::run_collect(
+    const std::function<void(int rank)>& fn) {
+  std::vector<std::exception_ptr> errors(world_size_);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world_size_; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
+}  // namespace zerostep

@@ -1,0 +1,102 @@
+// The "gloo" Communicator backend: LibTorch's c10d ProcessGroupGloo (TCP
+// transport), behind zerostep's Communicator interface.
+//
+//   GlooCommunicator::from_environment()   one rank per process, configured
+//       from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR,
+//       MASTER_PORT) through a c10d TCPStore: for torchrun, mpirun or a
+//       cluster scheduler.
+//   GlooLocalWorld(W)                      W ranks as threads of this
+//       process over loopback TCP, sharing an in-memory store: for tests,
+//       the conformance suite and the harness (--backend=gloo).
+//
+// Semantics as the Communicator contract (comm/communicator.h), with these
+// backend facts:
+//   - Gloo has no reduce-scatter: it is an all-reduce of a copy of the
+//     input, of which the rank keeps its chunk (twice the ring
+//     reduce-scatter's traffic on the wire; the ledger records the logical
+//     op). kAvg is a sum divided by W.
+//   - Reduction order is Gloo's ring order: float results can differ from
+//     sim's in the last bits, never between ranks.
+//   - A collective that does not complete within the timeout (a rank died
+//     or diverged) raises CommError on the ranks waiting in it.
+//   - reduce_scatter_async completes inside the call (as sim's).
+//
+// The header is free of LibTorch; the implementation is not.
+#ifndef ZEROSTEP_COMM_GLOO_WORLD_H_
+#define ZEROSTEP_COMM_GLOO_WORLD_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/ledger.h"
+#include "comm/local_world.h"
+
+namespace zerostep {
+
+struct GlooOptions {
+  // How long a collective may wait for its peers before CommError.
+  std::chrono::milliseconds timeout = std::chrono::seconds(60);
+  // Interface address the transport binds to.
+  std::string hostname = "127.0.0.1";
+};
+
+class GlooCommunicator final : public Communicator {
+ public:
+  // Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; rank 0 hosts the
+  // TCPStore. Throws UsageError naming a missing or malformed variable,
+  // CommError if the rendezvous fails within the timeout.
+  static std::unique_ptr<GlooCommunicator> from_environment(
+      const GlooOptions& options = GlooOptions());
+  ~GlooCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  std::string backend_name() const override { return "gloo"; }
+  void all_reduce(Buffer buf, const AllReduceOptions& opts) override;
+  void reduce_scatter(Buffer input, Buffer output,
+                      const ReduceScatterOptions& opts) override;
+  std::shared_ptr<Work> reduce_scatter_async(
+      Buffer input, Buffer output, const ReduceScatterOptions& opts) override;
+  void all_gather(Buffer input, Buffer output,
+                  const AllGatherOptions& opts) override;
+  void broadcast(Buffer buf, const BroadcastOptions& opts) override;
+  void barrier() override;
+
+  struct Impl;  // the c10d process group
+
+ private:
+  friend class GlooLocalWorld;
+  GlooCommunicator(std::unique_ptr<Impl> impl, int rank, int world_size);
+  std::unique_ptr<Impl> impl_;
+  int rank_;
+  int world_size_;
+};
+
+class GlooLocalWorld final : public LocalWorld {
+ public:
+  // Connects `world_size` ranks (one thread each, concurrently). Throws
+  // UsageError for world_size < 1, CommError if Gloo cannot connect.
+  explicit GlooLocalWorld(int world_size,
+                          const GlooOptions& options = GlooOptions());
+  ~GlooLocalWorld() override;
+
+  int world_size() const override { return world_size_; }
+  Communicator& comm(int rank) override;
+  const Ledger& ledger(int rank) const override;
+  Ledger& mutable_ledger(int rank) override;
+  std::vector<std::exception_ptr> run_collect(
+      const std::function<void(int rank)>& fn) override;
+
+ private:
+  int world_size_;
+  std::vector<std::unique_ptr<GlooCommunicator>> raw_;
+  std::vector<Ledger> ledgers_;
+  std::vector<std::unique_ptr<RecordingCommunicator>> comms_;
+};
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_COMM_GLOO_WORLD_H_
