@@ -1,0 +1,51 @@
+// tools/launch: a local launcher like `torchrun --standalone`.
+//
+//   ./bazelw run //tools:launch -- --nproc=4 -- <program> <args...>
+//
+// Starts N copies of <program> with torchrun's variables set (RANK,
+// LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
+// prefixes their output with the rank, and exits with the first failing
+// rank's status (naming it), after stopping the others; 0 if all succeed.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "tools/launcher.h"
+
+int main(int argc, char** argv) {
+  zerostep::LaunchOptions options;
+  std::vector<std::string> program;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a.rfind("--nproc=", 0) == 0) {
+      options.nproc = std::atoi(a.c_str() + 8);
+    } else if (a.rfind("--master-port=", 0) == 0) {
+      options.master_port = std::atoi(a.c_str() + 14);
+    } else {
+      std::fprintf(stderr,
+                   "launch: unknown argument '%s'\nusage: launch --nproc=N "
+                   "[--master-port=P] -- <program> [args...]\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  for (; i < argc; ++i) program.push_back(argv[i]);
+  try {
+    zerostep::LaunchResult r = zerostep::launch(program, options);
+    if (r.failed_rank >= 0) {
+      std::fprintf(stderr, "launch: failed: %s\n", r.description.c_str());
+      return r.exit_code != 0 ? r.exit_code : 1;
+    }
+    return 0;
+  } catch (const zerostep::Error& e) {
+    std::fprintf(stderr, "launch: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,178 @@
+#include "tools/launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+#include "common/errors.h"
+
+namespace zerostep {
+namespace {
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw IoError(std::string("socket(): ") + std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const std::string err = std::strerror(errno);
+    close(fd);
+    throw IoError("cannot find a free port on 127.0.0.1: " + err);
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct Child {
+  pid_t pid = -1;
+  int fd = -1;          // read end of the child's stdout+stderr pipe
+  std::string partial;  // an unfinished line
+  bool running = true;
+};
+
+void emit(FILE* out, int rank, const std::string& line) {
+  std::fprintf(out, "[rank %d] %s\n", rank, line.c_str());
+  std::fflush(out);
+}
+
+// Reads what is available; prints whole lines with the rank prefix.
+bool drain(Child& c, int rank, FILE* out) {
+  char buf[4096];
+  const ssize_t n = read(c.fd, buf, sizeof(buf));
+  if (n <= 0) {
+    if (!c.partial.empty()) emit(out, rank, c.partial);
+    c.partial.clear();
+    close(c.fd);
+    c.fd = -1;
+    return false;
+  }
+  c.partial.append(buf, static_cast<size_t>(n));
+  size_t nl;
+  while ((nl = c.partial.find('\n')) != std::string::npos) {
+    emit(out, rank, c.partial.substr(0, nl));
+    c.partial.erase(0, nl + 1);
+  }
+  return true;
+}
+
+std::string describe_status(int rank, int status) {
+  if (WIFEXITED(status))
+    return "rank " + std::to_string(rank) + " exited with status " +
+           std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return "rank " + std::to_string(rank) + " was killed by signal " +
+           std::to_string(WTERMSIG(status)) + " (" +
+           strsignal(WTERMSIG(status)) + ")";
+  return "rank " + std::to_string(rank) + " ended with status " +
+         std::to_string(status);
+}
+
+}  // namespace
+
+LaunchResult launch(const std::vector<std::string>& argv,
+                    const LaunchOptions& options) {
+  if (options.nproc < 1)
+    throw UsageError("--nproc=" + std::to_string(options.nproc) +
+                     ": must be at least 1");
+  if (argv.empty()) throw UsageError("no program to launch");
+  const int port = options.master_port > 0 ? options.master_port : free_port();
+  std::vector<Child> children(options.nproc);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+
+  for (int r = 0; r < options.nproc; ++r) {
+    int fds[2];
+    if (pipe(fds) != 0)
+      throw IoError(std::string("pipe(): ") + std::strerror(errno));
+    const pid_t pid = fork();
+    if (pid < 0) throw IoError(std::string("fork(): ") + std::strerror(errno));
+    if (pid == 0) {
+      setpgid(0, 0);
+      dup2(fds[1], STDOUT_FILENO);
+      dup2(fds[1], STDERR_FILENO);
+      close(fds[0]);
+      close(fds[1]);
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(options.nproc).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(options.nproc).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      execv(args[0], args.data());
+      std::fprintf(stderr, "cannot start %s: %s\n", args[0],
+                   std::strerror(errno));
+      _exit(127);
+    }
+    setpgid(pid, pid);
+    close(fds[1]);
+    children[r].pid = pid;
+    children[r].fd = fds[0];
+  }
+
+  LaunchResult result;
+  int alive = options.nproc;
+  auto kill_all = [&](int sig) {
+    for (const Child& c : children)
+      if (c.running) kill(-c.pid, sig);
+  };
+  std::chrono::steady_clock::time_point kill_deadline{};
+  bool terminating = false;
+  while (alive > 0) {
+    std::vector<pollfd> pfds;
+    std::vector<int> ranks;
+    for (int r = 0; r < options.nproc; ++r)
+      if (children[r].fd >= 0) {
+        pfds.push_back({children[r].fd, POLLIN, 0});
+        ranks.push_back(r);
+      }
+    if (!pfds.empty()) poll(pfds.data(), pfds.size(), 100);
+    else usleep(20000);
+    for (size_t i = 0; i < pfds.size(); ++i)
+      if (pfds[i].revents & (POLLIN | POLLHUP | POLLERR))
+        drain(children[ranks[i]], ranks[i], options.out);
+    for (int r = 0; r < options.nproc; ++r) {
+      Child& c = children[r];
+      if (!c.running) continue;
+      int status = 0;
+      if (waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+      c.running = false;
+      --alive;
+      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!ok && result.failed_rank < 0 && !terminating) {
+        result.failed_rank = r;
+        result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+        result.description = describe_status(r, status);
+        std::fprintf(options.out, "launch: %s; stopping the other ranks\n",
+                     result.description.c_str());
+        std::fflush(options.out);
+        terminating = true;
+        kill_all(SIGTERM);
+        kill_deadline = std::chrono::steady_clock::now() + options.kill_grace;
+      }
+    }
+    if (terminating && alive > 0 &&
+        std::chrono::steady_clock::now() > kill_deadline) {
+      kill_all(SIGKILL);
+      kill_deadline = std::chrono::steady_clock::time_point::max();
+    }
+  }
+  for (int r = 0; r < options.nproc; ++r)
+    while (children[r].fd >= 0) drain(children[r], r, options.out);
+  return result;
+}
+
+}  // namespace zerostep

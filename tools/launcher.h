@@ -1,0 +1,45 @@
+// Launcher: runs N copies of a program as the ranks of one job on this
+// machine, like `torchrun --standalone`.
+//
+// Each child gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+// MASTER_ADDR=127.0.0.1 and MASTER_PORT (a free port unless given), runs in
+// its own process group, and has every line of its stdout and stderr
+// prefixed with "[rank r] ". The first child to fail (non-zero exit or a
+// signal) ends the job: the others get SIGTERM, then SIGKILL after
+// `kill_grace`, and launch() returns a result naming the failing rank. No
+// child outlives launch().
+//
+// Thread safety: launch() forks; call it from a single-threaded point of
+// the program (as tools/launch does).
+#ifndef ZEROSTEP_TOOLS_LAUNCHER_H_
+#define ZEROSTEP_TOOLS_LAUNCHER_H_
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace zerostep {
+
+struct LaunchOptions {
+  int nproc = 1;                 // ranks, >= 1
+  int master_port = 0;           // 0 = pick a free port
+  std::chrono::milliseconds kill_grace = std::chrono::seconds(5);
+  FILE* out = stdout;            // where prefixed output goes
+};
+
+struct LaunchResult {
+  int exit_code = 0;        // 0 if every rank exited 0, else the first failure's
+  int failed_rank = -1;     // the first rank to fail, -1 if none
+  std::string description;  // e.g. "rank 1 exited with status 3"
+};
+
+// Runs argv[0] (a path) with argv as its arguments on every rank. Throws
+// UsageError for nproc < 1 or an empty argv, IoError if a child cannot be
+// started.
+LaunchResult launch(const std::vector<std::string>& argv,
+                    const LaunchOptions& options);
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_TOOLS_LAUNCHER_H_
