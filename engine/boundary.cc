@@ -94,6 +94,16 @@ StepPlan AccumulationBoundary::plan_step() const {
   return plan;
 }
 
+void AccumulationBoundary::restore(const Counters& c) {
+  if (in_step_ || window_backwards_ != 0)
+    throw UsageError("counters can only be restored between windows");
+  micro_steps_ = c.micro_steps;
+  global_steps_ = c.global_steps;
+  global_samples_ = c.global_samples;
+  skipped_steps_ = c.skipped_steps;
+  boundary_override_.reset();
+}
+
 void AccumulationBoundary::enter_step() {
   ZS_CHECK(!in_step_);
   in_step_ = true;

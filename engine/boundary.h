@@ -85,6 +85,19 @@ class AccumulationBoundary {
   // Managed mode only; UsageError in unmanaged mode.
   void set_gradient_accumulation_boundary(bool is_boundary);
 
+  // Counters a checkpoint carries (taken between windows).
+  struct Counters {
+    int64_t micro_steps = 0;
+    int64_t global_steps = 0;
+    int64_t global_samples = 0;
+    int64_t skipped_steps = 0;
+  };
+  Counters counters() const {
+    return {micro_steps_, global_steps_, global_samples_, skipped_steps_};
+  }
+  // Restores them; UsageError inside a step or with a window open.
+  void restore(const Counters& c);
+
   bool managed() const { return options_.managed; }
   bool in_step() const { return in_step_; }
   int64_t micro_steps() const { return micro_steps_; }

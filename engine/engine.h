@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -56,6 +57,12 @@ struct StepOverrides {
   std::optional<double> eps;
   std::optional<double> weight_decay;
   std::optional<double> gradient_clipping;  // 0 = no clipping this step
+};
+
+struct LoadOptions {
+  // Allow a checkpoint written by another world size or ZeRO stage: state
+  // is stored in canonical order, so any layout can be rebuilt from it.
+  bool allow_reshard = false;
 };
 
 class Engine final : private internal::Zero3Hooks {
@@ -122,6 +129,29 @@ class Engine final : private internal::Zero3Hooks {
   // Stage 3: restarts the peak of memory().peak_bytes from what is resident
   // now; other stages: nothing.
   void reset_peak_memory();
+
+  // Checkpoints (engine/checkpoint_io.h for the format). Every rank calls
+  // them at the same point, between windows (inside an open accumulation
+  // window: UsageError, on every rank for save). save_checkpoint and
+  // export_full_model are collectives; load_checkpoint reads every rank's
+  // file locally (state is stored in canonical order) and communicates
+  // nothing.
+  //
+  // save_checkpoint writes <dir>/<tag>/ (each rank its file, rank 0 the
+  // manifest, then <dir>/latest). IoError on every rank if any rank could
+  // not write; the previous checkpoint and `latest` are then untouched.
+  void save_checkpoint(const std::string& dir, const std::string& tag);
+  // load_checkpoint reads <dir>/<tag> (tag "" = the one <dir>/latest names)
+  // and restores parameters, optimizer state, counters and the lr schedule,
+  // for a bitwise-identical continuation. Everything is read and verified
+  // before anything changes: IoError (missing, truncated, corrupt file) or
+  // UsageError (another model, optimizer, world size or stage without
+  // allow_reshard) leave the engine as it was.
+  void load_checkpoint(const std::string& dir, const std::string& tag = "",
+                       const LoadOptions& options = {});
+  // A collective: rank 0 writes every trainable parameter to one file
+  // (names, shapes, float32 values in registration order).
+  void export_full_model(const std::string& path);
   const FlatLayout& layout() const { return layout_; }
 
   // The optimizer this rank runs: its state covers the flat ranges
@@ -135,6 +165,7 @@ class Engine final : private internal::Zero3Hooks {
   void setup_flat();
   void setup_stage3();
   void require_flat(const char* what) const;
+  void require_between_windows(const char* what);
 
   // internal::Zero3Hooks (stage 3 blocks; engine/zero3_block.h).
   bool enter(torch::nn::Module& block) override;

@@ -18,6 +18,22 @@ FlatOptimizer::FlatOptimizer(const OptimizerHyper& hyper, size_t numel,
   }
 }
 
+void FlatOptimizer::load_state(int64_t step_count, std::vector<float> exp_avg,
+                               std::vector<float> exp_avg_sq) {
+  if (step_count < 0 || exp_avg.size() != exp_avg_.size() ||
+      exp_avg_sq.size() != exp_avg_sq_.size())
+    throw UsageError("optimizer state does not fit this optimizer: step " +
+                     std::to_string(step_count) + ", " +
+                     std::to_string(exp_avg.size()) + " and " +
+                     std::to_string(exp_avg_sq.size()) +
+                     " moment elements where it holds " +
+                     std::to_string(exp_avg_.size()) + " and " +
+                     std::to_string(exp_avg_sq_.size()));
+  step_count_ = step_count;
+  exp_avg_ = std::move(exp_avg);
+  exp_avg_sq_ = std::move(exp_avg_sq);
+}
+
 size_t FlatOptimizer::state_bytes() const {
   return (exp_avg_.size() + exp_avg_sq_.size()) * sizeof(float);
 }

@@ -52,6 +52,11 @@ class FlatOptimizer {
   const std::vector<float>& exp_avg_sq() const { return exp_avg_sq_; }
   // Bytes of optimizer state held.
   size_t state_bytes() const;
+  // Restores a checkpointed state: `exp_avg` / `exp_avg_sq` must be as long
+  // as exp_avg() / exp_avg_sq() are. UsageError on a mismatch (nothing
+  // changes then).
+  void load_state(int64_t step_count, std::vector<float> exp_avg,
+                  std::vector<float> exp_avg_sq);
 
  private:
   OptimizerKind kind_;

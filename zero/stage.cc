@@ -1,6 +1,7 @@
 #include "zero/stage.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -59,6 +60,61 @@ GradStats FlatStage::finalize(double divisor, double clip) {
   ZS_CHECK(owned_grad_ != nullptr);
   return internal::finalize_gradient(partitioned_ ? comm_ : nullptr,
                                      owned_grad_, owned_numel_, divisor, clip);
+}
+
+std::vector<Segment> FlatStage::owned_segments() const {
+  // Stages 0-2 lay the flat buffer out in canonical order: a span's offset
+  // is its canonical offset, cut at the padding.
+  std::vector<Segment> out;
+  size_t at = 0;
+  for (const Span& s : owned_) {
+    if (s.offset < layout_.numel)
+      out.push_back({at, s.offset, std::min(s.numel, layout_.numel - s.offset)});
+    at += s.numel;
+  }
+  return out;
+}
+
+std::vector<float> FlatStage::owned_parameters() const {
+  std::vector<float> out;
+  out.reserve(owned_numel_);
+  for (const Span& s : owned_)
+    out.insert(out.end(), buf_.params + s.offset,
+               buf_.params + s.offset + s.numel);
+  return out;
+}
+
+namespace {
+// Scatters canonical `full` into a state vector of `n` elements along
+// `segments` (zero elsewhere: padding); empty `full` gives empty.
+std::vector<float> owned_from_canonical(const std::vector<float>& full,
+                                        const std::vector<Segment>& segments,
+                                        size_t n) {
+  if (full.empty()) return {};
+  std::vector<float> out(n, 0.0f);
+  for (const Segment& g : segments)
+    std::memcpy(out.data() + g.state_offset, full.data() + g.canonical_offset,
+                g.numel * sizeof(float));
+  return out;
+}
+}  // namespace
+
+void FlatStage::load_state(const std::vector<float>& params,
+                           const std::vector<float>& exp_avg,
+                           const std::vector<float>& exp_avg_sq,
+                           int64_t optimizer_steps) {
+  if (params.size() != layout_.numel)
+    throw UsageError("checkpoint holds " + std::to_string(params.size()) +
+                     " parameters; this model has " +
+                     std::to_string(layout_.numel));
+  const std::vector<Segment> segs = owned_segments();
+  optimizer_.load_state(optimizer_steps,
+                        owned_from_canonical(exp_avg, segs, owned_numel_),
+                        owned_from_canonical(exp_avg_sq, segs, owned_numel_));
+  // Every rank holds the whole flat buffer at stages 0-2: write it all.
+  std::memcpy(buf_.params, params.data(), params.size() * sizeof(float));
+  std::fill(buf_.params + layout_.numel, buf_.params + layout_.padded_numel,
+            0.0f);
 }
 
 void FlatStage::update_owned(const OptimizerHyper& hyper) {

@@ -73,6 +73,16 @@ struct Span {
   size_t numel = 0;
 };
 
+// Where a piece of a rank's owned state sits in the canonical order: the
+// trainable parameters concatenated in registration order, no padding
+// (FlatLayout::numel elements). Checkpoints store state in this order, so
+// any world size and stage can read them.
+struct Segment {
+  size_t state_offset = 0;      // into the owned state (optimizer order)
+  size_t canonical_offset = 0;  // into the canonical parameter vector
+  size_t numel = 0;
+};
+
 struct GradStats {
   double global_norm = 0.0;  // L2 norm over all ranks' gradients
   bool clipped = false;
@@ -117,6 +127,20 @@ class Stage {
   // the rank's chunk of every bucket).
   virtual const std::vector<Span>& owned_spans() const = 0;
   virtual MemoryStats memory() const = 0;
+
+  // The owned state's pieces in canonical order (padding left out).
+  virtual std::vector<Segment> owned_segments() const = 0;
+  // The owned parameters, in optimizer-state order.
+  virtual std::vector<float> owned_parameters() const = 0;
+  // Restores from canonical full vectors (numel elements each; the
+  // moments may be empty when the optimizer keeps none): parameters
+  // everywhere this rank holds them, optimizer state for its owned part.
+  // Local: no collective. UsageError if the sizes do not fit (nothing
+  // changes then).
+  virtual void load_state(const std::vector<float>& params,
+                          const std::vector<float>& exp_avg,
+                          const std::vector<float>& exp_avg_sq,
+                          int64_t optimizer_steps) = 0;
 };
 
 // What stages 0-2 share: the buffers, the communicator, and one optimizer
@@ -135,6 +159,12 @@ class FlatStage : public Stage {
   const FlatOptimizer& optimizer() const override { return optimizer_; }
   const std::vector<Span>& owned_spans() const override { return owned_; }
   MemoryStats memory() const override;
+  std::vector<Segment> owned_segments() const override;
+  std::vector<float> owned_parameters() const override;
+  void load_state(const std::vector<float>& params,
+                  const std::vector<float>& exp_avg,
+                  const std::vector<float>& exp_avg_sq,
+                  int64_t optimizer_steps) override;
 
  protected:
   // `partitioned`: the owned spans are this rank's share, reduced into a

@@ -29,6 +29,11 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
       }()) {
   ZS_CHECK(storage_ != nullptr);
   ZS_CHECK(initial_params.size() == groups_.size());
+  size_t canonical = 0;
+  for (size_t n : param_numels) {
+    canonical_offset_.push_back(canonical);
+    canonical += n;
+  }
   const size_t quantum = FlatLayout::kAlignNumel * world_;
   size_t virtual_offset = 0;  // groups laid out back to back, padded
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -207,6 +212,56 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
 
 void Stage3::zero_grad() {
   std::fill(part_grads_.begin(), part_grads_.end(), 0.0f);
+}
+
+std::vector<Segment> Stage3::owned_segments() const {
+  // Rank r owns [r·P_g, (r+1)·P_g) of each group: cut it at the group's
+  // parameters (each maps to its canonical range) and at the padding.
+  std::vector<Segment> out;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const size_t begin = rank_ * partition_[g], end = begin + partition_[g];
+    for (size_t p : groups_[g].params) {
+      const size_t lo = std::max(begin, param_offset_[p]);
+      const size_t hi = std::min(end, param_offset_[p] + param_numel_[p]);
+      if (lo >= hi) continue;
+      out.push_back({part_offset_[g] + (lo - begin),
+                     canonical_offset_[p] + (lo - param_offset_[p]), hi - lo});
+    }
+  }
+  return out;
+}
+
+void Stage3::load_state(const std::vector<float>& params,
+                        const std::vector<float>& exp_avg,
+                        const std::vector<float>& exp_avg_sq,
+                        int64_t optimizer_steps) {
+  const size_t numel = canonical_offset_.empty()
+                           ? 0
+                           : canonical_offset_.back() + param_numel_.back();
+  if (params.size() != numel)
+    throw UsageError("checkpoint holds " + std::to_string(params.size()) +
+                     " parameters; this model has " + std::to_string(numel));
+  const std::vector<Segment> segs = owned_segments();
+  auto owned = [&](const std::vector<float>& full) {
+    std::vector<float> out;
+    if (full.empty()) return out;
+    out.assign(owned_numel_, 0.0f);
+    for (const Segment& s : segs)
+      std::memcpy(out.data() + s.state_offset, full.data() + s.canonical_offset,
+                  s.numel * sizeof(float));
+    return out;
+  };
+  optimizer_.load_state(optimizer_steps, owned(exp_avg), owned(exp_avg_sq));
+  part_params_ = owned(params);
+  // Persistent groups are whole on every rank: refresh them from the
+  // canonical vector directly.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (!groups_[g].persistent) continue;
+    for (size_t p : groups_[g].params)
+      std::memcpy(full_params_[g] + param_offset_[p],
+                  params.data() + canonical_offset_[p],
+                  param_numel_[p] * sizeof(float));
+  }
 }
 
 void Stage3::full_parameters(float* out, Phase phase) {

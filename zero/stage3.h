@@ -80,6 +80,12 @@ class Stage3 final : public Stage {
   const FlatOptimizer& optimizer() const override { return optimizer_; }
   const std::vector<Span>& owned_spans() const override { return owned_; }
   MemoryStats memory() const override;
+  std::vector<Segment> owned_segments() const override;
+  std::vector<float> owned_parameters() const override { return part_params_; }
+  void load_state(const std::vector<float>& params,
+                  const std::vector<float>& exp_avg,
+                  const std::vector<float>& exp_avg_sq,
+                  int64_t optimizer_steps) override;
 
   // Forward: makes group g's full parameters available (reference counted).
   void gather(size_t group, Phase phase);
@@ -105,6 +111,7 @@ class Stage3 final : public Stage {
 
   std::vector<Stage3Group> groups_;
   std::vector<size_t> param_offset_;  // within its group
+  std::vector<size_t> canonical_offset_;  // in registration order
   std::vector<size_t> param_numel_;
   std::vector<size_t> group_of_;
   std::vector<size_t> padded_, partition_, part_offset_;

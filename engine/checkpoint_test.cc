@@ -1,0 +1,257 @@
+// Checkpoints: a bitwise-identical continuation at every stage (sim and
+// gloo), re-partitioning into another world size and stage, and bad
+// checkpoints that change nothing.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "comm/gloo_world.h"
+#include "common/errors.h"
+#include "engine/checkpoint_io.h"
+#include "engine/engine.h"
+#include "models/task.h"
+#include "sim/sim_world.h"
+
+namespace zerostep {
+namespace {
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/zerostep_ckpt_XXXXXX";
+  const char* d = mkdtemp(tmpl);
+  EXPECT_NE(d, nullptr);
+  return d;
+}
+
+Config config_for(int stage, int world) {
+  return parse_config(
+      "{\"train_micro_batch_size_per_gpu\": 2, "
+      "\"managed_gradient_accumulation\": false, "
+      "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.003, "
+      "\"weight_decay\": 0.01}}, "
+      "\"scheduler\": {\"type\": \"WarmupLR\", \"params\": "
+      "{\"warmup_num_steps\": 4, \"warmup_type\": \"linear\"}}, "
+      "\"zero_optimization\": {\"stage\": " +
+          std::to_string(stage) +
+          ", \"stage3_param_persistence_threshold\": 0}}",
+      world);
+}
+
+// A world of `w` engines over the mlp; windows index the data globally so
+// that a resumed run sees exactly the batches the uninterrupted one saw.
+struct Trainer {
+  Trainer(int w, int stage, uint64_t init_seed, bool gloo = false)
+      : world(gloo ? std::unique_ptr<LocalWorld>(new GlooLocalWorld(w))
+                   : std::unique_ptr<LocalWorld>(new SimWorld({w, 1}))),
+        task(make_task("mlp")),
+        data(task->make_data(99, 400)),
+        cfg(config_for(stage, w)) {
+    for (int r = 0; r < w; ++r) models.push_back(task->make_model(init_seed));
+    engines.resize(w);
+    world->run([&](int r) {
+      engines[r] =
+          std::make_unique<Engine>(models[r], cfg, &world->comm(r));
+    });
+  }
+  // Windows [first, first + count), 3 backwards each.
+  void train(int first, int count) {
+    const int w = world->world_size();
+    world->run([&](int r) {
+      for (int k = first; k < first + count; ++k) {
+        for (int i = 0; i < 3; ++i)
+          engines[r]->backward(task->loss(
+              *models[r], slice(data, ((k * 3 + i) * 4 + r % 4) * 2 % 390, 2)));
+        engines[r]->step();
+      }
+    });
+    (void)w;
+  }
+  torch::Tensor params() {
+    std::vector<torch::Tensor> out(world->world_size());
+    world->run([&](int r) { out[r] = engines[r]->full_parameters(); });
+    for (size_t r = 1; r < out.size(); ++r) EXPECT_TRUE(torch::equal(out[r], out[0]));
+    return out[0];
+  }
+  void save(const std::string& dir, const std::string& tag) {
+    world->run([&](int r) { engines[r]->save_checkpoint(dir, tag); });
+  }
+  void load(const std::string& dir, const std::string& tag = "",
+            LoadOptions o = {}) {
+    world->run([&](int r) { engines[r]->load_checkpoint(dir, tag, o); });
+  }
+  std::unique_ptr<LocalWorld> world;
+  std::unique_ptr<Task> task;
+  Batch data;
+  Config cfg;
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  std::vector<std::unique_ptr<Engine>> engines;
+};
+
+TEST(CheckpointTest, ResumeIsBitwiseIdenticalAtEveryStage) {
+  for (int stage : {0, 1, 2, 3}) {
+    const std::string dir = temp_dir();
+    Trainer a(2, stage, /*init_seed=*/5);
+    a.train(0, 2);
+    a.save(dir, "k2");
+    a.train(2, 3);
+    Trainer b(2, stage, /*init_seed=*/77);  // other weights: load replaces
+    b.load(dir);
+    EXPECT_EQ(b.engines[0]->global_steps(), 2);
+    EXPECT_DOUBLE_EQ(b.engines[0]->get_lr(), a.engines[0]->lr_schedule().lr_at(1));
+    b.train(2, 3);
+    EXPECT_TRUE(torch::equal(a.params(), b.params())) << "stage " << stage;
+    EXPECT_EQ(a.engines[1]->global_samples(), b.engines[1]->global_samples());
+  }
+}
+
+TEST(CheckpointTest, ResumeIsBitwiseIdenticalOnGloo) {
+  const std::string dir = temp_dir();
+  Trainer a(2, 2, 5, /*gloo=*/true);
+  a.train(0, 2);
+  a.save(dir, "k2");
+  a.train(2, 2);
+  Trainer b(2, 2, 77, /*gloo=*/true);
+  b.load(dir);
+  b.train(2, 2);
+  EXPECT_TRUE(torch::equal(a.params(), b.params()));
+}
+
+TEST(CheckpointTest, ReshardsIntoAnotherWorldSizeAndStageOnlyWhenAsked) {
+  const std::string dir = temp_dir();
+  Trainer a(2, 1, 5);
+  a.train(0, 2);
+  a.save(dir, "k2");
+  const torch::Tensor saved = a.params();
+  Trainer b(4, 3, 77);
+  const torch::Tensor before = b.params();
+  try {
+    b.load(dir);
+    FAIL() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("world size / ZeRO stage 2 / 1"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("allow_reshard"), std::string::npos);
+  }
+  EXPECT_TRUE(torch::equal(before, b.params()));  // nothing changed
+  LoadOptions o;
+  o.allow_reshard = true;
+  b.load(dir, "", o);
+  EXPECT_TRUE(torch::equal(saved, b.params()));
+  // And it keeps training from there (4 ranks see other batches than 2,
+  // so only the counters and the progress can be compared).
+  EXPECT_EQ(b.engines[3]->global_steps(), 2);
+  b.train(2, 1);
+  EXPECT_EQ(b.engines[3]->global_steps(), 3);
+  EXPECT_FALSE(torch::equal(saved, b.params()));
+}
+
+TEST(CheckpointTest, CorruptOrTruncatedFilesAreIoErrorsThatChangeNothing) {
+  const std::string dir = temp_dir();
+  Trainer a(2, 2, 5);
+  a.train(0, 1);
+  a.save(dir, "t");
+  const std::string file = dir + "/t/rank_1.bin";
+  std::string bytes = read_file(file);
+  Trainer b(2, 2, 77);
+  const torch::Tensor before = b.params();
+  // One flipped bit.
+  std::string flipped = bytes;
+  flipped[flipped.size() / 2] ^= 1;
+  atomic_write_file(file, flipped);
+  try {
+    b.load(dir);
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank_1.bin"), std::string::npos)
+        << e.what();
+  }
+  // Truncated.
+  atomic_write_file(file, bytes.substr(0, bytes.size() - 100));
+  EXPECT_THROW(b.load(dir), IoError);
+  EXPECT_TRUE(torch::equal(before, b.params()));
+  EXPECT_EQ(b.engines[0]->global_steps(), 0);
+  // A missing checkpoint names the path.
+  try {
+    b.load(dir + "/nope");
+    FAIL();
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nope/latest"), std::string::npos);
+  }
+}
+
+TEST(CheckpointTest, AnotherModelIsRejected) {
+  const std::string dir = temp_dir();
+  Trainer a(1, 0, 5);
+  a.save(dir, "t");
+  SimWorld world({1, 1});
+  auto task = make_task("mlp", /*scale=*/2);
+  auto model = task->make_model(1);
+  world.run([&](int r) {
+    Engine e(model, config_for(0, 1), &world.comm(r));
+    try {
+      e.load_checkpoint(dir);
+      FAIL();
+    } catch (const UsageError& err) {
+      EXPECT_NE(std::string(err.what()).find("Load it into the same model"),
+                std::string::npos)
+          << err.what();
+    }
+  });
+}
+
+TEST(CheckpointTest, SavingInsideAnOpenWindowIsRejectedOnEveryRank) {
+  const std::string dir = temp_dir();
+  Trainer a(2, 1, 5);
+  auto errors = a.world->run_collect([&](int r) {
+    a.engines[r]->backward(a.task->loss(*a.models[r], slice(a.data, 0, 2)));
+    a.engines[r]->save_checkpoint(dir, "t");
+  });
+  for (const auto& e : errors) {
+    ASSERT_TRUE(e);
+    EXPECT_THROW(std::rethrow_exception(e), UsageError);
+  }
+  EXPECT_NE(access((dir + "/t").c_str(), F_OK), 0);  // nothing written
+}
+
+// Manifest last, then `latest`: a crash after the rank files of a new
+// checkpoint but before its manifest leaves the previous one current.
+TEST(CheckpointTest, ACrashBeforeTheManifestLeavesThePreviousCheckpoint) {
+  const std::string dir = temp_dir();
+  Trainer a(2, 1, 5);
+  a.train(0, 1);
+  a.save(dir, "one");
+  const torch::Tensor at_one = a.params();
+  a.train(1, 1);
+  a.save(dir, "two");
+  // The state a crash between the rank files and the manifest leaves.
+  std::remove((dir + "/two/manifest.json").c_str());
+  atomic_write_file(dir + "/latest", "one\n");
+  Trainer b(2, 1, 77);
+  b.load(dir);
+  EXPECT_TRUE(torch::equal(at_one, b.params()));
+  EXPECT_THROW(b.load(dir, "two"), IoError);  // not a checkpoint
+}
+
+TEST(CheckpointTest, ExportWritesEveryParameterOnce) {
+  const std::string dir = temp_dir();
+  Trainer a(2, 3, 5);
+  a.train(0, 1);
+  a.world->run([&](int r) { a.engines[r]->export_full_model(dir + "/m.bin"); });
+  const torch::Tensor p = a.params();
+  std::string bytes = read_file(dir + "/m.bin");
+  ASSERT_EQ(bytes.compare(0, 8, "ZSMODEL1"), 0);
+  uint64_t header = 0;
+  for (int i = 0; i < 8; ++i)
+    header |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[8 + i]))
+              << (8 * i);
+  ASSERT_EQ(bytes.size(), 16 + header + p.numel() * sizeof(float));
+  EXPECT_EQ(std::memcmp(bytes.data() + 16 + header, p.data_ptr<float>(),
+                        p.numel() * sizeof(float)),
+            0);
+  EXPECT_NE(bytes.find("layer0.fc.weight"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace zerostep
