@@ -12,6 +12,8 @@
 // collective failure (a peer died) prints the CommError and exits 4.
 // --die-at-step=K makes rank 1 exit with status 3 in the middle of window K
 // (after its backward calls, before step()): a fault test for the launcher.
+// --checkpoint-dir=D saves a checkpoint after every unmanaged window;
+// --resume-from=D only loads D's latest checkpoint and prints its step.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,12 +43,15 @@ std::vector<int> int_list(const std::string& v) {
 
 int main_impl(int argc, char** argv) {
   int stage = 0, die_at_step = -1;
+  std::string checkpoint_dir, resume_from;
   std::vector<int> backwards = {2, 5, 3};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--stage=", 0) == 0) stage = std::atoi(a.c_str() + 8);
     else if (a.rfind("--backwards=", 0) == 0) backwards = int_list(a.substr(12));
     else if (a.rfind("--die-at-step=", 0) == 0) die_at_step = std::atoi(a.c_str() + 14);
+    else if (a.rfind("--checkpoint-dir=", 0) == 0) checkpoint_dir = a.substr(17);
+    else if (a.rfind("--resume-from=", 0) == 0) resume_from = a.substr(14);
     else throw UsageError("gloo_worker: unknown argument '" + a + "'");
   }
   GlooOptions go;
@@ -69,6 +74,16 @@ int main_impl(int argc, char** argv) {
       std::adjacent_find(backwards.begin(), backwards.end(),
                          std::not_equal_to<int>()) != backwards.end();
 
+  if (!resume_from.empty()) {
+    // Load the latest checkpoint of an earlier (maybe failed) run and
+    // report where it stands.
+    auto model = task->make_model(s.seed + 1);
+    Engine engine(model, scenario_config(s, false), &comm);
+    engine.load_checkpoint(resume_from);
+    std::printf("rank %d resumed at global_steps=%lld\n", r,
+                static_cast<long long>(engine.global_steps()));
+    return 0;
+  }
   std::vector<torch::Tensor> finals;
   for (bool managed : {false, true}) {
     auto model = task->make_model(s.seed);
@@ -89,7 +104,12 @@ int main_impl(int argc, char** argv) {
         std::fflush(stderr);
         _exit(3);
       }
-      if (!managed) engine.step();
+      if (!managed) {
+        engine.step();
+        // The unmanaged run checkpoints after every window (tag wK).
+        if (!checkpoint_dir.empty())
+          engine.save_checkpoint(checkpoint_dir, "w" + std::to_string(k));
+      }
       base += static_cast<int64_t>(n) * w * s.micro_batch;
     }
     finals.push_back(engine.full_parameters());

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <stdlib.h>
 
 #include <cstdio>
 #include <fstream>
@@ -54,13 +55,30 @@ TEST(LaunchTest, EveryStageTrainsBitwiseOnTwoAndFourProcesses) {
 }
 
 TEST(LaunchTest, ARankDyingMidStepEndsTheJobNamingIt) {
-  WorkerRun run = run_worker(3, {"--stage=1", "--backwards=2,2", "--die-at-step=1"});
+  char tmpl[] = "/tmp/zerostep_launch_XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  WorkerRun run = run_worker(3, {"--stage=1", "--backwards=2,2,2",
+                                 "--die-at-step=2",
+                                 "--checkpoint-dir=" + dir});
   EXPECT_EQ(run.result.failed_rank, 1) << run.output;
   EXPECT_EQ(run.result.exit_code, 3) << run.output;
   EXPECT_NE(run.result.description.find("rank 1 exited with status 3"),
             std::string::npos);
-  EXPECT_NE(run.output.find("dying in window 1 as asked"), std::string::npos)
+  EXPECT_NE(run.output.find("dying in window 2 as asked"), std::string::npos)
       << run.output;
+  // The last checkpoint (after window 1) is complete and is the latest.
+  std::ifstream latest(dir + "/latest");
+  std::string tag;
+  latest >> tag;
+  EXPECT_EQ(tag, "w1");
+  // ... and loads on every rank of a new job.
+  WorkerRun resumed = run_worker(3, {"--stage=1", "--resume-from=" + dir});
+  EXPECT_EQ(resumed.result.exit_code, 0) << resumed.output;
+  for (int r = 0; r < 3; ++r)
+    EXPECT_NE(resumed.output.find("rank " + std::to_string(r) +
+                                  " resumed at global_steps=2"),
+              std::string::npos)
+        << resumed.output;
 }
 
 TEST(LaunchTest, AProgramThatCannotStartIsAFailureNotAHang) {
