@@ -1,0 +1,63 @@
+// The "nccl" Communicator backend: NCCL collectives on one CUDA device,
+// built only with --config=cuda (needs /usr/local/cuda; see
+// docs/architecture.md and tools/gpu_check.sh).
+//
+// zerostep's engine keeps its buffers in host memory, so this backend
+// stages each call through device buffers on its own CUDA stream (grown,
+// never shrunk): correct anywhere, and the piece a GPU engine would call
+// with device pointers directly. Reduction order is NCCL's (ring or tree by
+// message size): float results may differ from sim's in the last bits.
+//
+// Rendezvous: rank 0 creates an NCCL unique id and writes it to
+// `id_path` (atomically); the other ranks wait for that file.
+//
+// Errors: every CUDA or NCCL failure (no device, a peer gone) raises
+// CommError naming the call and NCCL's or CUDA's message; nothing hangs
+// past `timeout` while waiting for the id.
+//
+// Thread safety: one NcclCommunicator per rank, used from one thread.
+#ifndef ZEROSTEP_COMM_NCCL_COMMUNICATOR_H_
+#define ZEROSTEP_COMM_NCCL_COMMUNICATOR_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace zerostep {
+
+struct NcclOptions {
+  int device = 0;  // CUDA device ordinal for this rank
+  std::string id_path;  // where rank 0 publishes the NCCL unique id
+  std::chrono::milliseconds timeout = std::chrono::seconds(60);
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(int rank, int world_size, const NcclOptions& options);
+  ~NcclCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  std::string backend_name() const override { return "nccl"; }
+  void all_reduce(Buffer buf, const AllReduceOptions& opts) override;
+  void reduce_scatter(Buffer input, Buffer output,
+                      const ReduceScatterOptions& opts) override;
+  std::shared_ptr<Work> reduce_scatter_async(
+      Buffer input, Buffer output, const ReduceScatterOptions& opts) override;
+  void all_gather(Buffer input, Buffer output,
+                  const AllGatherOptions& opts) override;
+  void broadcast(Buffer buf, const BroadcastOptions& opts) override;
+  void barrier() override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int rank_;
+  int world_size_;
+};
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_COMM_NCCL_COMMUNICATOR_H_
