@@ -106,15 +106,17 @@ TEST(CheckpointTest, ResumeIsBitwiseIdenticalAtEveryStage) {
 }
 
 TEST(CheckpointTest, ResumeIsBitwiseIdenticalOnGloo) {
-  const std::string dir = temp_dir();
-  Trainer a(2, 2, 5, /*gloo=*/true);
-  a.train(0, 2);
-  a.save(dir, "k2");
-  a.train(2, 2);
-  Trainer b(2, 2, 77, /*gloo=*/true);
-  b.load(dir);
-  b.train(2, 2);
-  EXPECT_TRUE(torch::equal(a.params(), b.params()));
+  for (int stage : {0, 1, 2, 3}) {
+    const std::string dir = temp_dir();
+    Trainer a(2, stage, 5, /*gloo=*/true);
+    a.train(0, 2);
+    a.save(dir, "k2");
+    a.train(2, 2);
+    Trainer b(2, stage, 77, /*gloo=*/true);
+    b.load(dir);
+    b.train(2, 2);
+    EXPECT_TRUE(torch::equal(a.params(), b.params())) << "stage " << stage;
+  }
 }
 
 TEST(CheckpointTest, ReshardsIntoAnotherWorldSizeAndStageOnlyWhenAsked) {

@@ -14,6 +14,7 @@
 // (after its backward calls, before step()): a fault test for the launcher.
 // --checkpoint-dir=D saves a checkpoint after every unmanaged window;
 // --resume-from=D only loads D's latest checkpoint and prints its step.
+// --timeout-s=T bounds how long a collective waits for a peer (default 20).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -44,6 +45,7 @@ std::vector<int> int_list(const std::string& v) {
 int main_impl(int argc, char** argv) {
   int stage = 0, die_at_step = -1;
   std::string checkpoint_dir, resume_from;
+  int timeout_s = 20;
   std::vector<int> backwards = {2, 5, 3};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -52,10 +54,11 @@ int main_impl(int argc, char** argv) {
     else if (a.rfind("--die-at-step=", 0) == 0) die_at_step = std::atoi(a.c_str() + 14);
     else if (a.rfind("--checkpoint-dir=", 0) == 0) checkpoint_dir = a.substr(17);
     else if (a.rfind("--resume-from=", 0) == 0) resume_from = a.substr(14);
+    else if (a.rfind("--timeout-s=", 0) == 0) timeout_s = std::atoi(a.c_str() + 12);
     else throw UsageError("gloo_worker: unknown argument '" + a + "'");
   }
   GlooOptions go;
-  go.timeout = std::chrono::seconds(20);
+  go.timeout = std::chrono::seconds(timeout_s);
   std::unique_ptr<GlooCommunicator> raw = GlooCommunicator::from_environment(go);
   Ledger ledger;
   RecordingCommunicator comm(raw.get(), &ledger);
