@@ -1,5 +1,7 @@
 #include "engine/lr_schedule.h"
 
+#include "engine/config_text.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -13,6 +15,16 @@
 
 namespace zerostep {
 namespace {
+
+using config_text::contains;
+using config_text::looks_numeric;
+using config_text::lower;
+
+std::string closest(const std::string& word,
+                    const std::vector<std::string>& candidates) {
+  return config_text::closest(word, {&candidates});
+}
+
 
 constexpr double kPi = 3.14159265358979323846;  // Python's math.pi
 
@@ -55,58 +67,6 @@ const std::vector<std::string>& params_of(Type t) {
   return kAllParams;
 }
 
-std::string lower(std::string s) {
-  for (char& c : s)
-    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-bool contains(const std::vector<std::string>& v, const std::string& s) {
-  return std::find(v.begin(), v.end(), s) != v.end();
-}
-
-size_t levenshtein(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t subst = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, subst});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-// The closest candidate (case-insensitive) within max(2, len/3) edits, or ""
-// when none is close enough to be a plausible typo.
-std::string closest(const std::string& word,
-                    const std::vector<std::string>& candidates) {
-  const std::string w = lower(word);
-  const size_t limit = std::max<size_t>(2, w.size() / 3);
-  std::string best;
-  size_t best_distance = limit + 1;
-  for (const std::string& c : candidates) {
-    size_t d = levenshtein(w, lower(c));
-    if (d < best_distance) {
-      best_distance = d;
-      best = c;
-    }
-  }
-  return best;
-}
-
-// True when `s` is, in full, a number a user meant to write without quotes.
-bool looks_numeric(const std::string& s) {
-  if (s.empty() || !(std::isdigit(static_cast<unsigned char>(s[0])) ||
-                     s[0] == '-' || s[0] == '.')) {
-    return false;
-  }
-  char* end = nullptr;
-  std::strtod(s.c_str(), &end);
-  return end == s.c_str() + s.size();
-}
 
 // "WarmupLR and WarmupDecayLR": the schedules other than `t` that take `name`.
 std::string owners_of(const std::string& name, Type t) {

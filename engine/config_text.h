@@ -1,0 +1,30 @@
+// Small text helpers shared by the ds_config parsers (engine/config.cc,
+// engine/lr_schedule.cc): case folding, "did you mean" suggestions, and
+// recognising numbers written as strings.
+#ifndef ZEROSTEP_ENGINE_CONFIG_TEXT_H_
+#define ZEROSTEP_ENGINE_CONFIG_TEXT_H_
+
+#include <cstddef>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+namespace zerostep {
+namespace config_text {
+
+std::string lower(std::string s);
+bool contains(const std::vector<std::string>& v, const std::string& s);
+size_t levenshtein(const std::string& a, const std::string& b);
+// The closest candidate of all the lists (case-insensitive) within
+// max(2, len/3) edits, or "" when none is close enough to be a plausible
+// typo.
+std::string closest(
+    const std::string& word,
+    std::initializer_list<const std::vector<std::string>*> candidate_lists);
+// True when `s` is, in full, a number a user meant to write without quotes.
+bool looks_numeric(const std::string& s);
+
+}  // namespace config_text
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_ENGINE_CONFIG_TEXT_H_
