@@ -1,5 +1,9 @@
 #include "comm/communicator.h"
 
+#include <string>
+
+#include "common/errors.h"
+
 namespace zerostep {
 
 size_t dtype_size(DType dtype) {
@@ -52,6 +56,39 @@ const char* to_string(Phase phase) {
       return "step";
   }
   return "?";
+}
+
+void check_reduce_scatter_args(int rank, int world_size, Buffer input,
+                               Buffer output) {
+  if (input.numel != output.numel * static_cast<size_t>(world_size) ||
+      input.dtype != output.dtype)
+    throw UsageError("reduce_scatter on rank " + std::to_string(rank) +
+                     ": input must hold world_size x output elements of the "
+                     "output's dtype (input " + std::to_string(input.numel) +
+                     ", output " + std::to_string(output.numel) + ")");
+  const char* in = static_cast<const char*>(input.data);
+  const char* out = static_cast<const char*>(output.data);
+  if (output.numel > 0 && out < in + input.bytes() && in < out + output.bytes())
+    throw UsageError("reduce_scatter on rank " + std::to_string(rank) +
+                     ": the output buffer overlaps the input; give it a "
+                     "buffer of its own");
+}
+
+void check_all_gather_args(int rank, int world_size, Buffer input,
+                           Buffer output) {
+  if (output.numel != input.numel * static_cast<size_t>(world_size) ||
+      input.dtype != output.dtype)
+    throw UsageError("all_gather on rank " + std::to_string(rank) +
+                     ": output must hold world_size x input elements of the "
+                     "input's dtype (input " + std::to_string(input.numel) +
+                     ", output " + std::to_string(output.numel) + ")");
+}
+
+void check_broadcast_root(int root, int world_size) {
+  if (root < 0 || root >= world_size)
+    throw UsageError("broadcast root " + std::to_string(root) +
+                     " is not a rank of this world of " +
+                     std::to_string(world_size));
 }
 
 }  // namespace zerostep

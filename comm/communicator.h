@@ -137,6 +137,14 @@ class Communicator {
   virtual void barrier() = 0;
 };
 
+// Argument checks every backend applies before a collective: UsageError
+// naming the rank and the rule.
+void check_reduce_scatter_args(int rank, int world_size, Buffer input,
+                               Buffer output);
+void check_all_gather_args(int rank, int world_size, Buffer input,
+                           Buffer output);
+void check_broadcast_root(int root, int world_size);
+
 // A Work that is already complete: for backends that finish a collective
 // inside the issuing call.
 class CompletedWork final : public Work {

@@ -136,11 +136,7 @@ void GlooCommunicator::all_reduce(Buffer buf, const AllReduceOptions& opts) {
 
 void GlooCommunicator::reduce_scatter(Buffer input, Buffer output,
                                       const ReduceScatterOptions& opts) {
-  if (input.numel != output.numel * static_cast<size_t>(world_size_) ||
-      input.dtype != output.dtype)
-    throw UsageError("reduce_scatter on rank " + std::to_string(rank_) +
-                     ": input must hold world_size x output elements of the "
-                     "output's dtype");
+  check_reduce_scatter_args(rank_, world_size_, input, output);
   guarded("reduce_scatter", rank_, [&] {
     // Gloo has none: all-reduce a copy, keep this rank's chunk.
     at::Tensor copy = wrap(input).clone();
@@ -162,11 +158,7 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(
 
 void GlooCommunicator::all_gather(Buffer input, Buffer output,
                                   const AllGatherOptions&) {
-  if (output.numel != input.numel * static_cast<size_t>(world_size_) ||
-      input.dtype != output.dtype)
-    throw UsageError("all_gather on rank " + std::to_string(rank_) +
-                     ": output must hold world_size x input elements of the "
-                     "input's dtype");
+  check_all_gather_args(rank_, world_size_, input, output);
   if (input.numel == 0) return;
   guarded("all_gather", rank_, [&] {
     // The input may be this rank's chunk of the output: copy it first.
@@ -181,10 +173,7 @@ void GlooCommunicator::all_gather(Buffer input, Buffer output,
 }
 
 void GlooCommunicator::broadcast(Buffer buf, const BroadcastOptions& opts) {
-  if (opts.root < 0 || opts.root >= world_size_)
-    throw UsageError("broadcast root " + std::to_string(opts.root) +
-                     " is not a rank of this world of " +
-                     std::to_string(world_size_));
+  check_broadcast_root(opts.root, world_size_);
   if (buf.numel == 0) return;
   guarded("broadcast", rank_, [&] {
     std::vector<at::Tensor> t = {wrap(buf)};

@@ -143,11 +143,7 @@ void NcclCommunicator::all_reduce(Buffer buf, const AllReduceOptions& opts) {
 
 void NcclCommunicator::reduce_scatter(Buffer input, Buffer output,
                                       const ReduceScatterOptions& opts) {
-  if (input.numel != output.numel * static_cast<size_t>(world_size_) ||
-      input.dtype != output.dtype)
-    throw UsageError("reduce_scatter on rank " + std::to_string(rank_) +
-                     ": input must hold world_size x output elements of the "
-                     "output's dtype");
+  check_reduce_scatter_args(rank_, world_size_, input, output);
   if (output.numel == 0) return;
   impl_->reserve(input.bytes());
   impl_->to_device(impl_->in, input.data, input.bytes());
@@ -168,11 +164,7 @@ std::shared_ptr<Work> NcclCommunicator::reduce_scatter_async(
 
 void NcclCommunicator::all_gather(Buffer input, Buffer output,
                                   const AllGatherOptions&) {
-  if (output.numel != input.numel * static_cast<size_t>(world_size_) ||
-      input.dtype != output.dtype)
-    throw UsageError("all_gather on rank " + std::to_string(rank_) +
-                     ": output must hold world_size x input elements of the "
-                     "input's dtype");
+  check_all_gather_args(rank_, world_size_, input, output);
   if (input.numel == 0) return;
   impl_->reserve(output.bytes());
   impl_->to_device(impl_->in, input.data, input.bytes());
@@ -183,10 +175,7 @@ void NcclCommunicator::all_gather(Buffer input, Buffer output,
 }
 
 void NcclCommunicator::broadcast(Buffer buf, const BroadcastOptions& opts) {
-  if (opts.root < 0 || opts.root >= world_size_)
-    throw UsageError("broadcast root " + std::to_string(opts.root) +
-                     " is not a rank of this world of " +
-                     std::to_string(world_size_));
+  check_broadcast_root(opts.root, world_size_);
   if (buf.numel == 0) return;
   impl_->reserve(buf.bytes());
   impl_->to_device(impl_->in, buf.data, buf.bytes());

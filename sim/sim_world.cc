@@ -109,21 +109,7 @@ class SimWorld::RankComm final : public Communicator {
   }
   void reduce_scatter(Buffer input, Buffer output,
                       const ReduceScatterOptions& opts) override {
-    if (input.numel != output.numel * static_cast<size_t>(world_size()) ||
-        input.dtype != output.dtype) {
-      throw UsageError("reduce_scatter on rank " + std::to_string(rank_) +
-                       ": input must hold world_size x output elements of "
-                       "the output's dtype (input " +
-                       std::to_string(input.numel) + ", output " +
-                       std::to_string(output.numel) + ")");
-    }
-    const char* in = static_cast<const char*>(input.data);
-    const char* out = static_cast<const char*>(output.data);
-    if (out < in + input.bytes() && in < out + output.bytes()) {
-      throw UsageError("reduce_scatter on rank " + std::to_string(rank_) +
-                       ": the output buffer overlaps the input; give it a "
-                       "buffer of its own");
-    }
+    check_reduce_scatter_args(rank_, world_size(), input, output);
     Arrival a;
     a.kind = CollectiveKind::kReduceScatter;
     a.op = opts.op;
@@ -141,14 +127,7 @@ class SimWorld::RankComm final : public Communicator {
   }
   void all_gather(Buffer input, Buffer output,
                   const AllGatherOptions& opts) override {
-    if (output.numel != input.numel * static_cast<size_t>(world_size()) ||
-        input.dtype != output.dtype) {
-      throw UsageError("all_gather on rank " + std::to_string(rank_) +
-                       ": output must hold world_size x input elements of "
-                       "the input's dtype (input " +
-                       std::to_string(input.numel) + ", output " +
-                       std::to_string(output.numel) + ")");
-    }
+    check_all_gather_args(rank_, world_size(), input, output);
     Arrival a;
     a.kind = CollectiveKind::kAllGather;
     a.input = input;
@@ -157,11 +136,7 @@ class SimWorld::RankComm final : public Communicator {
     world_->collective(rank_, a);
   }
   void broadcast(Buffer buf, const BroadcastOptions& opts) override {
-    if (opts.root < 0 || opts.root >= world_size()) {
-      throw UsageError("broadcast root " + std::to_string(opts.root) +
-                       " is not a rank of this world of " +
-                       std::to_string(world_size()));
-    }
+    check_broadcast_root(opts.root, world_size());
     Arrival a;
     a.kind = CollectiveKind::kBroadcast;
     a.input = buf;
