@@ -26,7 +26,7 @@ namespace zerostep {
 namespace {
 
 constexpr const char* kUsage = R"(usage: harness [flags]
-  --stages=0,1          ZeRO stages to run
+  --stages=0,1,2,3      ZeRO stages to run
   --world=1,2,4         simulated world sizes
   --backwards=4         N backward() calls per step; a list (2,5,3) gives one
                         N per step and sets --steps to its length
@@ -108,7 +108,7 @@ std::string join(const std::vector<int>& v) {
 }
 
 int main_impl(int argc, char** argv) {
-  std::vector<int> stages = {0, 1}, worlds = {1, 2, 4}, backwards = {4};
+  std::vector<int> stages = {0, 1, 2, 3}, worlds = {1, 2, 4}, backwards = {4};
   int steps = 3;
   bool steps_given = false;
   std::vector<GradAccumScaling> scalings = {GradAccumScaling::kConfigured,
