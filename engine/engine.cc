@@ -514,6 +514,10 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
                     std::to_string(r) +
                     (r == rank() ? ": " + error : std::string()) +
                     ". The previous checkpoint is untouched");
+  // Rank 0 writes the manifest, then `latest`, and tells everyone whether
+  // that worked, so every rank returns (or throws) together.
+  int64_t manifest_failed = 0;
+  std::string manifest_error;
   if (rank() == 0) {
     nlohmann::json m;
     m["format"] = kFormat;
@@ -537,10 +541,20 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
     m["files"] = files;
     // Manifest last, then `latest`: a crash before either leaves the
     // previous checkpoint the current one.
-    atomic_write_file(folder + "/manifest.json", m.dump(1));
-    atomic_write_file(dir + "/latest", tag + "\n");
+    try {
+      atomic_write_file(folder + "/manifest.json", m.dump(1));
+      atomic_write_file(dir + "/latest", tag + "\n");
+    } catch (const Error& e) {
+      manifest_failed = 1;
+      manifest_error = e.what();
+    }
   }
-  comm_->barrier();
+  comm_->broadcast(Buffer::of(&manifest_failed, 1), {0, Phase::kSetup});
+  if (manifest_failed != 0)
+    throw IoError("save_checkpoint('" + folder + "') could not write its "
+                  "manifest on rank 0" +
+                  (rank() == 0 ? ": " + manifest_error : std::string()) +
+                  ". The previous checkpoint is untouched");
 }
 
 void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,

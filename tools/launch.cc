@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   for (; i < argc; ++i) program.push_back(argv[i]);
   try {
     zerostep::LaunchResult r = zerostep::launch(program, options);
-    if (r.failed_rank >= 0) {
+    if (r.failed_rank >= 0 || r.exit_code != 0) {
       std::fprintf(stderr, "launch: failed: %s\n", r.description.c_str());
       return r.exit_code != 0 ? r.exit_code : 1;
     }

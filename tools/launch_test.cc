@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <thread>
+#include <unistd.h>
 
 namespace zerostep {
 namespace {
@@ -90,6 +92,31 @@ TEST(LaunchTest, AProgramThatCannotStartIsAFailureNotAHang) {
   std::fclose(out);
   EXPECT_GE(r.failed_rank, 0);
   EXPECT_EQ(r.exit_code, 127);
+}
+
+}  // namespace
+}  // namespace zerostep
+
+namespace zerostep {
+namespace {
+
+// SIGTERM to the launcher stops every rank (they run in process groups of
+// their own, so nothing else would reach them) and reports the signal.
+TEST(LaunchTest, ASignalToTheLauncherStopsEveryRank) {
+  std::FILE* out = std::tmpfile();
+  LaunchOptions o;
+  o.nproc = 3;
+  o.out = out;
+  o.kill_grace = std::chrono::milliseconds(500);
+  std::thread killer([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    kill(getpid(), SIGTERM);
+  });
+  LaunchResult r = launch({"/bin/sleep", "30"}, o);
+  killer.join();
+  std::fclose(out);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM);
+  EXPECT_NE(r.description.find("signal"), std::string::npos);
 }
 
 }  // namespace

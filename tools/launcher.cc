@@ -18,6 +18,11 @@
 namespace zerostep {
 namespace {
 
+// Set by SIGINT/SIGTERM/SIGHUP sent to the launcher: the children run in
+// process groups of their own and would not get a terminal's Ctrl-C.
+volatile sig_atomic_t interrupted = 0;
+void on_signal(int sig) { interrupted = sig; }
+
 int free_port() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw IoError(std::string("socket(): ") + std::strerror(errno));
@@ -125,6 +130,13 @@ LaunchResult launch(const std::vector<std::string>& argv,
 
   LaunchResult result;
   int alive = options.nproc;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  struct sigaction old_int {}, old_term {}, old_hup {};
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGHUP, &sa, &old_hup);
+  interrupted = 0;
   auto kill_all = [&](int sig) {
     for (const Child& c : children)
       if (c.running) kill(-c.pid, sig);
@@ -164,6 +176,17 @@ LaunchResult launch(const std::vector<std::string>& argv,
         kill_deadline = std::chrono::steady_clock::now() + options.kill_grace;
       }
     }
+    if (interrupted != 0 && !terminating) {
+      result.failed_rank = -1;
+      result.exit_code = 128 + interrupted;
+      result.description =
+          std::string("the launcher got signal ") + strsignal(interrupted);
+      std::fprintf(options.out, "launch: %s; stopping every rank\n",
+                   result.description.c_str());
+      terminating = true;
+      kill_all(SIGTERM);
+      kill_deadline = std::chrono::steady_clock::now() + options.kill_grace;
+    }
     if (terminating && alive > 0 &&
         std::chrono::steady_clock::now() > kill_deadline) {
       kill_all(SIGKILL);
@@ -172,6 +195,9 @@ LaunchResult launch(const std::vector<std::string>& argv,
   }
   for (int r = 0; r < options.nproc; ++r)
     while (children[r].fd >= 0) drain(children[r], r, options.out);
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGHUP, &old_hup, nullptr);
   return result;
 }
 

@@ -29,7 +29,10 @@ struct LaunchOptions {
 };
 
 struct LaunchResult {
-  int exit_code = 0;        // 0 if every rank exited 0, else the first failure's
+  // 0 if every rank exited 0; else the first failure's status, or 128 + the
+  // signal when the launcher itself was interrupted (SIGINT, SIGTERM,
+  // SIGHUP: every rank is stopped then too).
+  int exit_code = 0;
   int failed_rank = -1;     // the first rank to fail, -1 if none
   std::string description;  // e.g. "rank 1 exited with status 3"
 };
