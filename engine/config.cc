@@ -38,6 +38,8 @@ constexpr const char* kBatchRelation =
     "train_batch_size = train_micro_batch_size_per_gpu × "
     "gradient_accumulation_steps × world_size";
 
+const std::vector<std::string> kDataTypesKeys = {"grad_accum_dtype"};
+
 const std::vector<std::string> kTopSupported = {
     "train_batch_size",
     "train_micro_batch_size_per_gpu",
@@ -48,11 +50,14 @@ const std::vector<std::string> kTopSupported = {
     "gradient_clipping",
     "steps_per_print",
     "zero_optimization",
+    "fp16",
+    "bf16",
+    "bfloat16",
+    "data_types",
+    "amp",
 };
 
-// DeepSpeed keys accepted and not acted on. fp16, bf16, bfloat16 and amp are
-// here too but are rejected when they enable mixed precision (see
-// parse_precision_section).
+// DeepSpeed keys accepted and not acted on.
 const std::vector<std::string> kTopIgnored = {
     "flops_profiler",
     "tensorboard",
@@ -76,11 +81,6 @@ const std::vector<std::string> kTopIgnored = {
     "curriculum_learning",
     "compression_training",
     "checkpoint",
-    "data_types",
-    "amp",
-    "fp16",
-    "bf16",
-    "bfloat16",
     "seq_parallel_communication_data_type",
     "eigenvalue",
     "progressive_layer_drop",
@@ -317,6 +317,7 @@ class Parser {
     }
     check_batch();
     check_cross_keys();
+    check_precision();
     if (!problems_.empty()) throw ConfigError(std::move(problems_));
     return cfg_;
   }
@@ -473,9 +474,14 @@ class Parser {
         pipeline_key_ = key;
         pipeline_dump_ = v.dump();
       }
-    } else if (key == "fp16" || key == "bf16" || key == "bfloat16" ||
-               key == "amp") {
-      parse_precision_section(key, v);
+    } else if (key == "fp16") {
+      parse_fp16(v);
+    } else if (key == "bf16" || key == "bfloat16") {
+      parse_bf16(key, v);
+    } else if (key == "amp") {
+      parse_amp(v);
+    } else if (key == "data_types") {
+      parse_data_types(v);
     } else if (contains(kTopIgnored, key)) {
       ignore(key);
     } else {
@@ -529,37 +535,172 @@ class Parser {
     }
   }
 
-  // fp16 / bf16 / bfloat16 / amp: ignored unless they turn mixed precision
-  // on, which zerostep does not implement yet (training would silently run
-  // in fp32 instead).
-  void parse_precision_section(const std::string& key, const Json& v) {
+  // --- mixed precision ---
+
+  // The section's "enabled", or nullopt when absent or invalid (recorded).
+  std::optional<bool> section_enabled(const std::string& key, const Json& v) {
     if (!v.is_object()) {
       add(key, v.dump(), "must be a JSON object",
-          "write { \"enabled\": false } or remove the section");
-      return;
+          "write { \"enabled\": true } or remove the section");
+      return std::nullopt;
     }
     auto it = v.find("enabled");
-    if (it == v.end()) {
-      ignore(key);
+    if (it == v.end()) return false;
+    return read_bool(key + ".enabled", *it);
+  }
+
+  void enable_precision(const std::string& key, Precision p) {
+    if (!precision_key_.empty()) {
+      add(key + ".enabled", "true",
+          "cannot be combined with " + precision_key_ +
+              ".enabled = true: one training dtype at a time",
+          "enable one of fp16 and bf16");
       return;
     }
-    const std::string ekey = key + ".enabled";
-    const std::string rule =
-        "mixed precision (" + key +
-        ") is not implemented yet in this version; zerostep trains in fp32 "
-        "(mixed precision comes in a later release)";
-    const std::string fix =
-        "set \"enabled\": false or remove the " + key + " section";
-    if (is_auto(*it)) {
-      add(ekey, it->dump(), std::string(kAutoRule) + "; " + rule, fix);
-      return;
+    precision_key_ = key;
+    cfg_.precision.dtype = p;
+  }
+
+  void parse_fp16(const Json& v) {
+    static const std::vector<std::string> kKeys = {
+        "enabled", "loss_scale", "initial_scale_power", "loss_scale_window",
+        "hysteresis", "consecutive_hysteresis", "min_loss_scale", "auto_cast",
+        "fp16_master_weights_and_grads"};
+    auto enabled = section_enabled("fp16", v);
+    if (!enabled) return;
+    PrecisionConfig& pc = cfg_.precision;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      const std::string& name = it.key();
+      const std::string key = "fp16." + name;
+      const Json& p = it.value();
+      if (name == "enabled") continue;
+      if (name == "loss_scale") {
+        if (auto d = read_number(key, p, "0 (dynamic) or a scale > 0")) {
+          if (!(*d >= 0) || !std::isfinite(*d))
+            add(key, p.dump(), "must be 0 (dynamic) or a finite scale > 0",
+                "write 0 for dynamic loss scaling, or e.g. 1024");
+          else
+            pc.loss_scale = *d;
+        }
+      } else if (name == "initial_scale_power") {
+        if (auto n = read_whole(key, p, "an integer in [0, 63], e.g. 16")) {
+          if (*n < 0 || *n > 63)
+            add(key, p.dump(), "must be in [0, 63] (the scale is 2^power)",
+                "write e.g. 16");
+          else
+            pc.initial_scale_power = static_cast<int>(*n);
+        }
+      } else if (name == "loss_scale_window" || name == "hysteresis") {
+        if (auto n = read_whole(key, p, "an integer >= 1")) {
+          if (*n < 1)
+            add(key, p.dump(), "must be >= 1",
+                name == "hysteresis" ? "write e.g. 2" : "write e.g. 1000");
+          else if (name == "hysteresis")
+            pc.hysteresis = *n;
+          else
+            pc.loss_scale_window = *n;
+        }
+      } else if (name == "consecutive_hysteresis") {
+        if (auto b = read_bool(key, p)) pc.consecutive_hysteresis = *b;
+      } else if (name == "min_loss_scale") {
+        if (auto d = read_number(key, p, "a number > 0, e.g. 1")) {
+          if (!(*d > 0) || !std::isfinite(*d))
+            add(key, p.dump(), "must be a finite number > 0", "write e.g. 1");
+          else
+            pc.min_loss_scale = *d;
+        }
+      } else if (name == "auto_cast") {
+        // Casting the caller's inputs is the caller's business here.
+        ignore(key);
+      } else if (name == "fp16_master_weights_and_grads") {
+        if (auto b = read_bool(key, p)) {
+          if (*b)
+            add(key, p.dump(),
+                "fp16 master weights are not supported: zerostep keeps fp32 "
+                "master weights and optimizer state",
+                "set it to false or remove it");
+        }
+      } else {
+        unknown_key(key, p, "fp16", closest(name, {&kKeys}));
+      }
     }
-    auto enabled = read_bool(ekey, *it);
+    if (*enabled)
+      enable_precision("fp16", Precision::kFp16);
+    else
+      ignore("fp16");
+  }
+
+  void parse_bf16(const std::string& section, const Json& v) {
+    static const std::vector<std::string> kKeys = {
+        "enabled", "immediate_grad_update", "check_grad_overflow"};
+    auto enabled = section_enabled(section, v);
+    if (!enabled) return;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (it.key() == "enabled") continue;
+      if (contains(kKeys, it.key())) {
+        ignore(section + "." + it.key());
+      } else {
+        unknown_key(section + "." + it.key(), it.value(), section,
+                    closest(it.key(), {&kKeys}));
+      }
+    }
+    if (*enabled)
+      enable_precision(section, Precision::kBf16);
+    else
+      ignore(section);
+  }
+
+  void parse_amp(const Json& v) {
+    auto enabled = section_enabled("amp", v);
     if (!enabled) return;
     if (*enabled) {
-      add(ekey, it->dump(), rule, fix);
+      add("amp.enabled", "true",
+          "NVIDIA Apex AMP is not supported",
+          "use \"bf16\": { \"enabled\": true } or \"fp16\": { "
+          "\"enabled\": true } instead");
     } else {
-      ignore(key);
+      ignore("amp");
+    }
+  }
+
+  void parse_data_types(const Json& v) {
+    if (!v.is_object()) {
+      add("data_types", v.dump(), "must be a JSON object",
+          "write { \"grad_accum_dtype\": \"fp32\" }");
+      return;
+    }
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      const std::string key = "data_types." + it.key();
+      if (it.key() != "grad_accum_dtype") {
+        unknown_key(key, it.value(), "data_types",
+                    closest(it.key(), {&kDataTypesKeys}));
+        continue;
+      }
+      const std::string want = "\"fp32\", \"bf16\" or \"fp16\"";
+      std::optional<Precision> p;
+      if (it.value().is_string())
+        p = precision_from_string(lower(it.value().get<std::string>()));
+      if (!p) {
+        add(key, it.value().dump(), "must be " + want, "write " + want);
+        continue;
+      }
+      cfg_.precision.grad_accum_dtype = *p;
+    }
+  }
+
+  void check_precision() {
+    const PrecisionConfig& pc = cfg_.precision;
+    if (pc.grad_accum_dtype != Precision::kFp32 &&
+        pc.grad_accum_dtype != pc.dtype) {
+      add("data_types.grad_accum_dtype",
+          std::string("\"") + to_string(pc.grad_accum_dtype) + "\"",
+          std::string("must be \"fp32\" or the training dtype (\"") +
+              to_string(pc.dtype) + "\")",
+          pc.dtype == Precision::kFp32
+              ? std::string("write \"fp32\", or enable ") +
+                    to_string(pc.grad_accum_dtype)
+              : std::string("write \"fp32\" or \"") + to_string(pc.dtype) +
+                    "\"");
     }
   }
 
@@ -939,6 +1080,7 @@ class Parser {
   bool stage_valid_ = true;
   std::string pipeline_key_;
   std::string pipeline_dump_;
+  std::string precision_key_;  // the section that enabled mixed precision
 };
 
 }  // namespace

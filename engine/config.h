@@ -11,6 +11,8 @@
 //   - train_batch_size = train_micro_batch_size_per_gpu *
 //     gradient_accumulation_steps * world_size: any two of the three batch
 //     keys determine the third; a mismatch is an error.
+//   - fp16 and bf16 turn mixed precision on (one of them at most);
+//     data_types.grad_accum_dtype picks the accumulation format.
 //   - unmanaged mode (managed_gradient_accumulation = false) rejects
 //     pipeline sections and overlap_comm with stage 0/1, each with its own
 //     message.
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "engine/lr_schedule.h"
+#include "zero/precision.h"
 
 namespace zerostep {
 
@@ -60,6 +63,23 @@ struct ZeroConfig {
   int64_t stage3_param_persistence_threshold = 100000;
 };
 
+// "fp16" / "bf16" (alias "bfloat16") and "data_types": zero/precision.h
+// Note [Precision model], engine/loss_scaler.h Note [Loss scale schedule].
+struct PrecisionConfig {
+  // kBf16: bf16.enabled; kFp16: fp16.enabled; both at once is an error.
+  Precision dtype = Precision::kFp32;
+  // data_types.grad_accum_dtype: the window's accumulation format; fp32 or
+  // the training dtype.
+  Precision grad_accum_dtype = Precision::kFp32;
+  // fp16 only.
+  double loss_scale = 0.0;            // 0 = dynamic
+  int initial_scale_power = 16;       // dynamic start: 2^power
+  int64_t loss_scale_window = 1000;   // clean iterations before doubling
+  int64_t hysteresis = 2;             // overflows absorbed before halving
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+};
+
 struct Config {
   int world_size = 1;  // not a ds_config key: given to parse_config.
 
@@ -77,6 +97,7 @@ struct Config {
   // (engine/lr_schedule.h); kNone = constant optimizer lr.
   LrScheduleSpec scheduler;
   ZeroConfig zero;
+  PrecisionConfig precision;
   int64_t steps_per_print = 10;
 
   // DeepSpeed keys present in the document that zerostep accepts but does
