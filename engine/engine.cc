@@ -6,12 +6,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "common/errors.h"
 #include "engine/checkpoint_io.h"
+#include "zero/precision.h"
 #include "zero/stage3.h"
 
 namespace zerostep {
@@ -45,19 +47,31 @@ std::vector<size_t> numels_of(const std::vector<torch::Tensor>& ps) {
 // which a stage may communicate that gradient (overlap_comm).
 class GradReadyHook final : public torch::autograd::FunctionPostHook {
  public:
-  GradReadyHook(Stage* stage, size_t param_index)
-      : stage_(stage), param_index_(param_index) {}
+  GradReadyHook(std::function<void(size_t)> ready, size_t param_index)
+      : ready_(std::move(ready)), param_index_(param_index) {}
   torch::autograd::variable_list operator()(
       const torch::autograd::variable_list& outputs,
       const torch::autograd::variable_list&) override {
-    stage_->on_grad_ready(param_index_);
+    ready_(param_index_);
     return outputs;
   }
 
  private:
-  Stage* stage_;
+  std::function<void(size_t)> ready_;
   size_t param_index_;
 };
+
+LossScalerOptions scaler_options(const PrecisionConfig& p) {
+  LossScalerOptions o;
+  o.dynamic = p.dtype == Precision::kFp16 && p.loss_scale == 0.0;
+  o.static_scale = p.dtype == Precision::kFp16 ? p.loss_scale : 1.0;
+  o.initial_scale_power = p.initial_scale_power;
+  o.scale_window = p.loss_scale_window;
+  o.hysteresis = p.hysteresis;
+  o.consecutive_hysteresis = p.consecutive_hysteresis;
+  o.min_scale = p.min_loss_scale;
+  return o;
+}
 
 }  // namespace
 
@@ -68,6 +82,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
       model_(std::move(model)),
       params_(trainable(*model_)),
       layout_(FlatLayout::make(numels_of(params_), comm->world_size())),
+      scaler_(scaler_options(config.precision)),
       boundary_(boundary_options(config, comm->world_size())),
       lr_schedule_(config.scheduler, config.optimizer.lr) {
   ZS_CHECK(comm_ != nullptr);
@@ -84,9 +99,15 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
       throw UsageError("trainable parameter of dtype " +
                        std::string(c10::toString(p.scalar_type())) + " on " +
                        p.device().str() +
-                       ": this build trains float32 parameters on the CPU");
+                       ": this build trains float32 parameters on the CPU "
+                       "(for bf16, pass the float32 model and enable bf16 "
+                       "in the config)");
     }
   }
+  // DeepSpeed's initialize converts the module; the float32 master weights
+  // start from the bf16 values.
+  if (dtype() == Precision::kBf16) model_->to(torch::kBFloat16);
+  folded_.assign(params_.size(), 0);
   if (config_.zero.stage == 3) {
     setup_stage3();
   } else {
@@ -98,36 +119,41 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
       // alive for the engine's lifetime.
       grad_accumulators_.push_back(
           torch::autograd::impl::grad_accumulator(params_[i]));
-      grad_accumulators_.back()->add_post_hook(
-          std::make_unique<GradReadyHook>(stage_.get(), i));
+      grad_accumulators_.back()->add_post_hook(std::make_unique<GradReadyHook>(
+          [this](size_t p) { on_grad_ready(p); }, i));
     }
   }
 }
 
 void Engine::setup_flat() {
   // Flat buffers, allocated once and touched once (zeros) up front.
-  auto opts = torch::TensorOptions().dtype(torch::kFloat32);
-  flat_params_ =
-      torch::zeros({static_cast<int64_t>(layout_.padded_numel)}, opts);
-  flat_grads_ =
-      torch::zeros({static_cast<int64_t>(layout_.padded_numel)}, opts);
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  const int64_t padded = static_cast<int64_t>(layout_.padded_numel);
+  flat_params_ = torch::zeros({padded}, f32);
+  flat_grads_ = torch::zeros({padded}, f32);
+  const bool bf16 = dtype() == Precision::kBf16;
+  if (bf16) model_params_ = torch::zeros({padded}, torch::kBFloat16);
+  if (folds_grads())
+    model_grads_ = torch::zeros({padded}, bf16 ? torch::kBFloat16 : torch::kFloat32);
   {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
       torch::Tensor& p = params_[i];
       const int64_t off = static_cast<int64_t>(layout_.offsets[i]);
       const int64_t n = static_cast<int64_t>(layout_.numels[i]);
-      torch::Tensor view = flat_params_.narrow(0, off, n).view(p.sizes());
-      view.copy_(p);
-      p.set_data(view);
+      flat_params_.narrow(0, off, n).view(p.sizes()).copy_(p);
+      const torch::Tensor& weights = bf16 ? model_params_ : flat_params_;
+      p.set_data(weights.narrow(0, off, n).view(p.sizes()));
       // A defined .grad makes autograd accumulate in place (+=) into it.
-      p.mutable_grad() = flat_grads_.narrow(0, off, n).view(p.sizes());
+      const torch::Tensor& grads = folds_grads() ? model_grads_ : flat_grads_;
+      p.mutable_grad() = grads.narrow(0, off, n).view(p.sizes());
     }
   }
   // Every replica starts from rank 0's values.
   comm_->broadcast(
       Buffer::of(flat_params_.data_ptr<float>(), layout_.padded_numel),
       {0, Phase::kSetup});
+  sync_model_params();
   StageOptions so;
   so.stage = config_.zero.stage;
   so.layout = layout_;
@@ -135,6 +161,7 @@ void Engine::setup_flat() {
   so.reduce_bucket_size = config_.zero.reduce_bucket_size;
   so.allgather_bucket_size = config_.zero.allgather_bucket_size;
   so.overlap_comm = config_.zero.overlap_comm;
+  so.grad_accum = config_.precision.grad_accum_dtype;
   stage_ = make_stage(
       so, {flat_params_.data_ptr<float>(), flat_grads_.data_ptr<float>()},
       comm_);
@@ -183,34 +210,42 @@ void Engine::setup_stage3() {
   std::vector<float*> initial;
   {
     torch::NoGradGuard no_grad;
-    auto opts = torch::TensorOptions().dtype(torch::kFloat32);
+    const bool bf16 = dtype() == Precision::kBf16;
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+    const auto model_dtype = torch::TensorOptions().dtype(
+        bf16 ? torch::kBFloat16 : torch::kFloat32);
     for (const Stage3Group& g : used) {
       const int64_t padded = static_cast<int64_t>(
           std::max(quantum, (g.numel + quantum - 1) / quantum * quantum));
-      group_params_.push_back(torch::zeros({padded}, opts));
-      group_grads_.push_back(torch::zeros({padded}, opts));
+      group_params_.push_back(torch::zeros({padded}, model_dtype));
+      group_grads_.push_back(torch::zeros({padded}, model_dtype));
+      if (bf16) {
+        group_params32_.push_back(torch::zeros({padded}, f32));
+        group_grads32_.push_back(torch::zeros({padded}, f32));
+      }
+      torch::Tensor& master = bf16 ? group_params32_.back() : group_params_.back();
       int64_t at = 0;
       for (size_t i : g.params) {
         torch::Tensor& p = params_[i];
         const int64_t n = p.numel();
-        torch::Tensor view =
-            group_params_.back().narrow(0, at, n).view(p.sizes());
-        view.copy_(p);
-        p.set_data(view);
+        master.narrow(0, at, n).view(p.sizes()).copy_(p);
+        p.set_data(group_params_.back().narrow(0, at, n).view(p.sizes()));
         p.mutable_grad() = group_grads_.back().narrow(0, at, n).view(p.sizes());
         at += n;
       }
       // Every replica starts from rank 0's values.
-      comm_->broadcast(Buffer::of(group_params_.back().data_ptr<float>(),
-                                  static_cast<size_t>(padded)),
-                       {0, Phase::kSetup});
-      initial.push_back(group_params_.back().data_ptr<float>());
+      comm_->broadcast(
+          Buffer::of(master.data_ptr<float>(), static_cast<size_t>(padded)),
+          {0, Phase::kSetup});
+      if (bf16) group_params_.back().copy_(master);
+      initial.push_back(master.data_ptr<float>());
     }
   }
   StageOptions so;
   so.stage = 3;
   so.layout = layout_;
   so.optimizer = hyper();
+  so.grad_accum = config_.precision.grad_accum_dtype;
   auto stage3 = std::make_unique<Stage3>(so, used, layout_.numels, initial,
                                          &group_storage_, comm_);
   stage3_ = stage3.get();
@@ -220,11 +255,11 @@ void Engine::setup_stage3() {
   blocks_ = blocks;
 }
 
-float* Engine::GroupStorageImpl::resize(torch::Tensor& t, bool zero) {
-  const size_t bytes = static_cast<size_t>(t.numel()) * sizeof(float);
+void* Engine::GroupStorageImpl::resize(torch::Tensor& t, bool zero) {
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   at::native::resize_bytes_cpu(storage, bytes);
-  float* data = t.data_ptr<float>();
+  void* data = t.data_ptr();
   if (zero) std::memset(data, 0, bytes);
   return data;
 }
@@ -233,17 +268,52 @@ void Engine::GroupStorageImpl::free(torch::Tensor& t) {
   at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), 0);
 }
 
+// bf16: the model views bf16 storages; the stage gathers into and reduces
+// from float32 ones, converted by the two hooks below.
 float* Engine::GroupStorageImpl::materialize_params(size_t g) {
-  return resize(engine->group_params_[g], /*zero=*/false);
+  void* model = resize(engine->group_params_[g], /*zero=*/false);
+  if (engine->group_params32_.empty()) return static_cast<float*>(model);
+  return static_cast<float*>(resize(engine->group_params32_[g], false));
 }
 void Engine::GroupStorageImpl::release_params(size_t g) {
   free(engine->group_params_[g]);
+  if (!engine->group_params32_.empty()) free(engine->group_params32_[g]);
 }
 float* Engine::GroupStorageImpl::materialize_grads(size_t g) {
-  return resize(engine->group_grads_[g], /*zero=*/true);
+  void* model = resize(engine->group_grads_[g], /*zero=*/true);
+  if (engine->group_grads32_.empty()) return static_cast<float*>(model);
+  return static_cast<float*>(resize(engine->group_grads32_[g], true));
 }
 void Engine::GroupStorageImpl::release_grads(size_t g) {
   free(engine->group_grads_[g]);
+  if (!engine->group_grads32_.empty()) free(engine->group_grads32_[g]);
+}
+void Engine::GroupStorageImpl::params_written(size_t g) {
+  if (engine->group_params32_.empty()) return;
+  torch::Tensor& model = engine->group_params_[g];
+  to_bf16(engine->group_params32_[g].data_ptr<float>(),
+          reinterpret_cast<uint16_t*>(model.data_ptr()),
+          static_cast<size_t>(model.numel()));
+}
+void Engine::GroupStorageImpl::grads_ready(size_t g) {
+  torch::Tensor& model = engine->group_grads_[g];
+  const size_t n = static_cast<size_t>(model.numel());
+  switch (engine->dtype()) {
+    case Precision::kFp32:
+      return;
+    case Precision::kFp16:
+      round_in_place(Precision::kFp16, model.data_ptr<float>(), n);
+      return;
+    case Precision::kBf16: {
+      // The float32 buffer is zero here (fresh, or cleared after the
+      // group's last reduce).
+      auto* bits = reinterpret_cast<uint16_t*>(model.data_ptr());
+      accumulate_bf16(engine->group_grads32_[g].data_ptr<float>(), bits, n,
+                      Precision::kFp32);
+      std::memset(bits, 0, n * sizeof(uint16_t));
+      return;
+    }
+  }
 }
 
 namespace {
@@ -302,6 +372,25 @@ torch::Tensor Engine::full_parameters() {
   return out;
 }
 
+MemoryStats Engine::memory() const {
+  MemoryStats m = stage_->memory();
+  auto bytes = [](const torch::Tensor& t) -> size_t {
+    return t.defined() ? t.storage().nbytes() : 0;
+  };
+  // Mixed precision: the model's own copies, beside the stage's float32.
+  size_t params = bytes(model_params_), grads = bytes(model_grads_);
+  if (!group_params32_.empty()) {
+    for (const torch::Tensor& t : group_params_) params += bytes(t);
+    for (const torch::Tensor& t : group_grads_) grads += bytes(t);
+  }
+  m.param_bytes += params;
+  m.grad_bytes += grads;
+  // Stages 0-2 hold them from construction on; stage 3's come and go with
+  // their groups and are not in its peak.
+  if (stage3_ == nullptr) m.peak_bytes += params + grads;
+  return m;
+}
+
 void Engine::reset_peak_memory() {
   if (stage3_ != nullptr) stage3_->reset_peak();
 }
@@ -346,8 +435,10 @@ void Engine::backward(const torch::Tensor& loss, bool scale_wrt_gas) {
       config_.gradient_accumulation_steps > 1) {
     scaled = loss / static_cast<double>(config_.gradient_accumulation_steps);
   }
+  if (dtype() == Precision::kFp16) scaled = scaled * scaler_.scale();
   stage_->begin_backward(boundary_.window_backwards() + 1,
                          boundary_.global_steps());
+  std::fill(folded_.begin(), folded_.end(), 0);
   try {
     scaled.backward();
   } catch (const c10::Error& e) {
@@ -356,6 +447,8 @@ void Engine::backward(const torch::Tensor& loss, bool scale_wrt_gas) {
                      std::to_string(rank()) + ": " +
                      e.what_without_backtrace());
   }
+  if (folds_grads())
+    for (size_t i = 0; i < params_.size(); ++i) fold_grad(i);
   stage_->end_backward();
   if (plan.reduce_window) {
     stage_->reduce_window(boundary_.window_backwards() + 1,
@@ -400,6 +493,8 @@ void check_overrides(const StepOverrides& o) {
 void Engine::step(const StepOverrides& overrides) {
   check_overrides(overrides);
   const StepPlan plan = boundary_.plan_step();
+  const bool fp16 = dtype() == Precision::kFp16;
+  bool overflow = false;
   boundary_.enter_step();
   try {
     if (plan.apply_update) {
@@ -407,24 +502,73 @@ void Engine::step(const StepOverrides& overrides) {
         stage_->reduce_window(plan.window_backwards, boundary_.global_steps(),
                               Phase::kStep);
       }
-      const double divisor = config_.gradient_accumulation_scaling ==
-                                     GradAccumScaling::kPerStepCount
-                                 ? static_cast<double>(plan.window_backwards)
-                                 : 1.0;
+      double divisor = config_.gradient_accumulation_scaling ==
+                               GradAccumScaling::kPerStepCount
+                           ? static_cast<double>(plan.window_backwards)
+                           : 1.0;
+      // fp16: unscale with the same division.
+      if (fp16) divisor *= scaler_.scale();
       GradStats stats = stage_->finalize(
           divisor,
           overrides.gradient_clipping.value_or(config_.gradient_clipping));
-      stage_->apply_update(hyper(overrides));
+      // The norm sums every element of every rank's partition: it is
+      // finite exactly when no gradient of the window overflowed, and every
+      // rank computes the same value, so all ranks skip together.
+      overflow = fp16 && !std::isfinite(stats.global_norm);
+      if (!overflow) {
+        stage_->apply_update(hyper(overrides));
+        sync_model_params();
+        last_grad_norm_ = stats.global_norm;
+      }
       stage_->zero_grad();
-      last_grad_norm_ = stats.global_norm;
     }
   } catch (...) {
     boundary_.abort_step();
     throw;
   }
-  boundary_.finish_step(plan, plan.apply_update);
-  step_applied_ = plan.apply_update;
-  if (step_applied_) lr_schedule_.advance();
+  const bool applied = plan.apply_update && !overflow;
+  boundary_.finish_step(plan, applied);
+  step_applied_ = applied;
+  if (applied) lr_schedule_.advance();
+  // May throw at the minimum scale; the skip is complete by then.
+  if (plan.apply_update && fp16) scaler_.update(overflow);
+}
+
+bool Engine::folds_grads() const {
+  return dtype() != Precision::kFp32 && config_.zero.stage != 3;
+}
+
+void Engine::fold_grad(size_t i) {
+  if (folded_[i]) return;
+  folded_[i] = 1;
+  const size_t off = layout_.offsets[i], n = layout_.numels[i];
+  float* acc = flat_grads_.data_ptr<float>() + off;
+  // Stage 2 reduces each backward's gradient (the flat buffer is zero
+  // here) and accumulates the partitions itself in grad_accum_dtype.
+  const Precision acc_p = config_.zero.stage >= 2
+                              ? Precision::kFp32
+                              : config_.precision.grad_accum_dtype;
+  if (dtype() == Precision::kBf16) {
+    auto* g = reinterpret_cast<uint16_t*>(model_grads_.data_ptr()) + off;
+    accumulate_bf16(acc, g, n, acc_p);
+    std::memset(g, 0, n * sizeof(uint16_t));
+  } else {
+    float* g = model_grads_.data_ptr<float>() + off;
+    accumulate(acc, g, n, Precision::kFp16, acc_p);
+    std::memset(g, 0, n * sizeof(float));
+  }
+}
+
+void Engine::on_grad_ready(size_t i) {
+  if (folds_grads()) fold_grad(i);
+  stage_->on_grad_ready(i);
+}
+
+void Engine::sync_model_params() {
+  if (dtype() != Precision::kBf16 || stage3_ != nullptr) return;
+  to_bf16(flat_params_.data_ptr<float>(),
+          reinterpret_cast<uint16_t*>(model_params_.data_ptr()),
+          layout_.padded_numel);
 }
 
 bool Engine::is_gradient_accumulation_boundary() const {
@@ -533,6 +677,12 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
                      {"global_samples", c.global_samples},
                      {"skipped_steps", c.skipped_steps}};
     m["lr_schedule_iteration"] = lr_schedule_.last_batch_iteration();
+    m["dtype"] = to_string(dtype());
+    const LossScaler::State& ls = scaler_.state();
+    m["loss_scaler"] = {{"scale", ls.scale},
+                        {"iteration", ls.iteration},
+                        {"last_overflow_iteration", ls.last_overflow_iteration},
+                        {"hysteresis_left", ls.hysteresis_left}};
     nlohmann::json files = nlohmann::json::array();
     for (int r = 0; r < world_size(); ++r)
       files.push_back({{"name", rank_file(r)},
@@ -650,9 +800,21 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
       c.at("micro_steps").get<int64_t>(), c.at("global_steps").get<int64_t>(),
       c.at("global_samples").get<int64_t>(),
       c.at("skipped_steps").get<int64_t>()};
+  // The loss scale continues only into fp16 training.
+  std::optional<LossScaler::State> scaler_state;
+  if (dtype() == Precision::kFp16 && m.contains("loss_scaler") &&
+      m.value("dtype", "fp32") == "fp16") {
+    const auto& ls = m.at("loss_scaler");
+    scaler_state = LossScaler::State{
+        ls.at("scale").get<double>(), ls.at("iteration").get<int64_t>(),
+        ls.at("last_overflow_iteration").get<int64_t>(),
+        ls.at("hysteresis_left").get<int64_t>()};
+  }
   // Everything is verified: apply.
   stage_->load_state(params, exp_avg, exp_avg_sq,
                      m.at("optimizer_steps").get<int64_t>());
+  sync_model_params();
+  if (scaler_state) scaler_.restore(*scaler_state);
   boundary_.restore(counters);
   lr_schedule_.set_last_batch_iteration(
       m.at("lr_schedule_iteration").get<int64_t>());

@@ -41,6 +41,7 @@
 #include "comm/communicator.h"
 #include "engine/boundary.h"
 #include "engine/config.h"
+#include "engine/loss_scaler.h"
 #include "engine/zero3_block.h"
 #include "zero/stage.h"
 #include "zero/stage3.h"
@@ -84,6 +85,13 @@ class Engine final : private internal::Zero3Hooks {
   // only advances micro_steps. Unmanaged: always finalizes the gradients of
   // the backward() calls since the last step and applies one update.
   //
+  // fp16: if any gradient of the window on any rank is inf or NaN, the
+  // update is skipped instead (was_step_applied() false, skipped_steps()
+  // + 1, gradients cleared, lr schedule and global_steps unchanged) and the
+  // loss scale backs off. An overflow at fp16.min_loss_scale with no
+  // hysteresis left skips the same way and then throws UsageError (as
+  // DeepSpeed raises there).
+  //
   // `overrides` replace configured hyperparameters for this step only. Bad
   // values (lr < 0, betas outside [0, 1), eps <= 0, weight_decay < 0,
   // gradient_clipping < 0) are a UsageError that changes nothing.
@@ -98,8 +106,15 @@ class Engine final : private internal::Zero3Hooks {
   int64_t skipped_steps() const { return boundary_.skipped_steps(); }
   // backward() calls in the current (open) window.
   int64_t window_backwards() const { return boundary_.window_backwards(); }
-  // Whether the last step() applied an update.
+  // Whether the last step() applied an update (false for a managed
+  // non-boundary step and for an fp16 window that overflowed).
   bool was_step_applied() const { return step_applied_; }
+  // The training dtype (config fp16 / bf16; fp32 otherwise).
+  Precision dtype() const { return config_.precision.dtype; }
+  // fp16: the scale the next backward() multiplies the loss by, and its
+  // schedule; 1 (static) in fp32 and bf16.
+  double loss_scale() const { return scaler_.scale(); }
+  const LossScaler& loss_scaler() const { return scaler_; }
   // The lr the next applied update will use (the schedule's, or the
   // configured constant; a StepOverrides lr wins for its step).
   double get_lr() const { return lr_schedule_.lr(); }
@@ -158,7 +173,10 @@ class Engine final : private internal::Zero3Hooks {
   // owned_spans(), concatenated in that order.
   const FlatOptimizer& optimizer() const { return stage_->optimizer(); }
   const std::vector<Span>& owned_spans() const { return stage_->owned_spans(); }
-  MemoryStats memory() const { return stage_->memory(); }
+  // The stage's resident bytes plus, under mixed precision, the model's
+  // bf16 weights and one-backward gradients (at stage 3: those of the
+  // groups resident now; stage 3's peak_bytes counts float32 storage only).
+  MemoryStats memory() const;
 
  private:
   OptimizerHyper hyper(const StepOverrides& overrides = {}) const;
@@ -166,6 +184,13 @@ class Engine final : private internal::Zero3Hooks {
   void setup_stage3();
   void require_flat(const char* what) const;
   void require_between_windows(const char* what);
+  // Mixed precision, stages 0-2: adds parameter i's gradient of this
+  // backward (model_grads_) into the flat accumulation, once per backward.
+  void fold_grad(size_t param_index);
+  bool folds_grads() const;
+  // bf16, stages 0-2: the model's weights = the master rounded to bf16.
+  void sync_model_params();
+  void on_grad_ready(size_t param_index);
 
   // internal::Zero3Hooks (stage 3 blocks; engine/zero3_block.h).
   bool enter(torch::nn::Module& block) override;
@@ -181,7 +206,9 @@ class Engine final : private internal::Zero3Hooks {
     void release_params(size_t group) override;
     float* materialize_grads(size_t group) override;
     void release_grads(size_t group) override;
-    static float* resize(torch::Tensor& t, bool zero);
+    void params_written(size_t group) override;
+    void grads_ready(size_t group) override;
+    static void* resize(torch::Tensor& t, bool zero);
     static void free(torch::Tensor& t);
     Engine* engine;
   };
@@ -191,15 +218,26 @@ class Engine final : private internal::Zero3Hooks {
   std::shared_ptr<torch::nn::Module> model_;
   std::vector<torch::Tensor> params_;
   FlatLayout layout_;
-  torch::Tensor flat_params_;  // padded_numel float32
+  torch::Tensor flat_params_;  // padded_numel float32 (bf16: the master)
   torch::Tensor flat_grads_;   // padded_numel float32
+  // Mixed precision, stages 0-2: the bf16 weights the model computes with,
+  // and the one-backward gradients autograd writes (bf16, or float32 to be
+  // rounded to fp16), both padded_numel.
+  torch::Tensor model_params_;
+  torch::Tensor model_grads_;
+  std::vector<char> folded_;  // per parameter, in this backward
+  LossScaler scaler_;
   AccumulationBoundary boundary_;
   LrSchedule lr_schedule_;  // advances on every applied update
   std::unique_ptr<Stage> stage_;
   // Stage 3 only.
   Stage3* stage3_ = nullptr;
-  std::vector<torch::Tensor> group_params_;
-  std::vector<torch::Tensor> group_grads_;
+  std::vector<torch::Tensor> group_params_;  // bf16 when training in bf16
+  std::vector<torch::Tensor> group_grads_;   // bf16 when training in bf16
+  // bf16 only: the float32 storages the stage gathers into and reduces
+  // from.
+  std::vector<torch::Tensor> group_params32_;
+  std::vector<torch::Tensor> group_grads32_;
   std::map<const torch::nn::Module*, size_t> block_group_;
   GroupStorageImpl group_storage_{this};
   std::vector<torch::nn::Module*> blocks_;  // hooks point at this engine

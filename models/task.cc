@@ -32,7 +32,10 @@ class MlpTask final : public Task {
   torch::Tensor loss(torch::nn::Module& model,
                      const Batch& batch) const override {
     auto& mlp = dynamic_cast<MlpImpl&>(model);
-    return torch::mse_loss(mlp.forward(batch.input), batch.target);
+    // In the model's dtype (bf16 under mixed precision); the loss in fp32.
+    const auto dtype = model.parameters().front().scalar_type();
+    return torch::mse_loss(mlp.forward(batch.input.to(dtype)).to(torch::kFloat),
+                           batch.target);
   }
 
  private:
@@ -75,7 +78,7 @@ class GptTask final : public Task {
   torch::Tensor loss(torch::nn::Module& model,
                      const Batch& batch) const override {
     auto& gpt = dynamic_cast<TinyGptImpl&>(model);
-    torch::Tensor logits = gpt.forward(batch.input);
+    torch::Tensor logits = gpt.forward(batch.input).to(torch::kFloat);
     return torch::cross_entropy_loss(logits.view({-1, o_.vocab_size}),
                                      batch.target.view({-1}));
   }

@@ -51,7 +51,9 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
   for (int r = 0; r < run.world_size; ++r)
     models.push_back(task.make_model(s.seed));
   std::vector<std::vector<float>> finals(run.world_size);
-  std::vector<int64_t> samples(run.world_size), applied(run.world_size);
+  std::vector<int64_t> samples(run.world_size), applied(run.world_size),
+      skipped(run.world_size);
+  std::vector<std::vector<double>> scales(run.world_size);
   std::vector<uint64_t> comm_bytes(run.world_size),
       backward_bytes(run.world_size), forward_bytes(run.world_size),
       step_bytes(run.world_size);
@@ -68,15 +70,16 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
       if (run.reference) {
         const int64_t count = window_samples(s, k);
         torch::Tensor loss = task.loss(model, slice(data, base, count));
-        double factor = 1.0;
+        double factor = k == s.overflow_window ? kOverflowLossFactor : 1.0;
         if (s.scaling == GradAccumScaling::kConfigured)
-          factor = static_cast<double>(n) /
-                   static_cast<double>(s.backwards.front());
-        if (s.scaling == GradAccumScaling::kNone) factor = n;
+          factor *= static_cast<double>(n) /
+                    static_cast<double>(s.backwards.front());
+        if (s.scaling == GradAccumScaling::kNone) factor *= n;
         losses[r][k] = loss.item<double>();
         engine.backward(loss * factor, /*scale_wrt_gas=*/false);
         engine.step();
         applied[r] += engine.was_step_applied();
+        scales[r].push_back(engine.loss_scale());
       } else {
         double sum = 0.0;
         for (int i = 0; i < n; ++i) {
@@ -86,6 +89,9 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
           torch::Tensor loss =
               task.loss(model, slice(data, first, s.micro_batch));
           sum += loss.item<double>();
+          if (k == s.overflow_window && r == s.overflow_rank &&
+              i == s.overflow_backward)
+            loss = loss * kOverflowLossFactor;
           if (run.drive_override)
             engine.set_gradient_accumulation_boundary(i == n - 1);
           engine.backward(loss);
@@ -98,6 +104,7 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
           engine.step();
           applied[r] += engine.was_step_applied();
         }
+        scales[r].push_back(engine.loss_scale());
         losses[r][k] = sum / n;
       }
       base += window_samples(s, k);
@@ -110,6 +117,7 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
     memory[r] = engine.memory();
     finals[r] = to_vector(engine.full_parameters());
     samples[r] = engine.global_samples();
+    skipped[r] = engine.skipped_steps();
   });
   RunDigest d;
   d.params = finals[0];
@@ -128,6 +136,8 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
   d.memory_peak_bytes = memory[0].peak_bytes;
   d.global_samples = samples[0];
   d.steps_applied = applied[0];
+  d.skipped_steps = skipped[0];
+  d.loss_scales = scales[0];
   for (int k = 0; k < steps; ++k) {
     double m = 0.0;
     for (int r = 0; r < run.world_size; ++r) m += losses[r][k];
@@ -138,6 +148,18 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
 }
 
 }  // namespace
+
+double reference_tolerance(Precision dtype) {
+  switch (dtype) {
+    case Precision::kBf16:
+      return kReferenceToleranceBf16;
+    case Precision::kFp16:
+      return kReferenceToleranceFp16;
+    case Precision::kFp32:
+      break;
+  }
+  return kReferenceTolerance;
+}
 
 std::string fnv1a_hex(const void* data, size_t bytes) {
   uint64_t h = 1469598103934665603ull;
@@ -171,6 +193,17 @@ Config scenario_config(const Scenario& s, bool managed) {
   if (s.persistence_threshold >= 0)
     zero["stage3_param_persistence_threshold"] = s.persistence_threshold;
   if (s.gradient_clipping > 0.0) j["gradient_clipping"] = s.gradient_clipping;
+  if (s.dtype == Precision::kBf16) {
+    if (!j.contains("bf16") || !j["bf16"].is_object()) j["bf16"] = json::object();
+    j["bf16"]["enabled"] = true;
+  } else if (s.dtype == Precision::kFp16) {
+    if (!j.contains("fp16") || !j["fp16"].is_object())
+      j["fp16"] = {{"loss_scale", 0},
+                   {"initial_scale_power", 8},
+                   {"loss_scale_window", 2},
+                   {"hysteresis", 2}};
+    j["fp16"]["enabled"] = true;
+  }
   if (!j.contains("optimizer"))
     j["optimizer"] = {{"type", "AdamW"},
                       {"params", {{"lr", 1e-3}, {"weight_decay", 0.01}}}};
@@ -188,6 +221,20 @@ ScenarioResult run_scenario(const Scenario& s) {
     if (n < 1)
       throw UsageError("--backwards: every N must be at least 1, got " +
                        std::to_string(n));
+  if (s.overflow_window >= 0) {
+    if (s.dtype != Precision::kFp16)
+      throw UsageError("an injected overflow needs --dtype=fp16 (only fp16 "
+                       "detects and skips overflowing windows)");
+    if (s.overflow_window >= static_cast<int>(s.backwards.size()) ||
+        s.overflow_rank < 0 || s.overflow_rank >= s.world_size ||
+        s.overflow_backward < 0 ||
+        s.overflow_backward >= s.backwards[s.overflow_window])
+      throw UsageError("--overflow=" + std::to_string(s.overflow_window) +
+                       ":" + std::to_string(s.overflow_rank) + ":" +
+                       std::to_string(s.overflow_backward) +
+                       " is outside the run (window < steps, rank < world, "
+                       "backward < that window's N)");
+  }
   std::unique_ptr<Task> task = make_task(s.model, s.model_scale);
   int64_t total = 0;
   for (size_t k = 0; k < s.backwards.size(); ++k)
@@ -232,14 +279,16 @@ ScenarioResult run_scenario(const Scenario& s) {
   res.ref_max_rel_diff = max_ref > 0 ? max_ref_diff / max_ref : max_ref_diff;
   res.ref_rel_l2_diff =
       ref_sq > 0 ? std::sqrt(diff_sq / ref_sq) : std::sqrt(diff_sq);
-  for (int n : s.backwards)
-    res.expected_global_samples +=
-        static_cast<int64_t>(n) * s.world_size * s.micro_batch;
+  for (size_t k = 0; k < s.backwards.size(); ++k)
+    if (static_cast<int>(k) != s.overflow_window)
+      res.expected_global_samples +=
+          static_cast<int64_t>(s.backwards[k]) * s.world_size * s.micro_batch;
 
   auto require = [&](bool cond, const std::string& why) {
     if (!cond) res.failures.push_back(why);
   };
-  const int64_t steps = static_cast<int64_t>(s.backwards.size());
+  const int64_t skipped = s.overflow_window >= 0 ? 1 : 0;
+  const int64_t steps = static_cast<int64_t>(s.backwards.size()) - skipped;
   require(res.bitwise_equal, "unmanaged and managed parameters differ "
                              "(max_abs_diff " +
                                  std::to_string(res.max_abs_diff) + ")");
@@ -262,11 +311,24 @@ ScenarioResult run_scenario(const Scenario& s) {
           "unmanaged global_samples " +
               std::to_string(res.unmanaged.global_samples) + " != " +
               std::to_string(res.expected_global_samples));
-  require(res.ref_rel_l2_diff <= kReferenceTolerance,
+  for (const RunDigest* d : {&res.unmanaged, &res.managed, &res.reference})
+    require(d->skipped_steps == skipped,
+            std::string(d == &res.unmanaged ? "unmanaged"
+                        : d == &res.managed  ? "managed"
+                                             : "reference") +
+                " skipped " + std::to_string(d->skipped_steps) +
+                " steps, expected " + std::to_string(skipped));
+  // One entry per window in every run: the managed run's per-window scale
+  // is its value after the window's last step().
+  require(res.unmanaged.loss_scales == res.managed.loss_scales,
+          "unmanaged and managed loss-scale trajectories differ");
+  require(res.unmanaged.loss_scales == res.reference.loss_scales,
+          "the loss-scale trajectory differs from the reference's");
+  const double tol = reference_tolerance(s.dtype);
+  require(res.ref_rel_l2_diff <= tol,
           "differs from the single-rank reference by " +
               std::to_string(res.ref_rel_l2_diff) +
-              " (relative L2; tolerance " +
-              std::to_string(kReferenceTolerance) + ")");
+              " (relative L2; tolerance " + std::to_string(tol) + ")");
   res.ok = res.failures.empty();
   return res;
 }
@@ -280,7 +342,13 @@ std::string to_json_line(const ScenarioResult& r) {
   j["overlap_comm"] = s.overlap_comm;
   j["persistence_threshold"] = s.persistence_threshold;
   j["world"] = s.world_size;
-  j["dtype"] = "fp32";
+  j["dtype"] = to_string(s.dtype);
+  if (s.overflow_window >= 0)
+    j["overflow"] = {{"window", s.overflow_window},
+                     {"rank", s.overflow_rank},
+                     {"backward", s.overflow_backward}};
+  j["skipped_steps"] = r.unmanaged.skipped_steps;
+  j["loss_scales_unmanaged"] = r.unmanaged.loss_scales;
   j["model"] = s.model;
   j["backwards"] = s.backwards;
   j["scaling"] = to_string(s.scaling);
@@ -289,7 +357,7 @@ std::string to_json_line(const ScenarioResult& r) {
   j["max_abs_diff"] = r.max_abs_diff;
   j["ref_max_rel_diff"] = r.ref_max_rel_diff;
   j["ref_rel_l2_diff"] = r.ref_rel_l2_diff;
-  j["ref_tolerance"] = kReferenceTolerance;
+  j["ref_tolerance"] = reference_tolerance(s.dtype);
   j["comm_bytes_managed"] = r.managed.comm_bytes;
   j["comm_bytes_unmanaged"] = r.unmanaged.comm_bytes;
   j["backward_comm_bytes_managed"] = r.managed.backward_comm_bytes;

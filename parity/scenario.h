@@ -14,6 +14,21 @@
 //              equals what the scaling mode asks of the distributed runs
 //              (configured: N_k/GAS, per_step_count: 1, none: N_k).
 //
+// Note [Parity claims under mixed precision]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// unmanaged vs managed stays BITWISE in bf16 and fp16: both modes round the
+// same gradients at the same points. Against the reference the distance is
+// bounded by the format instead: bf16's 8-bit mantissa (relative rounding
+// 2^-9) enters every weight and activation of the forward pass, fp16's
+// 11-bit mantissa (2^-12) every stored gradient; over a few Adam steps
+// these gave relative L2 distances up to 1.6e-3 (bf16) and 5.4e-4 (fp16)
+// on the built-in models (harness seeds 1-8, worlds 1-4, stages 0-3; fp16
+// is largest where scaled gradients fall into fp16's subnormal range and
+// Adam normalises them), checked against kReferenceToleranceBf16 = 1e-2 and
+// kReferenceToleranceFp16 = 2e-3; a lost micro-batch or a wrong scale
+// moves them by orders of magnitude more. The loss-scale trajectory and the set of
+// skipped steps must agree exactly across all three runs.
+//
 // Note [Parity claims]
 // ~~~~~~~~~~~~~~~~~~~~
 // unmanaged vs managed: BITWISE. Both modes accumulate the same backward
@@ -60,6 +75,18 @@
 namespace zerostep {
 
 inline constexpr double kReferenceTolerance = 1e-4;
+// Mixed precision rounds every stored gradient (and, in bf16, the weights
+// the forward pass uses and every activation), in different places for the
+// distributed runs (per micro-batch) and the reference (per window), so
+// the reference agrees only to the formats' precision: Note [Parity claims
+// under mixed precision].
+inline constexpr double kReferenceToleranceBf16 = 1e-2;
+inline constexpr double kReferenceToleranceFp16 = 2e-3;
+// The reference tolerance for a training dtype.
+double reference_tolerance(Precision dtype);
+// The loss of the micro-batch an overflow is injected into is multiplied by
+// this: its gradient exceeds fp16's range at any loss scale >= 1.
+inline constexpr double kOverflowLossFactor = 1e30;
 
 struct Scenario {
   int stage = 0;
@@ -82,6 +109,18 @@ struct Scenario {
   // DeepSpeed's default 1e5, which leaves the small built-in models whole:
   // use 0 to partition every block).
   int64_t persistence_threshold = -1;
+  // Training dtype. bf16 / fp16 enable that section of the config (the
+  // built-in fp16 section: dynamic scaling from 2^8, loss_scale_window 2,
+  // hysteresis 2, so short runs see the scale move).
+  Precision dtype = Precision::kFp32;
+  // fp16 only: inject an overflow into backward `overflow_backward`
+  // (0-based) of rank `overflow_rank` in window `overflow_window` (-1 =
+  // none) by multiplying that micro-batch's loss by kOverflowLossFactor;
+  // the reference multiplies that whole window. Every run must skip
+  // exactly that window's update.
+  int overflow_window = -1;
+  int overflow_rank = 0;
+  int overflow_backward = 0;
   // A user's ds_config JSON to start from ("" = built-in defaults). The
   // scenario overrides the batch keys, the stage, the accumulation mode and
   // the scaling; everything else (optimizer, clipping, ...) is kept.
@@ -97,6 +136,8 @@ struct RunDigest {
   uint64_t step_comm_bytes = 0;      // rank 0, during step()
   int64_t global_samples = 0;
   int64_t steps_applied = 0;
+  int64_t skipped_steps = 0;
+  std::vector<double> loss_scales;  // rank 0's, after each window's step
   std::vector<double> losses;  // mean over ranks of each window's mean loss
   std::string digest;          // FNV-1a 64 of params' bytes, hex
   // Rank 0's params + grads + optimizer bytes after the last step, and the

@@ -8,6 +8,7 @@
 // (parity/scenario.h, Note [Parity claims]); prints a table (or one JSON
 // object per scenario with --json) on stdout and progress on stderr. Exit
 // status 0 only if every scenario is ok.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +38,10 @@ constexpr const char* kUsage = R"(usage: harness [flags]
   --model-scale=S       width multiplier (default 1)
   --micro-batch=B       samples per backward per rank (default 2)
   --clip=C              gradient_clipping (default 0 = off)
+  --dtype=LIST          fp32,bf16,fp16 training dtypes (default fp32)
+  --overflow=W:R:B      fp16 scenarios: inject an overflow into backward B
+                        (0-based) of rank R in window W; that update must be
+                        skipped on every rank
   --overlap-comm        zero_optimization.overlap_comm for stage >= 2
                         scenarios (stages 0/1 run without it)
   --reduce-bucket-size=E   elements per reduce-scatter bucket (stage 2)
@@ -118,6 +123,8 @@ int main_impl(int argc, char** argv) {
   int model_scale = 1, threads = 1;
   int64_t micro = 2;
   double clip = 0.0;
+  std::vector<Precision> dtypes = {Precision::kFp32};
+  std::vector<int> overflow;  // window, rank, backward
   uint64_t seed = 1;
   bool as_json = false, overlap = false;
   int64_t reduce_bucket = 0, allgather_bucket = 0, persistence = -1;
@@ -155,6 +162,20 @@ int main_impl(int argc, char** argv) {
     else if (key == "model-scale") model_scale = int_list(key, v).front();
     else if (key == "micro-batch") micro = int_list(key, v).front();
     else if (key == "clip") clip = parse_double(key, v);
+    else if (key == "dtype") {
+      dtypes.clear();
+      for (const std::string& d : split(v)) {
+        auto p = precision_from_string(d);
+        if (!p) usage_error("--dtype: '" + d + "' is not one of fp32, bf16, fp16");
+        dtypes.push_back(*p);
+      }
+    } else if (key == "overflow") {
+      std::string list = v;
+      std::replace(list.begin(), list.end(), ':', ',');
+      overflow = int_list(key, list);
+      if (overflow.size() != 3)
+        usage_error("--overflow=" + v + ": write WINDOW:RANK:BACKWARD, e.g. 1:0:2");
+    }
     else if (key == "seed") seed = parse_u64(key, v);
     else if (key == "config") config_path = v;
     else if (key == "threads") threads = int_list(key, v).front();
@@ -176,6 +197,10 @@ int main_impl(int argc, char** argv) {
   if (micro < 1) usage_error("--micro-batch must be >= 1");
   if (threads < 1) usage_error("--threads must be >= 1");
   if (clip < 0) usage_error("--clip must be >= 0 (0 = off)");
+  if (!overflow.empty() &&
+      std::find(dtypes.begin(), dtypes.end(), Precision::kFp16) == dtypes.end())
+    usage_error("--overflow needs fp16 among --dtype (only fp16 skips "
+                "overflowing windows)");
   std::vector<int> per_step;
   if (backwards.size() > 1) {
     if (steps_given && steps != static_cast<int>(backwards.size()))
@@ -201,7 +226,13 @@ int main_impl(int argc, char** argv) {
             << " stages=" << join(stages)
             << " world=" << join(worlds) << " backwards=" << join(per_step)
             << " model=" << model << " model_scale=" << model_scale
-            << " micro_batch=" << micro << " clip=" << clip
+            << " micro_batch=" << micro << " clip=" << clip << " dtype=";
+  for (size_t i = 0; i < dtypes.size(); ++i)
+    std::cerr << (i ? "," : "") << to_string(dtypes[i]);
+  if (!overflow.empty())
+    std::cerr << " overflow=" << overflow[0] << ":" << overflow[1] << ":"
+              << overflow[2];
+  std::cerr
             << " overlap_comm=" << (overlap ? "stage>=2" : "off")
             << " reduce_bucket_size=" << reduce_bucket
             << " allgather_bucket_size=" << allgather_bucket
@@ -209,10 +240,17 @@ int main_impl(int argc, char** argv) {
             << "\n  " << runtime_info() << "\n";
 
   std::vector<Scenario> scenarios;
+  for (Precision dtype : dtypes)
   for (int stage : stages)
     for (int w : worlds)
       for (GradAccumScaling sc : scalings) {
         Scenario s;
+        s.dtype = dtype;
+        if (dtype == Precision::kFp16 && !overflow.empty()) {
+          s.overflow_window = overflow[0];
+          s.overflow_rank = overflow[1];
+          s.overflow_backward = overflow[2];
+        }
         s.stage = stage;
         s.world_size = w;
         s.backwards = per_step;
@@ -234,8 +272,9 @@ int main_impl(int argc, char** argv) {
 
   if (!as_json) {
     std::printf(
-        "%-5s %-5s %-15s %-7s %-12s %-12s %-14s %-14s %-11s %-11s %-16s %s\n",
-        "stage", "world", "scaling", "bitwise", "max_abs_diff", "ref_rel_l2",
+        "%-5s %-5s %-5s %-15s %-7s %-12s %-12s %-14s %-14s %-11s %-11s %-16s "
+        "%s\n",
+        "dtype", "stage", "world", "scaling", "bitwise", "max_abs_diff", "ref_rel_l2",
         "bytes_managed", "bytes_unmgd", "mem_rest", "mem_peak", "digest", "ok");
   }
   int failed = 0;
@@ -246,7 +285,8 @@ int main_impl(int argc, char** argv) {
     const double secs = std::chrono::duration<double>(
                             std::chrono::steady_clock::now() - t0)
                             .count();
-    std::cerr << "[" << (i + 1) << "/" << scenarios.size() << "] stage="
+    std::cerr << "[" << (i + 1) << "/" << scenarios.size() << "] "
+              << to_string(s.dtype) << " stage="
               << s.stage << " world=" << s.world_size
               << " scaling=" << to_string(s.scaling) << " "
               << (r.ok ? "ok" : "FAILED") << " (" << secs << " s)\n";
@@ -254,9 +294,9 @@ int main_impl(int argc, char** argv) {
       std::cout << to_json_line(r) << "\n";
     } else {
       std::printf(
-          "%-5d %-5d %-15s %-7s %-12.3g %-12.3g %-14llu %-14llu %-11zu %-11zu "
-          "%-16s %s\n",
-          s.stage, s.world_size, to_string(s.scaling),
+          "%-5s %-5d %-5d %-15s %-7s %-12.3g %-12.3g %-14llu %-14llu %-11zu "
+          "%-11zu %-16s %s\n",
+          to_string(s.dtype), s.stage, s.world_size, to_string(s.scaling),
           r.bitwise_equal ? "yes" : "NO", r.max_abs_diff, r.ref_rel_l2_diff,
           static_cast<unsigned long long>(r.managed.comm_bytes),
           static_cast<unsigned long long>(r.unmanaged.comm_bytes),

@@ -47,6 +47,7 @@
 #include "comm/communicator.h"
 #include "zero/flat_layout.h"
 #include "zero/optimizer.h"
+#include "zero/precision.h"
 
 namespace zerostep {
 
@@ -59,6 +60,9 @@ struct StageOptions {
   int64_t reduce_bucket_size = 500000000;
   int64_t allgather_bucket_size = 500000000;
   bool overlap_comm = false;
+  // Stages 2/3: the format of the partition gradient accumulated over the
+  // window (data_types.grad_accum_dtype; Note [Precision model]).
+  Precision grad_accum = Precision::kFp32;
 };
 
 // Views of the engine's flat buffers; each holds layout.padded_numel floats.

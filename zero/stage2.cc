@@ -45,6 +45,7 @@ Stage2::Stage2(const StageOptions& options, FlatBuffers buffers,
                 owned_chunks(options.layout, options.reduce_bucket_size,
                              comm->rank())),
       overlap_comm_(options.overlap_comm),
+      grad_accum_(options.grad_accum),
       allgather_piece_(aligned_elements(options.allgather_bucket_size /
                                         options.layout.world_size)),
       buckets_(make_buckets(options.layout, options.reduce_bucket_size)) {
@@ -116,10 +117,8 @@ void Stage2::end_backward() {
   works_.clear();
   // Bucket order, whatever the launch order: the sums are elementwise and
   // the buckets disjoint, so the result is the same bits either way.
-  const size_t n = owned_numel_;
-  float* acc = grad_partition_.data();
-  const float* x = reduce_scratch_.data();
-  for (size_t i = 0; i < n; ++i) acc[i] += x[i];
+  accumulate(grad_partition_.data(), reduce_scratch_.data(), owned_numel_,
+             Precision::kFp32, grad_accum_);
   std::memset(buf_.grads, 0, layout_.padded_numel * sizeof(float));
 }
 

@@ -62,6 +62,7 @@ class Stage2 final : public FlatStage {
   void launch(size_t bucket);
 
   bool overlap_comm_;
+  Precision grad_accum_;
   size_t allgather_piece_;             // elements per rank per all-gather
   std::vector<Span> buckets_;          // contiguous flat ranges
   std::vector<size_t> scratch_offset_;  // bucket k's chunk in the scratch

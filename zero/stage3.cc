@@ -18,6 +18,7 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
       group_of_(param_numels.size(), 0),
       storage_(storage),
       comm_(comm),
+      grad_accum_(options.grad_accum),
       world_(comm->world_size()),
       rank_(comm->rank()),
       optimizer_(options.optimizer, [&] {
@@ -117,6 +118,7 @@ void Stage3::gather(size_t g, Phase phase) {
   comm_->all_gather(
       Buffer::of(part_params_.data() + part_offset_[g], partition_[g]),
       Buffer::of(full_params_[g], padded_[g]), {phase});
+  storage_->params_written(g);
 }
 
 void Stage3::release(size_t g) {
@@ -146,11 +148,12 @@ void Stage3::begin_backward(int64_t backward_index, int64_t global_steps) {
 
 void Stage3::reduce_group(size_t g) {
   ZS_CHECK(full_grads_[g] != nullptr);
+  storage_->grads_ready(g);
   comm_->reduce_scatter(Buffer::of(full_grads_[g], padded_[g]),
                         Buffer::of(scratch_.data(), partition_[g]),
                         {ReduceOp::kSum, Phase::kBackward});
-  float* acc = part_grads_.data() + part_offset_[g];
-  for (size_t i = 0; i < partition_[g]; ++i) acc[i] += scratch_[i];
+  accumulate(part_grads_.data() + part_offset_[g], scratch_.data(),
+             partition_[g], Precision::kFp32, grad_accum_);
   reduced_[g] = true;
   if (groups_[g].persistent) {
     std::memset(full_grads_[g], 0, padded_[g] * sizeof(float));
@@ -207,6 +210,7 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
     comm_->all_gather(
         Buffer::of(part_params_.data() + part_offset_[g], partition_[g]),
         Buffer::of(full_params_[g], padded_[g]), {Phase::kStep});
+    storage_->params_written(g);
   }
 }
 
@@ -261,6 +265,7 @@ void Stage3::load_state(const std::vector<float>& params,
       std::memcpy(full_params_[g] + param_offset_[p],
                   params.data() + canonical_offset_[p],
                   param_numel_[p] * sizeof(float));
+    storage_->params_written(g);
   }
 }
 

@@ -47,7 +47,9 @@ struct Stage3Group {
 
 // Full-size storage of a group, owned by the engine (LibTorch storages that
 // the parameters and their .grad view). Each call returns padded_numel
-// floats; materialize_grads returns zeros.
+// floats; materialize_grads returns zeros. Under mixed precision the model
+// may compute in another format than these float32 buffers
+// (zero/precision.h): the two hooks let the engine convert.
 class GroupStorage {
  public:
   virtual ~GroupStorage() = default;
@@ -55,6 +57,12 @@ class GroupStorage {
   virtual void release_params(size_t group) = 0;
   virtual float* materialize_grads(size_t group) = 0;
   virtual void release_grads(size_t group) = 0;
+  // The float32 parameters of the group were (re)written: gathered, updated
+  // or loaded.
+  virtual void params_written(size_t /*group*/) {}
+  // Autograd has finished this backward's gradients of the group; the
+  // float32 gradient buffer must hold them when this returns.
+  virtual void grads_ready(size_t /*group*/) {}
 };
 
 class Stage3 final : public Stage {
@@ -117,6 +125,7 @@ class Stage3 final : public Stage {
   std::vector<size_t> padded_, partition_, part_offset_;
   GroupStorage* storage_;
   Communicator* comm_;
+  Precision grad_accum_;
   int world_;
   int rank_;
   std::vector<Span> owned_;
