@@ -1,0 +1,263 @@
+// Mixed precision in the engine: bf16 weights, fp16 loss scaling and the
+// overflow skip, on the simulator (zero/precision.h, engine/loss_scaler.h).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "engine/engine.h"
+#include "models/task.h"
+#include "sim/sim_world.h"
+#include "zero/precision.h"
+
+namespace zerostep {
+namespace {
+
+std::string config_json(int stage, bool managed, int gas,
+                        const std::string& precision) {
+  return "{\"train_micro_batch_size_per_gpu\": 2, "
+         "\"gradient_accumulation_steps\": " +
+         std::to_string(gas) + ", \"managed_gradient_accumulation\": " +
+         (managed ? "true" : "false") +
+         ", \"zero_optimization\": {\"stage\": " + std::to_string(stage) +
+         ", \"stage3_param_persistence_threshold\": 0}"
+         ", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01}}"
+         ", \"scheduler\": {\"type\": \"WarmupLR\", \"params\": "
+         "{\"warmup_num_steps\": 10, \"warmup_min_lr\": 0.001, "
+         "\"warmup_max_lr\": 0.01}}, " +
+         precision + "}";
+}
+
+const char* kFp16 =
+    "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 8, "
+    "\"loss_scale_window\": 2, \"hysteresis\": 2}";
+
+struct Fixture {
+  Fixture(int w, const std::string& json)
+      : world({w, 11}),
+        task(make_task("mlp")),
+        config(parse_config(json, w)),
+        data(task->make_data(3, 64)) {
+    for (int r = 0; r < w; ++r) models.push_back(task->make_model(5));
+  }
+  torch::Tensor loss(int r, int i) {
+    return task->loss(*models[r], slice(data, (i * 4 + r) % 60, 2));
+  }
+  SimWorld world;
+  std::unique_ptr<Task> task;
+  Config config;
+  Batch data;
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+};
+
+bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.numel() == b.numel() &&
+         std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) ==
+             0;
+}
+
+// An overflow in one micro-batch of one rank skips that window's update on
+// every rank, at every stage, in both modes: parameters, optimizer state,
+// global_steps and the lr schedule stay; gradients are cleared; the next
+// window trains normally.
+TEST(MixedPrecisionTest, Fp16OverflowInOneRankSkipsTheUpdateEverywhere) {
+  for (int stage : {0, 1, 2, 3}) {
+    for (bool managed : {false, true}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) +
+                   (managed ? " managed" : " unmanaged"));
+      Fixture fx(2, config_json(stage, managed, 3, kFp16));
+      fx.world.run([&](int r) {
+        Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+        auto window = [&](int k, bool inject) {
+          for (int i = 0; i < 3; ++i) {
+            torch::Tensor l = fx.loss(r, 3 * k + i);
+            if (inject && r == 1 && i == 1) l = l * 1e30;
+            e.backward(l);
+            if (managed) e.step();
+          }
+          if (!managed) {
+            e.step();
+          }
+        };
+        window(0, false);
+        ASSERT_TRUE(e.was_step_applied());
+        const torch::Tensor before = e.full_parameters();
+        const int64_t opt_steps = e.optimizer().step_count();
+        const std::vector<float> m = e.optimizer().exp_avg();
+        const double lr = e.get_lr();
+        const double norm = e.get_global_grad_norm();
+        window(1, true);
+        EXPECT_FALSE(e.was_step_applied());
+        EXPECT_EQ(e.skipped_steps(), 1);
+        EXPECT_EQ(e.global_steps(), 1);
+        EXPECT_EQ(e.optimizer().step_count(), opt_steps);
+        EXPECT_EQ(e.optimizer().exp_avg(), m);
+        EXPECT_EQ(e.get_lr(), lr);
+        EXPECT_EQ(e.get_global_grad_norm(), norm);
+        EXPECT_TRUE(same_bits(e.full_parameters(), before));
+        if (stage < 3) {
+          EXPECT_EQ(e.flat_gradients().abs().max().item<float>(), 0.0f);
+        }
+        // Hysteresis 2 absorbs the first overflow: the scale stays.
+        EXPECT_EQ(e.loss_scale(), 256.0);
+        EXPECT_EQ(e.loss_scaler().state().hysteresis_left, 1);
+        window(2, false);
+        EXPECT_TRUE(e.was_step_applied());
+        EXPECT_EQ(e.global_steps(), 2);
+        EXPECT_FALSE(same_bits(e.full_parameters(), before));
+        EXPECT_TRUE(std::isfinite(e.get_global_grad_norm()));
+      });
+    }
+  }
+}
+
+// The engine's scale follows Note [Loss scale schedule] step by step: the
+// expected values are worked out by hand for window 2, hysteresis 2.
+TEST(MixedPrecisionTest, Fp16LossScaleTrajectoryFollowsTheRules) {
+  Fixture fx(1, config_json(2, false, 1, kFp16));
+  fx.world.run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+    const std::vector<bool> overflow = {false, false, false, true, true,
+                                        false, false, false, true};
+    // iteration: stable count before it → effect
+    // 0: 0 · 1: 1 · 2: 2 → 512 · 3: overflow, hysteresis 2→1 ·
+    // 4: overflow → 256 · 5: 0 · 6: 1 · 7: 2 → 512, hysteresis 2 ·
+    // 8: overflow, hysteresis 1
+    const std::vector<double> scale = {256, 256, 512, 512, 256,
+                                       256, 256, 512, 512};
+    for (size_t k = 0; k < overflow.size(); ++k) {
+      torch::Tensor l = fx.loss(r, static_cast<int>(k));
+      e.backward(overflow[k] ? l * 1e30 : l);
+      e.step();
+      EXPECT_EQ(e.was_step_applied(), !overflow[k]) << k;
+      EXPECT_EQ(e.loss_scale(), scale[k]) << k;
+    }
+    EXPECT_EQ(e.skipped_steps(), 3);
+    EXPECT_EQ(e.global_steps(), 6);
+  });
+}
+
+TEST(MixedPrecisionTest, Fp16OverflowAtTheMinimumScaleSkipsThenThrows) {
+  Fixture fx(1, config_json(0, false, 1,
+                            "\"fp16\": {\"enabled\": true, "
+                            "\"initial_scale_power\": 0, \"hysteresis\": 1}"));
+  fx.world.run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+    const torch::Tensor before = e.full_parameters();
+    e.backward(fx.loss(r, 0) * 1e30);
+    try {
+      e.step();
+      ADD_FAILURE() << "expected UsageError";
+    } catch (const UsageError& err) {
+      EXPECT_NE(std::string(err.what()).find("min_loss_scale"),
+                std::string::npos);
+    }
+    EXPECT_FALSE(e.was_step_applied());
+    EXPECT_EQ(e.skipped_steps(), 1);
+    EXPECT_EQ(e.window_backwards(), 0);
+    EXPECT_EQ(e.flat_gradients().abs().max().item<float>(), 0.0f);
+    EXPECT_TRUE(same_bits(e.full_parameters(), before));
+    e.backward(fx.loss(r, 1));  // training can go on
+    e.step();
+    EXPECT_TRUE(e.was_step_applied());
+  });
+}
+
+// bf16: the model computes with bf16 weights that are the float32 master
+// weights rounded to bf16, after construction and after every update.
+TEST(MixedPrecisionTest, Bf16ModelWeightsAreTheMasterRounded) {
+  for (int stage : {0, 1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    Fixture fx(2, config_json(stage, false, 1, "\"bf16\": {\"enabled\": true}"));
+    fx.world.run([&](int r) {
+      Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+      for (int k = 0; k < 3; ++k) {
+        for (const torch::Tensor& p : fx.models[r]->parameters())
+          ASSERT_EQ(p.scalar_type(), torch::kBFloat16);
+        const torch::Tensor master = e.flat_parameters();
+        size_t at = 0;
+        for (const torch::Tensor& p : e.parameters()) {
+          const torch::Tensor want =
+              master.narrow(0, at, p.numel()).to(torch::kBFloat16);
+          ASSERT_TRUE(same_bits(p.reshape({-1}).contiguous(), want));
+          at += p.numel();
+        }
+        e.backward(fx.loss(r, k));
+        e.backward(fx.loss(r, k + 1));
+        e.step();
+      }
+    });
+  }
+}
+
+// data_types.grad_accum_dtype = bf16: every accumulated gradient is a bf16
+// value; fp32 accumulation of the same bf16 gradients is not.
+TEST(MixedPrecisionTest, GradAccumDtypeChoosesTheAccumulationFormat) {
+  auto accumulated = [](const std::string& accum) {
+    Fixture fx(1, config_json(0, false, 1,
+                              "\"bf16\": {\"enabled\": true}, \"data_types\": "
+                              "{\"grad_accum_dtype\": \"" + accum + "\"}"));
+    torch::Tensor g;
+    fx.world.run([&](int r) {
+      Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+      for (int i = 0; i < 6; ++i) e.backward(fx.loss(r, i));
+      g = e.flat_gradients().clone();
+    });
+    return g;
+  };
+  const torch::Tensor bf = accumulated("bf16");
+  const torch::Tensor fp = accumulated("fp32");
+  EXPECT_TRUE(same_bits(bf, bf.to(torch::kBFloat16).to(torch::kFloat)));
+  EXPECT_FALSE(same_bits(fp, fp.to(torch::kBFloat16).to(torch::kFloat)));
+  EXPECT_LT((bf - fp).abs().max().item<float>(),
+            1e-2f * fp.abs().max().item<float>());
+}
+
+// The loss scaler's state survives a checkpoint: a resumed run continues
+// with the same scale schedule and the same bits.
+TEST(MixedPrecisionTest, Fp16CheckpointCarriesTheLossScaler) {
+  const std::string dir =
+      ::testing::TempDir() + "/zs_fp16_ckpt_" + std::to_string(::getpid());
+  for (int stage : {1, 3}) {
+    Fixture fx(2, config_json(stage, false, 1, kFp16));
+    Fixture fy(2, config_json(stage, false, 1, kFp16));
+    std::vector<torch::Tensor> a(2), b(2);
+    std::vector<double> sa(2), sb(2);
+    fx.world.run([&](int r) {
+      Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+      for (int k = 0; k < 4; ++k) {
+        torch::Tensor l = fx.loss(r, k);
+        e.backward(k == 1 ? l * 1e30 : l);
+        e.step();
+      }
+      e.save_checkpoint(dir, "s" + std::to_string(stage));
+      for (int k = 4; k < 7; ++k) {
+        e.backward(fx.loss(r, k) * (k == 5 ? 1e30 : 1.0));
+        e.step();
+      }
+      a[r] = e.full_parameters();
+      sa[r] = e.loss_scale();
+    });
+    fy.world.run([&](int r) {
+      Engine e(fy.models[r], fy.config, &fy.world.comm(r));
+      e.load_checkpoint(dir, "s" + std::to_string(stage));
+      EXPECT_EQ(e.skipped_steps(), 1);
+      for (int k = 4; k < 7; ++k) {
+        e.backward(fy.loss(r, k) * (k == 5 ? 1e30 : 1.0));
+        e.step();
+      }
+      b[r] = e.full_parameters();
+      sb[r] = e.loss_scale();
+    });
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(same_bits(a[r], b[r])) << "stage " << stage;
+      EXPECT_EQ(sa[r], sb[r]);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zerostep
