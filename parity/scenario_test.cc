@@ -152,6 +152,53 @@ TEST(ScenarioTest, ReferenceCheckCatchesAWrongScaleUnderSgd) {
   EXPECT_GT(std::sqrt(diff_sq / ref_sq), 100 * kReferenceTolerance);
 }
 
+TEST(ScenarioTest, MixedPrecisionIsOkAtEveryStage) {
+  for (Precision dtype : {Precision::kBf16, Precision::kFp16})
+    for (int stage : {0, 1, 2, 3}) {
+      Scenario s = base(stage, 2);
+      s.dtype = dtype;
+      s.overlap_comm = stage == 2;
+      s.persistence_threshold = 0;
+      s.gradient_clipping = 0.05;
+      ScenarioResult r = run_scenario(s);
+      EXPECT_TRUE(r.ok) << to_string(dtype) << " stage " << stage << ": "
+                        << ::testing::PrintToString(r.failures);
+      EXPECT_TRUE(r.bitwise_equal);
+      // Not the fp32 run: the format is really in effect.
+      Scenario f = s;
+      f.dtype = Precision::kFp32;
+      EXPECT_NE(r.unmanaged.digest, run_scenario(f).unmanaged.digest);
+    }
+}
+
+TEST(ScenarioTest, InjectedFp16OverflowSkipsThatWindowInEveryRun) {
+  for (int stage : {0, 1, 2, 3}) {
+    Scenario s = base(stage, 3);
+    s.dtype = Precision::kFp16;
+    s.persistence_threshold = 0;
+    s.overflow_window = 1;
+    s.overflow_rank = 2;
+    s.overflow_backward = 4;
+    ScenarioResult r = run_scenario(s);
+    EXPECT_TRUE(r.ok) << "stage " << stage << ": "
+                      << ::testing::PrintToString(r.failures);
+    EXPECT_EQ(r.unmanaged.skipped_steps, 1);
+    EXPECT_EQ(r.managed.skipped_steps, 1);
+    EXPECT_EQ(r.unmanaged.steps_applied, 2);
+    EXPECT_EQ(r.unmanaged.loss_scales, r.managed.loss_scales);
+    EXPECT_EQ(r.unmanaged.loss_scales.size(), 3u);
+  }
+}
+
+TEST(ScenarioTest, InjectedOverflowNeedsFp16AndAPlaceInTheRun) {
+  Scenario s = base(0, 2);
+  s.overflow_window = 0;
+  EXPECT_THROW(run_scenario(s), UsageError);  // fp32
+  s.dtype = Precision::kFp16;
+  s.overflow_rank = 2;  // world is 2
+  EXPECT_THROW(run_scenario(s), UsageError);
+}
+
 TEST(ScenarioTest, EmptyOrNonPositiveNIsRejected) {
   Scenario s = base(0, 1);
   s.backwards = {};

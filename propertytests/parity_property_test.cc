@@ -94,6 +94,10 @@ std::string harness_command(const Scenario& s) {
      << " --model-scale=" << s.model_scale << " --micro-batch=" << s.micro_batch
      << " --seed=" << s.seed;
   if (s.gradient_clipping > 0) os << " --clip=" << s.gradient_clipping;
+  if (s.dtype != Precision::kFp32) os << " --dtype=" << to_string(s.dtype);
+  if (s.overflow_window >= 0)
+    os << " --overflow=" << s.overflow_window << ":" << s.overflow_rank << ":"
+       << s.overflow_backward;
   if (!s.base_config_json.empty())
     os << " --config=<a file holding: " << s.base_config_json << ">";
   if (s.overlap_comm) os << " --overlap-comm";
@@ -195,6 +199,20 @@ RC_GTEST_PROP(ParityProperty, UnmanagedMatchesManagedTwin, ()) {
   }
   RC_CLASSIFY(schedule > 0, "scheduler");
   RC_CLASSIFY(s.gradient_clipping > 0, "clipping");
+  s.dtype = *rc::gen::weightedElement<Precision>({{2, Precision::kFp32},
+                                                  {1, Precision::kBf16},
+                                                  {1, Precision::kFp16}})
+                 .as("dtype");
+  if (s.dtype == Precision::kFp16 && *rc::gen::arbitrary<bool>().as("overflow")) {
+    // One micro-batch of one rank overflows: that window must be skipped
+    // on every rank, with the same loss-scale trajectory in all runs.
+    s.overflow_window = *uniform_in(0, windows).as("overflow window");
+    s.overflow_rank = *uniform_in(0, s.world_size).as("overflow rank");
+    s.overflow_backward =
+        *uniform_in(0, s.backwards[s.overflow_window]).as("overflow backward");
+  }
+  RC_TAG(std::string(to_string(s.dtype)));
+  RC_CLASSIFY(s.overflow_window >= 0, "injected overflow");
   if (s.stage == 3) {
     s.persistence_threshold =
         *rc::gen::element<int64_t>(0, 3000, 100000).as("persistence_threshold");
