@@ -53,7 +53,8 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
   std::vector<std::vector<float>> finals(run.world_size);
   std::vector<int64_t> samples(run.world_size), applied(run.world_size),
       skipped(run.world_size);
-  std::vector<std::vector<double>> scales(run.world_size);
+  std::vector<std::vector<double>> scales(run.world_size),
+      norms(run.world_size);
   std::vector<uint64_t> comm_bytes(run.world_size),
       backward_bytes(run.world_size), forward_bytes(run.world_size),
       step_bytes(run.world_size);
@@ -80,6 +81,7 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
         engine.step();
         applied[r] += engine.was_step_applied();
         scales[r].push_back(engine.loss_scale());
+        norms[r].push_back(engine.get_global_grad_norm());
       } else {
         double sum = 0.0;
         for (int i = 0; i < n; ++i) {
@@ -105,6 +107,7 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
           applied[r] += engine.was_step_applied();
         }
         scales[r].push_back(engine.loss_scale());
+        norms[r].push_back(engine.get_global_grad_norm());
         losses[r][k] = sum / n;
       }
       base += window_samples(s, k);
@@ -138,6 +141,7 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
   d.steps_applied = applied[0];
   d.skipped_steps = skipped[0];
   d.loss_scales = scales[0];
+  d.grad_norms = norms[0];
   for (int k = 0; k < steps; ++k) {
     double m = 0.0;
     for (int r = 0; r < run.world_size; ++r) m += losses[r][k];
@@ -325,6 +329,18 @@ ScenarioResult run_scenario(const Scenario& s) {
   require(res.unmanaged.loss_scales == res.reference.loss_scales,
           "the loss-scale trajectory differs from the reference's");
   const double tol = reference_tolerance(s.dtype);
+  require(res.unmanaged.grad_norms == res.managed.grad_norms,
+          "unmanaged and managed global gradient norms differ");
+  for (size_t k = 0; k < res.reference.grad_norms.size(); ++k) {
+    const double want = res.reference.grad_norms[k];
+    const double got = res.unmanaged.grad_norms[k];
+    const double rel = want > 0 ? std::fabs(got - want) / want : std::fabs(got);
+    res.ref_grad_norm_rel_diff = std::max(res.ref_grad_norm_rel_diff, rel);
+  }
+  require(res.ref_grad_norm_rel_diff <= tol,
+          "the global gradient norm differs from the reference's by " +
+              std::to_string(res.ref_grad_norm_rel_diff) +
+              " (relative; tolerance " + std::to_string(tol) + ")");
   require(res.ref_rel_l2_diff <= tol,
           "differs from the single-rank reference by " +
               std::to_string(res.ref_rel_l2_diff) +
@@ -358,6 +374,8 @@ std::string to_json_line(const ScenarioResult& r) {
   j["ref_max_rel_diff"] = r.ref_max_rel_diff;
   j["ref_rel_l2_diff"] = r.ref_rel_l2_diff;
   j["ref_tolerance"] = reference_tolerance(s.dtype);
+  j["ref_grad_norm_rel_diff"] = r.ref_grad_norm_rel_diff;
+  j["grad_norms_unmanaged"] = r.unmanaged.grad_norms;
   j["comm_bytes_managed"] = r.managed.comm_bytes;
   j["comm_bytes_unmanaged"] = r.unmanaged.comm_bytes;
   j["backward_comm_bytes_managed"] = r.managed.backward_comm_bytes;

@@ -138,6 +138,9 @@ struct RunDigest {
   int64_t steps_applied = 0;
   int64_t skipped_steps = 0;
   std::vector<double> loss_scales;  // rank 0's, after each window's step
+  // rank 0's get_global_grad_norm() after each window's step (a skipped
+  // window repeats the previous value).
+  std::vector<double> grad_norms;
   std::vector<double> losses;  // mean over ranks of each window's mean loss
   std::string digest;          // FNV-1a 64 of params' bytes, hex
   // Rank 0's params + grads + optimizer bytes after the last step, and the
@@ -155,6 +158,10 @@ struct ScenarioResult {
   double max_abs_diff = 0.0;
   double ref_max_rel_diff = 0.0;  // max|d| / max|p_ref|, informative
   double ref_rel_l2_diff = 0.0;   // ||d||₂ / ||p_ref||₂, the checked one
+  // max over windows of |norm − norm_ref| / norm_ref: the global gradient
+  // norm (before clipping) against the reference's, checked against the
+  // same tolerance.
+  double ref_grad_norm_rel_diff = 0.0;
   int64_t expected_global_samples = 0;
   bool ok = false;
   std::vector<std::string> failures;  // why not ok, one line each
