@@ -34,10 +34,12 @@ TEST(Crc32cTest, KnownVectors) {
 // length and alignment, and both can be continued piecewise.
 TEST(Crc32cTest, HardwareMatchesPortableAndChains) {
   std::mt19937 rng(7);
-  std::vector<unsigned char> data(4099);
+  std::vector<unsigned char> data(3 * 4096 * 3 + 100);
   for (auto& b : data) b = static_cast<unsigned char>(rng());
   for (size_t start = 0; start < 9; ++start) {
-    for (size_t n : {0, 1, 7, 8, 9, 63, 64, 65, 1000, 4090}) {
+    // Around the hardware path's three-stripe blocks of 3 x 4096 bytes.
+    for (size_t n : {0, 1, 7, 8, 9, 63, 64, 65, 1000, 4090, 12287, 12288,
+                     12289, 24576, 3 * 4096 * 3 + 91}) {
       const uint32_t want = crc32c_portable(0, data.data() + start, n);
       ASSERT_EQ(crc32c(0, data.data() + start, n), want)
           << "start " << start << " n " << n;
