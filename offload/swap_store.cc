@@ -1,0 +1,502 @@
+#include "offload/swap_store.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <sstream>
+#include <utility>
+
+#include "common/errors.h"
+#include "offload/crc32c.h"
+
+namespace zerostep {
+
+// Device layout (Note [Swap pass atomicity] in swap_store.h):
+//   [0, 4096)       superblock record copy 0
+//   [4096, 8192)    superblock record copy 1
+//   [8192, ...)     copy 0: slot of sub-group 0, 1, ..., G-1
+//                   copy 1: slot of sub-group 0, 1, ..., G-1
+// A slot is the K arrays of the sub-group, each at array_stride_bytes_
+// from the previous, then a SlotTrailer, padded to a multiple of 4096.
+// Integers are stored in the host's byte order (little-endian x86-64); a
+// file moved to a big-endian host fails its magic check.
+namespace {
+
+constexpr uint64_t kRecordBytes = kBlockAlign;
+constexpr uint64_t kDataOffset = 2 * kRecordBytes;
+constexpr char kRecordMagic[8] = {'Z', 'S', 'S', 'W', 'A', 'P', '\0', '\1'};
+constexpr char kSlotMagic[8] = {'Z', 'S', 'S', 'L', 'O', 'T', '\0', '\1'};
+constexpr uint32_t kFormatVersion = 1;
+
+struct Record {
+  char magic[8];
+  uint32_t version;
+  uint32_t num_arrays;
+  uint64_t numel;
+  uint64_t subgroup_numel;
+  uint64_t slot_bytes;
+  uint64_t generation;
+  uint32_t crc;  // CRC-32C of the bytes before it
+  uint32_t pad;
+};
+static_assert(sizeof(Record) == 56, "Record layout");
+
+struct SlotTrailer {
+  char magic[8];
+  uint64_t generation;
+  uint64_t subgroup;
+  uint64_t count;
+  uint32_t data_crc;     // CRC-32C of arrays 0..K-1, count floats each
+  uint32_t trailer_crc;  // CRC-32C of the bytes before it
+};
+static_assert(sizeof(SlotTrailer) == 40, "SlotTrailer layout");
+constexpr uint64_t kTrailerBytes = 64;
+
+uint64_t round_up(uint64_t x, uint64_t m) { return (x + m - 1) / m * m; }
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t)
+      .count();
+}
+
+// Accumulates the time a scope takes into *sum.
+class Timed {
+ public:
+  explicit Timed(double* sum)
+      : sum_(sum), start_(std::chrono::steady_clock::now()) {}
+  ~Timed() { *sum_ += seconds_since(start_); }
+
+ private:
+  double* sum_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+bool parse_record(const char* block, Record* out) {
+  std::memcpy(out, block, sizeof(Record));
+  if (std::memcmp(out->magic, kRecordMagic, 8) != 0) return false;
+  if (out->crc != crc32c(0, block, offsetof(Record, crc))) return false;
+  return out->version == kFormatVersion && out->generation > 0;
+}
+
+}  // namespace
+
+struct SwapStore::Buffer {
+  AlignedBuffer memory;
+  size_t subgroup = 0;
+  std::deque<IoTicket> tickets;  // submitted, not yet waited
+  float* arrays[kMaxArrays] = {};
+};
+
+SwapStore::SwapStore(BlockDevice* device, const SwapStoreOptions& options)
+    : device_(device), options_(options) {
+  auto bad = [](const std::string& field, const std::string& value,
+                const std::string& rule) {
+    throw UsageError("SwapStoreOptions." + field + " = " + value + ": " +
+                     rule);
+  };
+  if (device == nullptr) throw UsageError("SwapStore: device is null");
+  if (options.num_arrays < 1 || options.num_arrays > kMaxArrays) {
+    bad("num_arrays", std::to_string(options.num_arrays),
+        "must be in [1, " + std::to_string(kMaxArrays) + "]");
+  }
+  if (options.numel < 1) bad("numel", "0", "must be >= 1");
+  if (options.subgroup_numel < 1) bad("subgroup_numel", "0", "must be >= 1");
+  if (options.buffer_count < 2) {
+    bad("buffer_count", std::to_string(options.buffer_count),
+        "must be >= 2 (one buffer in the update, one in I/O)");
+  }
+  if (options.io_chunk_bytes < kBlockAlign ||
+      options.io_chunk_bytes % kBlockAlign != 0 ||
+      options.io_chunk_bytes > kMaxIoBytes) {
+    bad("io_chunk_bytes", std::to_string(options.io_chunk_bytes),
+        "must be a multiple of " + std::to_string(kBlockAlign) +
+            " in [" + std::to_string(kBlockAlign) + ", " +
+            std::to_string(kMaxIoBytes) + "]");
+  }
+  const uint64_t subgroup = std::min<uint64_t>(options.subgroup_numel,
+                                               options.numel);
+  options_.subgroup_numel = static_cast<size_t>(subgroup);
+  num_subgroups_ = static_cast<size_t>((options.numel + subgroup - 1) /
+                                       subgroup);
+  array_stride_bytes_ = round_up(subgroup * sizeof(float), 64);
+  slot_bytes_ = round_up(options.num_arrays * array_stride_bytes_ +
+                             kTrailerBytes,
+                         kBlockAlign);
+
+  // Find the committed state, if any.
+  const std::string where = "opening swap store on '" + device->name() + "': ";
+  record_buffer_ = AlignedBuffer(kDataOffset);
+  if (device->size() >= kDataOffset) {
+    try {
+      device->wait(device->submit_read(0, record_buffer_.data(), kDataOffset));
+    } catch (const IoError& e) {
+      throw IoError(where + "reading the superblock failed: " + e.what());
+    }
+    for (int copy = 0; copy < 2; ++copy) {
+      Record r;
+      if (!parse_record(record_buffer_.data() + copy * kRecordBytes, &r)) {
+        continue;
+      }
+      if (r.num_arrays != options.num_arrays || r.numel != options.numel ||
+          r.subgroup_numel != options_.subgroup_numel ||
+          r.slot_bytes != slot_bytes_) {
+        std::ostringstream os;
+        os << where << "it holds a store of num_arrays=" << r.num_arrays
+           << ", numel=" << r.numel << ", subgroup_numel=" << r.subgroup_numel
+           << " (generation " << r.generation << "), but this one asks for "
+           << "num_arrays=" << options.num_arrays
+           << ", numel=" << options.numel
+           << ", subgroup_numel=" << options_.subgroup_numel
+           << ". Fix: open it with the same geometry, or use a fresh "
+              "nvme_path (or delete the file) to start over";
+        throw IoError(os.str());
+      }
+      if (r.generation > generation_) generation_ = r.generation;
+    }
+  }
+  try {
+    device->reserve(device_bytes());
+  } catch (const IoError& e) {
+    std::ostringstream os;
+    os << where << "the store needs " << device_bytes()
+       << " bytes (two copies of " << options.num_arrays << " arrays of "
+       << options.numel << " floats, in " << num_subgroups_
+       << " sub-groups of " << slot_bytes_ << " bytes, plus "
+       << kDataOffset << " bytes of superblock): " << e.what();
+    throw IoError(os.str());
+  }
+
+  const size_t nbuf = std::min(options.buffer_count,
+                               std::max<size_t>(num_subgroups_, 2));
+  buffers_.resize(nbuf);
+  for (Buffer& b : buffers_) {
+    b.memory = AlignedBuffer(slot_bytes_);
+    for (size_t k = 0; k < options.num_arrays; ++k) {
+      b.arrays[k] = reinterpret_cast<float*>(b.memory.data() +
+                                             k * array_stride_bytes_);
+    }
+  }
+}
+
+SwapStore::~SwapStore() {
+  // Narrow Note [Swap pass atomicity]'s indeterminate window to a crash:
+  // best effort, the device may be failing.
+  if (record_uncertain_) {
+    try {
+      invalidate_uncertain_record();
+    } catch (...) {
+    }
+  }
+}
+
+uint64_t SwapStore::device_bytes() const {
+  return kDataOffset + 2 * num_subgroups_ * slot_bytes_;
+}
+
+uint64_t SwapStore::buffer_bytes() const {
+  return slot_bytes_ * buffers_.size();
+}
+
+uint64_t SwapStore::slot_offset(uint64_t copy, size_t subgroup) const {
+  return kDataOffset + (copy * num_subgroups_ + subgroup) * slot_bytes_;
+}
+
+size_t SwapStore::subgroup_count(size_t subgroup) const {
+  const uint64_t first = uint64_t{subgroup} * options_.subgroup_numel;
+  return static_cast<size_t>(
+      std::min<uint64_t>(options_.subgroup_numel, options_.numel - first));
+}
+
+uint32_t SwapStore::data_crc(const Buffer& b) const {
+  const size_t count = subgroup_count(b.subgroup);
+  uint32_t crc = 0;
+  for (size_t k = 0; k < options_.num_arrays; ++k) {
+    crc = crc32c(crc, b.arrays[k], count * sizeof(float));
+  }
+  return crc;
+}
+
+void SwapStore::seal(Buffer& b, uint64_t generation) const {
+  SlotTrailer t;
+  std::memcpy(t.magic, kSlotMagic, 8);
+  t.generation = generation;
+  t.subgroup = b.subgroup;
+  t.count = subgroup_count(b.subgroup);
+  t.data_crc = data_crc(b);
+  t.trailer_crc = crc32c(0, &t, offsetof(SlotTrailer, trailer_crc));
+  std::memcpy(b.memory.data() + options_.num_arrays * array_stride_bytes_, &t,
+              sizeof(t));
+}
+
+void SwapStore::verify(const Buffer& b, uint64_t copy) const {
+  SlotTrailer t;
+  std::memcpy(&t, b.memory.data() + options_.num_arrays * array_stride_bytes_,
+              sizeof(t));
+  std::string problem;
+  if (std::memcmp(t.magic, kSlotMagic, 8) != 0) {
+    problem = "no slot trailer";
+  } else if (t.trailer_crc !=
+             crc32c(0, &t, offsetof(SlotTrailer, trailer_crc))) {
+    problem = "trailer checksum mismatch";
+  } else if (t.generation != generation_) {
+    problem = "slot holds generation " + std::to_string(t.generation);
+  } else if (t.subgroup != b.subgroup) {
+    problem = "slot holds sub-group " + std::to_string(t.subgroup);
+  } else if (t.count != subgroup_count(b.subgroup)) {
+    problem = "slot holds " + std::to_string(t.count) + " elements";
+  } else if (t.data_crc != data_crc(b)) {
+    problem = "data checksum mismatch";
+  } else {
+    return;
+  }
+  std::ostringstream os;
+  os << "corrupt sub-group " << b.subgroup << " (copy " << copy
+     << " at offset " << slot_offset(copy, b.subgroup) << " of '"
+     << device_->name() << "', committed generation " << generation_
+     << "): " << problem
+     << ". The file was modified behind the store or the drive corrupted "
+        "it; restore the optimizer state from a checkpoint";
+  throw IoError(os.str());
+}
+
+void SwapStore::write_record(uint64_t generation, uint64_t copy) {
+  char* block = record_buffer_.data();
+  std::memset(block, 0, kRecordBytes);
+  if (generation > 0) {
+    Record r{};
+    std::memcpy(r.magic, kRecordMagic, 8);
+    r.version = kFormatVersion;
+    r.num_arrays = static_cast<uint32_t>(options_.num_arrays);
+    r.numel = options_.numel;
+    r.subgroup_numel = options_.subgroup_numel;
+    r.slot_bytes = slot_bytes_;
+    r.generation = generation;
+    std::memcpy(block, &r, sizeof(r));
+    r.crc = crc32c(0, block, offsetof(Record, crc));
+    std::memcpy(block, &r, sizeof(r));
+  }
+  device_->wait(device_->submit_write(copy * kRecordBytes, block,
+                                      kRecordBytes));
+  stats_.bytes_written += kRecordBytes;
+}
+
+void SwapStore::invalidate_uncertain_record() {
+  // Zeros over the record slot a failed commit may have filled (the one
+  // for generation_ + 1), made durable before anything else is written.
+  write_record(0, (generation_ + 1) % 2);
+  device_->flush();
+  record_uncertain_ = false;
+}
+
+void SwapStore::update(const std::function<void(const SwapSubgroup&)>& fn) {
+  if (!has_state()) {
+    throw UsageError("SwapStore::update on '" + device_->name() +
+                     "': the store has no committed state; initialise it "
+                     "with write_all or write_arrays first");
+  }
+  run_pass(Mode::kUpdate, [&](Buffer& b) {
+    const size_t count = subgroup_count(b.subgroup);
+    fn(SwapSubgroup{b.subgroup, uint64_t{b.subgroup} * options_.subgroup_numel,
+                    count, b.arrays, options_.num_arrays});
+  });
+}
+
+void SwapStore::write_all(
+    const std::function<void(const SwapSubgroup&)>& fn) {
+  run_pass(Mode::kWrite, [&](Buffer& b) {
+    const size_t count = subgroup_count(b.subgroup);
+    fn(SwapSubgroup{b.subgroup, uint64_t{b.subgroup} * options_.subgroup_numel,
+                    count, b.arrays, options_.num_arrays});
+  });
+}
+
+void SwapStore::read_all(
+    const std::function<void(const SwapSubgroupView&)>& fn) {
+  if (!has_state()) {
+    throw UsageError("SwapStore::read_all on '" + device_->name() +
+                     "': the store has no committed state");
+  }
+  run_pass(Mode::kRead, [&](Buffer& b) {
+    const size_t count = subgroup_count(b.subgroup);
+    fn(SwapSubgroupView{b.subgroup,
+                        uint64_t{b.subgroup} * options_.subgroup_numel, count,
+                        b.arrays, options_.num_arrays});
+  });
+}
+
+void SwapStore::write_arrays(const float* const* arrays) {
+  write_all([&](const SwapSubgroup& s) {
+    for (size_t k = 0; k < s.num_arrays; ++k) {
+      std::memcpy(s.arrays[k], arrays[k] + s.first, s.count * sizeof(float));
+    }
+  });
+}
+
+void SwapStore::read_arrays(float* const* arrays) {
+  read_all([&](const SwapSubgroupView& s) {
+    for (size_t k = 0; k < s.num_arrays; ++k) {
+      std::memcpy(arrays[k] + s.first, s.arrays[k], s.count * sizeof(float));
+    }
+  });
+}
+
+void SwapStore::run_pass(Mode mode,
+                         const std::function<void(Buffer&)>& body) {
+  stats_ = SwapPassStats();
+  const auto start = std::chrono::steady_clock::now();
+  const bool reads = mode != Mode::kWrite;
+  const bool writes = mode != Mode::kRead;
+  const uint64_t src = generation_ % 2;
+  const uint64_t dst = (generation_ + 1) % 2;
+  const size_t groups = num_subgroups_;
+
+  std::deque<size_t> free_buffers, reading, writing;
+  for (size_t i = 0; i < buffers_.size(); ++i) free_buffers.push_back(i);
+  size_t next_read = 0;
+  // Where the pass is, for the error message.
+  std::string stage = "start";
+  auto set_stage = [&](const char* what, size_t subgroup) {
+    stage = std::string(what) + " sub-group " + std::to_string(subgroup) +
+            " of " + std::to_string(groups);
+  };
+
+  auto submit = [&](Buffer& b, IoOp op, uint64_t copy) {
+    set_stage(op == IoOp::kRead ? "reading" : "writing", b.subgroup);
+    const uint64_t base = slot_offset(copy, b.subgroup);
+    for (uint64_t done = 0; done < slot_bytes_;) {
+      const size_t n = static_cast<size_t>(
+          std::min<uint64_t>(options_.io_chunk_bytes, slot_bytes_ - done));
+      char* p = b.memory.data() + done;
+      b.tickets.push_back(op == IoOp::kRead
+                              ? device_->submit_read(base + done, p, n)
+                              : device_->submit_write(base + done, p, n));
+      done += n;
+    }
+    (op == IoOp::kRead ? stats_.bytes_read : stats_.bytes_written) +=
+        slot_bytes_;
+  };
+  auto wait_buffer = [&](Buffer& b, IoOp op) {
+    set_stage(op == IoOp::kRead ? "reading" : "writing", b.subgroup);
+    Timed t(&stats_.wait_seconds);
+    while (!b.tickets.empty()) {
+      const IoTicket ticket = b.tickets.front();
+      b.tickets.pop_front();  // retired even if wait throws
+      device_->wait(ticket);
+    }
+  };
+  auto buffer_ready = [&](Buffer& b) {
+    for (IoTicket t : b.tickets) {
+      if (!device_->poll(t)) return false;
+    }
+    return true;
+  };
+  auto retire_oldest_write = [&] {
+    const size_t i = writing.front();
+    wait_buffer(buffers_[i], IoOp::kWrite);
+    writing.pop_front();
+    free_buffers.push_back(i);
+  };
+  auto start_read = [&] {
+    const size_t i = free_buffers.front();
+    free_buffers.pop_front();
+    buffers_[i].subgroup = next_read++;
+    submit(buffers_[i], IoOp::kRead, src);
+    reading.push_back(i);
+  };
+
+  try {
+    if (writes && record_uncertain_) {
+      stage = "invalidating the uncertain commit record";
+      Timed t(&stats_.wait_seconds);
+      invalidate_uncertain_record();
+    }
+    for (size_t g = 0; g < groups; ++g) {
+      size_t current;
+      if (reads) {
+        // Read as far ahead as free buffers allow; sub-group g at least.
+        while (!writing.empty() && buffer_ready(buffers_[writing.front()])) {
+          retire_oldest_write();
+        }
+        if (next_read == g && free_buffers.empty()) retire_oldest_write();
+        while (next_read < groups && !free_buffers.empty()) start_read();
+        current = reading.front();
+        reading.pop_front();
+        wait_buffer(buffers_[current], IoOp::kRead);
+        verify(buffers_[current], src);
+        // The read of g + 1 goes out before the function runs on g.
+        if (next_read == g + 1 && next_read < groups && free_buffers.empty()) {
+          retire_oldest_write();
+        }
+        while (next_read < groups && !free_buffers.empty()) start_read();
+      } else {
+        if (free_buffers.empty()) retire_oldest_write();
+        current = free_buffers.front();
+        free_buffers.pop_front();
+        Buffer& b = buffers_[current];
+        b.subgroup = g;
+        std::memset(b.memory.data(), 0, b.memory.size());
+      }
+      Buffer& b = buffers_[current];
+      {
+        set_stage("the function on", g);
+        Timed t(&stats_.function_seconds);
+        body(b);
+      }
+      if (writes) {
+        seal(b, generation_ + 1);
+        submit(b, IoOp::kWrite, dst);
+        writing.push_back(current);
+      } else {
+        free_buffers.push_back(current);
+      }
+    }
+    while (!writing.empty()) retire_oldest_write();
+    if (writes) {
+      Timed t(&stats_.wait_seconds);
+      stage = "flushing the new sub-groups";
+      device_->flush();
+      stage = "committing generation " + std::to_string(generation_ + 1);
+      record_uncertain_ = true;
+      write_record(generation_ + 1, dst);
+      device_->flush();
+      record_uncertain_ = false;
+      ++generation_;
+    }
+  } catch (...) {
+    // Every transfer must finish before its buffer is reused or freed.
+    for (Buffer& b : buffers_) {
+      while (!b.tickets.empty()) {
+        const IoTicket ticket = b.tickets.front();
+        b.tickets.pop_front();
+        try {
+          device_->wait(ticket);
+        } catch (...) {
+        }
+      }
+    }
+    stats_.seconds = seconds_since(start);
+    try {
+      throw;
+    } catch (const IoError& e) {
+      const char* name = mode == Mode::kUpdate  ? "update"
+                         : mode == Mode::kWrite ? "write_all"
+                                                : "read_all";
+      std::ostringstream os;
+      os << "swap store on '" << device_->name() << "': " << name;
+      if (writes) {
+        os << " (generation " << generation_ << " -> " << generation_ + 1
+           << ")";
+      } else {
+        os << " (generation " << generation_ << ")";
+      }
+      os << " failed at " << stage << "; the store keeps generation "
+         << generation_ << " and stays usable. Cause: " << e.what();
+      throw IoError(os.str());
+    }
+  }
+  stats_.seconds = seconds_since(start);
+}
+
+}  // namespace zerostep
