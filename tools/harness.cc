@@ -211,6 +211,22 @@ int main_impl(int argc, char** argv) {
     per_step.assign(steps, backwards.front());
   }
 
+  if (!overflow.empty()) {
+    const int min_world = *std::min_element(worlds.begin(), worlds.end());
+    if (overflow[0] < 0 || overflow[0] >= static_cast<int>(per_step.size()))
+      usage_error("--overflow: window " + std::to_string(overflow[0]) +
+                  " is not one of the run's " +
+                  std::to_string(per_step.size()) + " windows (0-based)");
+    if (overflow[1] < 0 || overflow[1] >= min_world)
+      usage_error("--overflow: rank " + std::to_string(overflow[1]) +
+                  " does not exist in --world=" + std::to_string(min_world));
+    if (overflow[2] < 0 || overflow[2] >= per_step[overflow[0]])
+      usage_error("--overflow: window " + std::to_string(overflow[0]) +
+                  " has " + std::to_string(per_step[overflow[0]]) +
+                  " backward() calls; backward " + std::to_string(overflow[2]) +
+                  " is not one of them (0-based)");
+  }
+
   std::string base_config;
   if (!config_path.empty()) {
     // Validate the user's file exactly as the engine would, for every world.
