@@ -18,6 +18,7 @@ HttpServer::HttpServer(Service* service) : impl_(new Impl) {
   httplib::Server& s = impl_->server;
   s.new_task_queue = [] { return new httplib::ThreadPool(64); };
   s.set_keep_alive_max_count(100000);
+  s.set_tcp_nodelay(true);  // small responses: no Nagle delay
   s.set_keep_alive_timeout(60);
   s.set_payload_max_length(256u << 20);
   auto handler = [this](const httplib::Request& req, httplib::Response& res) {
