@@ -20,7 +20,9 @@
 //                        (or torchrun), from RANK/WORLD_SIZE/MASTER_ADDR/
 //                        MASTER_PORT; rank 0 serves HTTP
 //   --state-dir=DIR      where save_state writes (default
-//                        /tmp/zerostep-tinker-<pid of rank 0's process>)
+//                        /tmp/zerostep-tinker-<pid of rank 0's process>;
+//                        with gloo, rank 0's folder is every rank's, so
+//                        across machines it must be a shared file system)
 //   --seed=N             seed of every base model's weights (default 1234)
 //   --long-poll-s=T      retrieve_future waits this long before try_again (30)
 //   --seq-gap-timeout-s=T  a request waits this long for a missing seq_id (60)
@@ -46,6 +48,7 @@
 #include "common/errors.h"
 #include "engine/checkpoint_io.h"
 #include "sim/sim_world.h"
+#include "tools/tinker/command.h"
 #include "tools/tinker/http.h"
 #include "tools/tinker/service.h"
 #include "tools/tinker/trainer.h"
@@ -185,6 +188,9 @@ int run(int argc, char** argv) {
   GlooOptions go;
   go.timeout = std::chrono::seconds(120);
   std::unique_ptr<GlooCommunicator> comm = GlooCommunicator::from_environment(go);
+  // Every rank writes and reads the same checkpoint folder: rank 0's choice
+  // (on several machines it must be on a shared file system).
+  tinker::broadcast_bytes(*comm, &topts.state_dir);
   tinker::RankTrainer trainer(comm.get(), topts);
   if (comm->rank() == 0) {
     std::printf("seed=%llu backend=gloo world=%d config=%s state_dir=%s\n",

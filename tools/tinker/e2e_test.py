@@ -53,15 +53,17 @@ TEXTS = [
 class Server:
     """A trainer_server process on a free port."""
 
-    def __init__(self, binary, *args):
+    def __init__(self, binary, *args, launch=None):
         self.state_dir = tempfile.mkdtemp(prefix="zerostep-tinker-e2e-")
         cmd = [binary, "--port=0", "--state-dir=" + self.state_dir, *args]
+        if launch:  # real processes: tools/launch prefixes lines with "[rank R] "
+            cmd = [launch[0], "--nproc=%d" % launch[1], "--", *cmd]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         self.url = None
         deadline = time.time() + 120
         for line in self.proc.stdout:
             sys.stdout.write("server: " + line)
-            if line.startswith("listening on "):
+            if "listening on http" in line and "[rank 1" not in line:
                 self.url = line.split()[-1]
                 break
             if time.time() > deadline:
@@ -388,6 +390,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--server", required=True)
     ap.add_argument("--only", default="")
+    ap.add_argument("--launch", default="", help="tools/launch: adds a gloo scenario")
     args = ap.parse_args()
     print("tinker SDK", tinker.__version__)
     fd, stage3_config = tempfile.mkstemp(suffix=".json")
@@ -404,12 +407,16 @@ def main():
          ["--world=2", "--stage=2", "--seq-gap-timeout-s=1", "--long-poll-s=2"],
          check_bad_input, None),
     ]
+    if args.launch:
+        scenarios.append(("gloo-2-processes-stage2", ["--backend=gloo", "--stage=2"],
+                          check_training, 2))
     passed = failed = 0
     for name, flags, fn, world in scenarios:
         if args.only and args.only != name:
             continue
         print("=== " + name, flush=True)
-        server = Server(args.server, *flags)
+        launch = (args.launch, world) if name.startswith("gloo") else None
+        server = Server(args.server, *flags, launch=launch)
         try:
             if world is None:
                 fn(server)
