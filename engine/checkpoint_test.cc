@@ -149,6 +149,31 @@ TEST(CheckpointTest, ReshardsIntoAnotherWorldSizeAndStageOnlyWhenAsked) {
   EXPECT_FALSE(torch::equal(saved, b.params()));
 }
 
+TEST(CheckpointTest, WeightsOnlyLoadRestartsTheOptimizer) {
+  const std::string dir = temp_dir();
+  Trainer a(2, 2, 5);
+  a.train(0, 2);
+  a.save(dir, "k2");
+  // A fresh engine that loads the weights only continues exactly as a fresh
+  // engine started from those weights: zero moments, optimizer step 1 next.
+  Trainer b(2, 2, 77);
+  LoadOptions o;
+  o.load_optimizer_states = false;
+  b.load(dir, "k2", o);
+  EXPECT_TRUE(torch::equal(a.params(), b.params()));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(b.engines[r]->optimizer().step_count(), 0);
+    for (float m : b.engines[r]->optimizer().exp_avg()) ASSERT_EQ(m, 0.0f);
+  }
+  Trainer full(2, 2, 77);
+  full.load(dir, "k2");
+  EXPECT_GT(full.engines[0]->optimizer().step_count(), 0);
+  b.train(2, 1);
+  full.train(2, 1);
+  // Same gradients, different optimizer state: different updates.
+  EXPECT_FALSE(torch::equal(b.params(), full.params()));
+}
+
 TEST(CheckpointTest, CorruptOrTruncatedFilesAreIoErrorsThatChangeNothing) {
   const std::string dir = temp_dir();
   Trainer a(2, 2, 5);

@@ -811,8 +811,13 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
         ls.at("hysteresis_left").get<int64_t>()};
   }
   // Everything is verified: apply.
-  stage_->load_state(params, exp_avg, exp_avg_sq,
-                     m.at("optimizer_steps").get<int64_t>());
+  int64_t optimizer_steps = m.at("optimizer_steps").get<int64_t>();
+  if (!options.load_optimizer_states) {
+    std::fill(exp_avg.begin(), exp_avg.end(), 0.0f);
+    std::fill(exp_avg_sq.begin(), exp_avg_sq.end(), 0.0f);
+    optimizer_steps = 0;
+  }
+  stage_->load_state(params, exp_avg, exp_avg_sq, optimizer_steps);
   sync_model_params();
   if (scaler_state) scaler_.restore(*scaler_state);
   boundary_.restore(counters);

@@ -64,6 +64,10 @@ struct LoadOptions {
   // Allow a checkpoint written by another world size or ZeRO stage: state
   // is stored in canonical order, so any layout can be rebuilt from it.
   bool allow_reshard = false;
+  // false: restore the parameters, counters and lr schedule but start the
+  // optimizer afresh (moments zero, step count 0), as DeepSpeed's
+  // load_checkpoint(load_optimizer_states=False).
+  bool load_optimizer_states = true;
 };
 
 class Engine final : private internal::Zero3Hooks {

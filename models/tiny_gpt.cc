@@ -4,7 +4,7 @@
 
 namespace zerostep {
 
-TinyGptBlockImpl::TinyGptBlockImpl(const TinyGptOptions& o)
+TinyGptBlockImpl::TinyGptBlockImpl(const TinyGptOptions& o, int64_t index)
     : n_head_(o.n_head) {
   ln1_ = register_module(
       "ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
@@ -15,6 +15,19 @@ TinyGptBlockImpl::TinyGptBlockImpl(const TinyGptOptions& o)
   fc_ = register_module("fc", torch::nn::Linear(o.d_model, 4 * o.d_model));
   fc_out_ =
       register_module("fc_out", torch::nn::Linear(4 * o.d_model, o.d_model));
+  // Adapters after every base layer, from their own generators: the base
+  // weights do not depend on whether adapters exist.
+  const int64_t d = o.d_model;
+  const uint64_t stream = static_cast<uint64_t>(index) * 8;
+  if (o.lora.rank > 0 && o.lora.attn) {
+    qkv_lora_ = register_module("qkv_lora", LoraAdapter(d, 3 * d, o.lora, stream));
+    proj_lora_ = register_module("proj_lora", LoraAdapter(d, d, o.lora, stream + 1));
+  }
+  if (o.lora.rank > 0 && o.lora.mlp) {
+    fc_lora_ = register_module("fc_lora", LoraAdapter(d, 4 * d, o.lora, stream + 2));
+    fc_out_lora_ =
+        register_module("fc_out_lora", LoraAdapter(4 * d, d, o.lora, stream + 3));
+  }
 }
 
 torch::Tensor TinyGptBlockImpl::forward(torch::Tensor input) {
@@ -22,7 +35,7 @@ torch::Tensor TinyGptBlockImpl::forward(torch::Tensor input) {
     torch::Tensor x = in;
     const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
     const int64_t hd = c / n_head_;
-    auto qkv = qkv_->forward(ln1_->forward(x)).chunk(3, /*dim=*/-1);
+    auto qkv = lora_linear(qkv_, qkv_lora_, ln1_->forward(x)).chunk(3, /*dim=*/-1);
     auto heads = [&](const torch::Tensor& y) {
       return y.view({b, t, n_head_, hd}).transpose(1, 2);
     };
@@ -32,8 +45,9 @@ torch::Tensor TinyGptBlockImpl::forward(torch::Tensor input) {
     torch::Tensor mask = torch::ones({t, t}, torch::kBool).tril().logical_not();
     att = att.masked_fill(mask, -1e9).softmax(-1);
     torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, c});
-    x = x + proj_->forward(y);
-    x = x + fc_out_->forward(torch::gelu(fc_->forward(ln2_->forward(x))));
+    x = x + lora_linear(proj_, proj_lora_, y);
+    x = x + lora_linear(fc_out_, fc_out_lora_,
+                        torch::gelu(lora_linear(fc_, fc_lora_, ln2_->forward(x))));
     return x;
   });
 }
@@ -43,10 +57,15 @@ TinyGptImpl::TinyGptImpl(const TinyGptOptions& o) : options_(o) {
   pos_ = register_module("pos", torch::nn::Embedding(o.block_size, o.d_model));
   for (int64_t i = 0; i < o.n_layer; ++i)
     blocks_.push_back(
-        register_module("block" + std::to_string(i), TinyGptBlock(o)));
+        register_module("block" + std::to_string(i), TinyGptBlock(o, i)));
   ln_f_ = register_module(
       "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
   head_ = register_module("head", torch::nn::Linear(o.d_model, o.vocab_size));
+  if (o.lora.rank > 0 && o.lora.unembed) {
+    head_lora_ = register_module(
+        "head_lora", LoraAdapter(o.d_model, o.vocab_size, o.lora,
+                                 /*stream=*/static_cast<uint64_t>(o.n_layer) * 8));
+  }
 }
 
 torch::Tensor TinyGptImpl::forward(torch::Tensor tokens) {
@@ -54,7 +73,7 @@ torch::Tensor TinyGptImpl::forward(torch::Tensor tokens) {
   torch::Tensor positions = torch::arange(t, torch::kLong);
   torch::Tensor x = tok_->forward(tokens) + pos_->forward(positions);
   for (auto& block : blocks_) x = block->forward(x);
-  return head_->forward(ln_f_->forward(x));
+  return lora_linear(head_, head_lora_, ln_f_->forward(x));
 }
 
 }  // namespace zerostep

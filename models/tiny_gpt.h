@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/zero3_block.h"
+#include "models/lora.h"
 
 namespace zerostep {
 
@@ -19,12 +20,17 @@ struct TinyGptOptions {
   int64_t d_model = 32;
   int64_t n_head = 2;
   int64_t n_layer = 2;
+  // LoRA adapters on the linear layers (lora.rank = 0: none). The base
+  // weights are the same with and without adapters for a given torch seed;
+  // freezing them is the caller's choice (freeze_all_but_lora).
+  LoraOptions lora;
 };
 
 // One transformer block: a ZeRO stage 3 block (engine/zero3_block.h).
 class TinyGptBlockImpl : public torch::nn::Module, public Zero3Block {
  public:
-  explicit TinyGptBlockImpl(const TinyGptOptions& o);
+  // `index` tells the block's LoRA adapters apart.
+  TinyGptBlockImpl(const TinyGptOptions& o, int64_t index = 0);
   torch::Tensor forward(torch::Tensor x);
 
  private:
@@ -32,6 +38,8 @@ class TinyGptBlockImpl : public torch::nn::Module, public Zero3Block {
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc_{nullptr},
       fc_out_{nullptr};
+  LoraAdapter qkv_lora_{nullptr}, proj_lora_{nullptr}, fc_lora_{nullptr},
+      fc_out_lora_{nullptr};
 };
 TORCH_MODULE(TinyGptBlock);
 
@@ -48,6 +56,7 @@ class TinyGptImpl : public torch::nn::Module {
   std::vector<TinyGptBlock> blocks_;
   torch::nn::LayerNorm ln_f_{nullptr};
   torch::nn::Linear head_{nullptr};
+  LoraAdapter head_lora_{nullptr};
 };
 TORCH_MODULE(TinyGpt);
 

@@ -1,0 +1,64 @@
+#include "tools/tinker/command.h"
+
+#include <cstring>
+#include <vector>
+
+#include "common/errors.h"
+
+namespace zerostep {
+namespace tinker {
+
+CommandResult CommandResult::failure(std::string error, std::string category) {
+  CommandResult r;
+  r.ok = false;
+  r.error = std::move(error);
+  r.category = std::move(category);
+  return r;
+}
+
+// Layout: 8-byte little-endian length of the JSON header, the header
+// {"op", "args"}, then the blob.
+std::string encode_command(const Command& c) {
+  const std::string header =
+      nlohmann::json{{"op", c.op}, {"args", c.args}}.dump();
+  std::string out(8, '\0');
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(n >> (8 * i));
+  out += header;
+  out += c.blob;
+  return out;
+}
+
+Command decode_command(const std::string& bytes) {
+  if (bytes.size() < 8) throw UsageError("command: truncated header length");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i)
+    n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  if (n > bytes.size() - 8) throw UsageError("command: truncated header");
+  Command c;
+  try {
+    nlohmann::json h = nlohmann::json::parse(bytes.substr(8, n));
+    c.op = h.at("op").get<std::string>();
+    c.args = h.at("args");
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(std::string("command: bad header: ") + e.what());
+  }
+  c.blob = bytes.substr(8 + n);
+  return c;
+}
+
+void broadcast_bytes(Communicator& comm, std::string* bytes) {
+  int64_t size = static_cast<int64_t>(bytes->size());
+  comm.broadcast(Buffer::of(&size, 1), {0, Phase::kSetup});
+  std::vector<int64_t> words(static_cast<size_t>((size + 7) / 8), 0);
+  if (comm.rank() == 0 && size > 0) std::memcpy(words.data(), bytes->data(), bytes->size());
+  if (!words.empty())
+    comm.broadcast(Buffer::of(words.data(), words.size()), {0, Phase::kSetup});
+  if (comm.rank() != 0) {
+    bytes->assign(reinterpret_cast<const char*>(words.data()),
+                  static_cast<size_t>(size));
+  }
+}
+
+}  // namespace tinker
+}  // namespace zerostep

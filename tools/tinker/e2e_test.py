@@ -1,0 +1,439 @@
+"""End-to-end test of //tools:trainer_server driven by the official tinker SDK.
+
+Run by tools/tinker/e2e_test.sh inside a virtual environment holding the
+pinned SDK (tools/tinker/requirements.txt). Usage:
+
+    python e2e_test.py --server=PATH/trainer_server [--only=NAME]
+
+Each scenario starts its own server on a free loopback port, drives it and
+stops it. Parameters are compared through the digest the server reports
+(optim_step metrics param_digest_hi/lo, get_info's param_digest: FNV-1a 64
+of every trainable float32 parameter in order).
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import warnings
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import tinker
+from tinker import types
+from tinker.proto import tinker_public_pb2 as pb
+
+warnings.simplefilter("ignore", FutureWarning)
+
+API_KEY = "tml-zerostep-e2e"  # the SDK insists on the prefix; the server ignores it
+BASE = "zerostep/tiny-gpt"
+
+TEXTS = [
+    "the quick brown fox jumps over the lazy dog",
+    "zerostep trains with a caller owned boundary",
+    "one optim step after many forward backward calls",
+    "sum the gradients over the window then step",
+    "data parallel ranks behind one http server",
+    "lora adapters train while the base is frozen",
+    "bitwise equal parameters whatever the split",
+    "a tiny model keeps the test fast on two cores",
+]
+
+
+class Server:
+    """A trainer_server process on a free port."""
+
+    def __init__(self, binary, *args, launch=None):
+        self.state_dir = tempfile.mkdtemp(prefix="zerostep-tinker-e2e-")
+        cmd = [binary, "--port=0", "--state-dir=" + self.state_dir, *args]
+        if launch:  # real processes: tools/launch prefixes lines with "[rank R] "
+            cmd = [launch[0], "--nproc=%d" % launch[1], "--", *cmd]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        self.url = None
+        deadline = time.time() + 120
+        for line in self.proc.stdout:
+            sys.stdout.write("server: " + line)
+            if "listening on http" in line and "[rank 1" not in line:
+                self.url = line.split()[-1]
+                break
+            if time.time() > deadline:
+                break
+        if self.url is None:
+            self.stop()
+            raise AssertionError("trainer_server did not start: " + " ".join(cmd))
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self):
+        for line in self.proc.stdout:
+            sys.stdout.write("server: " + line)
+
+    def post(self, endpoint, body, content_type="application/json", accept=None):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + "/api/v1/" + endpoint, data=data, method="POST")
+        req.add_header("Content-Type", content_type)
+        req.add_header("X-API-Key", API_KEY)
+        if accept:
+            req.add_header("Accept", accept)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return resp.status, resp.headers.get("Content-Type", ""), resp.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers.get("Content-Type", ""), e.read()
+
+    def post_json(self, endpoint, body):
+        status, _, raw = self.post(endpoint, body)
+        return status, json.loads(raw)
+
+    def result(self, request_id, accept="application/x-protobuf"):
+        """Polls retrieve_future until the future is done; (kind, payload)."""
+        for _ in range(100):
+            status, ctype, raw = self.post(
+                "retrieve_future", {"request_id": request_id}, accept=accept
+            )
+            assert status == 200, (status, raw)
+            if "application/x-protobuf" in ctype:
+                out = pb.ForwardBackwardOutput()
+                out.ParseFromString(raw)
+                return "proto", out
+            body = json.loads(raw)
+            if body.get("type") == "try_again":
+                continue
+            if "error" in body:
+                return "error", body
+            return "json", body
+        raise AssertionError("future never finished: " + request_id)
+
+    def digest(self, model_id):
+        status, body = self.post_json("get_info", {"model_id": model_id})
+        assert status == 200, body
+        return body["param_digest"]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def encode(text):
+    return list(text.encode())
+
+
+def datum(text):
+    tokens = encode(text)
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": np.array(tokens[1:], dtype=np.int64),
+            "weights": np.ones(len(tokens) - 1, dtype=np.float32),
+        },
+    )
+
+
+def optim_digest(metrics):
+    hi = int(metrics["param_digest_hi:unique"])
+    lo = int(metrics["param_digest_lo:unique"])
+    return "%016x" % ((hi << 32) | lo)
+
+
+def training_client(sc, rank=4, seed=7):
+    tc = sc.create_lora_training_client(base_model=BASE, rank=rank, seed=seed)
+    return tc.result() if hasattr(tc, "result") and not hasattr(tc, "forward_backward") else tc
+
+
+def adam(lr=2e-2):
+    return types.AdamParams(learning_rate=lr, beta1=0.9, beta2=0.95, eps=1e-8)
+
+
+def check_training(server, world):
+    """Loss falls; N forward_backward + 1 optim_step == 1 forward_backward
+    with all the data + 1 optim_step, bitwise; save_state / load_state."""
+    sc = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    caps = sc.get_server_capabilities()
+    names = [m.model_name for m in caps.supported_models]
+    assert BASE in names, names
+
+    # The loss falls over steps.
+    tc = training_client(sc)
+    info = tc.get_info()
+    assert info.is_lora and info.lora_rank == 4, info
+    data = [datum(t) for t in TEXTS[:4]]
+    losses = []
+    for _ in range(6):
+        fb = tc.forward_backward(data, "cross_entropy")
+        opt = tc.optim_step(adam(5e-2))
+        out = fb.result()
+        opt.result()
+        losses.append(out.metrics["loss:sum"])
+        # loss:sum is the sum over datums of -sum(weights * logprobs).
+        recomputed = -sum(float(np.sum(o["logprobs"].to_numpy())) for o in out.loss_fn_outputs)
+        assert math.isclose(out.metrics["loss:sum"], recomputed, rel_tol=1e-5), (
+            out.metrics, recomputed)
+    print("losses", ["%.3f" % x for x in losses])
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+    assert losses[-1] < 0.8 * losses[0], losses
+
+    # Split vs whole: N requests of `world` datums each against one request
+    # carrying all of them (Note [Bitwise splitting] in trainer.h).
+    split, whole = training_client(sc, seed=11), training_client(sc, seed=11)
+    n = 3
+    chunk = [datum(t) for t in TEXTS[: n * world]]
+    for step in range(2):
+        futures = [split.forward_backward(chunk[i * world:(i + 1) * world], "cross_entropy")
+                   for i in range(n)]
+        d_split = optim_digest(split.optim_step(adam()).result().metrics)
+        split_lp = [o["logprobs"].to_numpy() for f in futures for o in f.result().loss_fn_outputs]
+        fb = whole.forward_backward(chunk, "cross_entropy")
+        d_whole = optim_digest(whole.optim_step(adam()).result().metrics)
+        whole_lp = [o["logprobs"].to_numpy() for o in fb.result().loss_fn_outputs]
+        print("step", step, "split", d_split, "whole", d_whole)
+        assert d_split == d_whole, (step, d_split, d_whole)
+        assert all(np.array_equal(a, b) for a, b in zip(split_lp, whole_lp))
+    assert server.digest(split.model_id) == server.digest(whole.model_id)
+
+    # save_state / load_state (weights only) and a client from the state.
+    path = split.save_state("after-2").result().path
+    saved = server.digest(split.model_id)
+    assert path.startswith("tinker://"), path
+    split.forward_backward(chunk[:world], "cross_entropy")
+    moved = optim_digest(split.optim_step(adam()).result().metrics)
+    assert moved != saved
+    split.load_state(path).result()
+    assert server.digest(split.model_id) == saved
+    restored = sc.create_training_client_from_state(path)
+    restored = restored.result() if hasattr(restored, "result") else restored
+    assert server.digest(restored.model_id) == saved
+
+    # Other losses: the reported loss is the documented formula of the
+    # returned logprobs.
+    q = [np.full(len(encode(t)) - 1, -3.0, dtype=np.float32) for t in TEXTS[:2]]
+    adv = [np.linspace(-1, 1, len(encode(t)) - 1).astype(np.float32) for t in TEXTS[:2]]
+    for loss_fn, cfg in [("importance_sampling", None),
+                         ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1})]:
+        rl = [types.Datum(model_input=types.ModelInput.from_ints(encode(t)[:-1]),
+                          loss_fn_inputs={"target_tokens": np.array(encode(t)[1:], dtype=np.int64),
+                                          "logprobs": q[i], "advantages": adv[i]})
+              for i, t in enumerate(TEXTS[:2])]
+        out = tc.forward(rl, loss_fn, cfg).result()
+        expected = 0.0
+        for i, o in enumerate(out.loss_fn_outputs):
+            ratio = np.exp(o["logprobs"].to_numpy().astype(np.float64) - q[i])
+            if loss_fn == "ppo":
+                obj = np.minimum(ratio * adv[i], np.clip(ratio, 0.9, 1.1) * adv[i])
+            else:
+                obj = ratio * adv[i]
+            expected += -float(np.sum(obj))
+        assert math.isclose(out.metrics["loss:sum"], expected, rel_tol=1e-4, abs_tol=1e-4), (
+            loss_fn, out.metrics, expected)
+    sc.close("success").result()
+
+
+def fb_body(model_id, seq_id, texts, loss_fn="cross_entropy", mutate=None):
+    req = pb.ForwardBackwardRequest(model_id=model_id, seq_id=seq_id, loss_fn=loss_fn)
+    for t in texts:
+        tokens = encode(t)
+        d = req.data.add()
+        d.model_input.add().encoded_text.tokens = np.array(tokens[:-1], dtype=np.int32).tobytes()
+        tt = d.loss_fn_inputs["target_tokens"]
+        tt.dtype = pb.DTYPE_INT64
+        tt.shape.append(len(tokens) - 1)
+        tt.dense = np.array(tokens[1:], dtype=np.int64).tobytes()
+        w = d.loss_fn_inputs["weights"]
+        w.dtype = pb.DTYPE_FLOAT32
+        w.shape.append(len(tokens) - 1)
+        w.dense = np.ones(len(tokens) - 1, dtype=np.float32).tobytes()
+    if mutate:
+        mutate(req)
+    return req.SerializeToString()
+
+
+def check_bad_input(server):
+    """Bad requests get clear errors and change nothing (digest)."""
+    status, body = server.post_json(
+        "create_model", {"session_id": "raw", "model_seq_id": 0, "base_model": BASE,
+                         "lora_config": {"rank": 2, "seed": 3}})
+    assert status == 200, body
+    model_id = body["model_id"]
+    kind, res = server.result(body["request_id"])
+    assert kind == "json" and res["model_id"] == model_id, res
+    seq = [0]
+
+    def next_seq():
+        seq[0] += 1
+        return seq[0]
+
+    def fb(body_bytes):
+        status, _, raw = server.post("forward_backward", body_bytes, "application/x-protobuf")
+        assert status == 200, raw
+        return server.result(json.loads(raw)["request_id"])
+
+    def expect_error(kind_res, *needles):
+        kind, res = kind_res
+        assert kind == "error", (kind, res)
+        assert res["category"] == "user", res
+        for n in needles:
+            assert n in res["error"], (n, res["error"])
+        print("  error:", res["error"][:160])
+
+    # One good step so the optimizer state is not trivial.
+    kind, _ = fb(fb_body(model_id, next_seq(), TEXTS[:2]))
+    assert kind == "proto"
+    status, body = server.post_json("optim_step", {"model_id": model_id, "seq_id": next_seq(),
+                                                   "adam_params": {"learning_rate": 0.01}})
+    assert server.result(body["request_id"])[0] == "json"
+    before = server.digest(model_id)
+
+    # Malformed bodies: 4xx with a JSON error.
+    status, _, raw = server.post("forward_backward", b"\xff\xff\xff\xff\x0f", "application/x-protobuf")
+    assert 400 <= status < 500 and json.loads(raw)["error"], (status, raw)
+    status, _, raw = server.post("optim_step", b"{not json")
+    assert 400 <= status < 500 and json.loads(raw)["error"], (status, raw)
+
+    # Unknown model.
+    expect_error(fb(fb_body("no-such-model", 1, TEXTS[:1])), "unknown model_id")
+    # optim_step with no forward_backward since the last step.
+    status, body = server.post_json("optim_step", {"model_id": model_id, "seq_id": next_seq(),
+                                                   "adam_params": {"learning_rate": 0.01}})
+    expect_error(server.result(body["request_id"]), "no forward_backward")
+
+    def wrong_shape(req):
+        req.data[0].loss_fn_inputs["weights"].shape[0] = 3
+        req.data[0].loss_fn_inputs["weights"].dense = np.ones(3, dtype=np.float32).tobytes()
+
+    def wrong_dtype(req):
+        t = req.data[1].loss_fn_inputs["target_tokens"]
+        t.dtype = pb.DTYPE_FLOAT32
+        t.dense = np.zeros(t.shape[0], dtype=np.float32).tobytes()
+
+    def bf16(req):
+        w = req.data[0].loss_fn_inputs["weights"]
+        w.dtype = pb.DTYPE_BFLOAT16
+        w.dense = np.zeros(w.shape[0], dtype=np.uint16).tobytes()
+
+    def bytes_mismatch(req):
+        req.data[0].loss_fn_inputs["weights"].dense = b"\x00" * 6
+
+    def out_of_vocab(req):
+        req.data[0].model_input[0].encoded_text.tokens = np.array([5, 300, 7], dtype=np.int32).tobytes()
+
+    def missing_input(req):
+        del req.data[0].loss_fn_inputs["target_tokens"]
+
+    for mutate, needles in [
+        (wrong_shape, ["data[0]", "weights", "shape [3]"]),
+        (wrong_dtype, ["data[1]", "target_tokens", "integer"]),
+        (bf16, ["DTYPE_BFLOAT16"]),
+        (bytes_mismatch, ["holds 6 bytes"]),
+        (out_of_vocab, ["outside the vocabulary"]),
+        (missing_input, ["lacks 'target_tokens'"]),
+    ]:
+        # The bad datum is not the first: nothing of the good one may stick.
+        expect_error(fb(fb_body(model_id, next_seq(), TEXTS[:2], mutate=mutate)), *needles)
+    expect_error(fb(fb_body(model_id, next_seq(), [TEXTS[0] * 3])), "at most 64")
+    expect_error(fb(fb_body(model_id, next_seq(), TEXTS[:1], loss_fn="hinge")), "not served")
+    expect_error(fb(fb_body(model_id, next_seq(), [])), "no data")
+    assert server.digest(model_id) == before
+    # Had any bad request left a gradient behind, this step would apply it.
+    status, body = server.post_json("optim_step", {"model_id": model_id, "seq_id": next_seq(),
+                                                   "adam_params": {"learning_rate": 0.01}})
+    expect_error(server.result(body["request_id"]), "no forward_backward")
+
+    # A seq_id gap: the request waits for its predecessor, then fails.
+    gap = seq[0] + 2
+    status, _, raw = server.post("forward_backward", fb_body(model_id, gap, TEXTS[:1]),
+                                 "application/x-protobuf")
+    expect_error(server.result(json.loads(raw)["request_id"]), "never arrived", "gap")
+    assert server.digest(model_id) == before
+
+    # A retry returns the original future; another body with that seq_id is 409.
+    s = next_seq()
+    good = fb_body(model_id, s, TEXTS[:2])
+    first = server.post("forward_backward", good, "application/x-protobuf")
+    again = server.post("forward_backward", good, "application/x-protobuf")
+    assert first[0] == again[0] == 200
+    assert json.loads(first[2])["request_id"] == json.loads(again[2])["request_id"]
+    other = server.post("forward_backward", fb_body(model_id, s, TEXTS[2:4]), "application/x-protobuf")
+    assert other[0] == 409 and json.loads(other[2])["error"], other
+    assert server.result(json.loads(first[2])["request_id"])[0] == "proto"
+    # Out-of-order arrival is put back in order: s+2 (optim) before s+1 (fb).
+    opt = server.post_json("optim_step", {"model_id": model_id, "seq_id": s + 2,
+                                          "adam_params": {"learning_rate": 0.01}})[1]
+    fbr = server.post("forward_backward", fb_body(model_id, s + 1, TEXTS[4:6]), "application/x-protobuf")
+    assert server.result(json.loads(fbr[2])["request_id"])[0] == "proto"
+    kind, res = server.result(opt["request_id"])
+    assert kind == "json", res
+    assert optim_digest(res["metrics"]) == server.digest(model_id) != before
+
+
+def check_load(server):
+    """A bounded loopback load test: nothing lost or reordered (load_test.py)."""
+    import load_test  # beside this file
+
+    load_test.run(server, requests=48, concurrency=8, datums=2, per_step=4)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--launch", default="", help="tools/launch: adds a gloo scenario")
+    args = ap.parse_args()
+    print("tinker SDK", tinker.__version__)
+    fd, stage3_config = tempfile.mkstemp(suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}, f)
+    scenarios = [
+        ("world1-stage0", ["--world=1", "--stage=0"], check_training, 1),
+        ("world2-stage2", ["--world=2", "--stage=2"], check_training, 2),
+        # Persistence threshold 0: every block's LoRA adapters form a stage 3
+        # group gathered around frozen base weights.
+        ("world2-stage3", ["--world=2", "--config=" + stage3_config], check_training, 2),
+        ("load-world2-stage2", ["--world=2", "--stage=2"], check_load, None),
+        ("bad-input-world2-stage2",
+         ["--world=2", "--stage=2", "--seq-gap-timeout-s=1", "--long-poll-s=2"],
+         check_bad_input, None),
+    ]
+    if args.launch:
+        scenarios.append(("gloo-2-processes-stage2", ["--backend=gloo", "--stage=2"],
+                          check_training, 2))
+    passed = failed = 0
+    for name, flags, fn, world in scenarios:
+        if args.only and args.only != name:
+            continue
+        print("=== " + name, flush=True)
+        launch = (args.launch, world) if name.startswith("gloo") else None
+        server = Server(args.server, *flags, launch=launch)
+        try:
+            if world is None:
+                fn(server)
+            else:
+                fn(server, world)
+            passed += 1
+            print("--- ok " + name, flush=True)
+        except Exception:
+            failed += 1
+            import traceback
+            traceback.print_exc()
+            print("--- FAILED " + name, flush=True)
+        finally:
+            server.stop()
+    print("%d passed, %d failed" % (passed, failed))
+    return 0 if failed == 0 and passed > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

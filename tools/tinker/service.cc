@@ -1,0 +1,431 @@
+#include "tools/tinker/service.h"
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/errors.h"
+#include "engine/checkpoint_io.h"
+#include "tools/tinker/protocol.h"
+
+namespace zerostep {
+namespace tinker {
+namespace {
+
+using nlohmann::json;
+
+HttpResponse json_response(int status, const json& body) {
+  HttpResponse r;
+  r.status = status;
+  r.body = body.dump();
+  return r;
+}
+
+HttpResponse error_response(int status, const std::string& message) {
+  return json_response(status, {{"error", message}, {"category", "user"}});
+}
+
+uint64_t hash_of(const std::string& s) { return fnv1a64(s.data(), s.size()); }
+
+// Parses a JSON object body; nullopt-like: returns false and fills `error`.
+bool parse_object(const std::string& body, json* out, HttpResponse* error) {
+  try {
+    *out = json::parse(body);
+  } catch (const json::exception& e) {
+    *error = error_response(400, std::string("the request body is not valid "
+                                             "JSON: ") + e.what());
+    return false;
+  }
+  if (!out->is_object()) {
+    *error = error_response(400, "the request body must be a JSON object");
+    return false;
+  }
+  return true;
+}
+
+bool get_string(const json& j, const char* key, std::string* out) {
+  if (!j.contains(key) || !j[key].is_string()) return false;
+  *out = j[key].get<std::string>();
+  return true;
+}
+
+}  // namespace
+
+Service::Service(const ServiceOptions& options) : options_(options) {}
+
+ServiceStats Service::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+std::string Service::new_future() {
+  const std::string id = "req-" + std::to_string(next_request_++);
+  futures_[id] = Future();
+  return id;
+}
+
+void Service::enqueue(const std::string& request_id, Command command) {
+  queue_.emplace_back(request_id, std::move(command));
+  queue_cv_.notify_all();
+}
+
+void Service::fail(const std::string& request_id, const std::string& error) {
+  Future& f = futures_[request_id];
+  f.done = true;
+  f.result = CommandResult::failure(error, "user");
+  ++stats_.requests_failed;
+  done_cv_.notify_all();
+}
+
+void Service::expire_gaps() {
+  const auto now = Clock::now();
+  for (auto& kv : models_) {
+    ModelSeq& m = kv.second;
+    for (auto it = m.held.begin(); it != m.held.end();) {
+      if (it->second.deadline > now) {
+        ++it;
+        continue;
+      }
+      std::ostringstream waited;
+      waited << options_.seq_gap_timeout_s;
+      fail(it->second.request_id,
+           "seq_id " + std::to_string(it->first) + " of model '" + kv.first +
+               "' waited " + waited.str() + " s for seq_id " +
+               std::to_string(m.next) +
+               ", which never arrived (a model's requests run in seq_id "
+               "order, without gaps). It was not executed; nothing changed");
+      // Never executed: its seq_id is free again for a new request.
+      m.seen.erase(it->first);
+      it = m.held.erase(it);
+    }
+  }
+}
+
+HttpResponse Service::handle(const HttpRequest& req) {
+  const std::string prefix = "/api/v1/";
+  if (req.path.rfind(prefix, 0) != 0)
+    return error_response(404, "no such endpoint: " + req.method + " " + req.path);
+  const std::string ep = req.path.substr(prefix.size());
+  if (!req.content_encoding.empty() && req.content_encoding != "identity")
+    return error_response(415, "Content-Encoding '" + req.content_encoding +
+                                   "' is not accepted (client/config says "
+                                   "proto_compress_fwdbwd = false)");
+  if (req.method == "GET") {
+    if (ep == "healthz") return json_response(200, {{"status", "ok"}});
+    if (ep == "get_server_capabilities") {
+      json models = json::array();
+      for (const auto& m : options_.models)
+        models.push_back({{"model_name", m.first},
+                          {"max_context_length", m.second},
+                          {"trainable", true},
+                          {"sampleable", false}});
+      return json_response(200, {{"supported_models", models}});
+    }
+    return error_response(404, "no such endpoint: GET " + req.path);
+  }
+  if (req.method != "POST")
+    return error_response(405, "method " + req.method + " is not served");
+
+  if (ep == "forward_backward") {
+    std::string model_id;
+    int32_t seq_id = 0;
+    if (!peek_forward_backward(req.body, &model_id, &seq_id))
+      return error_response(400, "the forward_backward body is not a valid "
+                                 "tinker_public.ForwardBackwardRequest "
+                                 "protobuf (Content-Type: "
+                                 "application/x-protobuf)");
+    Command c;
+    c.op = "forward_backward";
+    c.blob = req.body;
+    return sequenced("forward_backward", model_id, seq_id, req.body, std::move(c));
+  }
+  json body;
+  HttpResponse bad;
+  const std::string raw = req.body.empty() ? "{}" : req.body;
+  if (!parse_object(raw, &body, &bad)) return bad;
+  if (ep == "client/config")
+    return json_response(200, {{"pjwt_auth_enabled", false},
+                               {"credential_default_source", "api_key"},
+                               {"proto_compress_fwdbwd", false},
+                               {"parallel_fwdbwd_chunks", true},
+                               {"custom_loss_server_side", false},
+                               {"sample_use_retrieve_futures", false}});
+  if (ep == "client/dynamic_config") return json_response(200, json::object());
+  if (ep == "telemetry") return json_response(200, {{"status", "accepted"}});
+  if (ep == "create_session") {
+    std::lock_guard<std::mutex> lock(mu_);
+    return json_response(200, {{"type", "create_session"},
+                               {"session_id", "session-" + std::to_string(next_session_++)}});
+  }
+  if (ep == "session_heartbeat")
+    return json_response(200, {{"type", "session_heartbeat"}});
+  if (ep.rfind("sessions/", 0) == 0 && ep.size() > 16 &&
+      ep.compare(ep.size() - 7, 7, "/finish") == 0)
+    return json_response(200, json::object());
+  if (ep == "create_model") return create_model(raw);
+  if (ep == "load_weights") return load_weights(raw);
+  if (ep == "get_info") return get_info(raw);
+  if (ep == "retrieve_future") return retrieve_future(raw, req.accept);
+  if (ep == "optim_step" || ep == "save_weights") {
+    std::string model_id;
+    if (!get_string(body, "model_id", &model_id))
+      return error_response(400, ep + ": missing string field 'model_id'");
+    if (!body.contains("seq_id") || !body["seq_id"].is_number_integer())
+      return error_response(400, ep + ": missing integer field 'seq_id' "
+                                      "(this server runs a model's requests "
+                                      "in seq_id order)");
+    Command c;
+    c.op = ep;
+    c.args = body;
+    return sequenced(ep, model_id, body["seq_id"].get<int64_t>(), raw,
+                     std::move(c));
+  }
+  return error_response(404, "no such endpoint: POST " + req.path);
+}
+
+HttpResponse Service::create_model(const std::string& raw) {
+  json body = json::parse(raw);
+  std::string session, base;
+  if (!get_string(body, "base_model", &base))
+    return error_response(400, "create_model: missing string field 'base_model'");
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string model_id;
+  if (get_string(body, "session_id", &session) && body.contains("model_seq_id") &&
+      body["model_seq_id"].is_number_integer()) {
+    // The id the SDK itself derives for create-via-load.
+    model_id = session + ":train:" + std::to_string(body["model_seq_id"].get<int64_t>());
+  } else {
+    model_id = "model-" + std::to_string(next_request_);
+  }
+  const uint64_t h = hash_of(raw);
+  auto seen = creates_.find(model_id);
+  if (seen != creates_.end()) {
+    if (seen->second.first == h)
+      return json_response(200, {{"request_id", seen->second.second},
+                                 {"model_id", model_id}});
+    return error_response(409, "model '" + model_id + "' was already created "
+                               "by a different create_model request");
+  }
+  const std::string rid = new_future();
+  creates_[model_id] = {h, rid};
+  models_[model_id] = ModelSeq();
+  body["model_id"] = model_id;
+  enqueue(rid, Command{"create_model", body, ""});
+  return json_response(200, {{"request_id", rid}, {"model_id", model_id}});
+}
+
+HttpResponse Service::load_weights(const std::string& raw) {
+  json body = json::parse(raw);
+  std::string path, model_id, session;
+  if (!get_string(body, "path", &path))
+    return error_response(400, "load_weights: missing string field 'path'");
+  if (get_string(body, "model_id", &model_id)) {
+    if (!body.contains("seq_id") || !body["seq_id"].is_number_integer())
+      return error_response(400, "load_weights: missing integer field 'seq_id'");
+    Command c{"load_weights", body, ""};
+    return sequenced("load_weights", model_id, body["seq_id"].get<int64_t>(), raw,
+                     std::move(c));
+  }
+  // Create-via-load: a new model whose first request is this load.
+  if (!get_string(body, "session_id", &session) || !body.contains("model_seq_id") ||
+      !body["model_seq_id"].is_number_integer())
+    return error_response(400, "load_weights: give model_id and seq_id, or "
+                               "session_id and model_seq_id");
+  model_id = session + ":train:" + std::to_string(body["model_seq_id"].get<int64_t>());
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t h = hash_of(raw);
+  auto seen = creates_.find(model_id);
+  if (seen != creates_.end()) {
+    if (seen->second.first == h)
+      return json_response(200, {{"request_id", seen->second.second},
+                                 {"model_id", model_id}});
+    return error_response(409, "model '" + model_id + "' exists already");
+  }
+  const std::string rid = new_future();
+  creates_[model_id] = {h, rid};
+  models_[model_id] = ModelSeq();
+  body["model_id"] = model_id;
+  body["create"] = true;
+  enqueue(rid, Command{"load_weights", body, ""});
+  return json_response(200, {{"request_id", rid}, {"model_id", model_id}});
+}
+
+HttpResponse Service::sequenced(const std::string& op, const std::string& model_id,
+                                int64_t seq_id, const std::string& body,
+                                Command command) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto mit = models_.find(model_id);
+  if (mit == models_.end()) {
+    // A well-formed request for a model this server never created: a failed
+    // future, as for any other bad input.
+    const std::string rid = new_future();
+    fail(rid, op + ": unknown model_id '" + model_id +
+                  "'. Fix: create_model first (or use the model_id it returned)");
+    return json_response(200, {{"request_id", rid}, {"model_id", model_id}});
+  }
+  ModelSeq& m = mit->second;
+  if (seq_id < 1)
+    return error_response(400, op + ": seq_id " + std::to_string(seq_id) +
+                                   " must be >= 1 (a model's requests are "
+                                   "numbered from 1)");
+  const uint64_t h = hash_of(body);
+  auto seen = m.seen.find(seq_id);
+  if (seen != m.seen.end()) {
+    if (seen->second.first == h)  // a retry: the original future
+      return json_response(200, {{"request_id", seen->second.second},
+                                 {"model_id", model_id}});
+    return error_response(409, op + ": seq_id " + std::to_string(seq_id) +
+                                   " of model '" + model_id +
+                                   "' was already used by a different request");
+  }
+  const std::string rid = new_future();
+  m.seen[seq_id] = {h, rid};
+  if (seq_id < m.next) {
+    // Only possible for a seq_id whose record was dropped; never reuse it.
+    fail(rid, op + ": seq_id " + std::to_string(seq_id) + " is behind model '" +
+                  model_id + "', which expects " + std::to_string(m.next));
+  } else if (seq_id > m.next + options_.max_seq_ahead) {
+    fail(rid, op + ": seq_id " + std::to_string(seq_id) + " is more than " +
+                  std::to_string(options_.max_seq_ahead) + " ahead of seq_id " +
+                  std::to_string(m.next) + ", which model '" + model_id +
+                  "' expects next (a gap). It was not executed; nothing changed");
+  } else if (seq_id == m.next) {
+    enqueue(rid, std::move(command));
+    ++m.next;
+    for (auto it = m.held.find(m.next); it != m.held.end(); it = m.held.find(m.next)) {
+      enqueue(it->second.request_id, std::move(it->second.command));
+      m.held.erase(it);
+      ++m.next;
+    }
+  } else {
+    const auto wait = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(options_.seq_gap_timeout_s));
+    m.held[seq_id] = Held{rid, std::move(command), Clock::now() + wait};
+    queue_cv_.notify_all();  // the loop watches the deadline
+  }
+  return json_response(200, {{"request_id", rid}, {"model_id", model_id}});
+}
+
+HttpResponse Service::get_info(const std::string& raw) {
+  json body = json::parse(raw);
+  std::string model_id;
+  if (!get_string(body, "model_id", &model_id))
+    return error_response(400, "get_info: missing string field 'model_id'");
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!models_.count(model_id))
+    return error_response(404, "get_info: unknown model_id '" + model_id + "'");
+  const std::string rid = new_future();
+  enqueue(rid, Command{"get_info", {{"model_id", model_id}}, ""});
+  done_cv_.wait(lock, [&] { return futures_[rid].done || stopping_; });
+  Future f = futures_[rid];
+  futures_.erase(rid);
+  if (!f.done) return error_response(503, "the server is stopping");
+  if (!f.result.ok) return error_response(400, f.result.error);
+  return json_response(200, f.result.json);
+}
+
+HttpResponse Service::retrieve_future(const std::string& raw,
+                                      const std::string& accept) {
+  json body = json::parse(raw);
+  std::string rid;
+  if (!get_string(body, "request_id", &rid))
+    return error_response(400, "retrieve_future: missing string field 'request_id'");
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = futures_.find(rid);
+  if (it == futures_.end())
+    return error_response(404, "retrieve_future: unknown request_id '" + rid + "'");
+  const auto wait = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options_.long_poll_s));
+  done_cv_.wait_for(lock, wait, [&] { return futures_[rid].done || stopping_; });
+  const Future& f = futures_[rid];
+  if (!f.done)
+    return json_response(200, {{"type", "try_again"},
+                               {"request_id", rid},
+                               {"queue_state", "active"}});
+  if (!f.result.ok)
+    return json_response(200, {{"error", f.result.error},
+                               {"category", f.result.category}});
+  if (f.result.has_proto) {
+    if (accept.find("application/x-protobuf") == std::string::npos)
+      return error_response(406, "this result is served as "
+                                 "application/x-protobuf only; send Accept: "
+                                 "application/x-protobuf");
+    HttpResponse r;
+    r.content_type = "application/x-protobuf";
+    r.body = f.result.proto;
+    return r;
+  }
+  return json_response(200, f.result.json);
+}
+
+void Service::run_rank0(const std::function<CommandResult(const Command&)>& execute) {
+  const auto beat = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options_.heartbeat_s));
+  Clock::time_point last_broadcast = Clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    expire_gaps();
+    if (queue_.empty()) {
+      if (stopping_) break;
+      if (Clock::now() - last_broadcast >= beat) {
+        lock.unlock();
+        execute(Command{"noop", json::object(), ""});
+        lock.lock();
+        last_broadcast = Clock::now();
+        continue;
+      }
+      Clock::time_point until = last_broadcast + beat;
+      for (const auto& kv : models_)
+        for (const auto& h : kv.second.held)
+          until = std::min(until, h.second.deadline);
+      queue_cv_.wait_until(lock, until,
+                           [&] { return !queue_.empty() || stopping_; });
+      continue;
+    }
+    auto item = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    CommandResult result = execute(item.second);
+    lock.lock();
+    last_broadcast = Clock::now();
+    ++stats_.commands_executed;
+    if (!result.ok) ++stats_.requests_failed;
+    Future& f = futures_[item.first];
+    f.done = true;
+    f.result = std::move(result);
+    done_cv_.notify_all();
+  }
+  lock.unlock();
+  execute(Command{"shutdown", json::object(), ""});
+  done_cv_.notify_all();
+}
+
+void Service::stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopping_ = true;
+  queue_cv_.notify_all();
+  done_cv_.notify_all();
+}
+
+CommandResult broadcast_and_execute(
+    Communicator& comm, const Command& command,
+    const std::function<CommandResult(const Command&)>& execute) {
+  if (comm.world_size() > 1) {
+    std::string bytes = encode_command(command);
+    broadcast_bytes(comm, &bytes);
+  }
+  return execute(command);
+}
+
+void run_follower(Communicator& comm,
+                  const std::function<CommandResult(const Command&)>& execute) {
+  while (true) {
+    std::string bytes;
+    broadcast_bytes(comm, &bytes);
+    const Command c = decode_command(bytes);
+    if (c.op == "shutdown") return;
+    execute(c);
+  }
+}
+
+}  // namespace tinker
+}  // namespace zerostep

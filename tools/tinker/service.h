@@ -1,0 +1,160 @@
+// Service: the Tinker HTTP API of the trainer server, independent of any
+// HTTP library (tools/tinker/http.h binds it to cpp-httplib) and of
+// LibTorch (it runs Commands through a function it is given).
+//
+// What it implements (facts of the official SDK, docs/architecture.md
+// "Trainer server"):
+//   - JSON endpoints under /api/v1: healthz, get_server_capabilities,
+//     client/config, client/dynamic_config, create_session,
+//     session_heartbeat, sessions/<id>/finish, telemetry, create_model,
+//     get_info, optim_step, save_weights, load_weights, retrieve_future;
+//     forward_backward takes a protobuf body.
+//   - Futures: the training endpoints answer {"request_id", "model_id"} at
+//     once; retrieve_future long-polls up to options.long_poll_s and then
+//     answers {"type": "try_again"}; a finished forward_backward answers
+//     protobuf (Accept: application/x-protobuf); a failed request answers
+//     {"error", "category"} with HTTP 200.
+//   - Ordering: a model's sequenced requests (forward_backward,
+//     optim_step, save_weights, load_weights) run in seq_id order starting
+//     at 1, whatever order they arrive in. A request whose predecessor has
+//     not arrived within options.seq_gap_timeout_s fails ("a seq_id gap").
+//     A retried request (same model, seq_id and body) gets the original
+//     future; the same seq_id with another body is HTTP 409.
+//   - Malformed bodies (JSON or protobuf) get HTTP 400 with a JSON body
+//     {"error", "category": "user"}; unknown paths 404.
+// API keys are not checked (the SDK requires one starting with "tml-").
+//
+// Execution: run_rank0() pops the queued Commands in order and calls
+// `execute` for each (which broadcasts it and runs it on every rank; see
+// Note [One command stream] in command.h).
+//
+// Thread safety: handle() may be called from any number of threads at once;
+// run_rank0() from one thread; stop() from any.
+#ifndef ZEROSTEP_TOOLS_TINKER_SERVICE_H_
+#define ZEROSTEP_TOOLS_TINKER_SERVICE_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tools/tinker/command.h"
+
+namespace zerostep {
+namespace tinker {
+
+struct HttpRequest {
+  std::string method;  // "GET" or "POST"
+  std::string path;    // e.g. "/api/v1/healthz"
+  std::string body;
+  std::string content_type;      // request Content-Type
+  std::string content_encoding;  // request Content-Encoding
+  std::string accept;            // request Accept
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+};
+
+struct ServiceOptions {
+  // How long retrieve_future waits for a result before "try_again"
+  // (default 30 s; the SDK's own read timeout is 45 s).
+  double long_poll_s = 30.0;
+  // How long a request may wait for a missing predecessor seq_id before it
+  // fails as a gap (default 60 s).
+  double seq_gap_timeout_s = 60.0;
+  // A request more than this many seq_ids ahead fails at once (default 4096).
+  int64_t max_seq_ahead = 4096;
+  // While idle, rank 0 broadcasts a noop this often (default 2 s; keeps
+  // gloo's collective timeout from firing between requests).
+  double heartbeat_s = 2.0;
+  // Reported by get_server_capabilities: {name, max_context}.
+  std::vector<std::pair<std::string, int64_t>> models;
+};
+
+// Counters for tests and the load benchmark.
+struct ServiceStats {
+  int64_t commands_executed = 0;   // excluding noops
+  int64_t requests_failed = 0;
+};
+
+class Service {
+ public:
+  explicit Service(const ServiceOptions& options);
+
+  HttpResponse handle(const HttpRequest& request);
+
+  // Runs queued commands until stop(); then executes a final "shutdown"
+  // command (so followers return) and returns. `execute` must broadcast the
+  // command and run it on this rank; its result resolves the future.
+  void run_rank0(const std::function<CommandResult(const Command&)>& execute);
+  void stop();
+
+  ServiceStats stats() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Future {
+    bool done = false;
+    CommandResult result;
+  };
+  struct Held {
+    std::string request_id;
+    Command command;
+    Clock::time_point deadline;
+  };
+  struct ModelSeq {
+    int64_t next = 1;
+    std::map<int64_t, Held> held;
+    std::map<int64_t, std::pair<uint64_t, std::string>> seen;  // hash, id
+  };
+
+  HttpResponse create_model(const std::string& body);
+  HttpResponse load_weights(const std::string& body);
+  HttpResponse sequenced(const std::string& op, const std::string& model_id,
+                         int64_t seq_id, const std::string& body,
+                         Command command);
+  HttpResponse get_info(const std::string& body);
+  HttpResponse retrieve_future(const std::string& body,
+                               const std::string& accept);
+  // Requires mu_ held.
+  std::string new_future();
+  void enqueue(const std::string& request_id, Command command);
+  void fail(const std::string& request_id, const std::string& error);
+  void expire_gaps();
+
+  const ServiceOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable done_cv_;   // a future finished
+  std::condition_variable queue_cv_;  // a command was queued, or stop
+  std::map<std::string, Future> futures_;                          // GUARDED_BY(mu_)
+  std::deque<std::pair<std::string, Command>> queue_;              // GUARDED_BY(mu_)
+  std::map<std::string, ModelSeq> models_;                         // GUARDED_BY(mu_)
+  std::map<std::string, std::pair<uint64_t, std::string>> creates_;  // GUARDED_BY(mu_)
+  int64_t next_request_ = 1;                                       // GUARDED_BY(mu_)
+  int64_t next_session_ = 1;                                       // GUARDED_BY(mu_)
+  bool stopping_ = false;                                          // GUARDED_BY(mu_)
+  ServiceStats stats_;                                             // GUARDED_BY(mu_)
+};
+
+// Every rank but 0: receive each command rank 0 broadcasts and execute it,
+// until "shutdown".
+void run_follower(Communicator& comm,
+                  const std::function<CommandResult(const Command&)>& execute);
+
+// For run_rank0: broadcasts `command` from rank 0 and executes it.
+CommandResult broadcast_and_execute(
+    Communicator& comm, const Command& command,
+    const std::function<CommandResult(const Command&)>& execute);
+
+}  // namespace tinker
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_TOOLS_TINKER_SERVICE_H_

@@ -1,0 +1,108 @@
+// RankTrainer: one rank's side of the trainer server. It owns this rank's
+// replica of every model (a TinyGpt under an Engine in unmanaged mode with
+// gradient_accumulation_scaling "none") and executes Commands (Note [One
+// command stream] in command.h).
+//
+// Engine mapping:
+//   create_model     a TinyGpt from the base-model table (same weights on
+//                    every rank and for every model of that base), with
+//                    LoRA adapters of the request's rank on its linear
+//                    layers and every base weight frozen; no lora_config
+//                    means full fine-tuning. Then an Engine over it.
+//   forward_backward the request's datums are dealt to ranks in rows: datum
+//                    j of the request goes to rank j % W in row j / W. Each
+//                    row is one forward and (unless forward_only) one
+//                    backward() on every rank, a rank without a datum in the
+//                    last row backpropagating zero. Each rank's loss is
+//                    multiplied by W because the engine averages gradients
+//                    over ranks; the accumulated gradient is the sum over
+//                    datums of the protocol's (summed) losses.
+//                    Note [Bitwise splitting]: requests whose datum counts
+//                    are multiples of W (any count when W = 1) run the same
+//                    backward() calls in the same order whether the client
+//                    sends them as one request or as several, so N
+//                    forward_backward + one optim_step equals one
+//                    forward_backward with all the data + one optim_step bit
+//                    for bit.
+//   optim_step       one Engine::step() with the request's AdamParams as
+//                    StepOverrides (decoupled AdamW); reports the
+//                    parameter digest in its metrics.
+//   save_weights /   Engine::save_checkpoint / load_checkpoint under
+//   load_weights     options.state_dir (re-partitioning allowed; weights
+//                    only unless the request asks for the optimizer).
+//
+// Every request is validated completely, on every rank, before the first
+// collective, so a bad one fails everywhere with a "user" error and changes
+// nothing (checked by parameter digests in tests).
+//
+// Thread safety: execute() is called from this rank's thread only. Model
+// construction takes a process-wide lock (torch's global RNG is shared by
+// the simulator's rank threads).
+#ifndef ZEROSTEP_TOOLS_TINKER_TRAINER_H_
+#define ZEROSTEP_TOOLS_TINKER_TRAINER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "tools/tinker/command.h"
+
+namespace zerostep {
+namespace tinker {
+
+// A built-in base model: a byte-level TinyGpt preset.
+struct BaseModel {
+  std::string name;          // e.g. "zerostep/tiny-gpt"
+  int64_t vocab_size = 256;  // byte-level tokens
+  int64_t max_context = 64;  // tokens per datum
+  int64_t d_model = 32;
+  int64_t n_head = 2;
+  int64_t n_layer = 2;
+};
+const std::vector<BaseModel>& base_models();
+
+struct TrainerOptions {
+  // A ds_config JSON document (may be empty: stage 0 defaults). The server
+  // fills in managed_gradient_accumulation = false,
+  // gradient_accumulation_scaling = "none", a micro-batch of 1 and AdamW;
+  // a document that sets any of them otherwise is a ConfigError.
+  std::string ds_config_json;
+  // Where save_weights writes: <state_dir>/<model id>/<name>/.
+  std::string state_dir = "/tmp/zerostep-tinker";
+  // Seed of every base model's weights.
+  uint64_t base_seed = 1234;
+};
+
+// The ds_config every model's Engine gets (validated; ConfigError if the
+// document conflicts with the server's requirements). Exposed for tests.
+std::string server_ds_config(const std::string& ds_config_json, int world_size);
+
+class RankTrainer {
+ public:
+  // Validates the config (ConfigError). `*comm` must outlive the trainer.
+  RankTrainer(Communicator* comm, const TrainerOptions& options);
+  ~RankTrainer();
+  RankTrainer(const RankTrainer&) = delete;
+  RankTrainer& operator=(const RankTrainer&) = delete;
+
+  // Executes `command` on this rank. Never throws for bad input: a
+  // UsageError/ConfigError/IoError becomes a failed result ("user"); a
+  // CommError or InternalError becomes a failed "server" result (the world
+  // is then unusable: the caller should stop).
+  CommandResult execute(const Command& command);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// FNV-1a 64 of the bytes of the given float32 values, in order.
+uint64_t digest_floats(const float* data, size_t n);
+std::string digest_hex(uint64_t digest);
+
+}  // namespace tinker
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_TOOLS_TINKER_TRAINER_H_
