@@ -108,23 +108,23 @@ const std::vector<std::string> kZeroSupported = {
     "allgather_bucket_size",
     "contiguous_gradients",
     "stage3_param_persistence_threshold",
+    "offload_optimizer",
+    "offload_param",
+    "sub_group_size",
+    "cpu_offload",
 };
 
 const std::vector<std::string> kZeroIgnored = {
     "reduce_scatter",
     "allgather_partitions",
-    "offload_optimizer",
-    "offload_param",
     "stage3_max_live_parameters",
     "stage3_max_reuse_distance",
     "stage3_prefetch_bucket_size",
     "stage3_gather_16bit_weights_on_model_save",
-    "sub_group_size",
     "round_robin_gradients",
     "elastic_checkpoint",
     "ignore_unused_parameters",
     "load_from_fp32_weights",
-    "cpu_offload",
     "zero_hpz_partition_size",
     "zero_quantized_weights",
     "zero_quantized_gradients",
@@ -318,6 +318,7 @@ class Parser {
     check_batch();
     check_cross_keys();
     check_precision();
+    check_offload();
     if (!problems_.empty()) throw ConfigError(std::move(problems_));
     return cfg_;
   }
@@ -688,6 +689,26 @@ class Parser {
     }
   }
 
+  void check_offload() {
+    const ZeroConfig& z = cfg_.zero;
+    if (!stage_valid_) return;
+    if (z.offload_optimizer.device != OffloadDevice::kNone && z.stage == 0)
+      add(optimizer_offload_key_,
+          optimizer_offload_key_ == "zero_optimization.cpu_offload"
+              ? std::string("true")
+              : std::string("\"") + to_string(z.offload_optimizer.device) +
+                    "\"",
+          "optimizer offload partitions the optimizer state: it needs "
+          "zero_optimization.stage 1, 2 or 3",
+          "set zero_optimization.stage to 1, 2 or 3, or remove the offload");
+    if (z.offload_param.device != OffloadDevice::kNone && z.stage != 3)
+      add("zero_optimization.offload_param.device",
+          std::string("\"") + to_string(z.offload_param.device) + "\"",
+          "parameter offload needs zero_optimization.stage 3 (only stage 3 "
+          "partitions parameters)",
+          "set zero_optimization.stage to 3, or remove offload_param");
+  }
+
   void check_precision() {
     const PrecisionConfig& pc = cfg_.precision;
     if (pc.grad_accum_dtype != Precision::kFp32 &&
@@ -927,16 +948,21 @@ class Parser {
       } else if (name == "offload_optimizer" || name == "offload_param") {
         parse_offload(key, p);
       } else if (name == "cpu_offload") {
-        // Legacy spelling of offload_optimizer.device = "cpu".
+        // DeepSpeed's old spelling of offload_optimizer.device = "cpu".
         if (auto b = read_bool(key, p)) {
-          if (*b) {
-            add(key, p.dump(),
-                "optimizer offload is not implemented yet in this version "
-                "(offload comes in a later release)",
-                "set it to false or remove it");
-          } else {
-            ignore(key);
-          }
+          if (*b && z.offload_optimizer.device == OffloadDevice::kNone)
+            z.offload_optimizer.device = OffloadDevice::kCpu;
+          if (*b && optimizer_offload_key_.empty())
+            optimizer_offload_key_ = key;
+        }
+      } else if (name == "sub_group_size") {
+        const std::string want = "a positive number of elements, e.g. 1e9";
+        if (auto n = read_whole(key, p, want)) {
+          if (*n < 1)
+            add(key, p.dump(), "must be a positive number of elements",
+                "write " + want);
+          else
+            z.sub_group_size = *n;
         }
       } else if (contains(kZeroIgnored, name)) {
         ignore(key);
@@ -948,38 +974,77 @@ class Parser {
   }
 
   void parse_offload(const std::string& key, const Json& v) {
+    static const std::vector<std::string> kKeys = {
+        "device", "nvme_path", "pin_memory", "buffer_count", "buffer_size",
+        "max_in_cpu", "fast_init", "ratio", "pipeline_read", "pipeline_write",
+        "pipeline"};
     if (v.is_null()) {
       ignore(key);
       return;
     }
     if (!v.is_object()) {
       add(key, v.dump(), "must be a JSON object",
-          "write { \"device\": \"none\" } or remove the section");
+          "write { \"device\": \"cpu\" } or remove the section");
       return;
     }
-    auto device = v.find("device");
-    if (device == v.end()) {
+    const bool param = key == "zero_optimization.offload_param";
+    OffloadConfig& o = param ? cfg_.zero.offload_param
+                             : cfg_.zero.offload_optimizer;
+    if (param) o.buffer_count = 5;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      const std::string& name = it.key();
+      const std::string k = key + "." + name;
+      const Json& p = it.value();
+      if (name == "device") {
+        const std::string d = p.is_string() ? lower(p.get<std::string>()) : "";
+        if (d == "none") {
+          o.device = OffloadDevice::kNone;
+        } else if (d == "cpu") {
+          o.device = OffloadDevice::kCpu;
+        } else if (d == "nvme") {
+          o.device = OffloadDevice::kNvme;
+        } else {
+          add(k, p.dump(), "must be \"none\", \"cpu\" or \"nvme\"",
+              "write one of \"none\", \"cpu\", \"nvme\"");
+        }
+      } else if (name == "nvme_path") {
+        if (p.is_string() && !p.get<std::string>().empty())
+          o.nvme_path = p.get<std::string>();
+        else
+          add(k, p.dump(), "must be a non-empty JSON string (a directory)",
+              "write the directory on the NVMe drive, e.g. \"/local_nvme\"");
+      } else if (name == "pin_memory") {
+        if (auto b = read_bool(k, p)) o.pin_memory = *b;
+      } else if (name == "buffer_count") {
+        if (auto n = read_whole(k, p, "an integer >= 2, e.g. 4")) {
+          if (*n < 2)
+            add(k, p.dump(), "must be >= 2 (one buffer in use, one in flight)",
+                "write e.g. 4");
+          else
+            o.buffer_count = *n;
+        }
+      } else if (contains(kKeys, name)) {
+        ignore(k);
+      } else {
+        unknown_key(k, p, key.substr(key.find('.') + 1), closest(name, {&kKeys}));
+      }
+    }
+    if (o.device == OffloadDevice::kNone) {
       ignore(key);
       return;
     }
-    const std::string dkey = key + ".device";
-    std::string d =
-        device->is_string() ? lower(device->get<std::string>()) : "";
-    if (d == "none") {
-      ignore(key);
-    } else if (d == "cpu" || d == "nvme") {
-      const std::string what =
-          key == "zero_optimization.offload_param" ? "parameter" : "optimizer";
-      add(dkey, device->dump(),
-          what +
-              " offload is not implemented yet in this version (offload "
-              "comes in a later release)",
-          "set \"device\": \"none\" or remove the " +
-              key.substr(key.find('.') + 1) + " section");
-    } else {
-      add(dkey, device->dump(), "must be \"none\", \"cpu\" or \"nvme\"",
-          "write \"none\" (offload is not implemented yet)");
+    if (!param) optimizer_offload_key_ = key + ".device";
+    if (param && o.device == OffloadDevice::kNvme) {
+      add(key + ".device", "\"nvme\"",
+          "parameter offload to NVMe is not implemented yet (optimizer "
+          "offload to NVMe is: offload_optimizer.device = \"nvme\")",
+          "use \"device\": \"cpu\" for offload_param");
+      return;
     }
+    if (o.device == OffloadDevice::kNvme && o.nvme_path.empty())
+      add(key + ".nvme_path", "(missing)",
+          "is required with \"device\": \"nvme\"",
+          "add \"nvme_path\": \"<a directory on the NVMe drive>\"");
   }
 
   // --- checks that need several keys ---
@@ -1081,6 +1146,8 @@ class Parser {
   std::string pipeline_key_;
   std::string pipeline_dump_;
   std::string precision_key_;  // the section that enabled mixed precision
+  // The key that enabled optimizer offload (for messages).
+  std::string optimizer_offload_key_;
 };
 
 }  // namespace
@@ -1133,6 +1200,18 @@ const char* to_string(GradAccumScaling s) {
       return "per_step_count";
     case GradAccumScaling::kNone:
       return "none";
+  }
+  return "unknown";
+}
+
+const char* to_string(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::kNone:
+      return "none";
+    case OffloadDevice::kCpu:
+      return "cpu";
+    case OffloadDevice::kNvme:
+      return "nvme";
   }
   return "unknown";
 }

@@ -53,6 +53,18 @@ struct OptimizerConfig {
   double momentum = 0.0;                       // params.momentum (SGD)
 };
 
+enum class OffloadDevice { kNone, kCpu, kNvme };
+
+// zero_optimization.offload_optimizer / offload_param (docs/config.md).
+struct OffloadConfig {
+  OffloadDevice device = OffloadDevice::kNone;  // "none", "cpu", "nvme"
+  std::string nvme_path;                        // required for "nvme"
+  bool pin_memory = false;                      // accepted; see docs
+  // In-memory sub-group buffers of the NVMe swapper (DeepSpeed: 4 for the
+  // optimizer, 5 for parameters).
+  int64_t buffer_count = 4;
+};
+
 struct ZeroConfig {
   int stage = 0;                           // zero_optimization.stage
   bool overlap_comm = false;               // zero_optimization.overlap_comm
@@ -61,6 +73,12 @@ struct ZeroConfig {
   bool contiguous_gradients = true;
   // Stage 3: parameters with fewer elements stay whole on every rank.
   int64_t stage3_param_persistence_threshold = 100000;
+  // Optimizer state offload (stages 1-3) and parameter offload (stage 3).
+  OffloadConfig offload_optimizer;
+  OffloadConfig offload_param;
+  // Elements per NVMe swap sub-group (DeepSpeed's default 1e9: one
+  // sub-group per partition unless the partition is larger).
+  int64_t sub_group_size = 1000000000;
 };
 
 // "fp16" / "bf16" (alias "bfloat16") and "data_types": zero/precision.h
@@ -122,6 +140,7 @@ const char* to_string(GradAccumScaling s);
 std::optional<GradAccumScaling> grad_accum_scaling_from_string(
     const std::string& name);
 const char* to_string(OptimizerType t);
+const char* to_string(OffloadDevice d);
 
 }  // namespace zerostep
 

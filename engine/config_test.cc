@@ -487,22 +487,70 @@ TEST(ParseConfigTest, ZeroValuesAreChecked) {
   EXPECT_EQ(ps[3].fix, "did you mean \"overlap_comm\"?");
 }
 
-TEST(ParseConfigTest, OffloadToCpuOrNvmeIsNotImplementedYet) {
+TEST(ParseConfigTest, OffloadSectionsAreParsed) {
+  Config c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "zero_optimization": {"stage": 3, "sub_group_size": 4096,
+            "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme",
+                                  "pin_memory": true, "buffer_count": 3,
+                                  "fast_init": false},
+            "offload_param": {"device": "cpu"}}})",
+      1);
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kNvme);
+  EXPECT_EQ(c.zero.offload_optimizer.nvme_path, "/nvme");
+  EXPECT_TRUE(c.zero.offload_optimizer.pin_memory);
+  EXPECT_EQ(c.zero.offload_optimizer.buffer_count, 3);
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kCpu);
+  EXPECT_EQ(c.zero.offload_param.buffer_count, 5);
+  EXPECT_EQ(c.zero.sub_group_size, 4096);
+  EXPECT_EQ(c.ignored_keys, (std::vector<std::string>{
+                                "zero_optimization.offload_optimizer.fast_init"}));
+}
+
+TEST(ParseConfigTest, NvmeNeedsAPathAndParameterNvmeIsNotThereYet) {
   std::vector<ConfigProblem> ps = problems_of(
       R"({"train_micro_batch_size_per_gpu": 1,
           "zero_optimization": {"stage": 3,
-            "offload_optimizer": {"device": "cpu", "pin_memory": true},
-            "offload_param": {"device": "nvme", "nvme_path": "/nvme"},
-            "cpu_offload": true}})");
-  ASSERT_EQ(ps.size(), 3u);
-  EXPECT_EQ(ps[0].key, "zero_optimization.offload_optimizer.device");
-  EXPECT_EQ(ps[0].value, "\"cpu\"");
-  EXPECT_HAS(ps[0].rule, "not implemented yet in this version");
-  EXPECT_HAS(ps[0].fix, "\"none\"");
+            "offload_optimizer": {"device": "nvme"},
+            "offload_param": {"device": "nvme", "nvme_path": "/x"}}})");
+  ASSERT_EQ(ps.size(), 2u);
+  EXPECT_EQ(ps[0].key, "zero_optimization.offload_optimizer.nvme_path");
+  EXPECT_HAS(ps[0].rule, "required");
   EXPECT_EQ(ps[1].key, "zero_optimization.offload_param.device");
-  EXPECT_HAS(ps[1].rule, "not implemented yet in this version");
-  EXPECT_EQ(ps[2].key, "zero_optimization.cpu_offload");
-  EXPECT_HAS(ps[2].rule, "not implemented yet");
+  EXPECT_HAS(ps[1].rule, "not implemented yet");
+}
+
+TEST(ParseConfigTest, LegacyCpuOffloadMeansOptimizerOffloadToCpu) {
+  Config c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "zero_optimization": {"stage": 2, "cpu_offload": true}})",
+      1);
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kCpu);
+}
+
+TEST(ParseConfigTest, OffloadProblemsNameKeyRuleAndFix) {
+  std::vector<ConfigProblem> ps = problems_of(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "zero_optimization": {"stage": 1,
+            "offload_optimizer": {"device": "disk", "buffer_count": 1,
+                                  "nvme_pth": "/x"},
+            "offload_param": {"device": "cpu"}}})");
+  ASSERT_EQ(ps.size(), 4u);
+  EXPECT_EQ(ps[0].key, "zero_optimization.offload_optimizer.device");
+  EXPECT_EQ(ps[0].value, "\"disk\"");
+  EXPECT_EQ(ps[1].key, "zero_optimization.offload_optimizer.buffer_count");
+  EXPECT_EQ(ps[2].key, "zero_optimization.offload_optimizer.nvme_pth");
+  EXPECT_HAS(ps[2].fix, "nvme_path");
+  EXPECT_EQ(ps[3].key, "zero_optimization.offload_param.device");
+  EXPECT_HAS(ps[3].rule, "stage 3");
+}
+
+TEST(ParseConfigTest, OptimizerOffloadNeedsAPartitioningStage) {
+  ConfigProblem p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "zero_optimization": {"stage": 0, "cpu_offload": true}})");
+  EXPECT_EQ(p.key, "zero_optimization.cpu_offload");
+  EXPECT_HAS(p.rule, "stage 1, 2 or 3");
 }
 
 TEST(ParseConfigTest, OffloadDeviceNoneIsIgnored) {
@@ -512,8 +560,8 @@ TEST(ParseConfigTest, OffloadDeviceNoneIsIgnored) {
             "offload_optimizer": {"device": "none"}, "sub_group_size": 1e9}})",
       1);
   EXPECT_EQ(c.ignored_keys,
-            (std::vector<std::string>{"zero_optimization.offload_optimizer",
-                                      "zero_optimization.sub_group_size"}));
+            (std::vector<std::string>{"zero_optimization.offload_optimizer"}));
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kNone);
 }
 
 // --- sections that must not be silently ignored ---

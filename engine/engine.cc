@@ -13,6 +13,7 @@
 
 #include "common/errors.h"
 #include "engine/checkpoint_io.h"
+#include "offload/posix_block_device.h"
 #include "zero/precision.h"
 #include "zero/stage3.h"
 
@@ -76,7 +77,7 @@ LossScalerOptions scaler_options(const PrecisionConfig& p) {
 }  // namespace
 
 Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
-               Communicator* comm)
+               Communicator* comm, const EngineOptions& options)
     : config_(config),
       comm_(comm),
       model_(std::move(model)),
@@ -109,9 +110,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   if (dtype() == Precision::kBf16) model_->to(torch::kBFloat16);
   folded_.assign(params_.size(), 0);
   if (config_.zero.stage == 3) {
-    setup_stage3();
+    setup_stage3(options);
   } else {
-    setup_flat();
+    setup_flat(options);
   }
   if (stage_->wants_grad_ready()) {
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -125,7 +126,28 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   }
 }
 
-void Engine::setup_flat() {
+OptimizerSwap Engine::optimizer_swap(const EngineOptions& options) {
+  const OffloadConfig& o = config_.zero.offload_optimizer;
+  OptimizerSwap swap;
+  if (o.device != OffloadDevice::kNvme) return swap;
+  swap.device = options.optimizer_device;
+  if (swap.device == nullptr) {
+    // The run's state comes from construction or load_checkpoint(), never
+    // from what an earlier run left in the file.
+    PosixDeviceOptions po;
+    po.truncate = true;
+    owned_device_ = PosixBlockDevice::open_in_directory(
+        o.nvme_path,
+        "zerostep_rank" + std::to_string(comm_->rank()) + "_optimizer.swap",
+        po);
+    swap.device = owned_device_.get();
+  }
+  swap.sub_group_numel = static_cast<size_t>(config_.zero.sub_group_size);
+  swap.buffer_count = static_cast<size_t>(o.buffer_count);
+  return swap;
+}
+
+void Engine::setup_flat(const EngineOptions& options) {
   // Flat buffers, allocated once and touched once (zeros) up front.
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
   const int64_t padded = static_cast<int64_t>(layout_.padded_numel);
@@ -162,6 +184,7 @@ void Engine::setup_flat() {
   so.allgather_bucket_size = config_.zero.allgather_bucket_size;
   so.overlap_comm = config_.zero.overlap_comm;
   so.grad_accum = config_.precision.grad_accum_dtype;
+  so.optimizer_swap = optimizer_swap(options);
   stage_ = make_stage(
       so, {flat_params_.data_ptr<float>(), flat_grads_.data_ptr<float>()},
       comm_);
@@ -174,7 +197,7 @@ void Engine::setup_flat() {
 // engine's lifetime; releasing a group resizes its storage to zero bytes
 // (views stay valid objects, and tensors autograd saved from them see the
 // data again once the group is gathered for backward).
-void Engine::setup_stage3() {
+void Engine::setup_stage3(const EngineOptions& options) {
   // The innermost block that contains a parameter owns it.
   std::map<const void*, size_t> block_of_param;  // TensorImpl* → block index
   std::vector<torch::nn::Module*> blocks;
@@ -246,6 +269,7 @@ void Engine::setup_stage3() {
   so.layout = layout_;
   so.optimizer = hyper();
   so.grad_accum = config_.precision.grad_accum_dtype;
+  so.optimizer_swap = optimizer_swap(options);
   auto stage3 = std::make_unique<Stage3>(so, used, layout_.numels, initial,
                                          &group_storage_, comm_);
   stage3_ = stage3.get();

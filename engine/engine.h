@@ -43,6 +43,7 @@
 #include "engine/config.h"
 #include "engine/loss_scaler.h"
 #include "engine/zero3_block.h"
+#include "offload/block_device.h"
 #include "zero/stage.h"
 #include "zero/stage3.h"
 
@@ -70,10 +71,21 @@ struct LoadOptions {
   bool load_optimizer_states = true;
 };
 
+// Effects an Engine may be given instead of the ones it makes itself.
+struct EngineOptions {
+  // offload_optimizer.device = "nvme": the device holding this rank's
+  // optimizer state (e.g. a sim/faulty_block_device.h in tests). nullptr:
+  // the engine opens <nvme_path>/zerostep_rank<r>_optimizer.swap itself
+  // (offload/posix_block_device.h). Must outlive the engine.
+  BlockDevice* optimizer_device = nullptr;
+};
+
 class Engine final : private internal::Zero3Hooks {
  public:
+  // IoError if offload_optimizer.nvme_path cannot hold the state (missing,
+  // not a directory, not writable, full).
   Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
-         Communicator* comm);
+         Communicator* comm, const EngineOptions& options = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -184,8 +196,9 @@ class Engine final : private internal::Zero3Hooks {
 
  private:
   OptimizerHyper hyper(const StepOverrides& overrides = {}) const;
-  void setup_flat();
-  void setup_stage3();
+  OptimizerSwap optimizer_swap(const EngineOptions& options);
+  void setup_flat(const EngineOptions& options);
+  void setup_stage3(const EngineOptions& options);
   void require_flat(const char* what) const;
   void require_between_windows(const char* what);
   // Mixed precision, stages 0-2: adds parameter i's gradient of this
@@ -233,6 +246,8 @@ class Engine final : private internal::Zero3Hooks {
   LossScaler scaler_;
   AccumulationBoundary boundary_;
   LrSchedule lr_schedule_;  // advances on every applied update
+  // NVMe offload: the device the engine opened (outlives stage_).
+  std::unique_ptr<BlockDevice> owned_device_;
   std::unique_ptr<Stage> stage_;
   // Stage 3 only.
   Stage3* stage3_ = nullptr;

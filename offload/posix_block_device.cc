@@ -145,6 +145,11 @@ std::unique_ptr<PosixBlockDevice> PosixBlockDevice::open(
   uint64_t size = 0;
   bool block_dev = false;
   if (S_ISREG(st.st_mode)) {
+    // Only once we hold the lock: a file in use elsewhere is never cut.
+    if (options.truncate && st.st_size != 0) {
+      if (::ftruncate(fd, 0) != 0) fail("cannot truncate swap file", errno);
+      st.st_size = 0;
+    }
     size = static_cast<uint64_t>(st.st_size);
   } else if (S_ISBLK(st.st_mode)) {
     block_dev = true;

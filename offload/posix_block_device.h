@@ -50,6 +50,10 @@ struct PosixDeviceOptions {
   unsigned queue_depth = 64;
   // Create the file if it does not exist (mode 0600). Default true.
   bool create = true;
+  // Empty a regular file once it is locked (what an earlier run left in it
+  // is discarded: the engine starts every run from a fresh state). Default
+  // false.
+  bool truncate = false;
 };
 
 class PosixBlockDevice final : public BlockDevice {

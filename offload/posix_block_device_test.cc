@@ -154,6 +154,26 @@ TEST(PosixBlockDeviceTest, UnwritableDirectoryNamesThePathAndTheFix) {
   }
 }
 
+TEST(PosixBlockDeviceTest, TruncateEmptiesTheFileOnlyOnceLocked) {
+  const std::string dir = make_temp_dir();
+  AlignedBuffer out(kBlockAlign);
+  fill(out, 9);
+  PosixDeviceOptions truncate;
+  truncate.truncate = true;
+  {
+    auto dev = PosixBlockDevice::open_in_directory(dir, "t.swap");
+    dev->reserve(2 * kBlockAlign);
+    dev->wait(dev->submit_write(0, out.data(), kBlockAlign));
+    dev->flush();
+    // In use: a truncating open is refused and cuts nothing.
+    EXPECT_THROW(PosixBlockDevice::open_in_directory(dir, "t.swap", truncate),
+                 IoError);
+    EXPECT_EQ(dev->size(), 2 * kBlockAlign);
+  }
+  auto dev = PosixBlockDevice::open_in_directory(dir, "t.swap", truncate);
+  EXPECT_EQ(dev->size(), 0u);
+}
+
 TEST(PosixBlockDeviceTest, SecondOpenOfTheSameFileIsRefused) {
   const std::string dir = make_temp_dir();
   auto first = PosixBlockDevice::open_in_directory(dir, "rank0.swap");

@@ -197,6 +197,17 @@ Config scenario_config(const Scenario& s, bool managed) {
   if (s.persistence_threshold >= 0)
     zero["stage3_param_persistence_threshold"] = s.persistence_threshold;
   if (s.gradient_clipping > 0.0) j["gradient_clipping"] = s.gradient_clipping;
+  if (s.offload != OffloadDevice::kNone) {
+    json o = {{"device", to_string(s.offload)}};
+    if (s.offload == OffloadDevice::kNvme) o["nvme_path"] = s.nvme_path;
+    zero["offload_optimizer"] = o;
+  }
+  if (s.offload_param != OffloadDevice::kNone) {
+    json o = {{"device", to_string(s.offload_param)}};
+    if (s.offload_param == OffloadDevice::kNvme) o["nvme_path"] = s.nvme_path;
+    zero["offload_param"] = o;
+  }
+  if (s.sub_group_size > 0) zero["sub_group_size"] = s.sub_group_size;
   if (s.dtype == Precision::kBf16) {
     if (!j.contains("bf16") || !j["bf16"].is_object()) j["bf16"] = json::object();
     j["bf16"]["enabled"] = true;
@@ -215,6 +226,10 @@ Config scenario_config(const Scenario& s, bool managed) {
 }
 
 ScenarioResult run_scenario(const Scenario& s) {
+  if ((s.offload == OffloadDevice::kNvme ||
+       s.offload_param == OffloadDevice::kNvme) &&
+      s.nvme_path.empty())
+    throw UsageError("an nvme offload scenario needs nvme_path (--nvme-path)");
   if (s.backend != "sim" && s.backend != "gloo")
     throw UsageError("backend '" + s.backend +
                      "' is not one of sim, gloo (nccl: --config=cuda on a "
@@ -257,6 +272,7 @@ ScenarioResult run_scenario(const Scenario& s) {
   ref_s.world_size = 1;
   ref_s.stage = 0;
   ref_s.overlap_comm = false;
+  ref_s.offload = ref_s.offload_param = OffloadDevice::kNone;
   ref_s.scaling = GradAccumScaling::kNone;  // the factor is in the loss
   ref_s.backwards = {1};
   Run reference{scenario_config(ref_s, true), 1, false, true};
@@ -264,6 +280,16 @@ ScenarioResult run_scenario(const Scenario& s) {
   res.unmanaged = train(s, *task, data, unmanaged);
   res.managed = train(s, *task, data, managed);
   res.reference = train(s, *task, data, reference);
+  const bool offloaded = s.offload != OffloadDevice::kNone ||
+                         s.offload_param != OffloadDevice::kNone;
+  if (offloaded) {
+    Scenario plain = s;
+    plain.offload = plain.offload_param = OffloadDevice::kNone;
+    res.in_memory =
+        train(plain, *task, data, Run{scenario_config(plain, false),
+                                      s.world_size, false, false});
+    res.offload_bitwise_equal = res.in_memory.digest == res.unmanaged.digest;
+  }
 
   const auto& u = res.unmanaged.params;
   const auto& m = res.managed.params;
@@ -296,6 +322,8 @@ ScenarioResult run_scenario(const Scenario& s) {
   require(res.bitwise_equal, "unmanaged and managed parameters differ "
                              "(max_abs_diff " +
                                  std::to_string(res.max_abs_diff) + ")");
+  require(res.offload_bitwise_equal,
+          "the offload run differs from the same run without offload");
   require(res.unmanaged.comm_bytes == res.managed.comm_bytes,
           "unmanaged moved " + std::to_string(res.unmanaged.comm_bytes) +
               " bytes, managed " + std::to_string(res.managed.comm_bytes));
@@ -353,7 +381,9 @@ std::string to_json_line(const ScenarioResult& r) {
   const Scenario& s = r.scenario;
   json j;
   j["stage"] = s.stage;
-  j["offload"] = "none";
+  j["offload"] = to_string(s.offload);
+  j["offload_param"] = to_string(s.offload_param);
+  j["offload_bitwise_equal"] = r.offload_bitwise_equal;
   j["backend"] = s.backend;
   j["overlap_comm"] = s.overlap_comm;
   j["persistence_threshold"] = s.persistence_threshold;

@@ -121,6 +121,14 @@ struct Scenario {
   int overflow_window = -1;
   int overflow_rank = 0;
   int overflow_backward = 0;
+  // zero_optimization.offload_optimizer.device (stages 1-3) and, at stage
+  // 3, offload_param.device. "nvme" needs nvme_path (an existing
+  // directory; each run uses its own files in it). sub_group_size > 0 sets
+  // zero_optimization.sub_group_size (elements per swap sub-group).
+  OffloadDevice offload = OffloadDevice::kNone;
+  OffloadDevice offload_param = OffloadDevice::kNone;
+  std::string nvme_path;
+  int64_t sub_group_size = 0;
   // A user's ds_config JSON to start from ("" = built-in defaults). The
   // scenario overrides the batch keys, the stage, the accumulation mode and
   // the scaling; everything else (optimizer, clipping, ...) is kept.
@@ -155,6 +163,11 @@ struct ScenarioResult {
   RunDigest managed;
   RunDigest reference;
   bool bitwise_equal = false;
+  // With offload: the unmanaged run trained again without offload; the
+  // offload runs must give its bits (the same kernel on the same values,
+  // only the state's home differs).
+  RunDigest in_memory;
+  bool offload_bitwise_equal = true;
   double max_abs_diff = 0.0;
   double ref_max_rel_diff = 0.0;  // max|d| / max|p_ref|, informative
   double ref_rel_l2_diff = 0.0;   // ||d||₂ / ||p_ref||₂, the checked one

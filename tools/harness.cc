@@ -9,6 +9,9 @@
 // object per scenario with --json) on stdout and progress on stderr. Exit
 // status 0 only if every scenario is ok.
 #include <algorithm>
+#include <filesystem>
+#include <cstring>
+#include <memory>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +42,13 @@ constexpr const char* kUsage = R"(usage: harness [flags]
   --micro-batch=B       samples per backward per rank (default 2)
   --clip=C              gradient_clipping (default 0 = off)
   --dtype=LIST          fp32,bf16,fp16 training dtypes (default fp32)
+  --offload=LIST        none,cpu,nvme optimizer offload (default none; stage
+                        0 has none, so stage-0 scenarios run only with none)
+  --offload-param       stage 3: offload parameters to the same device too
+  --nvme-path=DIR       where nvme scenarios keep their swap files (default:
+                        a new directory under $TMPDIR, removed at exit)
+  --sub-group-size=E    zero_optimization.sub_group_size: elements per swap
+                        sub-group (default DeepSpeed's 1e9)
   --overflow=W:R:B      fp16 scenarios: inject an overflow into backward B
                         (0-based) of rank R in window W; that update must be
                         skipped on every rank
@@ -56,6 +66,30 @@ constexpr const char* kUsage = R"(usage: harness [flags]
   --json                one JSON object per scenario per line
   --help
 )";
+
+// mkdtemp under $TMPDIR (or /tmp), removed with everything in it.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string t = std::string(tmp && *tmp ? tmp : "/tmp") + "/" + prefix +
+                    "-XXXXXX";
+    std::vector<char> buf(t.begin(), t.end());
+    buf.push_back('\0');
+    if (mkdtemp(buf.data()) == nullptr)
+      throw IoError("cannot create a temporary directory '" + t +
+                    "': " + std::strerror(errno));
+    path_ = buf.data();
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 [[noreturn]] void usage_error(const std::string& msg) {
   std::cerr << "harness: " << msg << "\n\n" << kUsage;
@@ -125,6 +159,10 @@ int main_impl(int argc, char** argv) {
   double clip = 0.0;
   std::vector<Precision> dtypes = {Precision::kFp32};
   std::vector<int> overflow;  // window, rank, backward
+  std::vector<OffloadDevice> offloads = {OffloadDevice::kNone};
+  bool offload_param = false;
+  std::string nvme_path;
+  int64_t sub_group_size = 0;
   uint64_t seed = 1;
   bool as_json = false, overlap = false;
   int64_t reduce_bucket = 0, allgather_bucket = 0, persistence = -1;
@@ -140,6 +178,10 @@ int main_impl(int argc, char** argv) {
     }
     if (a == "--overlap-comm") {
       overlap = true;
+      continue;
+    }
+    if (a == "--offload-param") {
+      offload_param = true;
       continue;
     }
     const size_t eq = a.find('=');
@@ -169,6 +211,19 @@ int main_impl(int argc, char** argv) {
         if (!p) usage_error("--dtype: '" + d + "' is not one of fp32, bf16, fp16");
         dtypes.push_back(*p);
       }
+    } else if (key == "offload") {
+      offloads.clear();
+      for (const std::string& d : split(v)) {
+        if (d == "none") offloads.push_back(OffloadDevice::kNone);
+        else if (d == "cpu") offloads.push_back(OffloadDevice::kCpu);
+        else if (d == "nvme") offloads.push_back(OffloadDevice::kNvme);
+        else usage_error("--offload: '" + d + "' is not one of none, cpu, nvme");
+      }
+    } else if (key == "nvme-path") {
+      nvme_path = v;
+    } else if (key == "sub-group-size") {
+      sub_group_size = static_cast<int64_t>(parse_u64(key, v));
+      if (sub_group_size < 1) usage_error("--sub-group-size must be >= 1");
     } else if (key == "overflow") {
       std::string list = v;
       std::replace(list.begin(), list.end(), ':', ',');
@@ -255,13 +310,30 @@ int main_impl(int argc, char** argv) {
             << " config=" << (config_path.empty() ? "(built-in)" : config_path)
             << "\n  " << runtime_info() << "\n";
 
+  // A temporary nvme directory, removed at exit.
+  std::unique_ptr<TempDir> temp_nvme;
+  const bool any_nvme = std::find(offloads.begin(), offloads.end(),
+                                  OffloadDevice::kNvme) != offloads.end();
+  if (any_nvme && nvme_path.empty()) {
+    temp_nvme = std::make_unique<TempDir>("zerostep-nvme");
+    nvme_path = temp_nvme->path();
+  }
+  if (any_nvme) std::cerr << "  nvme_path=" << nvme_path << "\n";
+
   std::vector<Scenario> scenarios;
+  for (OffloadDevice offload : offloads)
   for (Precision dtype : dtypes)
   for (int stage : stages)
     for (int w : worlds)
       for (GradAccumScaling sc : scalings) {
+        // Optimizer offload partitions the optimizer state: stages 1-3.
+        if (stage == 0 && offload != OffloadDevice::kNone) continue;
         Scenario s;
         s.dtype = dtype;
+        s.offload = offload;
+        if (stage == 3 && offload_param) s.offload_param = offload;
+        s.nvme_path = nvme_path;
+        s.sub_group_size = sub_group_size;
         if (dtype == Precision::kFp16 && !overflow.empty()) {
           s.overflow_window = overflow[0];
           s.overflow_rank = overflow[1];
@@ -288,9 +360,9 @@ int main_impl(int argc, char** argv) {
 
   if (!as_json) {
     std::printf(
-        "%-5s %-5s %-5s %-15s %-7s %-12s %-12s %-14s %-14s %-11s %-11s %-16s "
-        "%s\n",
-        "dtype", "stage", "world", "scaling", "bitwise", "max_abs_diff", "ref_rel_l2",
+        "%-7s %-5s %-5s %-5s %-15s %-7s %-12s %-12s %-14s %-14s %-11s %-11s "
+        "%-16s %s\n",
+        "offload", "dtype", "stage", "world", "scaling", "bitwise", "max_abs_diff", "ref_rel_l2",
         "bytes_managed", "bytes_unmgd", "mem_rest", "mem_peak", "digest", "ok");
   }
   int failed = 0;
@@ -301,8 +373,8 @@ int main_impl(int argc, char** argv) {
     const double secs = std::chrono::duration<double>(
                             std::chrono::steady_clock::now() - t0)
                             .count();
-    std::cerr << "[" << (i + 1) << "/" << scenarios.size() << "] "
-              << to_string(s.dtype) << " stage="
+    std::cerr << "[" << (i + 1) << "/" << scenarios.size() << "] offload="
+              << to_string(s.offload) << " " << to_string(s.dtype) << " stage="
               << s.stage << " world=" << s.world_size
               << " scaling=" << to_string(s.scaling) << " "
               << (r.ok ? "ok" : "FAILED") << " (" << secs << " s)\n";
@@ -310,9 +382,9 @@ int main_impl(int argc, char** argv) {
       std::cout << to_json_line(r) << "\n";
     } else {
       std::printf(
-          "%-5s %-5d %-5d %-15s %-7s %-12.3g %-12.3g %-14llu %-14llu %-11zu "
-          "%-11zu %-16s %s\n",
-          to_string(s.dtype), s.stage, s.world_size, to_string(s.scaling),
+          "%-7s %-5s %-5d %-5d %-15s %-7s %-12.3g %-12.3g %-14llu %-14llu "
+          "%-11zu %-11zu %-16s %s\n",
+          to_string(s.offload), to_string(s.dtype), s.stage, s.world_size, to_string(s.scaling),
           r.bitwise_equal ? "yes" : "NO", r.max_abs_diff, r.ref_rel_l2_diff,
           static_cast<unsigned long long>(r.managed.comm_bytes),
           static_cast<unsigned long long>(r.unmanaged.comm_bytes),

@@ -1,41 +1,141 @@
 #include "zero/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include <cstring>
 
 #include "common/errors.h"
 #include "offload/fused_adam.h"
+#include "offload/swap_store.h"
 
 namespace zerostep {
 
-FlatOptimizer::FlatOptimizer(const OptimizerHyper& hyper, size_t numel,
-                             AdamKernel kernel)
-    : kind_(hyper.kind), kernel_(kernel), numel_(numel) {
-  if (kind_ == OptimizerKind::kSGD) {
-    if (hyper.momentum != 0.0) exp_avg_.assign(numel, 0.0f);
-  } else {
-    exp_avg_.assign(numel, 0.0f);
-    exp_avg_sq_.assign(numel, 0.0f);
+namespace {
+// SGD with momentum (dampening 0, no Nesterov), LibTorch's order.
+void sgd_momentum(float* params, const float* grads, float* buf, size_t n,
+                  const OptimizerHyper& hyper, bool first) {
+  const float lr = static_cast<float>(hyper.lr);
+  const float wd = static_cast<float>(hyper.weight_decay);
+  const float mom = static_cast<float>(hyper.momentum);
+  const bool use_momentum = hyper.momentum != 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    float d = grads[i];
+    if (wd != 0.0f) d += wd * params[i];
+    if (use_momentum) {
+      buf[i] = first ? d : mom * buf[i] + d;
+      d = buf[i];
+    }
+    params[i] -= lr * d;
   }
+}
+}  // namespace
+
+FlatOptimizer::FlatOptimizer(const OptimizerHyper& hyper, size_t numel,
+                             AdamKernel kernel, const OptimizerSwap& swap)
+    : kind_(hyper.kind), kernel_(kernel), numel_(numel) {
+  num_arrays_ = kind_ != OptimizerKind::kSGD ? 2 : hyper.momentum != 0.0 ? 1 : 0;
+  if (swap.device == nullptr || num_arrays_ == 0 || numel == 0) {
+    if (num_arrays_ >= 1) exp_avg_.assign(numel, 0.0f);
+    if (num_arrays_ == 2) exp_avg_sq_.assign(numel, 0.0f);
+    return;
+  }
+  if (kernel_ != AdamKernel::kFused)
+    throw UsageError("FlatOptimizer: a swapped state runs the fused kernel");
+  SwapStoreOptions o;
+  o.num_arrays = num_arrays_;
+  o.numel = numel;
+  o.subgroup_numel = std::min(swap.sub_group_numel, numel);
+  o.buffer_count = std::max<size_t>(2, swap.buffer_count / num_arrays_);
+  store_ = std::make_unique<SwapStore>(swap.device, o);
+  // Whatever a previous run left on the device is not this run's state.
+  store_->write_all([](const SwapSubgroup&) {});
+  staging_.assign(numel, 0.0f);
+}
+
+FlatOptimizer::~FlatOptimizer() = default;
+FlatOptimizer::FlatOptimizer(FlatOptimizer&&) noexcept = default;
+
+void FlatOptimizer::read_swapped() const {
+  if (!store_) return;
+  exp_avg_.assign(numel_, 0.0f);
+  if (num_arrays_ == 2) exp_avg_sq_.assign(numel_, 0.0f);
+  float* arrays[2] = {exp_avg_.data(), exp_avg_sq_.data()};
+  store_->read_arrays(arrays);
+}
+
+const std::vector<float>& FlatOptimizer::exp_avg() const {
+  read_swapped();
+  return exp_avg_;
+}
+
+const std::vector<float>& FlatOptimizer::exp_avg_sq() const {
+  if (store_ && num_arrays_ == 2) read_swapped();
+  return exp_avg_sq_;
 }
 
 void FlatOptimizer::load_state(int64_t step_count, std::vector<float> exp_avg,
                                std::vector<float> exp_avg_sq) {
-  if (step_count < 0 || exp_avg.size() != exp_avg_.size() ||
-      exp_avg_sq.size() != exp_avg_sq_.size())
+  const size_t want_m = num_arrays_ >= 1 ? numel_ : 0;
+  const size_t want_v = num_arrays_ == 2 ? numel_ : 0;
+  if (step_count < 0 || exp_avg.size() != want_m ||
+      exp_avg_sq.size() != want_v)
     throw UsageError("optimizer state does not fit this optimizer: step " +
                      std::to_string(step_count) + ", " +
                      std::to_string(exp_avg.size()) + " and " +
                      std::to_string(exp_avg_sq.size()) +
                      " moment elements where it holds " +
-                     std::to_string(exp_avg_.size()) + " and " +
-                     std::to_string(exp_avg_sq_.size()));
+                     std::to_string(want_m) + " and " + std::to_string(want_v));
+  if (store_) {
+    const float* arrays[2] = {exp_avg.data(), exp_avg_sq.data()};
+    store_->write_arrays(arrays);  // atomic: old or new state on IoError
+    step_count_ = step_count;
+    return;
+  }
   step_count_ = step_count;
   exp_avg_ = std::move(exp_avg);
   exp_avg_sq_ = std::move(exp_avg_sq);
 }
 
 size_t FlatOptimizer::state_bytes() const {
+  if (store_)
+    return static_cast<size_t>(store_->buffer_bytes()) +
+           staging_.size() * sizeof(float);
   return (exp_avg_.size() + exp_avg_sq_.size()) * sizeof(float);
+}
+
+AdamStepParams FlatOptimizer::adam_params(const OptimizerHyper& hyper,
+                                          int64_t step) const {
+  AdamStepParams p;
+  p.lr = hyper.lr;
+  p.beta1 = hyper.beta1;
+  p.beta2 = hyper.beta2;
+  p.eps = hyper.eps;
+  p.weight_decay = hyper.weight_decay;
+  p.step = step;
+  p.decoupled = kind_ == OptimizerKind::kAdamW;
+  return p;
+}
+
+void FlatOptimizer::step_swapped(float* params, const float* grads,
+                                 const OptimizerHyper& hyper) {
+  const int64_t step = step_count_ + 1;
+  const bool first = step == 1;
+  const AdamStepParams ap = adam_params(hyper, step);
+  // New parameters go to the staging copy; they replace `params` only once
+  // the moments are committed (Note [NVMe optimizer state]).
+  store_->update([&](const SwapSubgroup& s) {
+    float* p = staging_.data() + s.first;
+    const float* g = grads + s.first;
+    std::memcpy(p, params + s.first, s.count * sizeof(float));
+    if (kind_ != OptimizerKind::kSGD) {
+      fused_adam_step(p, g, s.arrays[0], s.arrays[1], s.count, ap);
+      return;
+    }
+    sgd_momentum(p, g, s.arrays[0], s.count, hyper, first);
+  });
+  std::memcpy(params, staging_.data(), numel_ * sizeof(float));
+  step_count_ = step;
 }
 
 void FlatOptimizer::step(float* params, const float* grads,
@@ -44,37 +144,20 @@ void FlatOptimizer::step(float* params, const float* grads,
     throw UsageError("FlatOptimizer: the optimizer type cannot change "
                      "between steps");
   }
+  if (store_) {
+    step_swapped(params, grads, hyper);
+    return;
+  }
   ++step_count_;
   const size_t n = numel_;
   if (kind_ == OptimizerKind::kSGD) {
-    const float lr = static_cast<float>(hyper.lr);
-    const float wd = static_cast<float>(hyper.weight_decay);
-    const float mom = static_cast<float>(hyper.momentum);
-    const bool use_momentum = hyper.momentum != 0.0;
-    if (use_momentum && exp_avg_.size() != n) exp_avg_.assign(n, 0.0f);
-    float* buf = exp_avg_.data();
-    const bool first = step_count_ == 1;
-    for (size_t i = 0; i < n; ++i) {
-      float d = grads[i];
-      if (wd != 0.0f) d += wd * params[i];
-      if (use_momentum) {
-        buf[i] = first ? d : mom * buf[i] + d;
-        d = buf[i];
-      }
-      params[i] -= lr * d;
-    }
+    if (hyper.momentum != 0.0 && exp_avg_.size() != n) exp_avg_.assign(n, 0.0f);
+    sgd_momentum(params, grads, exp_avg_.data(), n, hyper, step_count_ == 1);
     return;
   }
   if (kernel_ == AdamKernel::kFused) {
-    AdamStepParams p;
-    p.lr = hyper.lr;
-    p.beta1 = hyper.beta1;
-    p.beta2 = hyper.beta2;
-    p.eps = hyper.eps;
-    p.weight_decay = hyper.weight_decay;
-    p.step = step_count_;
-    p.decoupled = kind_ == OptimizerKind::kAdamW;
-    fused_adam_step(params, grads, exp_avg_.data(), exp_avg_sq_.data(), n, p);
+    fused_adam_step(params, grads, exp_avg_.data(), exp_avg_sq_.data(), n,
+                    adam_params(hyper, step_count_));
     return;
   }
   // Adam / AdamW, in LibTorch's operation order.

@@ -5,7 +5,23 @@
 // the Adam update; SGD momentum with dampening 0, no Nesterov).
 //
 // State (exp_avg, exp_avg_sq or the momentum buffer) is allocated once, at
-// construction, for exactly the span's length.
+// construction, for exactly the span's length: in memory, or, with an
+// OptimizerSwap, on a BlockDevice (NVMe offload, Note [NVMe optimizer
+// state]).
+//
+// Note [NVMe optimizer state]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With OptimizerSwap::device set, the moments live in a SwapStore
+// (offload/swap_store.h) on that device and stream through
+// buffer_count sub-group buffers during step(): the read of sub-group
+// i + 1 and the write of i - 1 overlap the fused update of i. The new
+// parameters are computed into a staging copy and published only after
+// the store has committed the new moments, so a failed step (any I/O
+// error) leaves parameters and moments both at their old values (Note
+// [Parameters in memory] there). Memory: the store's buffers (about
+// buffer_count × arrays × sub_group_numel × 4 bytes) plus the staging copy
+// (numel × 4 bytes); exp_avg()/exp_avg_sq() read the whole state into
+// memory on demand (checkpoints).
 //
 // Thread safety: none; one optimizer per rank.
 #ifndef ZEROSTEP_ZERO_OPTIMIZER_H_
@@ -13,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace zerostep {
@@ -34,24 +51,52 @@ struct OptimizerHyper {
 // kernel, kReference the plain scalar loop the kernel is tested against.
 enum class AdamKernel { kFused, kReference };
 
+class BlockDevice;
+class SwapStore;
+struct AdamStepParams;
+
+// Where the optimizer state lives (Note [NVMe optimizer state]).
+struct OptimizerSwap {
+  // nullptr: in memory. Otherwise the device holding the state; it must
+  // outlive the optimizer and is used by it alone.
+  BlockDevice* device = nullptr;
+  // Elements per sub-group (zero_optimization.sub_group_size), >= 1; the
+  // last sub-group may be shorter.
+  size_t sub_group_numel = size_t{1} << 22;
+  // DeepSpeed's offload_optimizer.buffer_count: buffers of one state
+  // array's sub-group. A store buffer holds the sub-group of every array,
+  // so the store gets max(2, buffer_count / arrays) of them.
+  size_t buffer_count = 4;
+};
+
 class FlatOptimizer {
  public:
+  // Throws UsageError for bad swap options, IoError if the device cannot
+  // hold the state (the initial zero state is written here).
   FlatOptimizer(const OptimizerHyper& hyper, size_t numel,
-                AdamKernel kernel = AdamKernel::kFused);
+                AdamKernel kernel = AdamKernel::kFused,
+                const OptimizerSwap& swap = {});
+  ~FlatOptimizer();
+  FlatOptimizer(FlatOptimizer&&) noexcept;
 
   // One update of params[0, numel) from grads[0, numel) with `hyper`
   // (which may differ from the constructor's, e.g. a scheduled lr; the kind
-  // must not change: UsageError).
+  // must not change: UsageError). Swapped: IoError if the device fails;
+  // params, moments and step_count() are then unchanged.
   void step(float* params, const float* grads, const OptimizerHyper& hyper);
 
   int64_t step_count() const { return step_count_; }
   size_t numel() const { return numel_; }
   // Adam/AdamW: first and second moments. SGD: exp_avg is the momentum
-  // buffer, exp_avg_sq is empty.
-  const std::vector<float>& exp_avg() const { return exp_avg_; }
-  const std::vector<float>& exp_avg_sq() const { return exp_avg_sq_; }
-  // Bytes of optimizer state held.
+  // buffer, exp_avg_sq is empty. Swapped: read from the device into memory
+  // on each call (IoError if that fails).
+  const std::vector<float>& exp_avg() const;
+  const std::vector<float>& exp_avg_sq() const;
+  // Bytes of optimizer state held in memory (swapped: buffers and staging).
   size_t state_bytes() const;
+  // Whether the state lives on a device, and the store holding it.
+  bool swapped() const { return store_ != nullptr; }
+  const SwapStore* swap_store() const { return store_.get(); }
   // Restores a checkpointed state: `exp_avg` / `exp_avg_sq` must be as long
   // as exp_avg() / exp_avg_sq() are. UsageError on a mismatch (nothing
   // changes then).
@@ -63,8 +108,18 @@ class FlatOptimizer {
   AdamKernel kernel_;
   size_t numel_;
   int64_t step_count_ = 0;
-  std::vector<float> exp_avg_;
-  std::vector<float> exp_avg_sq_;
+  // In memory: the state. Swapped: empty until exp_avg()/exp_avg_sq()
+  // read it (mutable caches).
+  mutable std::vector<float> exp_avg_;
+  mutable std::vector<float> exp_avg_sq_;
+  size_t num_arrays_ = 0;  // state arrays: 2 (Adam), 1 or 0 (SGD)
+  std::unique_ptr<SwapStore> store_;
+  std::vector<float> staging_;  // swapped: the new parameters of a step
+  void read_swapped() const;
+  void step_swapped(float* params, const float* grads,
+                    const OptimizerHyper& hyper);
+  AdamStepParams adam_params(const OptimizerHyper& hyper,
+                                    int64_t step) const;
 };
 
 }  // namespace zerostep

@@ -48,7 +48,7 @@ FlatStage::FlatStage(const StageOptions& options, FlatBuffers buffers,
         size_t n = 0;
         for (const Span& s : owned_) n += s.numel;
         return n;
-      }()) {
+      }(), AdamKernel::kFused, options.optimizer_swap) {
   for (const Span& s : owned_) {
     ZS_CHECK(s.offset + s.numel <= layout_.padded_numel);
     owned_numel_ += s.numel;

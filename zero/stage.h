@@ -63,6 +63,9 @@ struct StageOptions {
   // Stages 2/3: the format of the partition gradient accumulated over the
   // window (data_types.grad_accum_dtype; Note [Precision model]).
   Precision grad_accum = Precision::kFp32;
+  // Where the optimizer keeps its state (zero/optimizer.h Note [NVMe
+  // optimizer state]); in memory by default.
+  OptimizerSwap optimizer_swap;
 };
 
 // Views of the engine's flat buffers; each holds layout.padded_numel floats.

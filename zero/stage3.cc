@@ -27,7 +27,7 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
         for (const Stage3Group& g : groups_)
           n += (g.numel + quantum - 1) / quantum * quantum / comm->world_size();
         return n;
-      }()) {
+      }(), AdamKernel::kFused, options.optimizer_swap) {
   ZS_CHECK(storage_ != nullptr);
   ZS_CHECK(initial_params.size() == groups_.size());
   size_t canonical = 0;
