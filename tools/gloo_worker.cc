@@ -15,6 +15,9 @@
 // --checkpoint-dir=D saves a checkpoint after every unmanaged window;
 // --resume-from=D only loads D's latest checkpoint and prints its step.
 // --timeout-s=T bounds how long a collective waits for a peer (default 20).
+// --offload=cpu|nvme (with --nvme-path=DIR, each rank its own file there)
+// and --dtype=fp32|bf16|fp16 select optimizer offload and the training
+// dtype.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -46,6 +49,9 @@ int main_impl(int argc, char** argv) {
   int stage = 0, die_at_step = -1;
   std::string checkpoint_dir, resume_from;
   int timeout_s = 20;
+  OffloadDevice offload = OffloadDevice::kNone;
+  std::string nvme_path;
+  Precision dtype = Precision::kFp32;
   std::vector<int> backwards = {2, 5, 3};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -55,6 +61,14 @@ int main_impl(int argc, char** argv) {
     else if (a.rfind("--checkpoint-dir=", 0) == 0) checkpoint_dir = a.substr(17);
     else if (a.rfind("--resume-from=", 0) == 0) resume_from = a.substr(14);
     else if (a.rfind("--timeout-s=", 0) == 0) timeout_s = std::atoi(a.c_str() + 12);
+    else if (a == "--offload=cpu") offload = OffloadDevice::kCpu;
+    else if (a == "--offload=nvme") offload = OffloadDevice::kNvme;
+    else if (a.rfind("--nvme-path=", 0) == 0) nvme_path = a.substr(12);
+    else if (a.rfind("--dtype=", 0) == 0) {
+      auto p = precision_from_string(a.substr(8));
+      if (!p) throw UsageError("gloo_worker: --dtype must be fp32, bf16 or fp16");
+      dtype = *p;
+    }
     else throw UsageError("gloo_worker: unknown argument '" + a + "'");
   }
   GlooOptions go;
@@ -69,6 +83,10 @@ int main_impl(int argc, char** argv) {
   s.world_size = w;
   s.backwards = backwards;
   s.persistence_threshold = 0;
+  s.offload = offload;
+  s.nvme_path = nvme_path;
+  s.sub_group_size = 1000;  // several swap sub-groups per partition
+  s.dtype = dtype;
   std::unique_ptr<Task> task = make_task("mlp");
   int64_t total = 0;
   for (int n : backwards) total += static_cast<int64_t>(n) * w * s.micro_batch;

@@ -5,6 +5,8 @@
 #include "tools/launcher.h"
 
 #include <gtest/gtest.h>
+
+#include <filesystem>
 #include <signal.h>
 #include <stdlib.h>
 
@@ -54,6 +56,49 @@ TEST(LaunchTest, EveryStageTrainsBitwiseOnTwoAndFourProcesses) {
             << run.output;
     }
   }
+}
+
+std::string digest_of(const std::string& output, int rank) {
+  const std::string key = "[rank " + std::to_string(rank) + "] rank " +
+                          std::to_string(rank) + " ok";
+  const size_t at = output.find(key);
+  if (at == std::string::npos) return "";
+  const size_t d = output.find("digest=", at);
+  return output.substr(d + 7, 16);
+}
+
+// Real processes with optimizer offload (cpu, and nvme: each rank streams
+// its moments through its own swap file) and mixed precision give the
+// same bits as the in-memory run, on every rank.
+TEST(LaunchTest, OffloadAndMixedPrecisionAcrossProcesses) {
+  char tmpl[] = "/tmp/zerostep_nvme_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string nvme = tmpl;
+  const std::vector<std::pair<int, std::string>> runs = {
+      {1, "fp32"}, {2, "fp32"}, {3, "fp32"}, {2, "bf16"}};
+  for (const auto& [stage, dtype] : runs) {
+    {
+      const std::vector<std::string> base = {
+          "--stage=" + std::to_string(stage), "--backwards=2,3",
+          "--dtype=" + dtype};
+      WorkerRun plain = run_worker(2, base);
+      ASSERT_EQ(plain.result.exit_code, 0) << plain.output;
+      const std::string want = digest_of(plain.output, 0);
+      ASSERT_EQ(want.size(), 16u) << plain.output;
+      for (const std::string offload : {"cpu", "nvme"}) {
+        std::vector<std::string> args = base;
+        args.push_back("--offload=" + offload);
+        args.push_back("--nvme-path=" + nvme);
+        WorkerRun run = run_worker(2, args);
+        EXPECT_EQ(run.result.exit_code, 0) << run.output;
+        for (int r = 0; r < 2; ++r)
+          EXPECT_EQ(digest_of(run.output, r), want)
+              << "stage " << stage << " " << dtype << " " << offload << "\n"
+              << run.output;
+      }
+    }
+  }
+  std::filesystem::remove_all(nvme);
 }
 
 TEST(LaunchTest, ARankDyingMidStepEndsTheJobNamingIt) {
