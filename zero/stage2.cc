@@ -6,7 +6,7 @@
 #include "common/errors.h"
 
 namespace zerostep {
-namespace {
+namespace internal {
 
 // Rounds down to a multiple of FlatLayout::kAlignNumel, at least one.
 size_t aligned_elements(int64_t n) {
@@ -26,6 +26,12 @@ std::vector<Span> make_buckets(const FlatLayout& layout, int64_t bucket_size) {
     buckets.push_back({at, std::min(size, layout.padded_numel - at)});
   return buckets;
 }
+
+}  // namespace internal
+
+namespace {
+using internal::aligned_elements;
+using internal::make_buckets;
 
 std::vector<Span> owned_chunks(const FlatLayout& layout, int64_t bucket_size,
                                int rank) {
