@@ -19,7 +19,7 @@
 //         collective (its text "injected fault crash:2@7", the rank at fault
 //         and "collective #K" for a K the fault covers) and the engine call
 //         (backward() / step() / a ZeRO-3 block's forward, with the global
-//         step);
+//         step; or "phase setup" when the Engine's constructor failed);
 //       * parameters, optimizer state and counters equal what they were
 //         before the failing call, bitwise (no partial update);
 //       * a further step() is refused with UsageError;
@@ -53,7 +53,8 @@ struct FaultScenario {
 struct FaultRankOutcome {
   std::string error;       // what() of the error the rank ended with, or ""
   std::string error_type;  // "CommError", "UsageError", ... or ""
-  // The call that failed: "backward 2 of window 1", "step of window 0".
+  // The call that failed: "backward 2 of window 1", "step of window 0",
+  // "Engine construction".
   std::string failed_call;
   bool state_unchanged = true;  // vs before the failing call, bitwise
   bool refused_after = true;    // a further step() was a UsageError
