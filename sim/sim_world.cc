@@ -29,7 +29,12 @@ enum SlotFailure : int {
 
 struct SimWorld::Slot {
   int64_t seq = 0;
+  // What each rank called, as the mismatch check sees it (an injected
+  // mismatch changes it), and what it really passed (what execute() moves:
+  // a mismatch that every rank shares is no mismatch, and the real buffers
+  // are moved).
   std::vector<Arrival> arrivals;
+  std::vector<Arrival> actual;
   std::vector<bool> arrived;
   std::vector<bool> lost;      // injected lost peer: arrived, never delivered
   std::vector<double> ready;   // virtual time the rank was ready
@@ -350,6 +355,7 @@ double SimWorld::collective(int rank, Arrival arrival) {
   double ready = std::max(clock.now_s, comm_free_[rank]);
   bool lost = false;
   std::string injected;
+  const Arrival actual = arrival;
   for (const Fault& f : options_.faults.faults) {
     if (!f.hits(rank, seq)) continue;
     injected += "; injected fault " + f.to_string();
@@ -387,12 +393,14 @@ double SimWorld::collective(int rank, Arrival arrival) {
     slot_ptr = std::make_unique<Slot>();
     slot_ptr->seq = seq;
     slot_ptr->arrivals.resize(world_size());
+    slot_ptr->actual.resize(world_size());
     slot_ptr->arrived.assign(world_size(), false);
     slot_ptr->lost.assign(world_size(), false);
     slot_ptr->ready.assign(world_size(), 0.0);
   }
   Slot& slot = *slot_ptr;
   slot.arrivals[rank] = arrival;
+  slot.actual[rank] = actual;
   slot.arrived[rank] = true;
   slot.lost[rank] = lost;
   slot.ready[rank] = ready;
@@ -462,6 +470,58 @@ void SimWorld::fail_slot(Slot& slot, int failure, const std::string& error) {
   slot.done = true;
 }
 
+// Whether every rank called the same collective; if not, fails the slot
+// (kMet) with the calls grouped by what they were, the smallest group (the
+// odd one out) first.
+bool SimWorld::check_same(Slot& slot, const std::vector<Arrival>& arrivals,
+                          double last) {
+  const int w = world_size();
+  const Arrival& a0 = arrivals[0];
+  std::vector<std::string> calls(w);
+  for (int r = 0; r < w; ++r) {
+    const Arrival& ar = arrivals[r];
+    calls[r] = zerostep::describe(ar.kind, ar.op, ar.input, ar.output, ar.root) +
+               " in phase " + to_string(ar.phase);
+  }
+  bool same = true;
+  for (int r = 1; r < w; ++r) {
+    const Arrival& ar = arrivals[r];
+    same = same && ar.kind == a0.kind && ar.op == a0.op &&
+           ar.input.dtype == a0.input.dtype &&
+           ar.input.numel == a0.input.numel &&
+           ar.output.numel == a0.output.numel && ar.root == a0.root;
+  }
+  if (!same) {
+    std::vector<std::pair<std::string, std::vector<int>>> groups;
+    for (int r = 0; r < w; ++r) {
+      auto it = std::find_if(groups.begin(), groups.end(),
+                             [&](const auto& g) { return g.first == calls[r]; });
+      if (it == groups.end()) groups.push_back({calls[r], {r}});
+      else it->second.push_back(r);
+    }
+    std::stable_sort(groups.begin(), groups.end(),
+                     [](const auto& a, const auto& b) {
+                       return a.second.size() < b.second.size();
+                     });
+    std::ostringstream os;
+    os << "mismatched collective #" << slot.seq << " at " << seconds(last)
+       << ": ";
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const std::vector<int>& ranks = groups[g].second;
+      os << (g == 0 ? "" : g + 1 == groups.size() ? ", but " : ", ")
+         << (ranks.size() == 1 ? "rank " : "ranks ");
+      for (size_t i = 0; i < ranks.size(); ++i)
+        os << (i ? ", " : "") << ranks[i];
+      os << " called " << groups[g].first;
+    }
+    os << ". Every rank must issue the same collectives in the same order "
+          "(did the ranks run different numbers of backward() calls?)";
+    fail_slot(slot, kMet, os.str());
+    return false;
+  }
+  return true;
+}
+
 void SimWorld::execute(Slot& slot) {
   const int w = world_size();
   const double timeout = options_.faults.timeout_s;
@@ -495,50 +555,12 @@ void SimWorld::execute(Slot& slot) {
     fail_slot(slot, kTimedOut, os.str());
     return;
   }
-  // Every rank must have called the same collective. Ranks are grouped by
-  // what they called, the smallest group (the odd one out) first.
-  std::vector<std::string> calls(w);
-  for (int r = 0; r < w; ++r) {
-    const Arrival& ar = slot.arrivals[r];
-    calls[r] = zerostep::describe(ar.kind, ar.op, ar.input, ar.output, ar.root) +
-               " in phase " + to_string(ar.phase);
+  // Every rank must have called the same collective: first as described
+  // (with injected mismatches), then as really passed, which is what moves.
+  for (std::vector<Arrival>* calls_of : {&slot.arrivals, &slot.actual}) {
+    if (!check_same(slot, *calls_of, last)) return;
   }
-  bool same = true;
-  for (int r = 1; r < w; ++r) {
-    const Arrival& ar = slot.arrivals[r];
-    same = same && ar.kind == a0.kind && ar.op == a0.op &&
-           ar.input.dtype == a0.input.dtype &&
-           ar.input.numel == a0.input.numel &&
-           ar.output.numel == a0.output.numel && ar.root == a0.root;
-  }
-  if (!same) {
-    std::vector<std::pair<std::string, std::vector<int>>> groups;
-    for (int r = 0; r < w; ++r) {
-      auto it = std::find_if(groups.begin(), groups.end(),
-                             [&](const auto& g) { return g.first == calls[r]; });
-      if (it == groups.end()) groups.push_back({calls[r], {r}});
-      else it->second.push_back(r);
-    }
-    std::stable_sort(groups.begin(), groups.end(),
-                     [](const auto& a, const auto& b) {
-                       return a.second.size() < b.second.size();
-                     });
-    std::ostringstream os;
-    os << "mismatched collective #" << slot.seq << " at " << seconds(last)
-       << ": ";
-    for (size_t g = 0; g < groups.size(); ++g) {
-      const std::vector<int>& ranks = groups[g].second;
-      os << (g == 0 ? "" : g + 1 == groups.size() ? ", but " : ", ")
-         << (ranks.size() == 1 ? "rank " : "ranks ");
-      for (size_t i = 0; i < ranks.size(); ++i)
-        os << (i ? ", " : "") << ranks[i];
-      os << " called " << groups[g].first;
-    }
-    os << ". Every rank must issue the same collectives in the same order "
-          "(did the ranks run different numbers of backward() calls?)";
-    fail_slot(slot, kMet, os.str());
-    return;
-  }
+  for (int r = 0; r < w; ++r) slot.arrivals[r] = slot.actual[r];
   slot.cost_s = options_.cost.collective_seconds(
       a0.kind, payload_bytes(a0.kind, a0.input, a0.output), w);
   slot.end_s = last + slot.cost_s;

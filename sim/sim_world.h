@@ -143,6 +143,8 @@ class SimWorld final : public LocalWorld {
   // time it ends (for an async one: when wait() may return).
   double collective(int rank, Arrival arrival);
   void execute(Slot& slot);
+  bool check_same(Slot& slot, const std::vector<Arrival>& arrivals,
+                  double last);
   void fail_slot(Slot& slot, int kind, const std::string& error);
   void wait_until(int rank, double end_s);
   void mark_exited(int rank, const std::string& reason);

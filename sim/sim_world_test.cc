@@ -288,6 +288,25 @@ TEST(SimFaultTest, MismatchOfEachFieldIsAnErrorNamingTheOddRank) {
   }
 }
 
+// Found by the swarm property: the same injected mismatch on every rank is
+// no mismatch, and the collective must move the real buffers, not the
+// described ones (which would write past them).
+TEST(SimFaultTest, AMismatchEveryRankSharesMovesTheRealBuffers) {
+  for (const char* field : {"op", "dtype", "count"}) {
+    const std::string f = field;
+    SimWorld world(with_faults(
+        3, "mismatch:0@0:" + f + ",mismatch:1@0:" + f + ",mismatch:2@0:" + f));
+    std::vector<std::vector<float>> out(3);
+    world.run([&](int r) {
+      std::vector<float> x(5, static_cast<float>(r + 1));
+      world.comm(r).all_reduce(Buffer::of(x.data(), x.size()), {});
+      out[r] = x;
+    });
+    for (int r = 0; r < 3; ++r)
+      EXPECT_EQ(out[r], std::vector<float>(5, 6.0f)) << field;
+  }
+}
+
 TEST(SimFaultTest, StragglerWithinTheTimeoutOnlyCostsTime) {
   SimOptions o = with_faults(2, "straggle:1@1x2:0.25,timeout:1");
   SimWorld world(o);
