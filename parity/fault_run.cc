@@ -39,8 +39,8 @@ struct RankState {
            same(exp_avg_sq, o.exp_avg_sq) &&
            optimizer_steps == o.optimizer_steps &&
            global_steps == o.global_steps &&
-           global_samples == o.global_samples &&
-           micro_steps == o.micro_steps && lr == o.lr;
+           global_samples == o.global_samples && micro_steps == o.micro_steps &&
+           lr == o.lr;
   }
 };
 
@@ -141,7 +141,8 @@ Trained train(const FaultScenario& run, const FaultOptions& faults) {
     std::string call;
     RankState before;
     // Runs one engine call; on an error, checks what the call left behind.
-    auto guarded = [&](const std::string& name, const std::function<void()>& f) {
+    auto guarded = [&](const std::string& name,
+                       const std::function<void()>& f) {
       call = name;
       before = capture(engine);
       try {
@@ -236,8 +237,8 @@ std::string replay_command(const FaultScenario& run) {
   for (size_t i = 0; i < s.backwards.size(); ++i)
     os << (i ? "," : "") << s.backwards[i];
   os << " --scaling=" << to_string(s.scaling) << " --model=" << s.model
-     << " --model-scale=" << s.model_scale
-     << " --micro-batch=" << s.micro_batch << " --seed=" << s.seed;
+     << " --model-scale=" << s.model_scale << " --micro-batch=" << s.micro_batch
+     << " --seed=" << s.seed;
   if (s.gradient_clipping > 0) os << " --clip=" << s.gradient_clipping;
   if (s.overlap_comm) os << " --overlap-comm";
   if (s.reduce_bucket_size > 0)
@@ -275,8 +276,8 @@ FaultRunResult run_fault_scenario(const FaultScenario& run) {
   auto fail = [&](const std::string& why) { res.failures.push_back(why); };
   for (int r = 0; r < s.world_size; ++r) {
     if (!base.ranks[r].error.empty())
-      fail("rank " + std::to_string(r) + " failed without faults: " +
-           base.ranks[r].error);
+      fail("rank " + std::to_string(r) +
+           " failed without faults: " + base.ranks[r].error);
     res.any_failed = res.any_failed || !res.ranks[r].error.empty();
   }
   double delays = 0.0;
@@ -301,21 +302,27 @@ FaultRunResult run_fault_scenario(const FaultScenario& run) {
     if (o.error_type != "CommError")
       fail(who + "ended with " + o.error_type + ", not CommError: " + o.error);
     if (!names_a_fault(o.error, run.faults))
-      fail(who + "the error does not name the injected fault, its rank and "
-                 "collective: " + o.error);
+      fail(who +
+           "the error does not name the injected fault, its rank and "
+           "collective: " +
+           o.error);
     const bool names_call =
         o.error.find("step() at global step") != std::string::npos ||
         o.error.find("backward() number") != std::string::npos ||
         o.error.find("forward of a ZeRO-3 block") != std::string::npos ||
         (o.failed_call == "Engine construction" &&
          o.error.find("phase setup") != std::string::npos);
-    if (!names_call) fail(who + "the error does not name the engine call: " + o.error);
+    if (!names_call)
+      fail(who + "the error does not name the engine call: " + o.error);
     if (!o.state_unchanged)
-      fail(who + "parameters, optimizer state or counters changed in the "
-                 "failed call (" + o.failed_call + ")");
+      fail(who +
+           "parameters, optimizer state or counters changed in the "
+           "failed call (" +
+           o.failed_call + ")");
     if (!o.refused_after)
-      fail(who + "a step() after the failure was not refused with "
-                 "UsageError");
+      fail(who +
+           "a step() after the failure was not refused with "
+           "UsageError");
   }
   res.ok = res.failures.empty();
   return res;

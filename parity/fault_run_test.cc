@@ -77,8 +77,7 @@ TEST(FaultRunTest, FaultsInBackwardAndForwardCollectivesToo) {
       f.scenario.overlap_comm = stage == 2 && managed;
       const std::vector<CollectiveTiming> schedule = baseline_schedule(f);
       for (const CollectiveTiming& c : schedule) {
-        if (c.phase != Phase::kBackward && c.phase != Phase::kForward)
-          continue;
+        if (c.phase != Phase::kBackward && c.phase != Phase::kForward) continue;
         if (c.seq % 3 != 0) continue;  // a sample keeps the test short
         for (const std::string& text : every_class(1, c.seq)) {
           f.faults = parse_fault_options(text);
@@ -105,10 +104,12 @@ TEST(FaultRunTest, TheMessageNamesRankCollectiveOpStepAndTime) {
   ASSERT_TRUE(r.ok) << describe(r);
   const std::string& m = r.ranks[0].error;
   EXPECT_NE(m.find("step() at global step 1 (window of 2 backward() calls) "
-                   "failed on rank 0: rank 0: collective #" + k +
+                   "failed on rank 0: rank 0: collective #" +
+                   k +
                    " (all_gather, phase step) cannot complete: rank 2 left "
                    "the world before joining it (rank 2 crashed on entering "
-                   "its collective #" + k + " (all_gather, phase step) at t="),
+                   "its collective #" +
+                   k + " (all_gather, phase step) at t="),
             std::string::npos)
       << m;
   EXPECT_NE(m.find("[injected fault crash:2@" + k + "]"), std::string::npos)
@@ -121,9 +122,9 @@ TEST(FaultRunTest, TheMessageNamesRankCollectiveOpStepAndTime) {
             std::string::npos)
       << m;
   // Rank 2's own error says it crashed.
-  EXPECT_NE(r.ranks[2].error.find("rank 2 crashed on entering its collective #" +
-                                  k),
-            std::string::npos)
+  EXPECT_NE(
+      r.ranks[2].error.find("rank 2 crashed on entering its collective #" + k),
+      std::string::npos)
       << r.ranks[2].error;
   // Bounded: survivors stopped one timeout after the failed collective.
   EXPECT_LE(r.ranks[0].virtual_time_s, r.baseline_time_s + 30.0);
@@ -134,9 +135,10 @@ TEST(FaultRunTest, StragglersWithinTheTimeoutAndLateFaultsChangeNoBit) {
   for (int stage : {0, 1, 2, 3}) {
     FaultScenario f = base(stage, /*managed=*/false);
     const int64_t n = static_cast<int64_t>(baseline_schedule(f).size());
-    f.faults = parse_fault_options("straggle:1@0x3:0.5,straggle:0@3:2.5,"
-                                   "crash:2@" + std::to_string(n) +
-                                   ",lost:0@" + std::to_string(n + 5));
+    f.faults = parse_fault_options(
+        "straggle:1@0x3:0.5,straggle:0@3:2.5,"
+        "crash:2@" +
+        std::to_string(n) + ",lost:0@" + std::to_string(n + 5));
     const FaultRunResult r = run_fault_scenario(f);
     EXPECT_TRUE(r.ok) << describe(r);
     EXPECT_FALSE(r.any_failed) << describe(r);

@@ -14,8 +14,7 @@
 
 namespace zerostep {
 
-ModelShape model_shape(const torch::nn::Module& model,
-                       const std::string& name);
+ModelShape model_shape(const torch::nn::Module& model, const std::string& name);
 
 }  // namespace zerostep
 

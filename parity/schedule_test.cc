@@ -77,9 +77,10 @@ TEST(ScheduleTest, PlannedCollectivesAreTheLedgerOfARealRun) {
               add(&plan, window_schedule(shape, o));
             }
             EXPECT_EQ(real, plan)
-                << model << " stage " << stage << " world " << w
-                << " managed " << managed << " variant " << variant
-                << "\nreal:\n" << show(real) << "planned:\n" << show(plan);
+                << model << " stage " << stage << " world " << w << " managed "
+                << managed << " variant " << variant << "\nreal:\n"
+                << show(real) << "planned:\n"
+                << show(plan);
             ++compared;
           }
         }

@@ -30,9 +30,9 @@
 #include <tuple>
 #include <vector>
 
+#include "models/task.h"
 #include "parity/fault_run.h"
 #include "parity/model_shape.h"
-#include "models/task.h"
 #include "sim/faults.h"
 #include "tools/runtime_info.h"
 #include "zero/schedule.h"
@@ -51,12 +51,12 @@ rc::Gen<T> uniform_in(T min, T max) {
 // A fault, with its position as a fraction (per mille) of the run's
 // collectives, resolved once the scenario's length is known.
 struct FaultDraw {
-  int kind = 0;         // crash, straggle, mismatch, lost
-  int rank = 0;         // modulo the world
-  int position = 0;     // 0..1100 per mille: some land beyond the run
-  int count = 1;        // straggle
-  int delay_ms = 1;     // straggle: 1 ms .. 120 s (timeout 60 s)
-  int field = 0;        // mismatch
+  int kind = 0;      // crash, straggle, mismatch, lost
+  int rank = 0;      // modulo the world
+  int position = 0;  // 0..1100 per mille: some land beyond the run
+  int count = 1;     // straggle
+  int delay_ms = 1;  // straggle: 1 ms .. 120 s (timeout 60 s)
+  int field = 0;     // mismatch
 };
 
 rc::Gen<FaultDraw> fault_draw() {
@@ -95,16 +95,15 @@ RC_GTEST_PROP(FaultSwarm, EveryFaultMixKeepsTheFaultContract, ()) {
   FaultScenario f;
   f.scenario = draw_scenario(/*fault_sized=*/true);
   f.managed = *rc::gen::arbitrary<bool>();
-  const auto draws =
-      *rc::gen::resize(rc::kNominalSize,
-                       rc::gen::container<std::vector<FaultDraw>>(
-                           *uniform_in<size_t>(1, 3), fault_draw()));
+  const auto draws = *rc::gen::resize(
+      rc::kNominalSize, rc::gen::container<std::vector<FaultDraw>>(
+                            *uniform_in<size_t>(1, 3), fault_draw()));
   const int64_t n = static_cast<int64_t>(baseline_schedule(f).size());
   const int w = f.scenario.world_size;
   for (const FaultDraw& d : draws) {
     Fault x;
-    x.kind = d.kind == 0   ? FaultKind::kCrash
-             : d.kind == 1 ? FaultKind::kStraggle
+    x.kind = d.kind == 0             ? FaultKind::kCrash
+             : d.kind == 1           ? FaultKind::kStraggle
              : d.kind == 2 && w >= 2 ? FaultKind::kMismatch
                                      : FaultKind::kLostPeer;
     x.rank = d.rank % w;
@@ -123,7 +122,8 @@ RC_GTEST_PROP(FaultSwarm, EveryFaultMixKeepsTheFaultContract, ()) {
            << "\nreplay: " << r.replay << "\n";
   for (size_t i = 0; i < r.ranks.size(); ++i)
     RC_LOG() << "rank " << i << ": " << r.ranks[i].error << "\n";
-  for (const std::string& why : r.failures) RC_LOG() << "failure: " << why << "\n";
+  for (const std::string& why : r.failures)
+    RC_LOG() << "failure: " << why << "\n";
   RC_ASSERT(r.failures.empty());
   RC_ASSERT(r.ok);
 }
@@ -138,7 +138,8 @@ RC_GTEST_PROP(ShapeOnlySchedule, MatchesTheLedger, ()) {
   std::map<Key, int> real, plan;
   for (const CollectiveTiming& c : baseline_schedule(f))
     ++real[{c.kind, c.phase, c.bytes}];
-  const ModelShape shape = model_shape(*make_task(s.model)->make_model(1), s.model);
+  const ModelShape shape =
+      model_shape(*make_task(s.model)->make_model(1), s.model);
   ScheduleOptions o;
   o.stage = s.stage;
   o.world_size = s.world_size;
@@ -177,8 +178,8 @@ void apply_default_rc_params() {
 int main(int argc, char** argv) {
   zerostep::apply_default_rc_params();
   zerostep::set_compute_threads(1);
-  std::cerr << "propertytests: RC_PARAMS=\"" << std::getenv("RC_PARAMS")
-            << "\"" << std::endl;
+  std::cerr << "propertytests: RC_PARAMS=\"" << std::getenv("RC_PARAMS") << "\""
+            << std::endl;
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

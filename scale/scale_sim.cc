@@ -42,15 +42,15 @@ ModelShape model_preset(const std::string& name) {
     add(p.vocab * p.dim, block++);  // token embedding
     for (size_t l = 0; l < p.layers; ++l) {
       const int b = block++;
-      add(p.dim, b);                // attention norm (persistent: small)
-      add(p.dim * p.dim, b);        // q
-      add(p.dim * p.kv_dim, b);     // k
-      add(p.dim * p.kv_dim, b);     // v
-      add(p.dim * p.dim, b);        // o
-      add(p.dim, b);                // mlp norm
-      add(p.dim * p.ffn, b);        // gate
-      add(p.dim * p.ffn, b);        // up
-      add(p.ffn * p.dim, b);        // down
+      add(p.dim, b);             // attention norm (persistent: small)
+      add(p.dim * p.dim, b);     // q
+      add(p.dim * p.kv_dim, b);  // k
+      add(p.dim * p.kv_dim, b);  // v
+      add(p.dim * p.dim, b);     // o
+      add(p.dim, b);             // mlp norm
+      add(p.dim * p.ffn, b);     // gate
+      add(p.dim * p.ffn, b);     // up
+      add(p.ffn * p.dim, b);     // down
     }
     add(p.dim, -1);                 // final norm
     add(p.vocab * p.dim, block++);  // output head

@@ -44,10 +44,10 @@ struct ScaleReport {
   ScaleOptions options;
   std::string model;
   double params = 0.0;
-  double step_s = 0.0;          // virtual time of one window
-  double compute_s = 0.0;       // forward + backward + optimizer
-  double comm_s = 0.0;          // collective time
-  double exposed_comm_s = 0.0;  // of it, not hidden by compute
+  double step_s = 0.0;               // virtual time of one window
+  double compute_s = 0.0;            // forward + backward + optimizer
+  double comm_s = 0.0;               // collective time
+  double exposed_comm_s = 0.0;       // of it, not hidden by compute
   uint64_t bytes_per_rank = 0;       // ledger payload bytes, one window
   uint64_t wire_bytes_per_rank = 0;  // ring bytes sent, one window
   // "reduce_scatter/backward" -> bytes (payload), one window.
@@ -57,7 +57,8 @@ struct ScaleReport {
 };
 
 // UsageError for invalid options (zero/schedule.h).
-ScaleReport simulate_scale(const ModelShape& model, const ScaleOptions& options);
+ScaleReport simulate_scale(const ModelShape& model,
+                           const ScaleOptions& options);
 
 }  // namespace zerostep
 

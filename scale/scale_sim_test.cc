@@ -120,13 +120,14 @@ TEST(ScaleSimTest, OverlapCommHidesReduceScatterBehindBackward) {
   const double b = k.backward_seconds(1 << 20, t);
   double now = k.forward_seconds(2.0 * (1 << 20), t) +
                c(o, CollectiveKind::kAllGather, 24.0 * w);
-  now += b;                             // parameter 1's backward
-  const double end1 = now + rs;         // its bucket, launched at once
-  now += b;                             // parameter 0's backward
+  now += b;                      // parameter 1's backward
+  const double end1 = now + rs;  // its bucket, launched at once
+  now += b;                      // parameter 0's backward
   const double end0 = std::max(now, end1) + rs;
-  now = std::max(now, end0);            // wait for both
+  now = std::max(now, end0);  // wait for both
   now += c(o, CollectiveKind::kAllGather, 24.0 * w) +
-         c(o, CollectiveKind::kAllReduce, 8) + k.optimizer_seconds(1 << 20 >> 5) +
+         c(o, CollectiveKind::kAllReduce, 8) +
+         k.optimizer_seconds(1 << 20 >> 5) +
          2 * c(o, CollectiveKind::kAllGather, 4.0 * (1 << 20));
   EXPECT_NEAR(r.step_s, now, 1e-12 * now);
   ScaleOptions serial = o;
@@ -160,8 +161,8 @@ TEST(ScaleSimTest, PlannedMemoryIsTheStagesOwn) {
           so.layout = layout;
           so.reduce_bucket_size = o.reduce_bucket_size;
           so.allgather_bucket_size = o.allgather_bucket_size;
-          real[r] = make_stage(so, {p.data(), g.data()}, &world.comm(r))
-                        ->memory();
+          real[r] =
+              make_stage(so, {p.data(), g.data()}, &world.comm(r))->memory();
         });
         const std::string at = "stage " + std::to_string(stage) + " world " +
                                std::to_string(w) + " bucket " +
@@ -197,10 +198,11 @@ TEST(ScaleSimTest, SevenBillionAtFourThousandRanksIsQuick) {
   const ModelShape m = model_preset("7B");
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<ScaleReport> r;
-  for (int stage : {0, 1, 2, 3}) r.push_back(simulate_scale(m, options(stage, 4096)));
-  const double wall = std::chrono::duration<double>(
-                          std::chrono::steady_clock::now() - t0)
-                          .count();
+  for (int stage : {0, 1, 2, 3})
+    r.push_back(simulate_scale(m, options(stage, 4096)));
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
   EXPECT_LT(wall, 10.0);
   const double n4 = 4.0 * m.numel();
   // Payload bytes (the ledger's): stage 0 all-reduces the gradient (4N);

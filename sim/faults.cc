@@ -2,8 +2,8 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include "common/errors.h"
@@ -135,11 +135,16 @@ FaultOptions parse_fault_options(const std::string& text) {
       continue;
     }
     Fault f;
-    if (kind == "crash") f.kind = FaultKind::kCrash;
-    else if (kind == "straggle") f.kind = FaultKind::kStraggle;
-    else if (kind == "mismatch") f.kind = FaultKind::kMismatch;
-    else if (kind == "lost") f.kind = FaultKind::kLostPeer;
-    else bad(item, "unknown kind '" + kind + "'");
+    if (kind == "crash")
+      f.kind = FaultKind::kCrash;
+    else if (kind == "straggle")
+      f.kind = FaultKind::kStraggle;
+    else if (kind == "mismatch")
+      f.kind = FaultKind::kMismatch;
+    else if (kind == "lost")
+      f.kind = FaultKind::kLostPeer;
+    else
+      bad(item, "unknown kind '" + kind + "'");
     const size_t at = rest.find('@');
     if (at == std::string::npos) bad(item, "no '@'");
     f.rank = static_cast<int>(parse_int(item, rest.substr(0, at)));
@@ -159,10 +164,14 @@ FaultOptions parse_fault_options(const std::string& text) {
       if (arg.empty()) bad(item, "a straggle needs its delay (':D')");
       f.delay_s = parse_seconds(item, arg);
     } else if (f.kind == FaultKind::kMismatch) {
-      if (arg == "op") f.field = MismatchField::kOp;
-      else if (arg == "dtype") f.field = MismatchField::kDtype;
-      else if (arg == "count") f.field = MismatchField::kCount;
-      else bad(item, "mismatch field '" + arg + "' is not op, dtype or count");
+      if (arg == "op")
+        f.field = MismatchField::kOp;
+      else if (arg == "dtype")
+        f.field = MismatchField::kDtype;
+      else if (arg == "count")
+        f.field = MismatchField::kCount;
+      else
+        bad(item, "mismatch field '" + arg + "' is not op, dtype or count");
     } else if (!arg.empty()) {
       bad(item, "unexpected ':" + arg + "'");
     }
@@ -179,8 +188,10 @@ void validate(const FaultOptions& o, int world_size) {
   for (const Fault& f : o.faults) {
     const std::string item = f.to_string();
     if (f.rank < 0 || f.rank >= world_size)
-      bad(item, "rank " + std::to_string(f.rank) + " is not a rank of this "
-                "world of " + std::to_string(world_size));
+      bad(item, "rank " + std::to_string(f.rank) +
+                    " is not a rank of this "
+                    "world of " +
+                    std::to_string(world_size));
     if (f.collective < 0) bad(item, "the collective index must be >= 0");
     if (f.count < 1) bad(item, "a straggle covers at least 1 collective");
     if (f.delay_s < 0) bad(item, "the delay must be >= 0");
@@ -208,9 +219,10 @@ FaultOptions draw_fault_options(uint64_t seed, int world_size,
     if (f.kind == FaultKind::kStraggle) {
       f.count = 1 + rng.below(3);
       // 1 ms .. 2 × timeout, in whole milliseconds.
-      f.delay_s = static_cast<double>(1 + rng.below(
-                      static_cast<int64_t>(2 * o.timeout_s * 1000))) /
-                  1000.0;
+      f.delay_s =
+          static_cast<double>(
+              1 + rng.below(static_cast<int64_t>(2 * o.timeout_s * 1000))) /
+          1000.0;
     }
     if (f.kind == FaultKind::kMismatch)
       f.field = static_cast<MismatchField>(rng.below(3));

@@ -63,8 +63,9 @@ TEST(FaultsTest, BadTextNamesTheItemAndTheGrammar) {
 
 TEST(FaultsTest, ValidateChecksTheWorld) {
   EXPECT_NO_THROW(validate(parse_fault_options("crash:3@0"), 4));
-  EXPECT_NE(message_of([] { validate(parse_fault_options("crash:4@0"), 4); })
-                .find("rank 4 is not a rank of this world of 4"),
+  EXPECT_NE(message_of([] {
+              validate(parse_fault_options("crash:4@0"), 4);
+            }).find("rank 4 is not a rank of this world of 4"),
             std::string::npos);
   EXPECT_NE(message_of([] {
               validate(parse_fault_options("mismatch:0@0:op"), 1);
@@ -73,8 +74,7 @@ TEST(FaultsTest, ValidateChecksTheWorld) {
   EXPECT_THROW(validate(parse_fault_options("timeout:0"), 2), UsageError);
   EXPECT_THROW(validate(parse_fault_options("straggle:0@0x0:1"), 2),
                UsageError);
-  EXPECT_THROW(validate(parse_fault_options("straggle:0@0:-1"), 2),
-               UsageError);
+  EXPECT_THROW(validate(parse_fault_options("straggle:0@0:-1"), 2), UsageError);
 }
 
 TEST(FaultsTest, SwarmDrawIsAFunctionOfTheSeed) {

@@ -42,12 +42,14 @@ TEST(ShapeOnlyCommTest, ClockEqualsSimWorldsOnTheSameSequence) {
     o.world_size = w;
     SimWorld world(o);
     world.run([&](int r) {
-      sequence(world.comm(r), [&](double s) { world.compute(r, s); }, true);
+      sequence(
+          world.comm(r), [&](double s) { world.compute(r, s); }, true);
     });
     ShapeOnlyCommunicator shape(w, o.cost);
     Ledger ledger;
     RecordingCommunicator rec(&shape, &ledger);
-    sequence(rec, [&](double s) { shape.compute(s); }, false);
+    sequence(
+        rec, [&](double s) { shape.compute(s); }, false);
     for (int r = 0; r < w; ++r) {
       EXPECT_DOUBLE_EQ(shape.clock().now_s, world.clock(r).now_s) << w;
       EXPECT_DOUBLE_EQ(shape.clock().comm_s, world.clock(r).comm_s) << w;

@@ -269,8 +269,7 @@ TEST(SimFaultTest, LostPeerInAWorldOfOneIsNotAHang) {
 
 TEST(SimFaultTest, MismatchOfEachFieldIsAnErrorNamingTheOddRank) {
   for (const char* field : {"op", "dtype", "count"}) {
-    SimWorld world(
-        with_faults(4, std::string("mismatch:3@1:") + field));
+    SimWorld world(with_faults(4, std::string("mismatch:3@1:") + field));
     auto errors =
         world.run_collect([&](int r) { three_all_reduces(world, r); });
     for (int r = 0; r < 4; ++r) {
@@ -319,8 +318,10 @@ TEST(SimFaultTest, StragglerWithinTheTimeoutOnlyCostsTime) {
   });
   EXPECT_EQ(out[0], 3.0f);
   EXPECT_EQ(out[1], 3.0f);
-  const double ar = o.cost.collective_seconds(CollectiveKind::kAllReduce, 64, 2);
-  const double ar1 = o.cost.collective_seconds(CollectiveKind::kAllReduce, 4, 2);
+  const double ar =
+      o.cost.collective_seconds(CollectiveKind::kAllReduce, 64, 2);
+  const double ar1 =
+      o.cost.collective_seconds(CollectiveKind::kAllReduce, 4, 2);
   // Collectives 1 and 2 each start 0.25 s late: rank 1 arrives late.
   for (int r = 0; r < 2; ++r) {
     EXPECT_DOUBLE_EQ(world.clock(r).now_s, 3 * ar + ar1 + 0.5) << r;
@@ -398,8 +399,7 @@ TEST(SimClockTest, BlockingCollectivesChargeTheClosedFormCosts) {
     EXPECT_NEAR(k.now_s, 0.004 + total, 1e-15) << r;  // the last rank's start
     EXPECT_NEAR(k.comm_s, total, 1e-15) << r;
     // Rank r waited 0.004 - 0.001 (r+1) for the last rank, plus the rest.
-    EXPECT_NEAR(k.exposed_comm_s, 0.004 - 0.001 * (r + 1) + total, 1e-15)
-        << r;
+    EXPECT_NEAR(k.exposed_comm_s, 0.004 - 0.001 * (r + 1) + total, 1e-15) << r;
     ASSERT_EQ(world.timeline(r).size(), 4u);
     EXPECT_EQ(world.timeline(r)[2].kind, CollectiveKind::kAllGather);
     EXPECT_EQ(world.timeline(r)[2].bytes, 4096u);
@@ -409,8 +409,8 @@ TEST(SimClockTest, BlockingCollectivesChargeTheClosedFormCosts) {
 TEST(SimClockTest, ComputeBetweenAnAsyncLaunchAndItsWaitHidesTheCollective) {
   SimOptions o;
   o.world_size = 2;
-  const double rs = o.cost.collective_seconds(CollectiveKind::kReduceScatter,
-                                              1 << 22, 2);
+  const double rs =
+      o.cost.collective_seconds(CollectiveKind::kReduceScatter, 1 << 22, 2);
   for (double work : {0.25 * rs, 4.0 * rs}) {
     SimWorld world(o);
     world.run([&](int r) {
@@ -424,8 +424,7 @@ TEST(SimClockTest, ComputeBetweenAnAsyncLaunchAndItsWaitHidesTheCollective) {
     });
     for (int r = 0; r < 2; ++r) {
       EXPECT_DOUBLE_EQ(world.clock(r).now_s, std::max(work, rs)) << work;
-      EXPECT_DOUBLE_EQ(world.clock(r).exposed_comm_s,
-                       std::max(0.0, rs - work))
+      EXPECT_DOUBLE_EQ(world.clock(r).exposed_comm_s, std::max(0.0, rs - work))
           << work;
       EXPECT_DOUBLE_EQ(world.clock(r).comm_s, rs);
       EXPECT_TRUE(world.timeline(r)[0].async);

@@ -56,9 +56,9 @@ void check(const ModelShape& m, const ScheduleOptions& o) {
   if (o.world_size < 1) throw UsageError("schedule: world_size must be >= 1");
   if (o.backwards < 1) throw UsageError("schedule: backwards must be >= 1");
   if (m.numels.size() != m.block.size())
-    throw UsageError("model shape '" + m.name + "': " +
-                     std::to_string(m.numels.size()) + " parameters but " +
-                     std::to_string(m.block.size()) + " block entries");
+    throw UsageError(
+        "model shape '" + m.name + "': " + std::to_string(m.numels.size()) +
+        " parameters but " + std::to_string(m.block.size()) + " block entries");
 }
 
 // The step's update and gathers for stages 1-3 (after the norm).
@@ -76,8 +76,7 @@ void stage2_gathers(const FlatLayout& layout, const ScheduleOptions& o,
     }
     for (size_t at = 0; at < chunk; at += piece)
       out->push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
-                                std::min(piece, chunk - at) * w,
-                                Phase::kStep));
+                                std::min(piece, chunk - at) * w, Phase::kStep));
   }
 }
 
@@ -89,16 +88,15 @@ size_t ModelShape::numel() const {
   return n;
 }
 
-std::vector<Stage3Group> stage3_groups(const ModelShape& m,
-                                       int64_t threshold) {
+std::vector<Stage3Group> stage3_groups(const ModelShape& m, int64_t threshold) {
   std::vector<Stage3Group> blocks(static_cast<size_t>(m.num_blocks));
   Stage3Group persistent;
   persistent.persistent = true;
   for (size_t i = 0; i < m.numels.size(); ++i) {
     const bool in_block =
         m.block[i] >= 0 && static_cast<int64_t>(m.numels[i]) >= threshold;
-    Stage3Group& g = in_block ? blocks.at(static_cast<size_t>(m.block[i]))
-                              : persistent;
+    Stage3Group& g =
+        in_block ? blocks.at(static_cast<size_t>(m.block[i])) : persistent;
     g.params.push_back(i);
     g.numel += m.numels[i];
   }
@@ -191,9 +189,8 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
       if (o.managed && k == o.backwards) {
         out.push_back(agreement(w, Phase::kStep));
         if (o.stage == 0)
-          out.push_back(collective(CollectiveKind::kAllReduce,
-                                   DType::kFloat32, padded, reduce_phase,
-                                   ReduceOp::kAvg));
+          out.push_back(collective(CollectiveKind::kAllReduce, DType::kFloat32,
+                                   padded, reduce_phase, ReduceOp::kAvg));
         if (o.stage == 1)
           out.push_back(collective(CollectiveKind::kReduceScatter,
                                    DType::kFloat32, padded, reduce_phase,
@@ -212,10 +209,9 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
                                  ReduceOp::kAvg));
     }
     if (o.stage >= 1) out.push_back(norm());
-    out.push_back(compute(Event::Work::kOptimizer,
-                          static_cast<double>(o.stage == 0
-                                                  ? padded
-                                                  : padded / w)));
+    out.push_back(
+        compute(Event::Work::kOptimizer,
+                static_cast<double>(o.stage == 0 ? padded : padded / w)));
     if (o.stage == 1)
       out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
                                padded, Phase::kStep));
@@ -236,8 +232,8 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
       }
       out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
                                padded_group(g.numel, w), Phase::kForward));
-      out.push_back(compute(Event::Work::kForward,
-                            static_cast<double>(g.numel)));
+      out.push_back(
+          compute(Event::Work::kForward, static_cast<double>(g.numel)));
     }
     out.push_back(compute(Event::Work::kForward, persistent_params));
     out.push_back(agreement(w, Phase::kBackward));
@@ -247,10 +243,10 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
       const size_t padded = padded_group(g.numel, w);
       out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
                                padded, Phase::kBackward));
-      out.push_back(compute(Event::Work::kBackward,
-                            static_cast<double>(g.numel)));
-      out.push_back(collective(CollectiveKind::kReduceScatter,
-                               DType::kFloat32, padded, Phase::kBackward));
+      out.push_back(
+          compute(Event::Work::kBackward, static_cast<double>(g.numel)));
+      out.push_back(collective(CollectiveKind::kReduceScatter, DType::kFloat32,
+                               padded, Phase::kBackward));
     }
     out.push_back(compute(Event::Work::kBackward, persistent_params));
     for (const Stage3Group& g : groups)
@@ -258,7 +254,8 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
         out.push_back(collective(CollectiveKind::kReduceScatter,
                                  DType::kFloat32, padded_group(g.numel, w),
                                  Phase::kBackward));
-    if (o.managed && k == o.backwards) out.push_back(agreement(w, Phase::kStep));
+    if (o.managed && k == o.backwards)
+      out.push_back(agreement(w, Phase::kStep));
   }
   if (!o.managed) out.push_back(agreement(w, Phase::kStep));
   out.push_back(norm());
@@ -296,8 +293,8 @@ MemoryStats planned_memory(const ModelShape& m, const ScheduleOptions& o) {
       if (buckets.size() > 1) s.optimizer_state_bytes += owned * f;
     }
     s.rollback_bytes = partitioned ? owned * opt : 0;
-    s.peak_bytes =
-        s.param_bytes + s.grad_bytes + s.optimizer_state_bytes + s.rollback_bytes;
+    s.peak_bytes = s.param_bytes + s.grad_bytes + s.optimizer_state_bytes +
+                   s.rollback_bytes;
     return s;
   }
   size_t owned = 0, largest_partition = 0, largest_block = 0, persistent = 0;
@@ -305,8 +302,10 @@ MemoryStats planned_memory(const ModelShape& m, const ScheduleOptions& o) {
     const size_t padded = padded_group(g.numel, w);
     owned += padded / w;
     largest_partition = std::max(largest_partition, padded / w);
-    if (g.persistent) persistent += padded;
-    else largest_block = std::max(largest_block, padded);
+    if (g.persistent)
+      persistent += padded;
+    else
+      largest_block = std::max(largest_block, padded);
   }
   s.param_bytes = (owned + persistent) * f;
   s.grad_bytes = (owned + largest_partition + persistent) * f;
