@@ -367,7 +367,14 @@ struct GatherForBackward : public torch::autograd::Function<GatherForBackward> {
 bool Engine::enter(torch::nn::Module& block) {
   auto it = block_group_.find(&block);
   if (it == block_group_.end()) return false;
-  stage3_->gather(it->second, Phase::kForward);
+  require_working_comm("a ZeRO-3 block's forward");
+  try {
+    stage3_->gather(it->second, Phase::kForward);
+  } catch (const CommError& e) {
+    comm_failed(e, "the forward of a ZeRO-3 block (group " +
+                       std::to_string(it->second) + ")",
+                "no counter moved");
+  }
   return true;
 }
 
@@ -449,6 +456,7 @@ OptimizerHyper Engine::hyper(const StepOverrides& o) const {
 }
 
 void Engine::backward(const torch::Tensor& loss, bool scale_wrt_gas) {
+  require_working_comm("backward()");
   const BackwardPlan plan = boundary_.plan_backward();
   if (!loss.defined() || loss.numel() != 1) {
     throw UsageError("backward(loss): loss must be a defined scalar tensor");
@@ -460,23 +468,29 @@ void Engine::backward(const torch::Tensor& loss, bool scale_wrt_gas) {
     scaled = loss / static_cast<double>(config_.gradient_accumulation_steps);
   }
   if (dtype() == Precision::kFp16) scaled = scaled * scaler_.scale();
-  stage_->begin_backward(boundary_.window_backwards() + 1,
-                         boundary_.global_steps());
-  std::fill(folded_.begin(), folded_.end(), 0);
+  const int64_t index = boundary_.window_backwards() + 1;
   try {
-    scaled.backward();
-  } catch (const c10::Error& e) {
-    throw UsageError(std::string("backward(): LibTorch's autograd failed on "
-                                 "rank ") +
-                     std::to_string(rank()) + ": " +
-                     e.what_without_backtrace());
-  }
-  if (folds_grads())
-    for (size_t i = 0; i < params_.size(); ++i) fold_grad(i);
-  stage_->end_backward();
-  if (plan.reduce_window) {
-    stage_->reduce_window(boundary_.window_backwards() + 1,
-                          boundary_.global_steps(), Phase::kBackward);
+    stage_->begin_backward(index, boundary_.global_steps());
+    std::fill(folded_.begin(), folded_.end(), 0);
+    try {
+      scaled.backward();
+    } catch (const c10::Error& e) {
+      throw UsageError(std::string("backward(): LibTorch's autograd failed "
+                                   "on rank ") +
+                       std::to_string(rank()) + ": " +
+                       e.what_without_backtrace());
+    }
+    if (folds_grads())
+      for (size_t i = 0; i < params_.size(); ++i) fold_grad(i);
+    stage_->end_backward();
+    if (plan.reduce_window) {
+      stage_->reduce_window(index, boundary_.global_steps(), Phase::kBackward);
+    }
+  } catch (const CommError& e) {
+    comm_failed(e, "backward() number " + std::to_string(index) +
+                       " of the window at global step " +
+                       std::to_string(boundary_.global_steps()),
+                "no counter moved");
   }
   boundary_.commit_backward(plan);
 }
@@ -514,7 +528,28 @@ void check_overrides(const StepOverrides& o) {
 
 }  // namespace
 
+void Engine::require_working_comm(const char* what) const {
+  if (comm_failure_.empty()) return;
+  throw UsageError(std::string(what) + " on rank " + std::to_string(rank()) +
+                   " after a collective failed in an earlier call (" +
+                   comm_failure_ +
+                   "). The window's gradients are lost and the ranks may be "
+                   "out of step. Fix: build a new world and new engines, "
+                   "and load the last checkpoint");
+}
+
+void Engine::comm_failed(const CommError& e, const std::string& call,
+                         const std::string& unchanged) {
+  comm_failure_ = e.what();
+  throw CommError(call + " failed on rank " + std::to_string(rank()) + ": " +
+                  e.what() + ". Parameters and optimizer state are as before "
+                  "the call and " + unchanged +
+                  " (Note [Transactional update]); the window's gradients "
+                  "are lost");
+}
+
 void Engine::step(const StepOverrides& overrides) {
+  require_working_comm("step()");
   check_overrides(overrides);
   const StepPlan plan = boundary_.plan_step();
   const bool fp16 = dtype() == Precision::kFp16;
@@ -540,12 +575,22 @@ void Engine::step(const StepOverrides& overrides) {
       // rank computes the same value, so all ranks skip together.
       overflow = fp16 && !std::isfinite(stats.global_norm);
       if (!overflow) {
+        // All or nothing: Note [Transactional update] (zero/stage.h).
         stage_->apply_update(hyper(overrides));
         sync_model_params();
         last_grad_norm_ = stats.global_norm;
       }
       stage_->zero_grad();
     }
+  } catch (const CommError& e) {
+    boundary_.abort_step();
+    comm_failed(e,
+                "step() at global step " +
+                    std::to_string(boundary_.global_steps()) +
+                    " (window of " + std::to_string(plan.window_backwards) +
+                    " backward() calls)",
+                "global_steps, global_samples and the lr schedule did not "
+                "advance");
   } catch (...) {
     boundary_.abort_step();
     throw;

@@ -24,6 +24,17 @@
 // when a collective fails. A c10::Error from LibTorch inside backward()
 // becomes UsageError with the engine's context.
 //
+// A CommError from backward(), step() or a ZeRO-3 block's forward names
+// the call, the global step and the window position, and wraps the
+// communicator's message (which names the rank at fault, the collective's
+// number, op and phase). Parameters, optimizer state (moments and step
+// count), global_steps, global_samples and the lr schedule are then exactly
+// as before the call, on every rank (Note [Transactional update] in
+// zero/stage.h, which also gives the memory this costs); the window's
+// gradients are lost. The engine then refuses backward() and step() with a
+// UsageError: the world must be rebuilt (new communicators and engines,
+// load_checkpoint).
+//
 // Ownership: `*comm` must outlive the Engine; the Engine shares `model`.
 // Thread safety: none; one Engine per rank, used from one thread.
 #ifndef ZEROSTEP_ENGINE_ENGINE_H_
@@ -189,6 +200,11 @@ class Engine final : private internal::Zero3Hooks {
   // owned_spans(), concatenated in that order.
   const FlatOptimizer& optimizer() const { return stage_->optimizer(); }
   const std::vector<Span>& owned_spans() const { return stage_->owned_spans(); }
+  // The parameters this rank's optimizer updates, in its state's order (a
+  // copy; stage 3: the rank's partitions).
+  std::vector<float> owned_parameters() const {
+    return stage_->owned_parameters();
+  }
   // The stage's resident bytes plus, under mixed precision, the model's
   // bf16 weights and one-backward gradients (at stage 3: those of the
   // groups resident now; stage 3's peak_bytes counts float32 storage only).
@@ -208,6 +224,11 @@ class Engine final : private internal::Zero3Hooks {
   // bf16, stages 0-2: the model's weights = the master rounded to bf16.
   void sync_model_params();
   void on_grad_ready(size_t param_index);
+  // UsageError once a collective has failed (comm_failure_ set).
+  void require_working_comm(const char* what) const;
+  // Records `e` and throws it again as CommError with the call's context.
+  [[noreturn]] void comm_failed(const CommError& e, const std::string& call,
+                                const std::string& unchanged);
 
   // internal::Zero3Hooks (stage 3 blocks; engine/zero3_block.h).
   bool enter(torch::nn::Module& block) override;
@@ -264,6 +285,7 @@ class Engine final : private internal::Zero3Hooks {
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
   bool step_applied_ = false;
   double last_grad_norm_ = -1.0;
+  std::string comm_failure_;  // the first CommError's message, or ""
 };
 
 }  // namespace zerostep

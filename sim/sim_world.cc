@@ -16,16 +16,38 @@ struct SimWorld::Arrival {
   Buffer output;
   int root = 0;
   Phase phase = Phase::kSetup;
+  bool async = false;
+};
+
+// How a failed slot charges virtual time to the ranks that leave it.
+enum SlotFailure : int {
+  kNoFailure = 0,
+  kMet,          // every rank arrived and saw the error: at the meeting time
+  kPeerMissing,  // a peer never came: each rank waited timeout_s
+  kTimedOut      // a straggler came too late: the collective aborted
 };
 
 struct SimWorld::Slot {
   int64_t seq = 0;
+  // What each rank called, as the mismatch check sees it (an injected
+  // mismatch changes it), and what it really passed (what execute() moves:
+  // a mismatch that every rank shares is no mismatch, and the real buffers
+  // are moved).
   std::vector<Arrival> arrivals;
+  std::vector<Arrival> actual;
   std::vector<bool> arrived;
+  std::vector<bool> lost;      // injected lost peer: arrived, never delivered
+  std::vector<double> ready;   // virtual time the rank was ready
   int num_arrived = 0;
   int num_left = 0;
   bool done = false;
   std::string error;  // non-empty: every participant throws CommError(error)
+  int failure = kNoFailure;
+  double start_s = 0.0;  // ready on every rank (success, kMet)
+  double end_s = 0.0;
+  double cost_s = 0.0;   // the cost model's charge (success)
+  double abort_s = 0.0;  // kTimedOut: when the first rank gave up
+  std::string injected;  // "; injected fault ..." for every fault that hit
 };
 
 namespace {
@@ -52,6 +74,29 @@ std::string describe(CollectiveKind k, ReduceOp op, Buffer in, Buffer out,
       break;
   }
   os << ")";
+  return os.str();
+}
+
+// The ledger's payload of a call (comm/ledger.h).
+uint64_t payload_bytes(CollectiveKind k, Buffer in, Buffer out) {
+  switch (k) {
+    case CollectiveKind::kAllGather:
+      return out.bytes();
+    case CollectiveKind::kBarrier:
+      return 0;
+    default:
+      return in.bytes();
+  }
+}
+
+std::string where(int64_t seq, CollectiveKind k, Phase phase) {
+  return "collective #" + std::to_string(seq) + " (" + to_string(k) +
+         ", phase " + to_string(phase) + ")";
+}
+
+std::string seconds(double s) {
+  std::ostringstream os;
+  os << "t=" << s << " s";
   return os.str();
 }
 
@@ -90,6 +135,26 @@ void reduce_rank_order(const std::vector<const T*>& inputs, size_t offset,
 
 }  // namespace
 
+// An async collective's handle: the data is already in place (the sim
+// completes every collective inside the issuing call); wait() charges the
+// virtual time still outstanding (Note [Virtual clock]).
+class SimWorld::SimWork final : public Work {
+ public:
+  SimWork(SimWorld* world, int rank, double end_s)
+      : world_(world), rank_(rank), end_s_(end_s) {}
+  void wait() override {
+    if (waited_) return;
+    waited_ = true;
+    world_->wait_until(rank_, end_s_);
+  }
+
+ private:
+  SimWorld* world_;
+  int rank_;
+  double end_s_;
+  bool waited_ = false;
+};
+
 // Rank r's raw endpoint: forwards each call to the world's rendezvous.
 class SimWorld::RankComm final : public Communicator {
  public:
@@ -109,21 +174,16 @@ class SimWorld::RankComm final : public Communicator {
   }
   void reduce_scatter(Buffer input, Buffer output,
                       const ReduceScatterOptions& opts) override {
-    check_reduce_scatter_args(rank_, world_size(), input, output);
-    Arrival a;
-    a.kind = CollectiveKind::kReduceScatter;
-    a.op = opts.op;
-    a.input = input;
-    a.output = output;
-    a.phase = opts.phase;
-    world_->collective(rank_, a);
+    world_->collective(rank_, reduce_scatter_arrival(input, output, opts));
   }
-  // Completes inside the call (Note [Reduction order] needs every rank's
-  // input at once anyway); overlap is a matter for the virtual clock.
+  // The data moves inside the call (Note [Reduction order] needs every
+  // rank's input at once anyway); the virtual clock models the overlap.
   std::shared_ptr<Work> reduce_scatter_async(
       Buffer input, Buffer output, const ReduceScatterOptions& opts) override {
-    reduce_scatter(input, output, opts);
-    return std::make_shared<CompletedWork>();
+    Arrival a = reduce_scatter_arrival(input, output, opts);
+    a.async = true;
+    const double end_s = world_->collective(rank_, a);
+    return std::make_shared<SimWork>(world_, rank_, end_s);
   }
   void all_gather(Buffer input, Buffer output,
                   const AllGatherOptions& opts) override {
@@ -152,6 +212,18 @@ class SimWorld::RankComm final : public Communicator {
   }
 
  private:
+  Arrival reduce_scatter_arrival(Buffer input, Buffer output,
+                                 const ReduceScatterOptions& opts) {
+    check_reduce_scatter_args(rank_, world_size(), input, output);
+    Arrival a;
+    a.kind = CollectiveKind::kReduceScatter;
+    a.op = opts.op;
+    a.input = input;
+    a.output = output;
+    a.phase = opts.phase;
+    return a;
+  }
+
   SimWorld* world_;
   int rank_;
 };
@@ -162,6 +234,7 @@ SimWorld::SimWorld(const SimOptions& options) : options_(options) {
                      std::to_string(options.world_size) +
                      ": must be at least 1");
   }
+  validate(options.faults, options.world_size);
   const int w = options.world_size;
   ledgers_.resize(w);
   for (int r = 0; r < w; ++r) {
@@ -172,9 +245,20 @@ SimWorld::SimWorld(const SimOptions& options) : options_(options) {
   next_seq_.assign(w, 0);
   exited_.assign(w, false);
   exit_reason_.assign(w, "");
+  comm_free_.assign(w, 0.0);
+  clocks_.assign(w, SimClock{});
+  timeline_.assign(w, {});
 }
 
 SimWorld::~SimWorld() = default;
+
+std::string SimWorld::describe() const {
+  std::ostringstream os;
+  os << "seed=" << options_.seed << " world=" << options_.world_size
+     << " faults=" << options_.faults.to_string()
+     << " cost: " << options_.cost.to_string();
+  return os.str();
+}
 
 Communicator& SimWorld::comm(int rank) {
   ZS_CHECK(rank >= 0);
@@ -194,19 +278,133 @@ Ledger& SimWorld::mutable_ledger(int rank) {
   return ledgers_[rank];
 }
 
-void SimWorld::collective(int rank, Arrival arrival) {
+void SimWorld::compute(int rank, double seconds) {
+  ZS_CHECK(rank >= 0);
+  ZS_CHECK(rank < world_size());
+  ZS_CHECK(seconds >= 0.0);
+  std::lock_guard<std::mutex> lock(mu_);
+  clocks_[rank].now_s += seconds;
+}
+
+SimClock SimWorld::clock(int rank) const {
+  ZS_CHECK(rank >= 0);
+  ZS_CHECK(rank < world_size());
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mu_));
+  return clocks_[rank];
+}
+
+const std::vector<CollectiveTiming>& SimWorld::timeline(int rank) const {
+  ZS_CHECK(rank >= 0);
+  ZS_CHECK(rank < world_size());
+  return timeline_[rank];
+}
+
+void SimWorld::reset_clocks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::fill(comm_free_.begin(), comm_free_.end(), 0.0);
+  std::fill(clocks_.begin(), clocks_.end(), SimClock{});
+  for (auto& t : timeline_) t.clear();
+}
+
+void SimWorld::wait_until(int rank, double end_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  SimClock& c = clocks_[rank];
+  if (end_s > c.now_s) {
+    c.exposed_comm_s += end_s - c.now_s;
+    c.now_s = end_s;
+  }
+}
+
+namespace {
+
+// What an injected mismatch makes rank R call instead.
+void mutate(CollectiveKind* kind, Buffer* in, Buffer* out, MismatchField f) {
+  switch (f) {
+    case MismatchField::kOp:
+      *kind = *kind == CollectiveKind::kAllReduce ? CollectiveKind::kBroadcast
+                                                  : CollectiveKind::kAllReduce;
+      break;
+    case MismatchField::kDtype: {
+      const DType d = in->dtype == DType::kFloat32 ? DType::kFloat64
+                                                   : DType::kFloat32;
+      in->dtype = d;
+      out->dtype = d;
+      break;
+    }
+    case MismatchField::kCount:
+      in->numel += 1;
+      out->numel += 1;
+      break;
+  }
+}
+
+}  // namespace
+
+double SimWorld::collective(int rank, Arrival arrival) {
   std::unique_lock<std::mutex> lock(mu_);
   const int64_t seq = next_seq_[rank]++;
+  const double timeout = options_.faults.timeout_s;
+  SimClock& clock = clocks_[rank];
+  CollectiveTiming t;
+  t.seq = seq;
+  t.kind = arrival.kind;
+  t.phase = arrival.phase;
+  t.bytes = payload_bytes(arrival.kind, arrival.input, arrival.output);
+  t.async = arrival.async;
+  t.issue_s = clock.now_s;
+  double ready = std::max(clock.now_s, comm_free_[rank]);
+  bool lost = false;
+  std::string injected;
+  const Arrival actual = arrival;
+  for (const Fault& f : options_.faults.faults) {
+    if (!f.hits(rank, seq)) continue;
+    injected += "; injected fault " + f.to_string();
+    fired_.push_back({seq, rank});
+    switch (f.kind) {
+      case FaultKind::kStraggle:
+        ready += f.delay_s;
+        break;
+      case FaultKind::kLostPeer:
+        lost = true;
+        break;
+      case FaultKind::kMismatch:
+        mutate(&arrival.kind, &arrival.input, &arrival.output, f.field);
+        break;
+      case FaultKind::kCrash: {
+        // The rank dies here: it never joins, and its peers find out when
+        // they give up waiting (kPeerMissing).
+        const std::string what =
+            "rank " + std::to_string(rank) + " crashed on entering its " +
+            where(seq, t.kind, t.phase) + " at " + seconds(ready) +
+            " [injected fault " + f.to_string() + "]";
+        clock.now_s = ready;
+        t.start_s = t.end_s = ready;
+        t.failed = true;
+        timeline_[rank].push_back(t);
+        exited_[rank] = true;
+        exit_reason_[rank] = what;
+        cv_.notify_all();
+        throw CommError(what);
+      }
+    }
+  }
   auto& slot_ptr = slots_[seq];
   if (!slot_ptr) {
     slot_ptr = std::make_unique<Slot>();
     slot_ptr->seq = seq;
     slot_ptr->arrivals.resize(world_size());
+    slot_ptr->actual.resize(world_size());
     slot_ptr->arrived.assign(world_size(), false);
+    slot_ptr->lost.assign(world_size(), false);
+    slot_ptr->ready.assign(world_size(), 0.0);
   }
   Slot& slot = *slot_ptr;
   slot.arrivals[rank] = arrival;
+  slot.actual[rank] = actual;
   slot.arrived[rank] = true;
+  slot.lost[rank] = lost;
+  slot.ready[rank] = ready;
+  slot.injected += injected;
   ++slot.num_arrived;
   if (!slot.done && slot.num_arrived == world_size()) {
     execute(slot);
@@ -219,52 +417,153 @@ void SimWorld::collective(int rank, Arrival arrival) {
     if (slot.done) return true;
     for (int r = 0; r < world_size(); ++r) {
       if (!slot.arrived[r] && exited_[r]) {
-        std::ostringstream os;
-        os << "collective #" << seq << " ("
-           << to_string(slot.arrivals[rank].kind) << ", phase "
-           << to_string(slot.arrivals[rank].phase)
-           << ") cannot complete: rank " << r << " left the world before "
-           << "joining it (" << exit_reason_[r] << ")";
-        slot.error = os.str();
-        slot.done = true;
+        fail_slot(slot, kPeerMissing,
+                  where(seq, arrival.kind, arrival.phase) +
+                      " cannot complete: rank " + std::to_string(r) +
+                      " left the world before joining it (" +
+                      exit_reason_[r] + "); the ranks waiting for it gave " +
+                      "up after the timeout of " + seconds(timeout).substr(2) +
+                      " of virtual time");
         cv_.notify_all();
         return true;
       }
     }
     return false;
   });
-  std::string error = slot.error;
+  const std::string error = slot.error;
+  double end = slot.end_s;
+  if (!error.empty()) {
+    switch (slot.failure) {
+      case kMet:
+        end = std::max(ready, slot.start_s);
+        break;
+      case kPeerMissing:
+        end = ready + timeout;
+        break;
+      default:
+        end = std::max(ready, slot.abort_s);
+        break;
+    }
+    t.start_s = t.end_s = end;
+    t.failed = true;
+  } else {
+    t.start_s = slot.start_s;
+    t.end_s = slot.end_s;
+    clock.comm_s += slot.cost_s;
+  }
+  if (!arrival.async || !error.empty()) {
+    clock.exposed_comm_s += end - clock.now_s;
+    clock.now_s = end;
+  }
+  comm_free_[rank] = end;
+  timeline_[rank].push_back(t);
   if (++slot.num_left == world_size()) slots_.erase(seq);
   if (!error.empty()) {
     throw CommError("rank " + std::to_string(rank) + ": " + error);
   }
+  return end;
+}
+
+void SimWorld::fail_slot(Slot& slot, int failure, const std::string& error) {
+  slot.failure = failure;
+  slot.error = error + slot.injected;
+  slot.done = true;
+}
+
+// Whether every rank called the same collective; if not, fails the slot
+// (kMet) with the calls grouped by what they were, the smallest group (the
+// odd one out) first.
+bool SimWorld::check_same(Slot& slot, const std::vector<Arrival>& arrivals,
+                          double last) {
+  const int w = world_size();
+  const Arrival& a0 = arrivals[0];
+  std::vector<std::string> calls(w);
+  for (int r = 0; r < w; ++r) {
+    const Arrival& ar = arrivals[r];
+    calls[r] = zerostep::describe(ar.kind, ar.op, ar.input, ar.output, ar.root) +
+               " in phase " + to_string(ar.phase);
+  }
+  bool same = true;
+  for (int r = 1; r < w; ++r) {
+    const Arrival& ar = arrivals[r];
+    same = same && ar.kind == a0.kind && ar.op == a0.op &&
+           ar.input.dtype == a0.input.dtype &&
+           ar.input.numel == a0.input.numel &&
+           ar.output.numel == a0.output.numel && ar.root == a0.root;
+  }
+  if (!same) {
+    std::vector<std::pair<std::string, std::vector<int>>> groups;
+    for (int r = 0; r < w; ++r) {
+      auto it = std::find_if(groups.begin(), groups.end(),
+                             [&](const auto& g) { return g.first == calls[r]; });
+      if (it == groups.end()) groups.push_back({calls[r], {r}});
+      else it->second.push_back(r);
+    }
+    std::stable_sort(groups.begin(), groups.end(),
+                     [](const auto& a, const auto& b) {
+                       return a.second.size() < b.second.size();
+                     });
+    std::ostringstream os;
+    os << "mismatched collective #" << slot.seq << " at " << seconds(last)
+       << ": ";
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const std::vector<int>& ranks = groups[g].second;
+      os << (g == 0 ? "" : g + 1 == groups.size() ? ", but " : ", ")
+         << (ranks.size() == 1 ? "rank " : "ranks ");
+      for (size_t i = 0; i < ranks.size(); ++i)
+        os << (i ? ", " : "") << ranks[i];
+      os << " called " << groups[g].first;
+    }
+    os << ". Every rank must issue the same collectives in the same order "
+          "(did the ranks run different numbers of backward() calls?)";
+    fail_slot(slot, kMet, os.str());
+    return false;
+  }
+  return true;
 }
 
 void SimWorld::execute(Slot& slot) {
   const int w = world_size();
+  const double timeout = options_.faults.timeout_s;
   const Arrival& a0 = slot.arrivals[0];
-  // Every rank must have called the same collective.
+  double first = slot.ready[0], last = slot.ready[0];
+  int first_rank = 0, last_rank = 0;
   for (int r = 1; r < w; ++r) {
-    const Arrival& ar = slot.arrivals[r];
-    const bool same = ar.kind == a0.kind && ar.op == a0.op &&
-                      ar.input.dtype == a0.input.dtype &&
-                      ar.input.numel == a0.input.numel &&
-                      ar.output.numel == a0.output.numel &&
-                      ar.root == a0.root;
-    if (!same) {
-      std::ostringstream os;
-      os << "mismatched collective #" << slot.seq << ": rank 0 called "
-         << describe(a0.kind, a0.op, a0.input, a0.output, a0.root)
-         << " in phase " << to_string(a0.phase) << " but rank " << r
-         << " called "
-         << describe(ar.kind, ar.op, ar.input, ar.output, ar.root)
-         << " in phase " << to_string(ar.phase)
-         << ". Every rank must issue the same collectives in the same order "
-            "(did the ranks run different numbers of backward() calls?)";
-      slot.error = os.str();
-      return;
-    }
+    if (slot.ready[r] < first) first = slot.ready[r], first_rank = r;
+    if (slot.ready[r] > last) last = slot.ready[r], last_rank = r;
   }
+  slot.start_s = last;
+  for (int r = 0; r < w; ++r) {
+    if (!slot.lost[r]) continue;
+    fail_slot(slot, kPeerMissing,
+              where(slot.seq, slot.arrivals[r].kind, slot.arrivals[r].phase) +
+                  " never completed: rank " + std::to_string(r) +
+                  "'s part of it was lost (an unreachable peer); every rank "
+                  "gave up after the timeout of " +
+                  seconds(timeout).substr(2) + " of virtual time");
+    return;
+  }
+  if (last - first > timeout) {
+    std::ostringstream os;
+    os << where(slot.seq, slot.arrivals[last_rank].kind,
+                slot.arrivals[last_rank].phase)
+       << " timed out at " << seconds(first + timeout) << ": rank "
+       << last_rank << " arrived at " << seconds(last) << ", "
+       << (last - first) << " virtual seconds after rank " << first_rank
+       << " (a straggler), beyond the timeout of " << timeout << " s";
+    slot.abort_s = first + timeout;
+    fail_slot(slot, kTimedOut, os.str());
+    return;
+  }
+  // Every rank must have called the same collective: first as described
+  // (with injected mismatches), then as really passed, which is what moves.
+  for (std::vector<Arrival>* calls_of : {&slot.arrivals, &slot.actual}) {
+    if (!check_same(slot, *calls_of, last)) return;
+  }
+  for (int r = 0; r < w; ++r) slot.arrivals[r] = slot.actual[r];
+  slot.cost_s = options_.cost.collective_seconds(
+      a0.kind, payload_bytes(a0.kind, a0.input, a0.output), w);
+  slot.end_s = last + slot.cost_s;
   auto run = [&](auto tag) {
     using T = decltype(tag);
     std::vector<const T*> inputs(w);
@@ -325,8 +624,9 @@ void SimWorld::execute(Slot& slot) {
 
 void SimWorld::mark_exited(int rank, const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
+  // A crashed rank already said why it left.
+  if (!exited_[rank]) exit_reason_[rank] = reason;
   exited_[rank] = true;
-  exit_reason_[rank] = reason;
   cv_.notify_all();
 }
 
@@ -337,6 +637,7 @@ std::vector<std::exception_ptr> SimWorld::run_collect(
     std::lock_guard<std::mutex> lock(mu_);
     std::fill(exited_.begin(), exited_.end(), false);
     first_failed_rank_ = -1;
+    fired_.clear();
     // A previous run that failed may have left collectives half joined and
     // ranks at different sequence numbers; start clean.
     slots_.clear();
@@ -377,6 +678,17 @@ void SimWorld::run(const std::function<void(int rank)>& fn) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     first = first_failed_rank_;
+    // With injected faults the root cause is the rank of the earliest
+    // fault that fired (and failed it): deterministic, unlike which thread
+    // failed first.
+    std::vector<std::pair<int64_t, int>> fired = fired_;
+    std::sort(fired.begin(), fired.end());
+    for (const auto& f : fired) {
+      if (errors[f.second]) {
+        first = f.second;
+        break;
+      }
+    }
   }
   if (first >= 0) std::rethrow_exception(errors[first]);
 }

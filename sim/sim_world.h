@@ -1,9 +1,10 @@
 // SimWorld: N simulated ranks in one process, connected by a deterministic
-// Communicator backend ("sim"), with a traffic ledger per rank.
+// Communicator backend ("sim"), with a traffic ledger per rank, a virtual
+// clock with a cost model, and seeded fault injection.
 //
-// A run is defined by its seed: SimWorld itself draws nothing at random today
-// (the seed is carried for the engine's data and for fault injection), and
-// every result is independent of how the OS schedules the rank threads:
+// A run is defined by its options (world size, seed, faults, cost model;
+// describe() prints them all), and every result is independent of how the OS
+// schedules the rank threads:
 //
 // Note [Reduction order]
 // ~~~~~~~~~~~~~~~~~~~~~~
@@ -16,14 +17,36 @@
 // managed/unmanaged parity does not depend on the order, only on it being
 // the same for both modes.
 //
+// Note [Virtual clock]
+// ~~~~~~~~~~~~~~~~~~~~
+// Each rank has a compute time `now` and a communication stream that is
+// free from `comm_free`. A collective is ready on a rank at
+// max(now, comm_free) (plus a straggler's delay); it starts when it is
+// ready on every rank, and ends CostModel::collective_seconds() later
+// (Note [Cost model]). A blocking collective moves the rank's `now` to the
+// end; an asynchronous one (reduce_scatter_async) only occupies the stream,
+// and Work::wait() moves `now` to its end if that is later. compute(r, s)
+// advances `now` by s (drivers charge modelled FLOPs with it), so compute
+// issued between an async launch and its wait() overlaps the collective.
+// Exposed communication time is what `now` moved inside collectives and
+// waits: the part of communication that compute did not hide. The clock
+// is a function of the call sequence alone, never of wall time.
+//
 // Failure model: if a rank's function throws, the rank is marked exited and
 // every other rank blocked in (or later entering) a collective that needs it
 // gets CommError naming that rank and its error. Ranks that issue mismatched
 // collectives (op, reduce op, dtype, count or root) all get CommError
-// describing both calls. Nothing hangs.
+// describing the calls. Injected faults (sim/faults.h, Note [Fault model])
+// end the same way, within SimOptions::faults.timeout_s of virtual time.
+// Nothing hangs.
 //
-// Thread safety: run() must not be called concurrently with itself. comm(r)
-// must only be used from rank r's thread inside run().
+// Collective numbers (the ledger's seq, a fault's K) count from 0 at the
+// start of every run()/run_collect(); clocks and timelines carry on across
+// runs until reset_clocks().
+//
+// Thread safety: run() must not be called concurrently with itself. comm(r),
+// compute(r, ...) must only be used from rank r's thread inside run();
+// clock(r) and timeline(r) may be read from any thread between runs.
 #ifndef ZEROSTEP_SIM_SIM_WORLD_H_
 #define ZEROSTEP_SIM_SIM_WORLD_H_
 
@@ -40,17 +63,42 @@
 #include "comm/communicator.h"
 #include "comm/ledger.h"
 #include "comm/local_world.h"
+#include "sim/cost_model.h"
+#include "sim/faults.h"
 
 namespace zerostep {
 
 struct SimOptions {
   int world_size = 1;  // number of simulated ranks, >= 1
   uint64_t seed = 0;   // identifies the run; printed by tools
+  FaultOptions faults;  // injected faults; default none (sim/faults.h)
+  CostModel cost;       // virtual time; defaults in sim/cost_model.h
+};
+
+// A rank's virtual time (Note [Virtual clock]).
+struct SimClock {
+  double now_s = 0.0;           // the rank's compute time
+  double comm_s = 0.0;          // collective time it took part in (sum)
+  double exposed_comm_s = 0.0;  // of which compute waited for
+};
+
+// One collective as this rank saw it on the virtual clock.
+struct CollectiveTiming {
+  int64_t seq = 0;
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  Phase phase = Phase::kSetup;
+  uint64_t bytes = 0;  // payload, as the ledger counts it
+  bool async = false;
+  double issue_s = 0.0;  // `now` when the rank issued it
+  double start_s = 0.0;  // ready on every rank
+  double end_s = 0.0;
+  bool failed = false;
 };
 
 class SimWorld final : public LocalWorld {
  public:
-  // Throws UsageError if options.world_size < 1.
+  // Throws UsageError if options.world_size < 1 or the faults do not fit
+  // the world (validate() in sim/faults.h).
   explicit SimWorld(const SimOptions& options);
   ~SimWorld();
   SimWorld(const SimWorld&) = delete;
@@ -58,6 +106,17 @@ class SimWorld final : public LocalWorld {
 
   int world_size() const override { return options_.world_size; }
   uint64_t seed() const { return options_.seed; }
+  const SimOptions& options() const { return options_; }
+  // "seed=... world=... faults=... cost: ...": every option, one line.
+  std::string describe() const;
+
+  // Advances rank r's compute time by `seconds` (Note [Virtual clock]).
+  void compute(int rank, double seconds);
+  SimClock clock(int rank) const;
+  // Every collective rank r issued since the last reset_clocks().
+  const std::vector<CollectiveTiming>& timeline(int rank) const;
+  // Clocks and timelines back to zero (not between a run's ranks).
+  void reset_clocks();
 
   // Rank r's communicator; records into ledger(r).
   Communicator& comm(int rank) override;
@@ -76,11 +135,18 @@ class SimWorld final : public LocalWorld {
 
  private:
   class RankComm;
+  class SimWork;
   struct Arrival;
   struct Slot;
 
-  void collective(int rank, Arrival arrival);
+  // Runs rank `rank`'s part of its next collective; returns the virtual
+  // time it ends (for an async one: when wait() may return).
+  double collective(int rank, Arrival arrival);
   void execute(Slot& slot);
+  bool check_same(Slot& slot, const std::vector<Arrival>& arrivals,
+                  double last);
+  void fail_slot(Slot& slot, int kind, const std::string& error);
+  void wait_until(int rank, double end_s);
   void mark_exited(int rank, const std::string& reason);
   // `n` elements of reusable scratch (grown, never shrunk), so collectives
   // do not allocate and first-touch fresh pages on every call.
@@ -102,6 +168,11 @@ class SimWorld final : public LocalWorld {
   std::vector<bool> exited_;                        // GUARDED_BY(mu_)
   std::vector<std::string> exit_reason_;            // GUARDED_BY(mu_)
   int first_failed_rank_ = -1;                      // GUARDED_BY(mu_)
+  // (collective, rank) of every injected fault that fired in this run.
+  std::vector<std::pair<int64_t, int>> fired_;      // GUARDED_BY(mu_)
+  std::vector<double> comm_free_;                   // GUARDED_BY(mu_)
+  std::vector<SimClock> clocks_;                    // GUARDED_BY(mu_)
+  std::vector<std::vector<CollectiveTiming>> timeline_;  // GUARDED_BY(mu_)
   std::vector<unsigned char> scratch_;              // GUARDED_BY(mu_)
 };
 

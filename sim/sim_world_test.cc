@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstring>
 #include <random>
+#include <sstream>
 
 #include "comm/conformance.h"
 #include "common/errors.h"
@@ -174,6 +175,270 @@ TEST(SimWorldTest, ReduceScatterIntoItsOwnInputIsRejected) {
                                  Buffer::of(buf.data() + 4, 4), {});
   }),
                UsageError);
+}
+
+}  // namespace
+}  // namespace zerostep
+
+// Faults and the virtual clock (Note [Fault model], Note [Virtual clock]).
+namespace zerostep {
+namespace {
+
+SimOptions with_faults(int w, const std::string& faults) {
+  SimOptions o;
+  o.world_size = w;
+  o.seed = 7;
+  o.faults = parse_fault_options(faults);
+  return o;
+}
+
+std::string what(const std::exception_ptr& e) {
+  if (!e) return "(no error)";
+  try {
+    std::rethrow_exception(e);
+  } catch (const CommError& c) {
+    return std::string("CommError: ") + c.what();
+  } catch (const std::exception& x) {
+    return std::string("other: ") + x.what();
+  }
+}
+
+// Three float all-reduces, in the step phase.
+void three_all_reduces(SimWorld& world, int r) {
+  for (int i = 0; i < 3; ++i) {
+    std::vector<float> x(16, 1.0f);
+    world.comm(r).all_reduce(Buffer::of(x.data(), x.size()),
+                             {ReduceOp::kSum, Phase::kStep});
+  }
+}
+
+TEST(SimFaultTest, CrashIsACommErrorOnEveryRankNamingRankAndCollective) {
+  SimWorld world(with_faults(4, "crash:2@1,timeout:5"));
+  auto errors = world.run_collect([&](int r) { three_all_reduces(world, r); });
+  for (int r = 0; r < 4; ++r) {
+    const std::string m = what(errors[r]);
+    EXPECT_EQ(m.rfind("CommError: ", 0), 0u) << m;
+    EXPECT_NE(m.find("rank 2 crashed on entering its collective #1 "
+                     "(all_reduce, phase step)"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("injected fault crash:2@1"), std::string::npos) << m;
+  }
+  // Survivors gave up one timeout after they arrived at collective #1.
+  const double one = world.timeline(0)[0].end_s;
+  for (int r : {0, 1, 3}) {
+    EXPECT_EQ(world.ledger(r).entries().size(), 1u);
+    EXPECT_DOUBLE_EQ(world.clock(r).now_s, one + 5.0) << r;
+    ASSERT_EQ(world.timeline(r).size(), 2u);
+    EXPECT_TRUE(world.timeline(r)[1].failed);
+  }
+  // run() reports the crash itself, whichever thread failed first.
+  for (int trial = 0; trial < 3; ++trial) {
+    try {
+      world.run([&](int r) { three_all_reduces(world, r); });
+      ADD_FAILURE() << "no error";
+    } catch (const CommError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("rank 2 crashed", 0), 0u)
+          << e.what();
+    }
+  }
+}
+
+TEST(SimFaultTest, LostPeerTimesOutInVirtualTimeOnEveryRank) {
+  SimWorld world(with_faults(3, "lost:1@2,timeout:7.5"));
+  auto errors = world.run_collect([&](int r) { three_all_reduces(world, r); });
+  for (int r = 0; r < 3; ++r) {
+    const std::string m = what(errors[r]);
+    EXPECT_NE(m.find("CommError: rank " + std::to_string(r) +
+                     ": collective #2 (all_reduce, phase step) never "
+                     "completed: rank 1's part of it was lost"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("timeout of 7.5 s"), std::string::npos) << m;
+    EXPECT_NE(m.find("injected fault lost:1@2"), std::string::npos) << m;
+    const double arrived = world.timeline(r)[1].end_s;
+    EXPECT_DOUBLE_EQ(world.clock(r).now_s, arrived + 7.5);
+  }
+}
+
+TEST(SimFaultTest, LostPeerInAWorldOfOneIsNotAHang) {
+  SimWorld world(with_faults(1, "lost:0@0"));
+  EXPECT_THROW(world.run([&](int r) { world.comm(r).barrier(); }), CommError);
+  EXPECT_DOUBLE_EQ(world.clock(0).now_s, 60.0);
+}
+
+TEST(SimFaultTest, MismatchOfEachFieldIsAnErrorNamingTheOddRank) {
+  for (const char* field : {"op", "dtype", "count"}) {
+    SimWorld world(with_faults(4, std::string("mismatch:3@1:") + field));
+    auto errors =
+        world.run_collect([&](int r) { three_all_reduces(world, r); });
+    for (int r = 0; r < 4; ++r) {
+      const std::string m = what(errors[r]);
+      EXPECT_NE(m.find("mismatched collective #1"), std::string::npos) << m;
+      EXPECT_NE(m.find(": rank 3 called "), std::string::npos) << m;
+      EXPECT_NE(m.find("but ranks 0, 1, 2 called all_reduce(sum, float32 x "
+                       "16) in phase step"),
+                std::string::npos)
+          << m;
+      EXPECT_NE(m.find(std::string("injected fault mismatch:3@1:") + field),
+                std::string::npos)
+          << m;
+    }
+  }
+}
+
+// Found by the swarm property: the same injected mismatch on every rank is
+// no mismatch, and the collective must move the real buffers, not the
+// described ones (which would write past them).
+TEST(SimFaultTest, AMismatchEveryRankSharesMovesTheRealBuffers) {
+  for (const char* field : {"op", "dtype", "count"}) {
+    const std::string f = field;
+    SimWorld world(with_faults(
+        3, "mismatch:0@0:" + f + ",mismatch:1@0:" + f + ",mismatch:2@0:" + f));
+    std::vector<std::vector<float>> out(3);
+    world.run([&](int r) {
+      std::vector<float> x(5, static_cast<float>(r + 1));
+      world.comm(r).all_reduce(Buffer::of(x.data(), x.size()), {});
+      out[r] = x;
+    });
+    for (int r = 0; r < 3; ++r)
+      EXPECT_EQ(out[r], std::vector<float>(5, 6.0f)) << field;
+  }
+}
+
+TEST(SimFaultTest, StragglerWithinTheTimeoutOnlyCostsTime) {
+  SimOptions o = with_faults(2, "straggle:1@1x2:0.25,timeout:1");
+  SimWorld world(o);
+  std::vector<float> out(2);
+  world.run([&](int r) {
+    three_all_reduces(world, r);
+    float x = static_cast<float>(r + 1);
+    world.comm(r).all_reduce(Buffer::of(&x, 1), {});
+    out[r] = x;
+  });
+  EXPECT_EQ(out[0], 3.0f);
+  EXPECT_EQ(out[1], 3.0f);
+  const double ar =
+      o.cost.collective_seconds(CollectiveKind::kAllReduce, 64, 2);
+  const double ar1 =
+      o.cost.collective_seconds(CollectiveKind::kAllReduce, 4, 2);
+  // Collectives 1 and 2 each start 0.25 s late: rank 1 arrives late.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_DOUBLE_EQ(world.clock(r).now_s, 3 * ar + ar1 + 0.5) << r;
+    EXPECT_DOUBLE_EQ(world.clock(r).comm_s, 3 * ar + ar1) << r;
+  }
+  // Rank 0 waited for the straggler: that wait is exposed, not comm time.
+  EXPECT_DOUBLE_EQ(world.clock(0).exposed_comm_s, 3 * ar + ar1 + 0.5);
+}
+
+TEST(SimFaultTest, StragglerBeyondTheTimeoutTimesOutEveryRank) {
+  SimWorld world(with_faults(3, "straggle:2@0:3,timeout:2"));
+  auto errors = world.run_collect([&](int r) { three_all_reduces(world, r); });
+  for (int r = 0; r < 3; ++r) {
+    const std::string m = what(errors[r]);
+    EXPECT_NE(m.find("collective #0 (all_reduce, phase step) timed out at "
+                     "t=2 s: rank 2 arrived at t=3 s, 3 virtual seconds "
+                     "after rank 0 (a straggler)"),
+              std::string::npos)
+        << m;
+  }
+  EXPECT_DOUBLE_EQ(world.clock(0).now_s, 2.0);
+  EXPECT_DOUBLE_EQ(world.clock(2).now_s, 3.0);
+}
+
+TEST(SimFaultTest, FaultsBeyondTheRunNeverFire) {
+  SimWorld world(with_faults(2, "crash:0@3,lost:1@10"));
+  EXPECT_NO_THROW(world.run([&](int r) { three_all_reduces(world, r); }));
+}
+
+TEST(SimFaultTest, AFaultyRunIsReproducedExactly) {
+  auto once = [] {
+    SimWorld world(with_faults(4, "straggle:0@0:0.5,mismatch:1@2:count"));
+    auto errors =
+        world.run_collect([&](int r) { three_all_reduces(world, r); });
+    std::string trace;
+    for (int r = 0; r < 4; ++r) {
+      std::ostringstream os;
+      os << what(errors[r]) << " now=" << world.clock(r).now_s
+         << " exposed=" << world.clock(r).exposed_comm_s << "\n";
+      trace += os.str();
+    }
+    return trace;
+  };
+  const std::string first = once();
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(once(), first);
+}
+
+TEST(SimFaultTest, FaultsThatDoNotFitTheWorldAreRejected) {
+  EXPECT_THROW(SimWorld(with_faults(2, "crash:2@0")), UsageError);
+  EXPECT_THROW(SimWorld(with_faults(1, "mismatch:0@0:op")), UsageError);
+}
+
+TEST(SimClockTest, BlockingCollectivesChargeTheClosedFormCosts) {
+  SimOptions o;
+  o.world_size = 4;
+  SimWorld world(o);
+  world.run([&](int r) {
+    std::vector<float> g(1024), part(256);
+    world.compute(r, 0.001 * (r + 1));  // ranks ready at different times
+    world.comm(r).all_reduce(Buffer::of(g.data(), 1024), {});
+    world.comm(r).reduce_scatter(Buffer::of(g.data(), 1024),
+                                 Buffer::of(part.data(), 256), {});
+    world.comm(r).all_gather(Buffer::of(part.data(), 256),
+                             Buffer::of(g.data(), 1024), {});
+    world.comm(r).broadcast(Buffer::of(g.data(), 1024), {});
+  });
+  const CostModel& c = o.cost;
+  const double total =
+      c.collective_seconds(CollectiveKind::kAllReduce, 4096, 4) +
+      c.collective_seconds(CollectiveKind::kReduceScatter, 4096, 4) +
+      c.collective_seconds(CollectiveKind::kAllGather, 4096, 4) +
+      c.collective_seconds(CollectiveKind::kBroadcast, 4096, 4);
+  for (int r = 0; r < 4; ++r) {
+    const SimClock k = world.clock(r);
+    EXPECT_NEAR(k.now_s, 0.004 + total, 1e-15) << r;  // the last rank's start
+    EXPECT_NEAR(k.comm_s, total, 1e-15) << r;
+    // Rank r waited 0.004 - 0.001 (r+1) for the last rank, plus the rest.
+    EXPECT_NEAR(k.exposed_comm_s, 0.004 - 0.001 * (r + 1) + total, 1e-15) << r;
+    ASSERT_EQ(world.timeline(r).size(), 4u);
+    EXPECT_EQ(world.timeline(r)[2].kind, CollectiveKind::kAllGather);
+    EXPECT_EQ(world.timeline(r)[2].bytes, 4096u);
+  }
+}
+
+TEST(SimClockTest, ComputeBetweenAnAsyncLaunchAndItsWaitHidesTheCollective) {
+  SimOptions o;
+  o.world_size = 2;
+  const double rs =
+      o.cost.collective_seconds(CollectiveKind::kReduceScatter, 1 << 22, 2);
+  for (double work : {0.25 * rs, 4.0 * rs}) {
+    SimWorld world(o);
+    world.run([&](int r) {
+      std::vector<float> g(1 << 20), part(1 << 19);
+      auto w = world.comm(r).reduce_scatter_async(
+          Buffer::of(g.data(), g.size()), Buffer::of(part.data(), part.size()),
+          {ReduceOp::kSum, Phase::kBackward});
+      world.compute(r, work);
+      w->wait();
+      w->wait();  // a second wait changes nothing
+    });
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_DOUBLE_EQ(world.clock(r).now_s, std::max(work, rs)) << work;
+      EXPECT_DOUBLE_EQ(world.clock(r).exposed_comm_s, std::max(0.0, rs - work))
+          << work;
+      EXPECT_DOUBLE_EQ(world.clock(r).comm_s, rs);
+      EXPECT_TRUE(world.timeline(r)[0].async);
+    }
+  }
+}
+
+TEST(SimClockTest, DescribePrintsEveryOption) {
+  SimWorld world(with_faults(2, "crash:1@4"));
+  const std::string d = world.describe();
+  EXPECT_NE(d.find("seed=7 world=2 faults=crash:1@4,timeout:60 cost: "
+                   "alpha_s="),
+            std::string::npos)
+      << d;
 }
 
 }  // namespace

@@ -8,11 +8,17 @@
 // (parity/scenario.h, Note [Parity claims]); prints a table (or one JSON
 // object per scenario with --json) on stdout and progress on stderr. Exit
 // status 0 only if every scenario is ok.
+//
+// --faults / --swarm: fault scenarios instead (parity/fault_run.h, Note
+// [Fault contract]); a failing one prints its seed, its options and the
+// command line that replays it. --simulate-scale: the shape-only scale
+// mode (scale/scale_sim.h) for model presets at large worlds.
 #include <algorithm>
 #include <filesystem>
 #include <cstring>
 #include <memory>
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -23,7 +29,11 @@
 
 #include "common/errors.h"
 #include "engine/config.h"
+#include "parity/fault_run.h"
 #include "parity/scenario.h"
+#include "scale/scale_sim.h"
+#include "sim/cost_model.h"
+#include "sim/faults.h"
 #include "tools/runtime_info.h"
 
 namespace zerostep {
@@ -65,6 +75,29 @@ constexpr const char* kUsage = R"(usage: harness [flags]
   --threads=T           compute threads per rank (default 1)
   --json                one JSON object per scenario per line
   --help
+
+fault scenarios (sim only; Note [Fault contract] in parity/fault_run.h):
+  --faults=LIST         inject these faults into every scenario, e.g.
+                        crash:2@7,straggle:1@3x2:0.5,mismatch:0@4:dtype,
+                        lost:3@9,timeout:60 (sim/faults.h); each run is
+                        checked: a CommError on every rank naming the fault,
+                        no partial update, bounded virtual time
+  --swarm=N             N fault mixes per scenario, drawn from seeds
+                        --seed .. --seed+N-1 (the seed also seeds the run)
+  --managed=both|true|false  accumulation modes to run (default both)
+
+scale mode (shape-only; scale/scale_sim.h):
+  --simulate-scale      time one window of each (stage, world) for a model
+                        preset (--model=1.3B|7B|13B|70B, default 7B) with
+                        data-free collectives and symmetric ranks; prints
+                        virtual step time, exposed communication, bytes per
+                        rank (per collective with --json) and memory per rank
+  --seq-len=T           tokens per sample (default 4096); a micro-batch is
+                        --micro-batch samples (default 1 in this mode)
+  cost model (Note [Cost model] in sim/cost_model.h; defaults in brackets):
+  --alpha=S [5e-06]  --gamma=S_PER_BYTE [2.5e-12]  --ranks-per-node=R [8]
+  --intra-node-bw=BYTES_PER_S [1.5e11]  --inter-node-bw=BYTES_PER_S [2.5e10]
+  --flops=FLOP_PER_S [4e14]  --memory-bw=BYTES_PER_S [2e12]
 )";
 
 // mkdtemp under $TMPDIR (or /tmp), removed with everything in it.
@@ -134,6 +167,12 @@ uint64_t parse_u64(const std::string& flag, const std::string& v) {
   return x;
 }
 
+double parse_positive(const std::string& flag, const std::string& v) {
+  const double x = parse_double(flag, v);
+  if (!(x > 0)) usage_error("--" + flag + "=" + v + ": must be > 0");
+  return x;
+}
+
 GradAccumScaling parse_scaling(const std::string& s) {
   if (auto mode = grad_accum_scaling_from_string(s)) return *mode;
   usage_error("--scaling: '" + s +
@@ -144,6 +183,150 @@ std::string join(const std::vector<int>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
   return s;
+}
+
+// --simulate-scale: one line (or JSON object) per (stage, world).
+int run_scale(const std::string& model_name, const std::vector<int>& stages,
+              const std::vector<int>& worlds, const ScaleOptions& base,
+              bool managed, bool as_json) {
+  const ModelShape model = model_preset(model_name);
+  std::cerr << "zerostep harness --simulate-scale: model=" << model_name
+            << " params=" << model.numel() << " backwards="
+            << base.schedule.backwards
+            << " tokens_per_micro_batch=" << base.tokens_per_micro_batch
+            << " managed=" << (managed ? "true" : "false")
+            << " overlap_comm=" << (base.schedule.overlap_comm ? "on" : "off")
+            << "\n  cost: " << base.cost.to_string() << "\n";
+  if (!as_json)
+    std::printf("%-5s %-6s %-12s %-12s %-12s %-12s %-10s %-14s %-12s %-12s "
+                "%s\n",
+                "stage", "world", "step_s", "compute_s", "comm_s",
+                "exposed_s", "exposed%", "bytes/rank", "mem_rest_GB",
+                "mem_peak_GB", "wall_ms");
+  for (int stage : stages) {
+    for (int w : worlds) {
+      ScaleOptions o = base;
+      o.schedule.stage = stage;
+      o.schedule.world_size = w;
+      o.schedule.managed = managed;
+      const auto t0 = std::chrono::steady_clock::now();
+      const ScaleReport r = simulate_scale(model, o);
+      const double wall_ms = std::chrono::duration<double, std::milli>(
+                                 std::chrono::steady_clock::now() - t0)
+                                 .count();
+      const MemoryStats& m = r.memory;
+      const double rest = static_cast<double>(m.param_bytes + m.grad_bytes +
+                                              m.optimizer_state_bytes +
+                                              m.rollback_bytes) / 1e9;
+      if (as_json) {
+        nlohmann::json j;
+        j["model"] = model_name;
+        j["params"] = r.params;
+        j["stage"] = stage;
+        j["world"] = w;
+        j["backwards"] = o.schedule.backwards;
+        j["step_s"] = r.step_s;
+        j["compute_s"] = r.compute_s;
+        j["comm_s"] = r.comm_s;
+        j["exposed_comm_s"] = r.exposed_comm_s;
+        j["bytes_per_rank"] = r.bytes_per_rank;
+        j["wire_bytes_per_rank"] = r.wire_bytes_per_rank;
+        j["bytes_by_collective"] = r.bytes_by_collective;
+        j["memory"] = {{"param_bytes", m.param_bytes},
+                       {"grad_bytes", m.grad_bytes},
+                       {"optimizer_state_bytes", m.optimizer_state_bytes},
+                       {"rollback_bytes", m.rollback_bytes},
+                       {"peak_bytes", m.peak_bytes}};
+        j["wall_ms"] = wall_ms;
+        std::cout << j.dump() << "\n";
+      } else {
+        std::printf("%-5d %-6d %-12.6g %-12.6g %-12.6g %-12.6g %-10.1f "
+                    "%-14llu %-12.3f %-12.3f %.1f\n",
+                    stage, w, r.step_s, r.compute_s, r.comm_s,
+                    r.exposed_comm_s, 100.0 * r.exposed_comm_s / r.step_s,
+                    static_cast<unsigned long long>(r.bytes_per_rank), rest,
+                    m.peak_bytes / 1e9, wall_ms);
+      }
+      std::cout.flush();
+    }
+  }
+  return 0;
+}
+
+// --faults / --swarm: every scenario with faults; exit 1 if any breaks the
+// fault contract.
+int run_faults(const std::vector<Scenario>& scenarios,
+               const std::vector<bool>& modes, const FaultOptions* fixed,
+               int swarm, bool as_json) {
+  int failed = 0, runs = 0;
+  for (const Scenario& base : scenarios) {
+    for (bool managed : modes) {
+      const int n = fixed ? 1 : swarm;
+      for (int i = 0; i < n; ++i) {
+        FaultScenario f;
+        f.scenario = base;
+        f.managed = managed;
+        if (fixed) {
+          f.faults = *fixed;
+        } else {
+          f.scenario.seed = base.seed + static_cast<uint64_t>(i);
+          const int64_t collectives =
+              static_cast<int64_t>(baseline_schedule(f).size());
+          f.faults = draw_fault_options(f.scenario.seed, base.world_size,
+                                        collectives);
+        }
+        const FaultRunResult r = run_fault_scenario(f);
+        ++runs;
+        std::string first_error;
+        for (const FaultRankOutcome& o : r.ranks)
+          if (!o.error.empty()) {
+            first_error = o.error;
+            break;
+          }
+        if (as_json) {
+          nlohmann::json j;
+          j["stage"] = base.stage;
+          j["world"] = base.world_size;
+          j["managed"] = managed;
+          j["seed"] = f.scenario.seed;
+          j["faults"] = f.faults.to_string();
+          j["any_failed"] = r.any_failed;
+          j["ok"] = r.ok;
+          j["failures"] = r.failures;
+          j["replay"] = r.replay;
+          std::vector<std::string> errors;
+          std::vector<double> times;
+          for (const FaultRankOutcome& o : r.ranks) {
+            errors.push_back(o.error);
+            times.push_back(o.virtual_time_s);
+          }
+          j["errors"] = errors;
+          j["virtual_time_s"] = times;
+          std::cout << j.dump() << "\n";
+        } else {
+          std::printf("%-5d %-5d %-9s %-8llu %-6s %-4s %s\n", base.stage,
+                      base.world_size, managed ? "managed" : "unmanaged",
+                      static_cast<unsigned long long>(f.scenario.seed),
+                      r.any_failed ? "error" : "clean", r.ok ? "ok" : "FAIL",
+                      f.faults.to_string().c_str());
+          if (!first_error.empty())
+            std::printf("      rank error: %s\n", first_error.c_str());
+        }
+        std::cout.flush();
+        if (!r.ok) {
+          ++failed;
+          std::cerr << "FAILED seed=" << f.scenario.seed
+                    << " options=" << f.faults.to_string() << "\n";
+          for (const std::string& why : r.failures)
+            std::cerr << "    failure: " << why << "\n";
+          std::cerr << "  replay: " << r.replay << "\n";
+        }
+      }
+    }
+  }
+  std::cerr << (runs - failed) << " of " << runs
+            << " fault runs keep the fault contract\n";
+  return failed == 0 ? 0 : 1;
 }
 
 int main_impl(int argc, char** argv) {
@@ -166,6 +349,12 @@ int main_impl(int argc, char** argv) {
   uint64_t seed = 1;
   bool as_json = false, overlap = false;
   int64_t reduce_bucket = 0, allgather_bucket = 0, persistence = -1;
+  bool model_given = false, micro_given = false, simulate = false;
+  std::string faults_text, managed_sel = "both";
+  bool faults_given = false;
+  int swarm = 0;
+  ScaleOptions scale;
+  double seq_len = kPresetSequenceLength;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -184,6 +373,10 @@ int main_impl(int argc, char** argv) {
       offload_param = true;
       continue;
     }
+    if (a == "--simulate-scale") {
+      simulate = true;
+      continue;
+    }
     const size_t eq = a.find('=');
     if (a.rfind("--", 0) != 0 || eq == std::string::npos)
       usage_error("unrecognised argument '" + a + "'");
@@ -195,14 +388,33 @@ int main_impl(int argc, char** argv) {
     else if (key == "scaling") {
       scalings.clear();
       for (const std::string& s : split(v)) scalings.push_back(parse_scaling(s));
-    } else if (key == "model") model = v;
+    } else if (key == "model") { model = v; model_given = true; }
+    else if (key == "faults") { faults_text = v; faults_given = true; }
+    else if (key == "swarm") swarm = int_list(key, v).front();
+    else if (key == "managed") {
+      if (v != "both" && v != "true" && v != "false")
+        usage_error("--managed=" + v + ": not one of both, true, false");
+      managed_sel = v;
+    }
+    else if (key == "seq-len") seq_len = parse_positive(key, v);
+    else if (key == "alpha") scale.cost.alpha_s = parse_positive(key, v);
+    else if (key == "gamma") scale.cost.gamma_s_per_byte = parse_positive(key, v);
+    else if (key == "ranks-per-node")
+      scale.cost.ranks_per_node = static_cast<int>(parse_positive(key, v));
+    else if (key == "intra-node-bw")
+      scale.cost.intra_node_bytes_per_s = parse_positive(key, v);
+    else if (key == "inter-node-bw")
+      scale.cost.inter_node_bytes_per_s = parse_positive(key, v);
+    else if (key == "flops") scale.cost.flops_per_s = parse_positive(key, v);
+    else if (key == "memory-bw")
+      scale.cost.memory_bytes_per_s = parse_positive(key, v);
     else if (key == "backend") {
       if (v != "sim" && v != "gloo")
         usage_error("--backend=" + v + ": not one of sim, gloo");
       backend = v;
     }
     else if (key == "model-scale") model_scale = int_list(key, v).front();
-    else if (key == "micro-batch") micro = int_list(key, v).front();
+    else if (key == "micro-batch") { micro = int_list(key, v).front(); micro_given = true; }
     else if (key == "clip") clip = parse_double(key, v);
     else if (key == "dtype") {
       dtypes.clear();
@@ -256,6 +468,28 @@ int main_impl(int argc, char** argv) {
       std::find(dtypes.begin(), dtypes.end(), Precision::kFp16) == dtypes.end())
     usage_error("--overflow needs fp16 among --dtype (only fp16 skips "
                 "overflowing windows)");
+  if (swarm < 0) usage_error("--swarm must be >= 0");
+  if (faults_given && swarm > 0)
+    usage_error("--faults and --swarm exclude each other (--swarm draws the "
+                "faults from the seed)");
+  std::vector<bool> modes;
+  if (managed_sel != "true") modes.push_back(false);
+  if (managed_sel != "false") modes.push_back(true);
+  if (simulate) {
+    if (faults_given || swarm > 0)
+      usage_error("--simulate-scale runs without faults (symmetric ranks)");
+    if (modes.size() != 1) modes = {false};
+    scale.schedule.backwards = backwards.front();
+    scale.schedule.overlap_comm = overlap;
+    if (reduce_bucket > 0) scale.schedule.reduce_bucket_size = reduce_bucket;
+    if (allgather_bucket > 0)
+      scale.schedule.allgather_bucket_size = allgather_bucket;
+    if (persistence >= 0) scale.schedule.persistence_threshold = persistence;
+    scale.tokens_per_micro_batch =
+        seq_len * static_cast<double>(micro_given ? micro : 1);
+    return run_scale(model_given ? model : "7B", stages, worlds, scale,
+                     modes.front(), as_json);
+  }
   std::vector<int> per_step;
   if (backwards.size() > 1) {
     if (steps_given && steps != static_cast<int>(backwards.size()))
@@ -357,6 +591,19 @@ int main_impl(int argc, char** argv) {
         s.base_config_json = base_config;
         scenarios.push_back(s);
       }
+
+  if (faults_given || swarm > 0) {
+    if (backend != "sim") usage_error("fault scenarios run on --backend=sim");
+    std::cerr << "  fault runs: "
+              << (faults_given ? "faults=" + faults_text
+                               : "swarm=" + std::to_string(swarm))
+              << " managed=" << managed_sel << "\n";
+    if (faults_given) {
+      const FaultOptions fixed = parse_fault_options(faults_text);
+      return run_faults(scenarios, modes, &fixed, 0, as_json);
+    }
+    return run_faults(scenarios, modes, nullptr, swarm, as_json);
+  }
 
   if (!as_json) {
     std::printf(

@@ -97,6 +97,18 @@ void FlatOptimizer::load_state(int64_t step_count, std::vector<float> exp_avg,
   exp_avg_sq_ = std::move(exp_avg_sq);
 }
 
+void FlatOptimizer::save(Snapshot* out) const {
+  out->step_count = step_count_;
+  out->exp_avg.assign(exp_avg_.begin(), exp_avg_.end());
+  out->exp_avg_sq.assign(exp_avg_sq_.begin(), exp_avg_sq_.end());
+}
+
+void FlatOptimizer::restore(const Snapshot& snapshot) {
+  step_count_ = snapshot.step_count;
+  exp_avg_.assign(snapshot.exp_avg.begin(), snapshot.exp_avg.end());
+  exp_avg_sq_.assign(snapshot.exp_avg_sq.begin(), snapshot.exp_avg_sq.end());
+}
+
 size_t FlatOptimizer::state_bytes() const {
   if (store_)
     return static_cast<size_t>(store_->buffer_bytes()) +

@@ -103,6 +103,22 @@ class FlatOptimizer {
   void load_state(int64_t step_count, std::vector<float> exp_avg,
                   std::vector<float> exp_avg_sq);
 
+  // Everything step() changes besides the parameters: the step count and
+  // the moments. save() copies them into `*out` (reusing its buffers, so a
+  // snapshot kept across steps allocates once); restore() puts them back.
+  // Used to undo an update whose collective failed (Note [Transactional
+  // update] in zero/stage.h).
+  struct Snapshot {
+    int64_t step_count = 0;
+    std::vector<float> exp_avg;
+    std::vector<float> exp_avg_sq;
+    size_t bytes() const {
+      return (exp_avg.capacity() + exp_avg_sq.capacity()) * sizeof(float);
+    }
+  };
+  void save(Snapshot* out) const;
+  void restore(const Snapshot& snapshot);
+
  private:
   OptimizerKind kind_;
   AdamKernel kernel_;

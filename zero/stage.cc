@@ -54,6 +54,10 @@ FlatStage::FlatStage(const StageOptions& options, FlatBuffers buffers,
     owned_numel_ += s.numel;
   }
   if (owned_.size() > 1) owned_params_.assign(owned_numel_, 0.0f);
+  // Stages 1/2 keep a snapshot of the optimizer state to undo a failed
+  // update (Note [Transactional update]); allocated now, so that memory()
+  // at construction is what the stage holds for its lifetime.
+  if (partitioned_) optimizer_.save(&saved_);
 }
 
 GradStats FlatStage::finalize(double divisor, double clip) {
@@ -117,9 +121,13 @@ void FlatStage::load_state(const std::vector<float>& params,
             0.0f);
 }
 
-void FlatStage::update_owned(const OptimizerHyper& hyper) {
+void FlatStage::update_owned(const OptimizerHyper& hyper, float* target) {
   if (owned_.size() == 1) {
-    optimizer_.step(buf_.params + owned_[0].offset, owned_grad_, hyper);
+    const Span& s = owned_[0];
+    if (target != buf_.params)
+      std::memcpy(target + s.offset, buf_.params + s.offset,
+                  s.numel * sizeof(float));
+    optimizer_.step(target + s.offset, owned_grad_, hyper);
     return;
   }
   size_t at = 0;
@@ -131,10 +139,29 @@ void FlatStage::update_owned(const OptimizerHyper& hyper) {
   optimizer_.step(owned_params_.data(), owned_grad_, hyper);
   at = 0;
   for (const Span& s : owned_) {
-    std::memcpy(buf_.params + s.offset, owned_params_.data() + at,
+    std::memcpy(target + s.offset, owned_params_.data() + at,
                 s.numel * sizeof(float));
     at += s.numel;
   }
+}
+
+void FlatStage::staged_update(
+    const OptimizerHyper& hyper,
+    const std::function<void(float* staged)>& gather) {
+  // The full gradient buffer is free: the window's gradient now lives in
+  // the owned partition (owned_grad_), which the optimizer reads.
+  ZS_CHECK(partitioned_);
+  ZS_CHECK(owned_grad_ != buf_.grads);
+  float* staged = buf_.grads;
+  optimizer_.save(&saved_);
+  try {
+    update_owned(hyper, staged);
+    gather(staged);
+  } catch (...) {
+    optimizer_.restore(saved_);
+    throw;
+  }
+  std::memcpy(buf_.params, staged, layout_.padded_numel * sizeof(float));
 }
 
 void FlatStage::zero_grad() {
@@ -149,8 +176,10 @@ MemoryStats FlatStage::memory() const {
                  (partitioned_ ? owned_numel_ * sizeof(float) : 0);
   m.optimizer_state_bytes =
       optimizer_.state_bytes() + owned_params_.size() * sizeof(float);
+  m.rollback_bytes = saved_.bytes();
   // Stages 0-2 allocate everything up front: the peak is what is resident.
-  m.peak_bytes = m.param_bytes + m.grad_bytes + m.optimizer_state_bytes;
+  m.peak_bytes = m.param_bytes + m.grad_bytes + m.optimizer_state_bytes +
+                 m.rollback_bytes;
   return m;
 }
 

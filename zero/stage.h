@@ -21,7 +21,8 @@
 //   finalize(divisor, clip) inside step(): divide the reduced gradient,
 //                           compute the global norm, clip.
 //   apply_update(hyper)     the optimizer on this rank's part, then (stages
-//                           1/2) all-gather of the updated parameters.
+//                           1/2) all-gather of the updated parameters;
+//                           all or nothing (Note [Transactional update]).
 //   zero_grad()             clear the window's gradients.
 //
 // Note [Window agreement]
@@ -35,12 +36,45 @@
 // nothing hangs, on any backend. Both accumulation modes issue the same
 // agreements, so managed and unmanaged runs move the same bytes.
 //
+// Note [Transactional update]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// apply_update() changes the parameters and the optimizer state (moments,
+// step count) on every rank, or, if it throws (a collective failed:
+// CommError), leaves both exactly as they were before the call. What each
+// stage does, and what it costs:
+//   stage 0   nothing: the update is local and is the last thing
+//             apply_update does, so nothing can fail after it has begun.
+//   stages 1, 2  the optimizer's moments and step count are copied before
+//             the update (FlatOptimizer::Snapshot) and restored if it
+//             fails. The updated owned parameters are staged in the full
+//             gradient buffer, which holds nothing once the window's
+//             gradients are reduced into the owned partition; the
+//             all-gather runs there, in place, and only after it has
+//             succeeded is the buffer copied into the parameters (a
+//             failed collective may leave its output undefined, so it
+//             never writes the parameters). Cost: 8 bytes per owned
+//             element (4 for SGD with momentum, 0 for plain SGD), held for
+//             the stage's lifetime, and one copy of the parameter buffer
+//             per step.
+//   stage 3   the rank's partition (4 bytes per owned element) and the
+//             moments (8) are copied before the update and restored if it
+//             fails; the persistent groups are all-gathered into their
+//             gradient storage (reduced and zeroed by then) and copied into
+//             their parameters on success. Cost: 12 bytes per owned element.
+// MemoryStats::rollback_bytes reports the copies. reduce_window() and
+// finalize() change no parameter and no optimizer state, so a failure there
+// needs no undo. After any failed call the window's gradients are
+// undefined: a CommError means a peer or the network failed, and the run
+// continues in a new world from a checkpoint (the Engine refuses further
+// calls; engine/engine.h).
+//
 // Ownership: `comm` and the buffers must outlive the Stage.
 // Thread safety: none; one Stage per rank.
 #ifndef ZEROSTEP_ZERO_STAGE_H_
 #define ZEROSTEP_ZERO_STAGE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -100,6 +134,8 @@ struct MemoryStats {
   size_t param_bytes = 0;
   size_t grad_bytes = 0;
   size_t optimizer_state_bytes = 0;
+  // Copies kept to undo a failed update (Note [Transactional update]).
+  size_t rollback_bytes = 0;
   // The most params + grads + optimizer bytes resident at once since
   // construction or Engine::reset_peak_memory() (stage 3, whose full
   // storages come and go); stages 0-2 allocate up front: the same as now.
@@ -125,6 +161,8 @@ class Stage {
   // `divisor` >= 1 divides the reduced gradient (per_step_count scaling);
   // `clip` > 0 clips to that global L2 norm.
   virtual GradStats finalize(double divisor, double clip) = 0;
+  // All or nothing (Note [Transactional update]): on CommError, parameters
+  // and optimizer state are as before the call; gradients are undefined.
   virtual void apply_update(const OptimizerHyper& hyper) = 0;
   virtual void zero_grad() = 0;
 
@@ -181,9 +219,16 @@ class FlatStage : public Stage {
   // Points the owned gradient at its storage (the flat gradient buffer, or
   // a partition buffer the subclass owns).
   void set_owned_grad(float* owned_grad) { owned_grad_ = owned_grad; }
-  // The optimizer on the owned spans of the parameters (in place for one
-  // span; through a contiguous copy for several).
-  void update_owned(const OptimizerHyper& hyper);
+  // The optimizer on the owned spans of the parameters; the updated values
+  // go to the same offsets of `target` (the parameters themselves, or a
+  // staging buffer: Note [Transactional update]).
+  void update_owned(const OptimizerHyper& hyper, float* target);
+  // Note [Transactional update] for stages 1/2: saves the optimizer state,
+  // runs the update into the gradient buffer and `gather` (the all-gather
+  // over that buffer), then copies it into the parameters; on any error
+  // restores the optimizer state and rethrows.
+  void staged_update(const OptimizerHyper& hyper,
+                     const std::function<void(float* staged)>& gather);
 
   FlatLayout layout_;
   FlatBuffers buf_;
@@ -194,6 +239,7 @@ class FlatStage : public Stage {
   float* owned_grad_ = nullptr;
   FlatOptimizer optimizer_;
   std::vector<float> owned_params_;  // stage 2's contiguous update copy
+  FlatOptimizer::Snapshot saved_;    // stages 1/2: to undo an update
 };
 
 // Throws UsageError for an unsupported stage number.

@@ -17,6 +17,9 @@ void Stage0::reduce_window(int64_t window_backwards, int64_t global_steps,
                     {ReduceOp::kAvg, phase});
 }
 
-void Stage0::apply_update(const OptimizerHyper& hyper) { update_owned(hyper); }
+// Note [Transactional update]: local and last, so nothing to undo.
+void Stage0::apply_update(const OptimizerHyper& hyper) {
+  update_owned(hyper, buf_.params);
+}
 
 }  // namespace zerostep

@@ -21,10 +21,12 @@ void Stage1::reduce_window(int64_t window_backwards, int64_t global_steps,
 }
 
 void Stage1::apply_update(const OptimizerHyper& hyper) {
-  update_owned(hyper);
-  comm_->all_gather(Buffer::of(buf_.params + owned_[0].offset, owned_numel_),
-                    Buffer::of(buf_.params, layout_.padded_numel),
-                    {Phase::kStep});
+  // Note [Transactional update]: update and gather in the staging buffer.
+  staged_update(hyper, [&](float* staged) {
+    comm_->all_gather(Buffer::of(staged + owned_[0].offset, owned_numel_),
+                      Buffer::of(staged, layout_.padded_numel),
+                      {Phase::kStep});
+  });
 }
 
 }  // namespace zerostep

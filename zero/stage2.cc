@@ -6,7 +6,7 @@
 #include "common/errors.h"
 
 namespace zerostep {
-namespace {
+namespace internal {
 
 // Rounds down to a multiple of FlatLayout::kAlignNumel, at least one.
 size_t aligned_elements(int64_t n) {
@@ -26,6 +26,12 @@ std::vector<Span> make_buckets(const FlatLayout& layout, int64_t bucket_size) {
     buckets.push_back({at, std::min(size, layout.padded_numel - at)});
   return buckets;
 }
+
+}  // namespace internal
+
+namespace {
+using internal::aligned_elements;
+using internal::make_buckets;
 
 std::vector<Span> owned_chunks(const FlatLayout& layout, int64_t bucket_size,
                                int rank) {
@@ -136,37 +142,41 @@ GradStats Stage2::finalize(double divisor, double clip) {
 }
 
 void Stage2::apply_update(const OptimizerHyper& hyper) {
-  update_owned(hyper);
-  const size_t w = static_cast<size_t>(layout_.world_size);
-  const size_t r = static_cast<size_t>(comm_->rank());
-  for (size_t k = 0; k < buckets_.size(); ++k) {
-    const Span& b = buckets_[k];
-    const size_t chunk = owned_[k].numel;
-    if (chunk <= allgather_piece_) {
-      comm_->all_gather(Buffer::of(buf_.params + owned_[k].offset, chunk),
-                        Buffer::of(buf_.params + b.offset, b.numel),
-                        {Phase::kStep});
-      continue;
+  // Note [Transactional update]: update and gather in the staging buffer.
+  staged_update(hyper, [&](float* staged) {
+    const size_t w = static_cast<size_t>(layout_.world_size);
+    const size_t r = static_cast<size_t>(comm_->rank());
+    for (size_t k = 0; k < buckets_.size(); ++k) {
+      const Span& b = buckets_[k];
+      const size_t chunk = owned_[k].numel;
+      if (chunk <= allgather_piece_) {
+        comm_->all_gather(Buffer::of(staged + owned_[k].offset, chunk),
+                          Buffer::of(staged + b.offset, b.numel),
+                          {Phase::kStep});
+        continue;
+      }
+      // The bucket is larger than one all-gather: gather it piece by piece
+      // through the gather buffer, then put each rank's piece in place.
+      for (size_t at = 0; at < chunk; at += allgather_piece_) {
+        const size_t piece = std::min(allgather_piece_, chunk - at);
+        comm_->all_gather(Buffer::of(staged + b.offset + r * chunk + at, piece),
+                          Buffer::of(gather_staging_.data(), piece * w),
+                          {Phase::kStep});
+        for (size_t q = 0; q < w; ++q)
+          std::memcpy(staged + b.offset + q * chunk + at,
+                      gather_staging_.data() + q * piece,
+                      piece * sizeof(float));
+      }
     }
-    // The bucket is larger than one all-gather: gather it piece by piece
-    // through the staging buffer, then put each rank's piece in place.
-    for (size_t at = 0; at < chunk; at += allgather_piece_) {
-      const size_t piece = std::min(allgather_piece_, chunk - at);
-      comm_->all_gather(
-          Buffer::of(buf_.params + b.offset + r * chunk + at, piece),
-          Buffer::of(gather_staging_.data(), piece * w), {Phase::kStep});
-      for (size_t q = 0; q < w; ++q)
-        std::memcpy(buf_.params + b.offset + q * chunk + at,
-                    gather_staging_.data() + q * piece, piece * sizeof(float));
-    }
-  }
+  });
 }
 
 MemoryStats Stage2::memory() const {
   MemoryStats m = FlatStage::memory();
   m.grad_bytes += reduce_scratch_.size() * sizeof(float);
   m.param_bytes += gather_staging_.size() * sizeof(float);
-  m.peak_bytes = m.param_bytes + m.grad_bytes + m.optimizer_state_bytes;
+  m.peak_bytes = m.param_bytes + m.grad_bytes + m.optimizer_state_bytes +
+                 m.rollback_bytes;
   return m;
 }
 

@@ -78,6 +78,14 @@ class Stage2 final : public FlatStage {
   std::vector<float> gather_staging_;  // only if a bucket exceeds a piece
 };
 
+namespace internal {
+// Note [Bucket-interleaved partition]: `n` rounded down to a multiple of
+// FlatLayout::kAlignNumel (at least one), and the buckets of a layout.
+// Shared with zero/schedule.h, which plans the same collectives.
+size_t aligned_elements(int64_t n);
+std::vector<Span> make_buckets(const FlatLayout& layout, int64_t bucket_size);
+}  // namespace internal
+
 }  // namespace zerostep
 
 #endif  // ZEROSTEP_ZERO_STAGE2_H_

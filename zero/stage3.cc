@@ -58,6 +58,9 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
   ZS_CHECK(optimizer_.numel() == owned_numel_);
   part_params_.assign(owned_numel_, 0.0f);
   part_grads_.assign(owned_numel_, 0.0f);
+  // Note [Transactional update]: the copies are held for the stage's life.
+  saved_params_.assign(owned_numel_, 0.0f);
+  optimizer_.save(&saved_optimizer_);
   size_t largest = 0;
   for (size_t n : partition_) largest = std::max(largest, n);
   scratch_.assign(largest, 0.0f);
@@ -85,12 +88,16 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
 size_t Stage3::current_bytes() const {
   size_t n = (part_params_.size() + part_grads_.size() + scratch_.size()) *
                  sizeof(float) +
-             optimizer_.state_bytes();
+             optimizer_.state_bytes() + rollback_bytes();
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (full_params_[g]) n += padded_[g] * sizeof(float);
     if (full_grads_[g]) n += padded_[g] * sizeof(float);
   }
   return n;
+}
+
+size_t Stage3::rollback_bytes() const {
+  return saved_params_.capacity() * sizeof(float) + saved_optimizer_.bytes();
 }
 
 void Stage3::note_memory() {
@@ -106,6 +113,7 @@ MemoryStats Stage3::memory() const {
     if (full_grads_[g]) m.grad_bytes += padded_[g] * sizeof(float);
   }
   m.optimizer_state_bytes = optimizer_.state_bytes();
+  m.rollback_bytes = rollback_bytes();
   m.peak_bytes = peak_bytes_;
   return m;
 }
@@ -202,14 +210,32 @@ GradStats Stage3::finalize(double divisor, double clip) {
 }
 
 void Stage3::apply_update(const OptimizerHyper& hyper) {
-  optimizer_.step(part_params_.data(), part_grads_.data(), hyper);
-  // Persistent groups are whole on every rank: refresh them now. The others
-  // are gathered from the partitions when next used.
+  // Note [Transactional update]: keep what the update changes until the
+  // persistent groups' all-gather has succeeded.
+  saved_params_.assign(part_params_.begin(), part_params_.end());
+  optimizer_.save(&saved_optimizer_);
+  try {
+    optimizer_.step(part_params_.data(), part_grads_.data(), hyper);
+    // Persistent groups are whole on every rank: refresh them now, through
+    // their gradient storage (reduced and zeroed by now) so that a failed
+    // gather leaves the parameters untouched. The others are gathered from
+    // the partitions when next used.
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (!groups_[g].persistent) continue;
+      ZS_CHECK(full_grads_[g] != nullptr);
+      comm_->all_gather(
+          Buffer::of(part_params_.data() + part_offset_[g], partition_[g]),
+          Buffer::of(full_grads_[g], padded_[g]), {Phase::kStep});
+    }
+  } catch (...) {
+    part_params_.assign(saved_params_.begin(), saved_params_.end());
+    optimizer_.restore(saved_optimizer_);
+    throw;
+  }
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (!groups_[g].persistent) continue;
-    comm_->all_gather(
-        Buffer::of(part_params_.data() + part_offset_[g], partition_[g]),
-        Buffer::of(full_params_[g], padded_[g]), {Phase::kStep});
+    std::memcpy(full_params_[g], full_grads_[g], padded_[g] * sizeof(float));
+    std::memset(full_grads_[g], 0, padded_[g] * sizeof(float));
     storage_->params_written(g);
   }
 }

@@ -22,7 +22,9 @@
 //               parameters got no gradient.
 //   step        agreement, divide by W (and the per_step_count divisor),
 //               norm (8-byte all-reduce), clip, optimizer on the
-//               partitions, all-gather of the persistent group.
+//               partitions, all-gather of the persistent group; all or
+//               nothing (Note [Transactional update] in zero/stage.h:
+//               12 bytes per owned element kept to undo it).
 // Memory: the GroupStorage the engine provides allocates and frees the full
 // storages; memory() reports what is resident now and the peak since the
 // last reset_peak().
@@ -115,6 +117,7 @@ class Stage3 final : public Stage {
  private:
   void reduce_group(size_t group);
   size_t current_bytes() const;
+  size_t rollback_bytes() const;
   void note_memory();
 
   std::vector<Stage3Group> groups_;
@@ -134,6 +137,10 @@ class Stage3 final : public Stage {
   std::vector<float> part_grads_;   // accumulated over the window
   std::vector<float> scratch_;      // one group's reduced chunk
   FlatOptimizer optimizer_;
+  // Note [Transactional update]: the partition and the optimizer state as
+  // they were before the update in progress.
+  std::vector<float> saved_params_;
+  FlatOptimizer::Snapshot saved_optimizer_;
   // Per group, live state.
   std::vector<float*> full_params_;  // nullptr while released
   std::vector<float*> full_grads_;   // nullptr while released

@@ -226,6 +226,13 @@ TEST(StageTest, Stage1HoldsOneWorldthOfTheOptimizerState) {
     mem0[r] = make_stage(o, {p.data(), g.data()}, &sim.comm(r))->memory();
   });
   EXPECT_EQ(mem[0].optimizer_state_bytes * 4, mem0[0].optimizer_state_bytes);
+  // Note [Transactional update]: stage 1 keeps a copy of its moments (8
+  // bytes per owned element) to undo a failed update; stage 0 needs none.
+  EXPECT_EQ(mem[0].rollback_bytes, mem[0].optimizer_state_bytes);
+  EXPECT_EQ(mem0[0].rollback_bytes, 0u);
+  EXPECT_EQ(mem[0].peak_bytes, mem[0].param_bytes + mem[0].grad_bytes +
+                                   mem[0].optimizer_state_bytes +
+                                   mem[0].rollback_bytes);
 }
 
 TEST(StageTest, UnsupportedStageIsAClearError) {

@@ -1,0 +1,153 @@
+#include "zero/schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <tuple>
+
+#include "engine/engine.h"
+#include "models/task.h"
+#include "parity/fault_run.h"
+#include "parity/model_shape.h"
+#include "scale/scale_sim.h"
+#include "sim/sim_world.h"
+
+namespace zerostep {
+namespace {
+
+using Key = std::tuple<CollectiveKind, Phase, uint64_t>;  // op, phase, bytes
+using Multiset = std::map<Key, int>;
+
+std::string show(const Multiset& m) {
+  std::string s;
+  for (const auto& [k, n] : m)
+    s += std::string(to_string(std::get<0>(k))) + "/" +
+         to_string(std::get<1>(k)) + "/" + std::to_string(std::get<2>(k)) +
+         " x" + std::to_string(n) + "\n";
+  return s;
+}
+
+void add(Multiset* m, const std::vector<ScheduleEvent>& events) {
+  for (const ScheduleEvent& e : events)
+    if (e.type == ScheduleEvent::Type::kCollective)
+      ++(*m)[{e.kind, e.phase, e.numel * dtype_size(e.dtype)}];
+}
+
+// Note [Shape-only schedule]: the planned collectives of every window are,
+// as a multiset, what the real engine's ledger records, for every stage,
+// mode, overlap setting, bucket size, world and built-in model.
+TEST(ScheduleTest, PlannedCollectivesAreTheLedgerOfARealRun) {
+  int compared = 0;
+  for (const char* model : {"mlp", "gpt"}) {
+    const ModelShape shape =
+        model_shape(*make_task(model)->make_model(1), model);
+    for (int stage : {0, 1, 2, 3}) {
+      for (int w : {1, 2, 4}) {
+        for (bool managed : {false, true}) {
+          for (int variant = 0; variant < (stage == 2 ? 3 : 1); ++variant) {
+            FaultScenario f;
+            f.scenario.model = model;
+            f.scenario.stage = stage;
+            f.scenario.world_size = w;
+            f.scenario.backwards = {3, 1, 2};
+            f.scenario.persistence_threshold = model[0] == 'm' ? 0 : 40;
+            f.scenario.overlap_comm = variant >= 1;
+            if (variant == 2) {
+              f.scenario.reduce_bucket_size = 1000;
+              f.scenario.allgather_bucket_size = 300;
+            }
+            f.managed = managed;
+            Multiset real;
+            for (const CollectiveTiming& c : baseline_schedule(f))
+              ++real[{c.kind, c.phase, c.bytes}];
+            ScheduleOptions o;
+            o.stage = stage;
+            o.world_size = w;
+            o.managed = managed;
+            o.overlap_comm = f.scenario.overlap_comm;
+            o.persistence_threshold = f.scenario.persistence_threshold;
+            if (variant == 2) {
+              o.reduce_bucket_size = 1000;
+              o.allgather_bucket_size = 300;
+            }
+            Multiset plan;
+            add(&plan, setup_schedule(shape, o));
+            for (int n : f.scenario.backwards) {
+              o.backwards = n;
+              add(&plan, window_schedule(shape, o));
+            }
+            EXPECT_EQ(real, plan)
+                << model << " stage " << stage << " world " << w << " managed "
+                << managed << " variant " << variant << "\nreal:\n"
+                << show(real) << "planned:\n"
+                << show(plan);
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 2 * 3 * 2 * (1 + 1 + 3 + 1));
+}
+
+// The scale mode's ledger for one window is the schedule's (the same
+// RecordingCommunicator writes it), so its bytes are the real run's.
+TEST(ScheduleTest, ScaleModeBytesEqualTheValuedRunsLedger) {
+  for (int stage : {0, 1, 2, 3}) {
+    for (int w : {2, 4}) {
+      FaultScenario f;
+      f.scenario.stage = stage;
+      f.scenario.world_size = w;
+      f.scenario.backwards = {2};
+      f.scenario.persistence_threshold = 0;
+      uint64_t real = 0;
+      for (const CollectiveTiming& c : baseline_schedule(f))
+        if (c.phase != Phase::kSetup) real += c.bytes;
+      ScaleOptions o;
+      o.schedule.stage = stage;
+      o.schedule.world_size = w;
+      o.schedule.backwards = 2;
+      o.schedule.persistence_threshold = 0;
+      const ScaleReport r = simulate_scale(
+          model_shape(*make_task("mlp")->make_model(1), "mlp"), o);
+      EXPECT_EQ(r.bytes_per_rank, real) << "stage " << stage << " world " << w;
+    }
+  }
+}
+
+// Stage 3's planned memory at rest is what the Engine reports after a
+// step, and the planned peak bounds the real one.
+TEST(ScheduleTest, Stage3PlannedMemoryIsTheEnginesAtRest) {
+  for (int w : {1, 2, 4}) {
+    auto task = make_task("mlp", 2);
+    const ModelShape shape = model_shape(*task->make_model(1), "mlp");
+    Config cfg = parse_config(
+        "{\"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": "
+        "{\"stage\": 3, \"stage3_param_persistence_threshold\": 100}}",
+        w);
+    SimWorld world({w, 1});
+    Batch data = task->make_data(3, 64);
+    std::vector<std::shared_ptr<torch::nn::Module>> models;
+    for (int r = 0; r < w; ++r) models.push_back(task->make_model(1));
+    std::vector<MemoryStats> mem(w);
+    world.run([&](int r) {
+      Engine e(models[r], cfg, &world.comm(r));
+      e.backward(task->loss(*models[r], slice(data, 2 * r, 2)));
+      e.step();
+      mem[r] = e.memory();
+    });
+    ScheduleOptions o;
+    o.stage = 3;
+    o.world_size = w;
+    o.persistence_threshold = 100;
+    const MemoryStats plan = planned_memory(shape, o);
+    EXPECT_EQ(plan.param_bytes, mem[0].param_bytes) << w;
+    EXPECT_EQ(plan.grad_bytes, mem[0].grad_bytes) << w;
+    EXPECT_EQ(plan.optimizer_state_bytes, mem[0].optimizer_state_bytes) << w;
+    EXPECT_EQ(plan.rollback_bytes, mem[0].rollback_bytes) << w;
+    EXPECT_GE(plan.peak_bytes, mem[0].peak_bytes) << w;
+  }
+}
+
+}  // namespace
+}  // namespace zerostep

@@ -1,0 +1,319 @@
+#include "zero/schedule.h"
+
+#include <algorithm>
+
+#include "common/errors.h"
+#include "zero/flat_layout.h"
+#include "zero/stage2.h"
+
+namespace zerostep {
+namespace {
+
+using Event = ScheduleEvent;
+
+Event collective(CollectiveKind kind, DType dtype, size_t numel, Phase phase,
+                 ReduceOp op = ReduceOp::kSum, bool async = false) {
+  Event e;
+  e.type = Event::Type::kCollective;
+  e.kind = kind;
+  e.op = op;
+  e.dtype = dtype;
+  e.numel = numel;
+  e.phase = phase;
+  e.async = async;
+  return e;
+}
+
+Event compute(Event::Work work, double params) {
+  Event e;
+  e.type = Event::Type::kCompute;
+  e.work = work;
+  e.params = params;
+  return e;
+}
+
+// Note [Window agreement]: three int64 per rank, all-gathered.
+Event agreement(int world, Phase phase) {
+  return collective(CollectiveKind::kAllGather, DType::kInt64,
+                    3 * static_cast<size_t>(world), phase);
+}
+
+// The global-norm all-reduce of a partitioned gradient.
+Event norm() {
+  return collective(CollectiveKind::kAllReduce, DType::kFloat64, 1,
+                    Phase::kStep);
+}
+
+size_t padded_group(size_t numel, int world) {
+  const size_t quantum = FlatLayout::kAlignNumel * world;
+  return std::max(quantum, (numel + quantum - 1) / quantum * quantum);
+}
+
+void check(const ModelShape& m, const ScheduleOptions& o) {
+  if (o.stage < 0 || o.stage > 3)
+    throw UsageError("schedule: stage " + std::to_string(o.stage) +
+                     " is not a ZeRO stage (0-3)");
+  if (o.world_size < 1) throw UsageError("schedule: world_size must be >= 1");
+  if (o.backwards < 1) throw UsageError("schedule: backwards must be >= 1");
+  if (m.numels.size() != m.block.size())
+    throw UsageError(
+        "model shape '" + m.name + "': " + std::to_string(m.numels.size()) +
+        " parameters but " + std::to_string(m.block.size()) + " block entries");
+}
+
+// The step's update and gathers for stages 1-3 (after the norm).
+void stage2_gathers(const FlatLayout& layout, const ScheduleOptions& o,
+                    std::vector<Event>* out) {
+  const size_t w = static_cast<size_t>(o.world_size);
+  const size_t piece =
+      internal::aligned_elements(o.allgather_bucket_size / o.world_size);
+  for (const Span& b : internal::make_buckets(layout, o.reduce_bucket_size)) {
+    const size_t chunk = b.numel / w;
+    if (chunk <= piece) {
+      out->push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
+                                b.numel, Phase::kStep));
+      continue;
+    }
+    for (size_t at = 0; at < chunk; at += piece)
+      out->push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
+                                std::min(piece, chunk - at) * w, Phase::kStep));
+  }
+}
+
+}  // namespace
+
+size_t ModelShape::numel() const {
+  size_t n = 0;
+  for (size_t x : numels) n += x;
+  return n;
+}
+
+std::vector<Stage3Group> stage3_groups(const ModelShape& m, int64_t threshold) {
+  std::vector<Stage3Group> blocks(static_cast<size_t>(m.num_blocks));
+  Stage3Group persistent;
+  persistent.persistent = true;
+  for (size_t i = 0; i < m.numels.size(); ++i) {
+    const bool in_block =
+        m.block[i] >= 0 && static_cast<int64_t>(m.numels[i]) >= threshold;
+    Stage3Group& g =
+        in_block ? blocks.at(static_cast<size_t>(m.block[i])) : persistent;
+    g.params.push_back(i);
+    g.numel += m.numels[i];
+  }
+  std::vector<Stage3Group> used;
+  for (const Stage3Group& g : blocks)
+    if (!g.params.empty()) used.push_back(g);
+  if (!persistent.params.empty()) used.push_back(persistent);
+  return used;
+}
+
+std::vector<ScheduleEvent> setup_schedule(const ModelShape& m,
+                                          const ScheduleOptions& o) {
+  check(m, o);
+  std::vector<Event> out;
+  if (o.stage < 3) {
+    const FlatLayout layout = FlatLayout::make(m.numels, o.world_size);
+    out.push_back(collective(CollectiveKind::kBroadcast, DType::kFloat32,
+                             layout.padded_numel, Phase::kSetup));
+    return out;
+  }
+  for (const Stage3Group& g : stage3_groups(m, o.persistence_threshold))
+    out.push_back(collective(CollectiveKind::kBroadcast, DType::kFloat32,
+                             padded_group(g.numel, o.world_size),
+                             Phase::kSetup));
+  return out;
+}
+
+std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
+                                           const ScheduleOptions& o) {
+  check(m, o);
+  const int w = o.world_size;
+  const double total = static_cast<double>(m.numel());
+  std::vector<Event> out;
+  const Phase reduce_phase = o.managed ? Phase::kBackward : Phase::kStep;
+  if (o.stage <= 2) {
+    const FlatLayout layout = FlatLayout::make(m.numels, w);
+    const size_t padded = layout.padded_numel;
+    const std::vector<Span> buckets =
+        internal::make_buckets(layout, o.reduce_bucket_size);
+    for (int k = 1; k <= o.backwards; ++k) {
+      out.push_back(compute(Event::Work::kForward, total));
+      if (o.stage == 2) {
+        out.push_back(agreement(w, Phase::kBackward));
+        std::vector<size_t> launched;  // event indices, in launch order
+        std::vector<bool> done(buckets.size(), false);
+        auto launch = [&](size_t b) {
+          done[b] = true;
+          launched.push_back(out.size());
+          out.push_back(collective(CollectiveKind::kReduceScatter,
+                                   DType::kFloat32, buckets[b].numel,
+                                   Phase::kBackward, ReduceOp::kSum, true));
+        };
+        if (o.overlap_comm) {
+          // Autograd finishes parameters in reverse registration order; a
+          // bucket goes once its lowest parameter is done.
+          std::vector<size_t> first_param(buckets.size(), m.numels.size());
+          for (size_t b = 0; b < buckets.size(); ++b)
+            for (size_t p = 0; p < m.numels.size(); ++p) {
+              const size_t begin = layout.offsets[p];
+              if (m.numels[p] > 0 &&
+                  begin < buckets[b].offset + buckets[b].numel &&
+                  buckets[b].offset < begin + m.numels[p]) {
+                first_param[b] = p;
+                break;
+              }
+            }
+          for (size_t p = m.numels.size(); p-- > 0;) {
+            out.push_back(compute(Event::Work::kBackward,
+                                  static_cast<double>(m.numels[p])));
+            for (size_t b = 0; b < buckets.size(); ++b)
+              if (!done[b] && first_param[b] == p) launch(b);
+          }
+        } else {
+          out.push_back(compute(Event::Work::kBackward, total));
+        }
+        // end_backward: buckets still unlaunched, in bucket order; then
+        // wait for every one in launch order.
+        for (size_t b = 0; b < buckets.size(); ++b)
+          if (!done[b]) launch(b);
+        for (size_t idx : launched) {
+          Event e;
+          e.type = Event::Type::kWait;
+          e.waits_for = idx;
+          out.push_back(e);
+        }
+      } else {
+        out.push_back(compute(Event::Work::kBackward, total));
+      }
+      // Managed mode: the boundary backward agrees and reduces (stage 0/1).
+      if (o.managed && k == o.backwards) {
+        out.push_back(agreement(w, Phase::kStep));
+        if (o.stage == 0)
+          out.push_back(collective(CollectiveKind::kAllReduce, DType::kFloat32,
+                                   padded, reduce_phase, ReduceOp::kAvg));
+        if (o.stage == 1)
+          out.push_back(collective(CollectiveKind::kReduceScatter,
+                                   DType::kFloat32, padded, reduce_phase,
+                                   ReduceOp::kAvg));
+      }
+    }
+    // step()
+    if (!o.managed) {
+      out.push_back(agreement(w, Phase::kStep));
+      if (o.stage == 0)
+        out.push_back(collective(CollectiveKind::kAllReduce, DType::kFloat32,
+                                 padded, reduce_phase, ReduceOp::kAvg));
+      if (o.stage == 1)
+        out.push_back(collective(CollectiveKind::kReduceScatter,
+                                 DType::kFloat32, padded, reduce_phase,
+                                 ReduceOp::kAvg));
+    }
+    if (o.stage >= 1) out.push_back(norm());
+    out.push_back(
+        compute(Event::Work::kOptimizer,
+                static_cast<double>(o.stage == 0 ? padded : padded / w)));
+    if (o.stage == 1)
+      out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
+                               padded, Phase::kStep));
+    if (o.stage == 2) stage2_gathers(layout, o, &out);
+    return out;
+  }
+  // Stage 3.
+  const std::vector<Stage3Group> groups =
+      stage3_groups(m, o.persistence_threshold);
+  size_t owned = 0;
+  for (const Stage3Group& g : groups) owned += padded_group(g.numel, w) / w;
+  for (int k = 1; k <= o.backwards; ++k) {
+    double persistent_params = 0.0;
+    for (const Stage3Group& g : groups) {
+      if (g.persistent) {
+        persistent_params += static_cast<double>(g.numel);
+        continue;
+      }
+      out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
+                               padded_group(g.numel, w), Phase::kForward));
+      out.push_back(
+          compute(Event::Work::kForward, static_cast<double>(g.numel)));
+    }
+    out.push_back(compute(Event::Work::kForward, persistent_params));
+    out.push_back(agreement(w, Phase::kBackward));
+    for (size_t i = groups.size(); i-- > 0;) {
+      const Stage3Group& g = groups[i];
+      if (g.persistent) continue;
+      const size_t padded = padded_group(g.numel, w);
+      out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
+                               padded, Phase::kBackward));
+      out.push_back(
+          compute(Event::Work::kBackward, static_cast<double>(g.numel)));
+      out.push_back(collective(CollectiveKind::kReduceScatter, DType::kFloat32,
+                               padded, Phase::kBackward));
+    }
+    out.push_back(compute(Event::Work::kBackward, persistent_params));
+    for (const Stage3Group& g : groups)
+      if (g.persistent)
+        out.push_back(collective(CollectiveKind::kReduceScatter,
+                                 DType::kFloat32, padded_group(g.numel, w),
+                                 Phase::kBackward));
+    if (o.managed && k == o.backwards)
+      out.push_back(agreement(w, Phase::kStep));
+  }
+  if (!o.managed) out.push_back(agreement(w, Phase::kStep));
+  out.push_back(norm());
+  out.push_back(compute(Event::Work::kOptimizer, static_cast<double>(owned)));
+  for (const Stage3Group& g : groups)
+    if (g.persistent)
+      out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
+                               padded_group(g.numel, w), Phase::kStep));
+  return out;
+}
+
+MemoryStats planned_memory(const ModelShape& m, const ScheduleOptions& o) {
+  check(m, o);
+  const int w = o.world_size;
+  const size_t f = sizeof(float);
+  const size_t opt = o.optimizer_bytes_per_element;
+  MemoryStats s;
+  if (o.stage <= 2) {
+    const FlatLayout layout = FlatLayout::make(m.numels, w);
+    const size_t padded = layout.padded_numel;
+    const bool partitioned = o.stage > 0;
+    const size_t owned = partitioned ? padded / w : padded;
+    s.param_bytes = padded * f;
+    s.grad_bytes = padded * f + (partitioned ? owned * f : 0);
+    s.optimizer_state_bytes = owned * opt;
+    if (o.stage == 2) {
+      const std::vector<Span> buckets =
+          internal::make_buckets(layout, o.reduce_bucket_size);
+      const size_t piece =
+          internal::aligned_elements(o.allgather_bucket_size / w);
+      size_t largest = 0;
+      for (const Span& b : buckets) largest = std::max(largest, b.numel / w);
+      s.grad_bytes += owned * f;  // reduce scratch
+      if (largest > piece) s.param_bytes += piece * w * f;
+      if (buckets.size() > 1) s.optimizer_state_bytes += owned * f;
+    }
+    s.rollback_bytes = partitioned ? owned * opt : 0;
+    s.peak_bytes = s.param_bytes + s.grad_bytes + s.optimizer_state_bytes +
+                   s.rollback_bytes;
+    return s;
+  }
+  size_t owned = 0, largest_partition = 0, largest_block = 0, persistent = 0;
+  for (const Stage3Group& g : stage3_groups(m, o.persistence_threshold)) {
+    const size_t padded = padded_group(g.numel, w);
+    owned += padded / w;
+    largest_partition = std::max(largest_partition, padded / w);
+    if (g.persistent)
+      persistent += padded;
+    else
+      largest_block = std::max(largest_block, padded);
+  }
+  s.param_bytes = (owned + persistent) * f;
+  s.grad_bytes = (owned + largest_partition + persistent) * f;
+  s.optimizer_state_bytes = owned * opt;
+  s.rollback_bytes = owned * (f + opt);
+  s.peak_bytes = s.param_bytes + s.grad_bytes + s.optimizer_state_bytes +
+                 s.rollback_bytes + 2 * largest_block * f;
+  return s;
+}
+
+}  // namespace zerostep

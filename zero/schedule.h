@@ -1,0 +1,122 @@
+// Schedule: the collectives (and the compute between them) that the stages
+// and the Engine issue, as data, for a model given by its shape alone.
+//
+// Note [Shape-only schedule]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The simulator's scale mode (scale/scale_sim.h) needs the collective
+// sequence of a 7B-parameter model at thousands of ranks, in seconds. The
+// stage classes cannot produce it there: they update, copy and clear
+// full-size buffers (28 GB per buffer at 7B; stage 0 holds 112 GB of state
+// per rank). This file states, per stage, which collectives one window of N
+// backward() calls plus its step() issues, with which payload, dtype, phase
+// and asynchrony, and where compute falls between them; it takes the
+// partitioning from the same functions the stages use (FlatLayout,
+// Note [Bucket-interleaved partition]'s make_buckets, Stage 3's group
+// padding) and mirrors the Engine's stage 3 grouping. It does not run the
+// stage code; what keeps it equal to the stage code is
+// parity/schedule_test.cc, which compares it entry for entry (kind, dtype,
+// elements, phase, as a multiset per window) with the ledger of real
+// training runs at every stage, in both modes, with and without
+// overlap_comm and small buckets, for the built-in models at worlds 1-4,
+// and planned_memory() with the stages' own MemoryStats.
+//
+// Order within a backward (what the virtual clock sees):
+//   stage 0/1  forward, backward (no collective; the boundary backward of
+//              managed mode ends with the window's agreement and reduce);
+//   stage 2    forward, agreement, backward; the buckets' reduce-scatters
+//              are asynchronous: with overlap_comm each is launched as soon
+//              as the backward has passed every parameter it holds (reverse
+//              registration order), else all after the backward; then every
+//              one is waited for, in launch order;
+//   stage 3    per block group: all-gather, then its forward; agreement;
+//              per block group in reverse: all-gather, its backward, its
+//              reduce-scatter; the persistent group's backward and
+//              reduce-scatter last. All blocking.
+// step(): agreement (unmanaged; managed mode agrees in the boundary
+// backward), the reduce (stages 0/1), the norm all-reduce (stages 1-3), the
+// optimizer over the owned elements, the all-gathers (stages 1, 2, and
+// stage 3's persistent groups).
+//
+// Thread safety: pure functions of their arguments.
+#ifndef ZEROSTEP_ZERO_SCHEDULE_H_
+#define ZEROSTEP_ZERO_SCHEDULE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/ledger.h"
+#include "zero/stage.h"
+#include "zero/stage3.h"
+
+namespace zerostep {
+
+// A model as the schedule sees it.
+struct ModelShape {
+  std::string name;
+  std::vector<size_t> numels;  // trainable parameters, registration order
+  // Per parameter: the index of the innermost Zero3Block holding it (blocks
+  // numbered in module order, as the Engine finds them), or -1.
+  std::vector<int> block;
+  int num_blocks = 0;
+  size_t numel() const;
+};
+
+struct ScheduleOptions {
+  int stage = 0;
+  int world_size = 1;
+  bool managed = false;
+  int backwards = 1;  // backward() calls in the window
+  // zero_optimization keys, with DeepSpeed's defaults.
+  int64_t reduce_bucket_size = 500000000;
+  int64_t allgather_bucket_size = 500000000;
+  bool overlap_comm = false;
+  int64_t persistence_threshold = 100000;
+  // Optimizer state bytes per owned element (AdamW: 8).
+  size_t optimizer_bytes_per_element = 8;
+};
+
+struct ScheduleEvent {
+  enum class Type : uint8_t { kCollective, kCompute, kWait };
+  enum class Work : uint8_t { kForward, kBackward, kOptimizer };
+  Type type = Type::kCollective;
+  // kCollective: what the ledger records (numel is the ledger's payload:
+  // all_reduce/broadcast buffer, reduce_scatter input, all_gather output).
+  CollectiveKind kind = CollectiveKind::kAllReduce;
+  ReduceOp op = ReduceOp::kSum;
+  DType dtype = DType::kFloat32;
+  size_t numel = 0;
+  Phase phase = Phase::kStep;
+  bool async = false;
+  // kCompute: forward or backward over `params` parameters (per token),
+  // or the optimizer over `params` owned elements.
+  Work work = Work::kForward;
+  double params = 0.0;
+  // kWait: the index (in the event list) of the async collective.
+  size_t waits_for = 0;
+};
+
+// The Engine's construction (the broadcast of rank 0's parameters).
+std::vector<ScheduleEvent> setup_schedule(const ModelShape& model,
+                                          const ScheduleOptions& options);
+// One window: options.backwards backward() calls (each after its forward)
+// and the step() that applies the update. UsageError for a stage outside
+// 0-3, world_size < 1, backwards < 1, or a shape whose vectors differ in
+// length.
+std::vector<ScheduleEvent> window_schedule(const ModelShape& model,
+                                           const ScheduleOptions& options);
+// What a rank holds (Stage::memory()), planned: stages 0-2 as constructed;
+// stage 3 at rest between windows, with peak_bytes one block group's full
+// parameters and gradients above it.
+MemoryStats planned_memory(const ModelShape& model,
+                           const ScheduleOptions& options);
+// The Engine's stage 3 groups: one per block with parameters of at least
+// `persistence_threshold` elements, in block order, then the persistent
+// group (everything else), if not empty.
+std::vector<Stage3Group> stage3_groups(const ModelShape& model,
+                                       int64_t persistence_threshold);
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_ZERO_SCHEDULE_H_
