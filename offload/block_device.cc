@@ -11,9 +11,7 @@
 
 namespace zerostep {
 
-const char* io_op_name(IoOp op) {
-  return op == IoOp::kRead ? "read" : "write";
-}
+const char* io_op_name(IoOp op) { return op == IoOp::kRead ? "read" : "write"; }
 
 namespace {
 
@@ -67,9 +65,8 @@ void check_io_request(const std::string& device, const char* op,
   }
   if (size == 0 || size > kMaxIoBytes) {
     std::ostringstream os;
-    os << op << " on '" << device << "': size " << size
-       << " is outside (0, " << kMaxIoBytes
-       << "]; split larger transfers";
+    os << op << " on '" << device << "': size " << size << " is outside (0, "
+       << kMaxIoBytes << "]; split larger transfers";
     throw UsageError(os.str());
   }
   if (offset > device_size || size > device_size - offset) {

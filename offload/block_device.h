@@ -88,8 +88,7 @@ class BlockDevice {
   // Start copying size bytes at offset into buffer / from buffer to offset.
   // See the contract above for alignment, ownership of the buffer and the
   // range. Misuse is UsageError; a submission the OS refuses is IoError.
-  virtual IoTicket submit_read(uint64_t offset, void* buffer,
-                               size_t size) = 0;
+  virtual IoTicket submit_read(uint64_t offset, void* buffer, size_t size) = 0;
   virtual IoTicket submit_write(uint64_t offset, const void* buffer,
                                 size_t size) = 0;
 

@@ -38,8 +38,8 @@ TEST(Crc32cTest, HardwareMatchesPortableAndChains) {
   for (auto& b : data) b = static_cast<unsigned char>(rng());
   for (size_t start = 0; start < 9; ++start) {
     // Around the hardware path's three-stripe blocks of 3 x 4096 bytes.
-    for (size_t n : {0, 1, 7, 8, 9, 63, 64, 65, 1000, 4090, 12287, 12288,
-                     12289, 24576, 3 * 4096 * 3 + 91}) {
+    for (size_t n : {0, 1, 7, 8, 9, 63, 64, 65, 1000, 4090, 12287, 12288, 12289,
+                     24576, 3 * 4096 * 3 + 91}) {
       const uint32_t want = crc32c_portable(0, data.data() + start, n);
       ASSERT_EQ(crc32c(0, data.data() + start, n), want)
           << "start " << start << " n " << n;

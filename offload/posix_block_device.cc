@@ -253,7 +253,8 @@ IoTicket PosixBlockDevice::submit(IoOp op, uint64_t offset, char* buffer,
   if (!broken_.empty()) {
     throw IoError(io_error_message(io_op_name(op), size, offset, path_, 0,
                                    "the device is unusable after an earlier "
-                                   "failure: " + broken_));
+                                   "failure: " +
+                                       broken_));
   }
   const IoTicket ticket = next_ticket_++;
   Op record{op, offset, buffer, size};
@@ -269,8 +270,7 @@ IoTicket PosixBlockDevice::submit(IoOp op, uint64_t offset, char* buffer,
   if (op == IoOp::kRead) {
     io_uring_prep_read(sqe, fd_, buffer, static_cast<unsigned>(size), offset);
   } else {
-    io_uring_prep_write(sqe, fd_, buffer, static_cast<unsigned>(size),
-                        offset);
+    io_uring_prep_write(sqe, fd_, buffer, static_cast<unsigned>(size), offset);
   }
   io_uring_sqe_set_data64(sqe, ticket);
   int rc;

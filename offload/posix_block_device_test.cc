@@ -211,8 +211,8 @@ TEST(PosixBlockDeviceTest, ShortReadAtEndOfFile) {
     dev->wait(dev->submit_read(2 * kBlockAlign, b.data(), 2 * kBlockAlign));
     FAIL() << "read past end of file";
   } catch (const IoError& e) {
-    EXPECT_TRUE(contains(e.what(), "read of 8192 bytes at offset 8192 on '" +
-                                       dir + "/t.swap'"))
+    EXPECT_TRUE(contains(
+        e.what(), "read of 8192 bytes at offset 8192 on '" + dir + "/t.swap'"))
         << e.what();
     EXPECT_TRUE(contains(e.what(), "end of file; the file is 4096 bytes"))
         << e.what();
@@ -245,11 +245,12 @@ TEST(PosixBlockDeviceTest, ShortWriteThenErrnoIsReported) {
     }
     ::setrlimit(RLIMIT_FSIZE, &old);
     std::signal(SIGXFSZ, old_handler);
-    EXPECT_TRUE(contains(message, "write of 2097152 bytes at offset 0 on '" +
-                                      dev->name() + "'"))
+    EXPECT_TRUE(contains(
+        message, "write of 2097152 bytes at offset 0 on '" + dev->name() + "'"))
         << message;
-    EXPECT_TRUE(contains(message, "short write (1048576 of 2097152 bytes), "
-                                  "then File too large (errno 27)"))
+    EXPECT_TRUE(contains(message,
+                         "short write (1048576 of 2097152 bytes), "
+                         "then File too large (errno 27)"))
         << message;
   }
 }

@@ -93,8 +93,7 @@ SwapStore::SwapStore(BlockDevice* device, const SwapStoreOptions& options)
     : device_(device), options_(options) {
   auto bad = [](const std::string& field, const std::string& value,
                 const std::string& rule) {
-    throw UsageError("SwapStoreOptions." + field + " = " + value + ": " +
-                     rule);
+    throw UsageError("SwapStoreOptions." + field + " = " + value + ": " + rule);
   };
   if (device == nullptr) throw UsageError("SwapStore: device is null");
   if (options.num_arrays < 1 || options.num_arrays > kMaxArrays) {
@@ -111,19 +110,18 @@ SwapStore::SwapStore(BlockDevice* device, const SwapStoreOptions& options)
       options.io_chunk_bytes % kBlockAlign != 0 ||
       options.io_chunk_bytes > kMaxIoBytes) {
     bad("io_chunk_bytes", std::to_string(options.io_chunk_bytes),
-        "must be a multiple of " + std::to_string(kBlockAlign) +
-            " in [" + std::to_string(kBlockAlign) + ", " +
-            std::to_string(kMaxIoBytes) + "]");
+        "must be a multiple of " + std::to_string(kBlockAlign) + " in [" +
+            std::to_string(kBlockAlign) + ", " + std::to_string(kMaxIoBytes) +
+            "]");
   }
-  const uint64_t subgroup = std::min<uint64_t>(options.subgroup_numel,
-                                               options.numel);
+  const uint64_t subgroup =
+      std::min<uint64_t>(options.subgroup_numel, options.numel);
   options_.subgroup_numel = static_cast<size_t>(subgroup);
-  num_subgroups_ = static_cast<size_t>((options.numel + subgroup - 1) /
-                                       subgroup);
+  num_subgroups_ =
+      static_cast<size_t>((options.numel + subgroup - 1) / subgroup);
   array_stride_bytes_ = round_up(subgroup * sizeof(float), 64);
-  slot_bytes_ = round_up(options.num_arrays * array_stride_bytes_ +
-                             kTrailerBytes,
-                         kBlockAlign);
+  slot_bytes_ = round_up(
+      options.num_arrays * array_stride_bytes_ + kTrailerBytes, kBlockAlign);
 
   // Find the committed state, if any.
   const std::string where = "opening swap store on '" + device->name() + "': ";
@@ -146,8 +144,7 @@ SwapStore::SwapStore(BlockDevice* device, const SwapStoreOptions& options)
         os << where << "it holds a store of num_arrays=" << r.num_arrays
            << ", numel=" << r.numel << ", subgroup_numel=" << r.subgroup_numel
            << " (generation " << r.generation << "), but this one asks for "
-           << "num_arrays=" << options.num_arrays
-           << ", numel=" << options.numel
+           << "num_arrays=" << options.num_arrays << ", numel=" << options.numel
            << ", subgroup_numel=" << options_.subgroup_numel
            << ". Fix: open it with the same geometry, or use a fresh "
               "nvme_path (or delete the file) to start over";
@@ -162,20 +159,20 @@ SwapStore::SwapStore(BlockDevice* device, const SwapStoreOptions& options)
     std::ostringstream os;
     os << where << "the store needs " << device_bytes()
        << " bytes (two copies of " << options.num_arrays << " arrays of "
-       << options.numel << " floats, in " << num_subgroups_
-       << " sub-groups of " << slot_bytes_ << " bytes, plus "
-       << kDataOffset << " bytes of superblock): " << e.what();
+       << options.numel << " floats, in " << num_subgroups_ << " sub-groups of "
+       << slot_bytes_ << " bytes, plus " << kDataOffset
+       << " bytes of superblock): " << e.what();
     throw IoError(os.str());
   }
 
-  const size_t nbuf = std::min(options.buffer_count,
-                               std::max<size_t>(num_subgroups_, 2));
+  const size_t nbuf =
+      std::min(options.buffer_count, std::max<size_t>(num_subgroups_, 2));
   buffers_.resize(nbuf);
   for (Buffer& b : buffers_) {
     b.memory = AlignedBuffer(slot_bytes_);
     for (size_t k = 0; k < options.num_arrays; ++k) {
-      b.arrays[k] = reinterpret_cast<float*>(b.memory.data() +
-                                             k * array_stride_bytes_);
+      b.arrays[k] =
+          reinterpret_cast<float*>(b.memory.data() + k * array_stride_bytes_);
     }
   }
 }
@@ -252,10 +249,9 @@ void SwapStore::verify(const Buffer& b, uint64_t copy) const {
     return;
   }
   std::ostringstream os;
-  os << "corrupt sub-group " << b.subgroup << " (copy " << copy
-     << " at offset " << slot_offset(copy, b.subgroup) << " of '"
-     << device_->name() << "', committed generation " << generation_
-     << "): " << problem
+  os << "corrupt sub-group " << b.subgroup << " (copy " << copy << " at offset "
+     << slot_offset(copy, b.subgroup) << " of '" << device_->name()
+     << "', committed generation " << generation_ << "): " << problem
      << ". The file was modified behind the store or the drive corrupted "
         "it; restore the optimizer state from a checkpoint";
   throw IoError(os.str());
@@ -277,8 +273,8 @@ void SwapStore::write_record(uint64_t generation, uint64_t copy) {
     r.crc = crc32c(0, block, offsetof(Record, crc));
     std::memcpy(block, &r, sizeof(r));
   }
-  device_->wait(device_->submit_write(copy * kRecordBytes, block,
-                                      kRecordBytes));
+  device_->wait(
+      device_->submit_write(copy * kRecordBytes, block, kRecordBytes));
   stats_.bytes_written += kRecordBytes;
 }
 
@@ -303,8 +299,7 @@ void SwapStore::update(const std::function<void(const SwapSubgroup&)>& fn) {
   });
 }
 
-void SwapStore::write_all(
-    const std::function<void(const SwapSubgroup&)>& fn) {
+void SwapStore::write_all(const std::function<void(const SwapSubgroup&)>& fn) {
   run_pass(Mode::kWrite, [&](Buffer& b) {
     const size_t count = subgroup_count(b.subgroup);
     fn(SwapSubgroup{b.subgroup, uint64_t{b.subgroup} * options_.subgroup_numel,
@@ -342,8 +337,7 @@ void SwapStore::read_arrays(float* const* arrays) {
   });
 }
 
-void SwapStore::run_pass(Mode mode,
-                         const std::function<void(Buffer&)>& body) {
+void SwapStore::run_pass(Mode mode, const std::function<void(Buffer&)>& body) {
   stats_ = SwapPassStats();
   const auto start = std::chrono::steady_clock::now();
   const bool reads = mode != Mode::kWrite;

@@ -14,8 +14,8 @@
 //   SwapStoreOptions o;
 //   o.num_arrays = 3;                 // params, exp_avg, exp_avg_sq
 //   o.numel = partition_numel;
-//   o.subgroup_numel = sub_group_size;
-//   o.buffer_count = 3;
+//   o.subgroup_numel = sub_group_size;   // default 1 Mi elements
+//   o.buffer_count = 8;                   // the default
 //   SwapStore store(device.get(), o);  // *device must outlive store
 //   if (!store.has_state()) store.write_arrays(initial);  // params, 0, 0
 //   ...
@@ -92,8 +92,9 @@
 // i + 1 has been submitted (and of further sub-groups while buffers are
 // free), and the writes of earlier sub-groups are in flight; with
 // buffer_count = 3 the drive reads i + 1 and writes i - 1 while the
-// function updates i. The function may use threads of its own
-// (fused_adam_step's threads option).
+// function updates i. More buffers let reads run further ahead of writes
+// that the drive queues behind them. The function may use threads of its
+// own (fused_adam_step's threads option).
 //
 // DeepSpeed's offload_optimizer.buffer_count counts buffers of one state
 // tensor's sub-group (its default 4 covers the tensors of one sub-group);
@@ -102,7 +103,8 @@
 // it maps the key (e.g. buffer_count here = max(2, its value / K)).
 //
 // Thread safety: none; one thread uses a store at a time, and the device
-// only through it. *device must outlive the store.
+// only through it. The functions passed to a pass must not call the store.
+// *device must outlive the store.
 #ifndef ZEROSTEP_OFFLOAD_SWAP_STORE_H_
 #define ZEROSTEP_OFFLOAD_SWAP_STORE_H_
 
@@ -123,23 +125,26 @@ struct SwapStoreOptions {
   uint64_t numel = 0;
   // Elements of each array per sub-group: the unit read, updated and
   // written back (DeepSpeed's zero_optimization.sub_group_size). Default
-  // 4 Mi elements (16 MiB per array).
-  size_t subgroup_numel = size_t{1} << 22;
+  // 1 Mi elements (4 MiB per array).
+  size_t subgroup_numel = size_t{1} << 20;
   // In-memory sub-group buffers, >= 2. 2: the read of i + 1 overlaps the
   // update of i, the write of i overlaps nothing; 3: the write of i - 1
-  // overlaps too; more: reads further ahead. Default 3.
-  size_t buffer_count = 3;
+  // overlaps too; more: reads further ahead while earlier writes are still
+  // queued behind reads (Linux's mq-deadline serves reads first). Default
+  // 8: with the default sub-group, 96 MiB for 3 arrays; docs/benchmarks.md
+  // has the measurements behind both defaults.
+  size_t buffer_count = 8;
   // The largest single device operation: a sub-group's transfer is split
   // into pieces of this size (a multiple of kBlockAlign, at most
-  // kMaxIoBytes) so that several are in flight. Default 8 MiB.
-  size_t io_chunk_bytes = size_t{8} << 20;
+  // kMaxIoBytes) so that several are in flight. Default 2 MiB.
+  size_t io_chunk_bytes = size_t{2} << 20;
 };
 
 // One sub-group handed to update()/write_all() functions.
 struct SwapSubgroup {
-  size_t index;         // sub-group number, 0-based
-  uint64_t first;       // index in each array of this sub-group's element 0
-  size_t count;         // elements of each array here (the last may be fewer)
+  size_t index;          // sub-group number, 0-based
+  uint64_t first;        // index in each array of this sub-group's element 0
+  size_t count;          // elements of each array here (the last may be fewer)
   float* const* arrays;  // num_arrays pointers, count floats each, 64-byte
                          // aligned, valid only during the call
   size_t num_arrays;
@@ -156,9 +161,9 @@ struct SwapSubgroupView {
 
 // What the last pass moved and where its time went.
 struct SwapPassStats {
-  uint64_t bytes_read = 0;     // device bytes read (slots and records)
-  uint64_t bytes_written = 0;  // device bytes written (slots and records)
-  double seconds = 0;          // the whole pass, commit included
+  uint64_t bytes_read = 0;      // device bytes read (slots and records)
+  uint64_t bytes_written = 0;   // device bytes written (slots and records)
+  double seconds = 0;           // the whole pass, commit included
   double function_seconds = 0;  // inside the caller's function
   double wait_seconds = 0;      // blocked on the device (wait, flush)
 };

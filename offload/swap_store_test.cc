@@ -59,7 +59,8 @@ void step_fn(const SwapSubgroup& s) {
 
 State stepped(State s) {
   for (size_t k = 0; k < s.size(); ++k) {
-    for (size_t i = 0; i < s[k].size(); ++i) s[k][i] = step_value(s[k][i], k, i);
+    for (size_t i = 0; i < s[k].size(); ++i)
+      s[k][i] = step_value(s[k][i], k, i);
   }
   return s;
 }
@@ -129,12 +130,12 @@ TEST(SwapStoreTest, RoundTripsOverManyGeometries) {
     size_t subgroup, buffers, chunk;
   };
   const Geometry geometries[] = {
-      {1, 1, 1, 2, kBlockAlign},            // one element
-      {3, 5000, 1500, 3, kBlockAlign},      // short last sub-group
-      {2, 4096, 4096, 2, 8 << 20},          // one sub-group, one chunk
+      {1, 1, 1, 2, kBlockAlign},             // one element
+      {3, 5000, 1500, 3, kBlockAlign},       // short last sub-group
+      {2, 4096, 4096, 2, 8 << 20},           // one sub-group, one chunk
       {3, 10000, 1000, 5, 2 * kBlockAlign},  // deep read-ahead
-      {2, 100, 1000, 3, kBlockAlign},       // sub-group larger than n
-      {4, 3000, 7, 4, kBlockAlign},         // many tiny sub-groups
+      {2, 100, 1000, 3, kBlockAlign},        // sub-group larger than n
+      {4, 3000, 7, 4, kBlockAlign},          // many tiny sub-groups
   };
   for (const Geometry& g : geometries) {
     SCOPED_TRACE("k=" + std::to_string(g.k) + " n=" + std::to_string(g.n) +
@@ -271,15 +272,14 @@ TEST(SwapStoreTest, ReadAheadAndWriteBackOverlapTheFunction) {
     });
     const size_t groups = store.num_subgroups();
     auto subgroup_of = [&](uint64_t offset) {
-      return static_cast<size_t>((offset - 8192) / store.slot_bytes() %
-                                 groups);
+      return static_cast<size_t>((offset - 8192) / store.slot_bytes() % groups);
     };
     auto find = [&](char what, size_t g, size_t from) {
       for (size_t i = from; i < log.size(); ++i) {
         if (log[i].what != what) continue;
-        if (what == 'F' ? log[i].offset == g
-                        : (log[i].offset >= 8192 &&
-                           subgroup_of(log[i].offset) == g)) {
+        if (what == 'F'
+                ? log[i].offset == g
+                : (log[i].offset >= 8192 && subgroup_of(log[i].offset) == g)) {
           return i;
         }
       }
@@ -326,8 +326,7 @@ TEST(SwapStoreTest, InvalidOptionsAreUsageErrors) {
                UsageError);
   EXPECT_THROW(SwapStore(&dev, with([](auto& o) { o.num_arrays = 17; })),
                UsageError);
-  EXPECT_THROW(SwapStore(&dev, with([](auto& o) { o.numel = 0; })),
-               UsageError);
+  EXPECT_THROW(SwapStore(&dev, with([](auto& o) { o.numel = 0; })), UsageError);
   EXPECT_THROW(SwapStore(&dev, with([](auto& o) { o.subgroup_numel = 0; })),
                UsageError);
   EXPECT_THROW(SwapStore(&dev, with([](auto& o) { o.buffer_count = 1; })),
@@ -425,15 +424,15 @@ std::string describe(const FaultCase& c) {
 }
 
 std::vector<FaultCase> every_fault_of_a_pass() {
-  const std::map<OpKind, uint64_t> per_pass = {{OpKind::kRead, kReadsPerPass},
-                                               {OpKind::kWrite, kWritesPerPass},
-                                               {OpKind::kFlush,
-                                                kFlushesPerPass}};
+  const std::map<OpKind, uint64_t> per_pass = {
+      {OpKind::kRead, kReadsPerPass},
+      {OpKind::kWrite, kWritesPerPass},
+      {OpKind::kFlush, kFlushesPerPass}};
   std::vector<FaultCase> cases;
   for (const auto& [op, n] : per_pass) {
-    for (FaultKind f : {FaultKind::kIoError, FaultKind::kNoSpace,
-                        FaultKind::kShortWrite, FaultKind::kTornWrite,
-                        FaultKind::kCrash}) {
+    for (FaultKind f :
+         {FaultKind::kIoError, FaultKind::kNoSpace, FaultKind::kShortWrite,
+          FaultKind::kTornWrite, FaultKind::kCrash}) {
       if (!fault_applies(f, op)) continue;
       for (uint64_t i = 0; i < n; ++i) cases.push_back({op, f, i});
     }
@@ -491,8 +490,9 @@ TEST(SwapStoreTest, EveryFaultAtEveryOperationLeavesTheOldState) {
         rig.store->update(step_fn);
         FAIL() << "the pass survived " << dev.describe();
       } catch (const IoError& e) {
-        EXPECT_TRUE(contains(e.what(), "swap store on '/nvme/rank0.swap': "
-                                       "update (generation 2 -> 3) failed"))
+        EXPECT_TRUE(contains(e.what(),
+                             "swap store on '/nvme/rank0.swap': "
+                             "update (generation 2 -> 3) failed"))
             << e.what();
         EXPECT_TRUE(contains(e.what(), "keeps generation 2")) << e.what();
       }
@@ -569,7 +569,8 @@ TEST(SwapStoreTest, FaultsInTheFirstCommitLeaveNoState) {
       SwapStore store(rig.device.get(), small_options());
       FAIL() << "opened through a fault";
     } catch (const IoError& e) {
-      EXPECT_TRUE(contains(e.what(), "opening swap store on '/nvme/rank0.swap'"))
+      EXPECT_TRUE(
+          contains(e.what(), "opening swap store on '/nvme/rank0.swap'"))
           << e.what();
     }
     SwapStore store(rig.device.get(), small_options());
@@ -586,12 +587,14 @@ TEST(SwapStoreTest, NoSpaceDuringASwapNamesThePath) {
     FAIL() << "no ENOSPC";
   } catch (const IoError& e) {
     const std::string m = e.what();
-    EXPECT_TRUE(contains(m, "update (generation 2 -> 3) failed at writing "
-                            "sub-group 0 of 4"))
+    EXPECT_TRUE(contains(m,
+                         "update (generation 2 -> 3) failed at writing "
+                         "sub-group 0 of 4"))
         << m;
     EXPECT_TRUE(contains(m, "write of 4096 bytes at offset")) << m;
-    EXPECT_TRUE(contains(m, "on '/nvme/rank0.swap' failed: No space left on "
-                            "device"))
+    EXPECT_TRUE(contains(m,
+                         "on '/nvme/rank0.swap' failed: No space left on "
+                         "device"))
         << m;
     EXPECT_TRUE(contains(m, "free space on it or point nvme_path")) << m;
   }
@@ -697,7 +700,7 @@ TEST(SwapStoreTest, RandomFaultsNeverLeaveAMix) {
 // either: rerunning it from the reopened store gives the same bits.
 TEST(SwapStoreTest, ACrashBetweenSwapOutAndTheNextStepLosesNothing) {
   for (uint64_t seed = 0; seed < 8; ++seed) {
-    Rig rig(seed);  // generation 2 committed: the swap-out of step 1
+    Rig rig(seed);        // generation 2 committed: the swap-out of step 1
     rig.device->crash();  // power loss; unsynced writes may be dropped
     rig.store.reset();
     rig.device->restart();
@@ -853,8 +856,8 @@ TEST(SwapStoreTest, AdamOnARealFile) {
         fused_adam_step(s.arrays[0], init[1].data() + s.first, s.arrays[1],
                         s.arrays[2], s.count, hyper);
       });
-      fused_adam_step(ref_p.data(), init[1].data(), ref_m.data(),
-                      ref_v.data(), n, hyper);
+      fused_adam_step(ref_p.data(), init[1].data(), ref_m.data(), ref_v.data(),
+                      n, hyper);
     }
     EXPECT_TRUE(same_bits(read_state(store), State{ref_p, ref_m, ref_v}));
   }

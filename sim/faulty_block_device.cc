@@ -71,8 +71,7 @@ FaultyBlockDevice::FaultyBlockDevice(BlockDevice* inner,
                                      const FaultyDeviceOptions& options)
     : inner_(inner), options_(options), rng_(options.seed) {
   if (inner == nullptr) throw UsageError("FaultyBlockDevice: inner is null");
-  if (!(options.fault_probability >= 0.0 &&
-        options.fault_probability <= 1.0)) {
+  if (!(options.fault_probability >= 0.0 && options.fault_probability <= 1.0)) {
     throw UsageError("FaultyBlockDevice: fault_probability " +
                      std::to_string(options.fault_probability) +
                      " is outside [0, 1]");
@@ -146,7 +145,8 @@ void FaultyBlockDevice::throw_crashed(const char* op, uint64_t size,
                                       uint64_t offset) const {
   throw IoError(io_error_message(op, size, offset, inner_->name(), 0,
                                  "the device is down after a simulated "
-                                 "crash (" + crash_cause_ +
+                                 "crash (" +
+                                     crash_cause_ +
                                      "); restart() it to reboot"));
 }
 
@@ -159,12 +159,11 @@ IoError FaultyBlockDevice::injected_error(const InjectedFault& f, int err,
   if (f.op == OpKind::kFlush) {
     return IoError(flush_error_message(inner_->name(), err, os.str()));
   }
-  return IoError(io_error_message(op, f.size, f.offset, inner_->name(), err,
-                                  os.str()));
+  return IoError(
+      io_error_message(op, f.size, f.offset, inner_->name(), err, os.str()));
 }
 
-void FaultyBlockDevice::inner_read(uint64_t offset, char* buffer,
-                                   size_t size) {
+void FaultyBlockDevice::inner_read(uint64_t offset, char* buffer, size_t size) {
   inner_->wait(inner_->submit_read(offset, buffer, size));
 }
 
@@ -189,9 +188,9 @@ void FaultyBlockDevice::write_prefix(uint64_t offset, const char* data,
   std::memcpy(merged.data() + prefix, before.data() + prefix, span - prefix);
   inner_write(offset, merged.data(), span);
   before.resize(span);
-  volatile_.push_back(VolatileWrite{
-      offset, std::move(before),
-      std::vector<char>(merged.data(), merged.data() + span)});
+  volatile_.push_back(
+      VolatileWrite{offset, std::move(before),
+                    std::vector<char>(merged.data(), merged.data() + span)});
 }
 
 void FaultyBlockDevice::crash() {
@@ -272,8 +271,8 @@ IoTicket FaultyBlockDevice::submit_read(uint64_t offset, void* buffer,
       throw_crashed("read", size, offset);
     }
     std::memset(out, 0xA5, size);
-    return complete(std::make_exception_ptr(
-        injected_error(f, EIO, std::strerror(EIO))));
+    return complete(
+        std::make_exception_ptr(injected_error(f, EIO, std::strerror(EIO))));
   }
   try {
     inner_read(offset, out, size);
@@ -313,18 +312,18 @@ IoTicket FaultyBlockDevice::submit_write(uint64_t offset, const void* buffer,
       case FaultKind::kNoSpace: {
         injected_.push_back(f);
         const int err = fault == FaultKind::kNoSpace ? ENOSPC : EIO;
-        return complete(
-            std::make_exception_ptr(injected_error(f, err, std::strerror(err))));
+        return complete(std::make_exception_ptr(
+            injected_error(f, err, std::strerror(err))));
       }
       case FaultKind::kShortWrite: {
         f.prefix_bytes = draw_prefix(size);
         injected_.push_back(f);
         write_prefix(offset, data, size, f.prefix_bytes, std::move(before));
-        return complete(std::make_exception_ptr(injected_error(
-            f, ENOSPC,
-            "short write (" + std::to_string(f.prefix_bytes) + " of " +
-                std::to_string(size) + " bytes), then " +
-                std::strerror(ENOSPC))));
+        return complete(std::make_exception_ptr(
+            injected_error(f, ENOSPC,
+                           "short write (" + std::to_string(f.prefix_bytes) +
+                               " of " + std::to_string(size) +
+                               " bytes), then " + std::strerror(ENOSPC))));
       }
       case FaultKind::kTornWrite: {
         f.prefix_bytes = draw_prefix(size);

@@ -87,7 +87,7 @@ struct InjectedFault {
   OpKind op;
   uint64_t op_index;  // the op_index-th operation of its kind (from 0)
   FaultKind fault;
-  uint64_t offset = 0;        // read/write: the operation's range
+  uint64_t offset = 0;  // read/write: the operation's range
   uint64_t size = 0;
   uint64_t prefix_bytes = 0;  // short/torn writes: bytes that reached it
   std::string describe() const;
@@ -96,8 +96,8 @@ struct InjectedFault {
 class FaultyBlockDevice final : public BlockDevice {
  public:
   // UsageError if inner is null or the options are out of range.
-  FaultyBlockDevice(BlockDevice* inner, const FaultyDeviceOptions& options =
-                                            FaultyDeviceOptions());
+  FaultyBlockDevice(BlockDevice* inner,
+                    const FaultyDeviceOptions& options = FaultyDeviceOptions());
   ~FaultyBlockDevice() override = default;
   FaultyBlockDevice(const FaultyBlockDevice&) = delete;
   FaultyBlockDevice& operator=(const FaultyBlockDevice&) = delete;

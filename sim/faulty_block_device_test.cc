@@ -173,8 +173,7 @@ TEST_F(FaultyBlockDeviceTest, ScheduleRejectsFaultsThatDoNotApply) {
                UsageError);
   EXPECT_THROW(dev.schedule(OpKind::kFlush, 0, FaultKind::kTornWrite),
                UsageError);
-  EXPECT_THROW(dev.schedule(OpKind::kRead, 0, FaultKind::kNoSpace),
-               UsageError);
+  EXPECT_THROW(dev.schedule(OpKind::kRead, 0, FaultKind::kNoSpace), UsageError);
   write(dev, 0, 'a');
   EXPECT_THROW(dev.schedule(OpKind::kWrite, 0, FaultKind::kIoError),
                UsageError);  // already happened

@@ -27,8 +27,8 @@ IoTicket MemoryBlockDevice::submit_read(uint64_t offset, void* buffer,
                                         size_t size) {
   check_io_request(name_, "read", offset, buffer, size, medium_.size());
   const IoTicket ticket = next_ticket_++;
-  ops_.emplace(ticket, Op{IoOp::kRead, offset, static_cast<char*>(buffer),
-                          size});
+  ops_.emplace(ticket,
+               Op{IoOp::kRead, offset, static_cast<char*>(buffer), size});
   return ticket;
 }
 
@@ -44,8 +44,7 @@ IoTicket MemoryBlockDevice::submit_write(uint64_t offset, const void* buffer,
 }
 
 void MemoryBlockDevice::execute_through(IoTicket ticket) {
-  for (auto it = ops_.begin(); it != ops_.end() && it->first <= ticket;
-       ++it) {
+  for (auto it = ops_.begin(); it != ops_.end() && it->first <= ticket; ++it) {
     Op& op = it->second;
     if (op.done) continue;
     // reserve() only grows the medium, so a range checked at submission

@@ -27,7 +27,7 @@ TEST(MemoryBlockDeviceTest, RoundTripAndDeferredCompletion) {
   const IoTicket r = dev.submit_read(kBlockAlign, in.data(), in.size());
   EXPECT_EQ(dev.in_flight(), 2u);
   EXPECT_EQ(in.data()[0], 0);  // nothing read yet
-  dev.wait(r);                  // executes w, then r
+  dev.wait(r);                 // executes w, then r
   EXPECT_TRUE(dev.poll(w));
   EXPECT_EQ(in.data()[0], 0x22);
   EXPECT_EQ(in.data()[in.size() - 1], 0x22);
