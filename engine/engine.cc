@@ -531,7 +531,8 @@ void check_overrides(const StepOverrides& o) {
 void Engine::require_working_comm(const char* what) const {
   if (comm_failure_.empty()) return;
   throw UsageError(std::string(what) + " on rank " + std::to_string(rank()) +
-                   " after a collective failed in an earlier call (" +
+                   " after a collective or the optimizer's device failed in "
+                   "an earlier call (" +
                    comm_failure_ +
                    "). The window's gradients are lost and the ranks may be "
                    "out of step. Fix: build a new world and new engines, "
@@ -591,6 +592,20 @@ void Engine::step(const StepOverrides& overrides) {
                     " backward() calls)",
                 "global_steps, global_samples and the lr schedule did not "
                 "advance");
+  } catch (const IoError& e) {
+    // The NVMe optimizer state's device failed on this rank (the others
+    // fail in this step's collectives). The update was undone (Note
+    // [Transactional update]), but finalize() has already changed the
+    // window's gradients.
+    boundary_.abort_step();
+    comm_failure_ = e.what();
+    throw IoError("step() at global step " +
+                  std::to_string(boundary_.global_steps()) + " failed on rank " +
+                  std::to_string(rank()) + ": " + e.what() +
+                  ". Parameters and optimizer state are as before the call "
+                  "and no counter moved (Note [Transactional update]); the "
+                  "window's gradients are lost. Fix: check the drive, then "
+                  "build new engines and load the last checkpoint");
   } catch (...) {
     boundary_.abort_step();
     throw;

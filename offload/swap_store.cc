@@ -287,6 +287,7 @@ void SwapStore::invalidate_uncertain_record() {
 }
 
 void SwapStore::update(const std::function<void(const SwapSubgroup&)>& fn) {
+  require_not_prepared("update");
   if (!has_state()) {
     throw UsageError("SwapStore::update on '" + device_->name() +
                      "': the store has no committed state; initialise it "
@@ -299,7 +300,68 @@ void SwapStore::update(const std::function<void(const SwapSubgroup&)>& fn) {
   });
 }
 
+void SwapStore::prepare_update(
+    const std::function<void(const SwapSubgroup&)>& fn) {
+  require_not_prepared("prepare_update");
+  if (!has_state()) {
+    throw UsageError("SwapStore::prepare_update on '" + device_->name() +
+                     "': the store has no committed state; initialise it "
+                     "with write_all or write_arrays first");
+  }
+  run_pass(
+      Mode::kUpdate,
+      [&](Buffer& b) {
+        const size_t count = subgroup_count(b.subgroup);
+        fn(SwapSubgroup{b.subgroup,
+                        uint64_t{b.subgroup} * options_.subgroup_numel, count,
+                        b.arrays, options_.num_arrays});
+      },
+      /*commit=*/false);
+  prepared_ = true;
+}
+
+void SwapStore::commit_prepared() {
+  if (!prepared_)
+    throw UsageError("SwapStore::commit_prepared on '" + device_->name() +
+                     "': no prepared pass (prepare_update first)");
+  prepared_ = false;
+  try {
+    commit_record();
+  } catch (const IoError& e) {
+    throw IoError("swap store on '" + device_->name() +
+                  "': committing prepared generation " +
+                  std::to_string(generation_ + 1) +
+                  " failed; the store keeps generation " +
+                  std::to_string(generation_) + " and stays usable. Cause: " +
+                  e.what());
+  }
+}
+
+void SwapStore::discard_prepared() {
+  // The prepared sub-groups sit in the copy no record names; the next pass
+  // overwrites them.
+  prepared_ = false;
+}
+
+void SwapStore::require_not_prepared(const char* what) const {
+  if (!prepared_) return;
+  throw UsageError(std::string("SwapStore::") + what + " on '" +
+                   device_->name() +
+                   "': a prepared pass awaits commit_prepared() or "
+                   "discard_prepared()");
+}
+
+void SwapStore::commit_record() {
+  const uint64_t dst = (generation_ + 1) % 2;
+  record_uncertain_ = true;
+  write_record(generation_ + 1, dst);
+  device_->flush();
+  record_uncertain_ = false;
+  ++generation_;
+}
+
 void SwapStore::write_all(const std::function<void(const SwapSubgroup&)>& fn) {
+  require_not_prepared("write_all");
   run_pass(Mode::kWrite, [&](Buffer& b) {
     const size_t count = subgroup_count(b.subgroup);
     fn(SwapSubgroup{b.subgroup, uint64_t{b.subgroup} * options_.subgroup_numel,
@@ -309,6 +371,7 @@ void SwapStore::write_all(const std::function<void(const SwapSubgroup&)>& fn) {
 
 void SwapStore::read_all(
     const std::function<void(const SwapSubgroupView&)>& fn) {
+  require_not_prepared("read_all");
   if (!has_state()) {
     throw UsageError("SwapStore::read_all on '" + device_->name() +
                      "': the store has no committed state");
@@ -337,7 +400,8 @@ void SwapStore::read_arrays(float* const* arrays) {
   });
 }
 
-void SwapStore::run_pass(Mode mode, const std::function<void(Buffer&)>& body) {
+void SwapStore::run_pass(Mode mode, const std::function<void(Buffer&)>& body,
+                         bool commit) {
   stats_ = SwapPassStats();
   const auto start = std::chrono::steady_clock::now();
   const bool reads = mode != Mode::kWrite;
@@ -451,12 +515,10 @@ void SwapStore::run_pass(Mode mode, const std::function<void(Buffer&)>& body) {
       Timed t(&stats_.wait_seconds);
       stage = "flushing the new sub-groups";
       device_->flush();
-      stage = "committing generation " + std::to_string(generation_ + 1);
-      record_uncertain_ = true;
-      write_record(generation_ + 1, dst);
-      device_->flush();
-      record_uncertain_ = false;
-      ++generation_;
+      if (commit) {
+        stage = "committing generation " + std::to_string(generation_ + 1);
+        commit_record();
+      }
     }
   } catch (...) {
     // Every transfer must finish before its buffer is reused or freed.

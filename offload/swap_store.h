@@ -206,6 +206,22 @@ class SwapStore {
   // was modified behind the store or the drive corrupted it.
   void update(const std::function<void(const SwapSubgroup&)>& fn);
 
+  // Two-phase update, for a caller whose step must also succeed elsewhere
+  // (a collective) before the new state may count: prepare_update() runs
+  // update()'s pass through step 3 of Note [Swap pass atomicity] (the new
+  // sub-groups are durable in the other copy) and stops before the commit
+  // record. commit_prepared() writes and flushes the record (steps 4-5):
+  // the prepared state becomes generation() + 1. discard_prepared() drops
+  // it: the committed state never changed. While a pass is prepared, every
+  // other pass is a UsageError. Errors: prepare_update as update() (nothing
+  // prepared then); commit_prepared IoError (the prepared state is dropped,
+  // the store stays at its generation, with the record uncertain exactly
+  // as for a failed update()).
+  void prepare_update(const std::function<void(const SwapSubgroup&)>& fn);
+  void commit_prepared();
+  void discard_prepared();
+  bool has_prepared() const { return prepared_; }
+
   // Commits a whole new state: fn fills every sub-group (whose arrays it
   // receives zeroed) in order. Nothing is read. Errors and atomicity as
   // update(); allowed without a state (it creates the first one).
@@ -237,7 +253,11 @@ class SwapStore {
 
   // The pipeline of Note [Swap pass atomicity]; body runs on each
   // sub-group's buffer in order.
-  void run_pass(Mode mode, const std::function<void(Buffer&)>& body);
+  // commit = false stops a writing pass before its record (prepared_).
+  void run_pass(Mode mode, const std::function<void(Buffer&)>& body,
+                bool commit = true);
+  void require_not_prepared(const char* what) const;
+  void commit_record();
   uint64_t slot_offset(uint64_t copy, size_t subgroup) const;
   size_t subgroup_count(size_t subgroup) const;
   uint32_t data_crc(const Buffer& b) const;
@@ -257,6 +277,9 @@ class SwapStore {
   // A commit record write or flush failed: the record slot for
   // generation_ + 1 may hold a valid record (Note [Swap pass atomicity]).
   bool record_uncertain_ = false;
+  // prepare_update() succeeded; neither commit_prepared() nor
+  // discard_prepared() has run since.
+  bool prepared_ = false;
   std::vector<Buffer> buffers_;
   AlignedBuffer record_buffer_;  // superblock I/O
   SwapPassStats stats_;

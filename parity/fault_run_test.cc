@@ -1,6 +1,9 @@
 #include "parity/fault_run.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
 
 #include "common/errors.h"
 
@@ -66,6 +69,39 @@ TEST(FaultRunTest, EveryFaultInsideStepIsAnErrorEverywhereAndNoPartialUpdate) {
       EXPECT_GE(in_step, 2 * 5) << "stage " << stage << " managed " << managed;
     }
   }
+}
+
+// The same contract with the optimizer state offloaded: in memory on the
+// host (cpu) or streamed from an NVMe swap file (nvme), where the update's
+// moments are only prepared until the all-gather succeeded (Note [NVMe
+// optimizer state] in zero/optimizer.h).
+TEST(FaultRunTest, NoPartialUpdateWithOffloadToo) {
+  char tmpl[] = "/tmp/zerostep_fault_nvme_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  for (OffloadDevice offload : {OffloadDevice::kCpu, OffloadDevice::kNvme})
+    for (int stage : {1, 2, 3})
+      for (bool managed : {false, true}) {
+        FaultScenario f = base(stage, managed);
+        f.scenario.offload = offload;
+        f.scenario.nvme_path = tmpl;
+        f.scenario.sub_group_size = 700;  // several swap sub-groups
+        const std::vector<CollectiveTiming> schedule = baseline_schedule(f);
+        int in_step = 0;
+        for (const CollectiveTiming& c : schedule) {
+          if (c.phase != Phase::kStep) continue;
+          for (const std::string& cls : {"crash", "lost"}) {
+            f.faults = parse_fault_options(
+                cls + ":" + std::to_string(c.seq % 3) + "@" +
+                std::to_string(c.seq));
+            const FaultRunResult r = run_fault_scenario(f);
+            EXPECT_TRUE(r.ok) << to_string(offload) << " " << describe(r);
+            EXPECT_TRUE(r.any_failed) << describe(r);
+            in_step += r.ranks[0].failed_call.rfind("step", 0) == 0;
+          }
+        }
+        EXPECT_GE(in_step, 2 * 2) << to_string(offload) << " stage " << stage;
+      }
+  std::filesystem::remove_all(tmpl);
 }
 
 // Faults in the collectives of backward (stages 2/3 reduce there; stage 3

@@ -10,17 +10,17 @@
 
 namespace zerostep {
 
-const char* fault_kind_name(FaultKind kind) {
+const char* io_fault_kind_name(IoFaultKind kind) {
   switch (kind) {
-    case FaultKind::kIoError:
+    case IoFaultKind::kIoError:
       return "io_error";
-    case FaultKind::kNoSpace:
+    case IoFaultKind::kNoSpace:
       return "no_space";
-    case FaultKind::kShortWrite:
+    case IoFaultKind::kShortWrite:
       return "short_write";
-    case FaultKind::kTornWrite:
+    case IoFaultKind::kTornWrite:
       return "torn_write";
-    case FaultKind::kCrash:
+    case IoFaultKind::kCrash:
       return "crash";
   }
   return "?";
@@ -40,15 +40,15 @@ const char* op_kind_name(OpKind kind) {
   return "?";
 }
 
-bool fault_applies(FaultKind fault, OpKind op) {
+bool fault_applies(IoFaultKind fault, OpKind op) {
   switch (fault) {
-    case FaultKind::kIoError:
-    case FaultKind::kCrash:
+    case IoFaultKind::kIoError:
+    case IoFaultKind::kCrash:
       return true;
-    case FaultKind::kNoSpace:
+    case IoFaultKind::kNoSpace:
       return op != OpKind::kRead;
-    case FaultKind::kShortWrite:
-    case FaultKind::kTornWrite:
+    case IoFaultKind::kShortWrite:
+    case IoFaultKind::kTornWrite:
       return op == OpKind::kWrite;
   }
   return false;
@@ -56,10 +56,10 @@ bool fault_applies(FaultKind fault, OpKind op) {
 
 std::string InjectedFault::describe() const {
   std::ostringstream os;
-  os << op_kind_name(op) << " #" << op_index << ": " << fault_kind_name(fault);
+  os << op_kind_name(op) << " #" << op_index << ": " << io_fault_kind_name(fault);
   if (op == OpKind::kRead || op == OpKind::kWrite) {
     os << " at offset " << offset << " (";
-    if (fault == FaultKind::kShortWrite || fault == FaultKind::kTornWrite) {
+    if (fault == IoFaultKind::kShortWrite || fault == IoFaultKind::kTornWrite) {
       os << prefix_bytes << " of ";
     }
     os << size << " bytes)";
@@ -84,10 +84,10 @@ FaultyBlockDevice::FaultyBlockDevice(BlockDevice* inner,
   }
 }
 
-void FaultyBlockDevice::schedule(OpKind op, uint64_t index, FaultKind fault) {
+void FaultyBlockDevice::schedule(OpKind op, uint64_t index, IoFaultKind fault) {
   if (!fault_applies(fault, op)) {
     throw UsageError(std::string("FaultyBlockDevice::schedule: ") +
-                     fault_kind_name(fault) + " does not apply to a " +
+                     io_fault_kind_name(fault) + " does not apply to a " +
                      op_kind_name(op));
   }
   if (index < count(op)) {
@@ -117,7 +117,7 @@ std::string FaultyBlockDevice::describe() const {
   return os.str();
 }
 
-bool FaultyBlockDevice::next_fault(OpKind op, FaultKind* fault) {
+bool FaultyBlockDevice::next_fault(OpKind op, IoFaultKind* fault) {
   const uint64_t index = counts_[static_cast<int>(op)]++;
   auto it = schedule_.find({static_cast<int>(op), index});
   if (it != schedule_.end()) {
@@ -132,8 +132,8 @@ bool FaultyBlockDevice::next_fault(OpKind op, FaultKind* fault) {
   const double u = coin(rng_);
   const uint64_t pick = rng_();
   if (u >= options_.fault_probability) return false;
-  std::vector<FaultKind> candidates;
-  for (FaultKind f : options_.random_faults) {
+  std::vector<IoFaultKind> candidates;
+  for (IoFaultKind f : options_.random_faults) {
     if (fault_applies(f, op)) candidates.push_back(f);
   }
   if (candidates.empty()) return false;
@@ -235,19 +235,19 @@ IoTicket FaultyBlockDevice::complete(std::exception_ptr error) {
 }
 
 void FaultyBlockDevice::reserve(uint64_t bytes) {
-  FaultKind fault;
+  IoFaultKind fault;
   const uint64_t index = count(OpKind::kReserve);
   const bool faulted = next_fault(OpKind::kReserve, &fault);
   if (crashed_) throw_crashed("reserve", bytes, 0);
   if (faulted) {
     InjectedFault f{OpKind::kReserve, index, fault, 0, bytes, 0};
     injected_.push_back(f);
-    if (fault == FaultKind::kCrash) {
+    if (fault == IoFaultKind::kCrash) {
       crash_cause_ = "injected at " + f.describe();
       crash();
       throw_crashed("reserve", bytes, 0);
     }
-    const int err = fault == FaultKind::kNoSpace ? ENOSPC : EIO;
+    const int err = fault == IoFaultKind::kNoSpace ? ENOSPC : EIO;
     throw injected_error(f, err, std::strerror(err));
   }
   inner_->reserve(bytes);
@@ -257,7 +257,7 @@ IoTicket FaultyBlockDevice::submit_read(uint64_t offset, void* buffer,
                                         size_t size) {
   check_io_request(inner_->name(), "read", offset, buffer, size,
                    inner_->size());
-  FaultKind fault;
+  IoFaultKind fault;
   const uint64_t index = count(OpKind::kRead);
   const bool faulted = next_fault(OpKind::kRead, &fault);
   if (crashed_) throw_crashed("read", size, offset);
@@ -265,7 +265,7 @@ IoTicket FaultyBlockDevice::submit_read(uint64_t offset, void* buffer,
   if (faulted) {
     InjectedFault f{OpKind::kRead, index, fault, offset, size, 0};
     injected_.push_back(f);
-    if (fault == FaultKind::kCrash) {
+    if (fault == IoFaultKind::kCrash) {
       crash_cause_ = "injected at " + f.describe();
       crash();
       throw_crashed("read", size, offset);
@@ -286,7 +286,7 @@ IoTicket FaultyBlockDevice::submit_write(uint64_t offset, const void* buffer,
                                          size_t size) {
   check_io_request(inner_->name(), "write", offset, buffer, size,
                    inner_->size());
-  FaultKind fault;
+  IoFaultKind fault;
   const uint64_t index = count(OpKind::kWrite);
   const bool faulted = next_fault(OpKind::kWrite, &fault);
   if (crashed_) throw_crashed("write", size, offset);
@@ -294,7 +294,7 @@ IoTicket FaultyBlockDevice::submit_write(uint64_t offset, const void* buffer,
 
   std::vector<char> before;
   const bool track = options_.lose_unsynced_on_crash ||
-                     (faulted && fault == FaultKind::kShortWrite);
+                     (faulted && fault == IoFaultKind::kShortWrite);
   if (track) {
     AlignedBuffer old(size);
     inner_read(offset, old.data(), size);
@@ -303,19 +303,19 @@ IoTicket FaultyBlockDevice::submit_write(uint64_t offset, const void* buffer,
   if (faulted) {
     InjectedFault f{OpKind::kWrite, index, fault, offset, size, 0};
     switch (fault) {
-      case FaultKind::kCrash:
+      case IoFaultKind::kCrash:
         injected_.push_back(f);
         crash_cause_ = "injected at " + f.describe();
         crash();
         throw_crashed("write", size, offset);
-      case FaultKind::kIoError:
-      case FaultKind::kNoSpace: {
+      case IoFaultKind::kIoError:
+      case IoFaultKind::kNoSpace: {
         injected_.push_back(f);
-        const int err = fault == FaultKind::kNoSpace ? ENOSPC : EIO;
+        const int err = fault == IoFaultKind::kNoSpace ? ENOSPC : EIO;
         return complete(std::make_exception_ptr(
             injected_error(f, err, std::strerror(err))));
       }
-      case FaultKind::kShortWrite: {
+      case IoFaultKind::kShortWrite: {
         f.prefix_bytes = draw_prefix(size);
         injected_.push_back(f);
         write_prefix(offset, data, size, f.prefix_bytes, std::move(before));
@@ -325,7 +325,7 @@ IoTicket FaultyBlockDevice::submit_write(uint64_t offset, const void* buffer,
                                " of " + std::to_string(size) +
                                " bytes), then " + std::strerror(ENOSPC))));
       }
-      case FaultKind::kTornWrite: {
+      case IoFaultKind::kTornWrite: {
         f.prefix_bytes = draw_prefix(size);
         injected_.push_back(f);
         // The earlier volatile writes meet their fate first; the torn
@@ -379,7 +379,7 @@ void FaultyBlockDevice::flush() {
     if (entry.second && !first) first = entry.second;
   }
   results_.clear();
-  FaultKind fault;
+  IoFaultKind fault;
   const uint64_t index = count(OpKind::kFlush);
   const bool faulted = next_fault(OpKind::kFlush, &fault);
   if (crashed_) throw_crashed("flush", 0, 0);
@@ -387,12 +387,12 @@ void FaultyBlockDevice::flush() {
   if (faulted) {
     InjectedFault f{OpKind::kFlush, index, fault, 0, 0, 0};
     injected_.push_back(f);
-    if (fault == FaultKind::kCrash) {
+    if (fault == IoFaultKind::kCrash) {
       crash_cause_ = "injected at " + f.describe();
       crash();
       throw_crashed("flush", 0, 0);
     }
-    const int err = fault == FaultKind::kNoSpace ? ENOSPC : EIO;
+    const int err = fault == IoFaultKind::kNoSpace ? ENOSPC : EIO;
     throw injected_error(f, err, std::strerror(err));
   }
   inner_->flush();

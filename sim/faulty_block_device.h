@@ -4,7 +4,7 @@
 // never sees a flag saying it is being tested), and it is a product feature
 // of the simulator: a simulated run can put one under each rank's store.
 //
-// Faults (FaultKind) and the operations they apply to:
+// Faults (IoFaultKind) and the operations they apply to:
 //   kIoError    read, write, flush, reserve: the operation fails with EIO.
 //               A failed read leaves garbage (0xA5 bytes) in the buffer; a
 //               failed write changes nothing; a failed flush makes nothing
@@ -55,13 +55,13 @@
 
 namespace zerostep {
 
-enum class FaultKind { kIoError, kNoSpace, kShortWrite, kTornWrite, kCrash };
+enum class IoFaultKind { kIoError, kNoSpace, kShortWrite, kTornWrite, kCrash };
 enum class OpKind { kRead, kWrite, kFlush, kReserve };
 
-const char* fault_kind_name(FaultKind kind);  // "io_error", "no_space", ...
+const char* io_fault_kind_name(IoFaultKind kind);  // "io_error", "no_space", ...
 const char* op_kind_name(OpKind kind);        // "read", "write", ...
 // Whether `fault` can be injected into an operation of kind `op` (above).
-bool fault_applies(FaultKind fault, OpKind op);
+bool fault_applies(IoFaultKind fault, OpKind op);
 
 struct FaultyDeviceOptions {
   // Seeds every draw (random faults, prefixes, crash losses). Default 0.
@@ -71,9 +71,9 @@ struct FaultyDeviceOptions {
   // scheduled faults.
   double fault_probability = 0.0;
   // The faults random draws pick from. Default: all five.
-  std::vector<FaultKind> random_faults = {
-      FaultKind::kIoError, FaultKind::kNoSpace, FaultKind::kShortWrite,
-      FaultKind::kTornWrite, FaultKind::kCrash};
+  std::vector<IoFaultKind> random_faults = {
+      IoFaultKind::kIoError, IoFaultKind::kNoSpace, IoFaultKind::kShortWrite,
+      IoFaultKind::kTornWrite, IoFaultKind::kCrash};
   // On a crash, volatile writes may be lost or torn (above). false: they
   // all stay. Default true.
   bool lose_unsynced_on_crash = true;
@@ -86,7 +86,7 @@ struct FaultyDeviceOptions {
 struct InjectedFault {
   OpKind op;
   uint64_t op_index;  // the op_index-th operation of its kind (from 0)
-  FaultKind fault;
+  IoFaultKind fault;
   uint64_t offset = 0;  // read/write: the operation's range
   uint64_t size = 0;
   uint64_t prefix_bytes = 0;  // short/torn writes: bytes that reached it
@@ -106,7 +106,7 @@ class FaultyBlockDevice final : public BlockDevice {
   // described above). UsageError if the fault does not apply to that kind
   // or that operation was already submitted. A scheduled fault wins over
   // a random draw for the same operation.
-  void schedule(OpKind op, uint64_t index, FaultKind fault);
+  void schedule(OpKind op, uint64_t index, IoFaultKind fault);
   // Drops every scheduled fault not yet injected.
   void clear_schedule();
 
@@ -144,7 +144,7 @@ class FaultyBlockDevice final : public BlockDevice {
 
   // The fault for the next operation of kind `op` (kNone: none), counting
   // it. Scheduled faults first, then the random draw.
-  bool next_fault(OpKind op, FaultKind* fault);
+  bool next_fault(OpKind op, IoFaultKind* fault);
   [[noreturn]] void throw_crashed(const char* op, uint64_t size,
                                   uint64_t offset) const;
   IoError injected_error(const InjectedFault& f, int err,
@@ -164,7 +164,7 @@ class FaultyBlockDevice final : public BlockDevice {
   FaultyDeviceOptions options_;
   std::mt19937_64 rng_;
   uint64_t counts_[4] = {0, 0, 0, 0};
-  std::map<std::pair<int, uint64_t>, FaultKind> schedule_;
+  std::map<std::pair<int, uint64_t>, IoFaultKind> schedule_;
   std::vector<InjectedFault> injected_;
   std::vector<VolatileWrite> volatile_;
   bool crashed_ = false;

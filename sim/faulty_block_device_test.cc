@@ -62,8 +62,8 @@ TEST_F(FaultyBlockDeviceTest, WriteIoErrorAndNoSpaceChangeNothing) {
   FaultyDeviceOptions o;
   o.seed = 42;
   FaultyBlockDevice dev(&medium_, o);
-  dev.schedule(OpKind::kWrite, 0, FaultKind::kIoError);
-  dev.schedule(OpKind::kWrite, 1, FaultKind::kNoSpace);
+  dev.schedule(OpKind::kWrite, 0, IoFaultKind::kIoError);
+  dev.schedule(OpKind::kWrite, 1, IoFaultKind::kNoSpace);
   try {
     write(dev, 0, 'x');
     FAIL() << "no EIO";
@@ -97,7 +97,7 @@ TEST_F(FaultyBlockDeviceTest, ShortWriteLeavesASectorPrefix) {
     FaultyDeviceOptions o;
     o.seed = seed;
     FaultyBlockDevice dev(&medium, o);
-    dev.schedule(OpKind::kWrite, 0, FaultKind::kShortWrite);
+    dev.schedule(OpKind::kWrite, 0, IoFaultKind::kShortWrite);
     AlignedBuffer b(kBytes);
     std::memset(b.data(), 's', kBytes);
     const IoTicket t = dev.submit_write(0, b.data(), kBytes);
@@ -123,7 +123,7 @@ TEST_F(FaultyBlockDeviceTest, TornWriteCrashesTheDeviceUntilRestart) {
   o.lose_unsynced_on_crash = false;
   FaultyBlockDevice dev(&medium_, o);
   write(dev, 0, 'o');
-  dev.schedule(OpKind::kWrite, 1, FaultKind::kTornWrite);
+  dev.schedule(OpKind::kWrite, 1, IoFaultKind::kTornWrite);
   AlignedBuffer b(kBytes);
   std::memset(b.data(), 'n', kBytes);
   EXPECT_THROW(dev.submit_write(0, b.data(), kBytes), IoError);
@@ -146,9 +146,9 @@ TEST_F(FaultyBlockDeviceTest, TornWriteCrashesTheDeviceUntilRestart) {
 TEST_F(FaultyBlockDeviceTest, ReadAndFlushFaults) {
   FaultyBlockDevice dev(&medium_);
   write(dev, 0, 'd');
-  dev.schedule(OpKind::kRead, 0, FaultKind::kIoError);
-  dev.schedule(OpKind::kFlush, 0, FaultKind::kNoSpace);
-  dev.schedule(OpKind::kReserve, 0, FaultKind::kNoSpace);
+  dev.schedule(OpKind::kRead, 0, IoFaultKind::kIoError);
+  dev.schedule(OpKind::kFlush, 0, IoFaultKind::kNoSpace);
+  dev.schedule(OpKind::kReserve, 0, IoFaultKind::kNoSpace);
   AlignedBuffer b(kBytes);
   const IoTicket t = dev.submit_read(0, b.data(), kBytes);
   EXPECT_THROW(dev.wait(t), IoError);
@@ -169,13 +169,13 @@ TEST_F(FaultyBlockDeviceTest, ReadAndFlushFaults) {
 
 TEST_F(FaultyBlockDeviceTest, ScheduleRejectsFaultsThatDoNotApply) {
   FaultyBlockDevice dev(&medium_);
-  EXPECT_THROW(dev.schedule(OpKind::kRead, 0, FaultKind::kShortWrite),
+  EXPECT_THROW(dev.schedule(OpKind::kRead, 0, IoFaultKind::kShortWrite),
                UsageError);
-  EXPECT_THROW(dev.schedule(OpKind::kFlush, 0, FaultKind::kTornWrite),
+  EXPECT_THROW(dev.schedule(OpKind::kFlush, 0, IoFaultKind::kTornWrite),
                UsageError);
-  EXPECT_THROW(dev.schedule(OpKind::kRead, 0, FaultKind::kNoSpace), UsageError);
+  EXPECT_THROW(dev.schedule(OpKind::kRead, 0, IoFaultKind::kNoSpace), UsageError);
   write(dev, 0, 'a');
-  EXPECT_THROW(dev.schedule(OpKind::kWrite, 0, FaultKind::kIoError),
+  EXPECT_THROW(dev.schedule(OpKind::kWrite, 0, IoFaultKind::kIoError),
                UsageError);  // already happened
   FaultyDeviceOptions bad;
   bad.sector_bytes = 3;

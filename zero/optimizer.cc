@@ -50,7 +50,6 @@ FlatOptimizer::FlatOptimizer(const OptimizerHyper& hyper, size_t numel,
   store_ = std::make_unique<SwapStore>(swap.device, o);
   // Whatever a previous run left on the device is not this run's state.
   store_->write_all([](const SwapSubgroup&) {});
-  staging_.assign(numel, 0.0f);
 }
 
 FlatOptimizer::~FlatOptimizer() = default;
@@ -99,20 +98,27 @@ void FlatOptimizer::load_state(int64_t step_count, std::vector<float> exp_avg,
 
 void FlatOptimizer::save(Snapshot* out) const {
   out->step_count = step_count_;
+  if (store_) return;  // the device keeps the committed moments
   out->exp_avg.assign(exp_avg_.begin(), exp_avg_.end());
   out->exp_avg_sq.assign(exp_avg_sq_.begin(), exp_avg_sq_.end());
 }
 
 void FlatOptimizer::restore(const Snapshot& snapshot) {
   step_count_ = snapshot.step_count;
+  if (store_) {
+    if (store_->has_prepared()) store_->discard_prepared();
+    return;
+  }
   exp_avg_.assign(snapshot.exp_avg.begin(), snapshot.exp_avg.end());
   exp_avg_sq_.assign(snapshot.exp_avg_sq.begin(), snapshot.exp_avg_sq.end());
 }
 
+void FlatOptimizer::commit() {
+  if (store_ && store_->has_prepared()) store_->commit_prepared();
+}
+
 size_t FlatOptimizer::state_bytes() const {
-  if (store_)
-    return static_cast<size_t>(store_->buffer_bytes()) +
-           staging_.size() * sizeof(float);
+  if (store_) return static_cast<size_t>(store_->buffer_bytes());
   return (exp_avg_.size() + exp_avg_sq_.size()) * sizeof(float);
 }
 
@@ -134,19 +140,18 @@ void FlatOptimizer::step_swapped(float* params, const float* grads,
   const int64_t step = step_count_ + 1;
   const bool first = step == 1;
   const AdamStepParams ap = adam_params(hyper, step);
-  // New parameters go to the staging copy; they replace `params` only once
-  // the moments are committed (Note [NVMe optimizer state]).
-  store_->update([&](const SwapSubgroup& s) {
-    float* p = staging_.data() + s.first;
+  // Parameters are updated in place, sub-group by sub-group, as the
+  // moments stream through: a failed pass leaves some updated, and the
+  // caller's transaction restores them (Note [NVMe optimizer state]).
+  store_->prepare_update([&](const SwapSubgroup& s) {
+    float* p = params + s.first;
     const float* g = grads + s.first;
-    std::memcpy(p, params + s.first, s.count * sizeof(float));
     if (kind_ != OptimizerKind::kSGD) {
       fused_adam_step(p, g, s.arrays[0], s.arrays[1], s.count, ap);
       return;
     }
     sgd_momentum(p, g, s.arrays[0], s.count, hyper, first);
   });
-  std::memcpy(params, staging_.data(), numel_ * sizeof(float));
   step_count_ = step;
 }
 

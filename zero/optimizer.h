@@ -12,16 +12,21 @@
 // Note [NVMe optimizer state]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // With OptimizerSwap::device set, the moments live in a SwapStore
-// (offload/swap_store.h) on that device and stream through
-// buffer_count sub-group buffers during step(): the read of sub-group
-// i + 1 and the write of i - 1 overlap the fused update of i. The new
-// parameters are computed into a staging copy and published only after
-// the store has committed the new moments, so a failed step (any I/O
-// error) leaves parameters and moments both at their old values (Note
-// [Parameters in memory] there). Memory: the store's buffers (about
-// buffer_count × arrays × sub_group_numel × 4 bytes) plus the staging copy
-// (numel × 4 bytes); exp_avg()/exp_avg_sq() read the whole state into
-// memory on demand (checkpoints).
+// (offload/swap_store.h) on that device and stream through the store's
+// sub-group buffers during step(): the read of sub-group i + 1 and the
+// write of i - 1 overlap the fused update of i. step() updates the
+// parameters in place and *prepares* the new moments (durable in the
+// store's spare copy); commit() makes them the state once the caller's
+// update has succeeded everywhere (the stages call it after their
+// all-gather), restore() discards them. The caller keeps its own copy of
+// the parameters to restore (Note [Transactional update] in zero/stage.h),
+// so a failed step - an I/O error here or a collective there - leaves
+// parameters and moments both at their old values. One case cannot be
+// undone: commit() failing after the other ranks committed (the store's
+// indeterminate record write); the rank reports IoError and the job
+// resumes from a checkpoint. Memory: the store's buffers only (about
+// buffer_count × arrays × sub_group_numel × 4 bytes); exp_avg() and
+// exp_avg_sq() read the whole state into memory on demand (checkpoints).
 //
 // Thread safety: none; one optimizer per rank.
 #ifndef ZEROSTEP_ZERO_OPTIMIZER_H_
@@ -81,8 +86,11 @@ class FlatOptimizer {
 
   // One update of params[0, numel) from grads[0, numel) with `hyper`
   // (which may differ from the constructor's, e.g. a scheduled lr; the kind
-  // must not change: UsageError). Swapped: IoError if the device fails;
-  // params, moments and step_count() are then unchanged.
+  // must not change: UsageError). Swapped: the new moments are prepared,
+  // not committed: commit() or restore() must follow before the next step
+  // or state read (UsageError otherwise); IoError if the device fails, with
+  // the moments and step_count() unchanged and params partly updated (the
+  // caller restores its copy).
   void step(float* params, const float* grads, const OptimizerHyper& hyper);
 
   int64_t step_count() const { return step_count_; }
@@ -92,7 +100,7 @@ class FlatOptimizer {
   // on each call (IoError if that fails).
   const std::vector<float>& exp_avg() const;
   const std::vector<float>& exp_avg_sq() const;
-  // Bytes of optimizer state held in memory (swapped: buffers and staging).
+  // Bytes of optimizer state held in memory (swapped: the store's buffers).
   size_t state_bytes() const;
   // Whether the state lives on a device, and the store holding it.
   bool swapped() const { return store_ != nullptr; }
@@ -116,8 +124,15 @@ class FlatOptimizer {
       return (exp_avg.capacity() + exp_avg_sq.capacity()) * sizeof(float);
     }
   };
+  // Swapped (Note [NVMe optimizer state]): the device keeps the old moments
+  // itself, so save() records the step count only; step() prepares the new
+  // moments without committing them; commit() makes them the state (call it
+  // once the update's collectives succeeded) and restore() discards them.
+  // commit() throws IoError if the device fails; the old moments stay then
+  // and the caller restores. In memory, commit() does nothing.
   void save(Snapshot* out) const;
   void restore(const Snapshot& snapshot);
+  void commit();
 
  private:
   OptimizerKind kind_;
@@ -130,7 +145,6 @@ class FlatOptimizer {
   mutable std::vector<float> exp_avg_sq_;
   size_t num_arrays_ = 0;  // state arrays: 2 (Adam), 1 or 0 (SGD)
   std::unique_ptr<SwapStore> store_;
-  std::vector<float> staging_;  // swapped: the new parameters of a step
   void read_swapped() const;
   void step_swapped(float* params, const float* grads,
                     const OptimizerHyper& hyper);

@@ -56,20 +56,22 @@ TEST(OptimizerSwapTest, SameBitsAsInMemory) {
         const std::vector<float> g = random_vector(n, 10 + step, 0.1f);
         mem.step(a.data(), g.data(), h);
         swp.step(b.data(), g.data(), h);
+        swp.commit();
       }
       EXPECT_TRUE(same_bits(a, b));
       EXPECT_TRUE(same_bits(mem.exp_avg(), swp.exp_avg()));
       EXPECT_TRUE(same_bits(mem.exp_avg_sq(), swp.exp_avg_sq()));
       EXPECT_EQ(swp.step_count(), 5);
-      // Memory: the buffers and the staging copy, not the moments.
-      EXPECT_EQ(swp.state_bytes(),
-                swp.swap_store()->buffer_bytes() + n * sizeof(float));
+      // Memory: the store's buffers, not the moments.
+      EXPECT_EQ(swp.state_bytes(), swp.swap_store()->buffer_bytes());
     }
 }
 
-// A device fault at any operation of a step leaves parameters, moments and
-// the step count as they were; the retried step then gives the fault-free
-// run's bits.
+// A device fault at any operation of a step, or a failure after it (the
+// caller's collective), leaves the moments and the step count as they were
+// once the caller restores (as the stages do: their own copy of the
+// parameters, FlatOptimizer::restore); the retried step then gives the
+// fault-free run's bits.
 TEST(OptimizerSwapTest, AFaultAnywhereInAStepChangesNothing) {
   const size_t n = 5000;
   const OptimizerHyper h = hyper_of(OptimizerKind::kAdamW);
@@ -79,12 +81,12 @@ TEST(OptimizerSwapTest, AFaultAnywhereInAStepChangesNothing) {
   FlatOptimizer ref(h, n);
   std::vector<float> want = random_vector(n, 2, 1.0f);
   ref.step(want.data(), g0.data(), h);
-  std::vector<float> want_before = want;
+  const std::vector<float> want_before = want;
   ref.step(want.data(), g1.data(), h);
 
   int faults_seen = 0;
-  for (FaultKind fault : {FaultKind::kIoError, FaultKind::kShortWrite,
-                          FaultKind::kNoSpace, FaultKind::kTornWrite})
+  for (IoFaultKind fault : {IoFaultKind::kIoError, IoFaultKind::kShortWrite,
+                          IoFaultKind::kNoSpace, IoFaultKind::kTornWrite})
     for (OpKind op : {OpKind::kRead, OpKind::kWrite, OpKind::kFlush}) {
       if (!fault_applies(fault, op)) continue;
       for (uint64_t k = 0; k < 12; ++k) {
@@ -93,12 +95,17 @@ TEST(OptimizerSwapTest, AFaultAnywhereInAStepChangesNothing) {
         FlatOptimizer opt(h, n, AdamKernel::kFused, {&dev, 1024, 4});
         std::vector<float> p = random_vector(n, 2, 1.0f);
         opt.step(p.data(), g0.data(), h);
+        opt.commit();
         ASSERT_TRUE(same_bits(p, want_before));
         const std::vector<float> m = opt.exp_avg(), v = opt.exp_avg_sq();
+        FlatOptimizer::Snapshot saved;
+        opt.save(&saved);
+        const std::vector<float> p_saved = p;
         dev.schedule(op, dev.count(op) + k, fault);
         bool failed = false;
         try {
           opt.step(p.data(), g1.data(), h);
+          opt.commit();
         } catch (const IoError& e) {
           failed = true;
           ++faults_seen;
@@ -106,16 +113,43 @@ TEST(OptimizerSwapTest, AFaultAnywhereInAStepChangesNothing) {
               << e.what();
         }
         if (!failed) continue;  // the step had fewer such operations
-        if (dev.crashed()) dev.restart();
-        EXPECT_TRUE(same_bits(p, want_before)) << dev.describe();
+        opt.restore(saved);
+        p = p_saved;
+        if (dev.crashed()) continue;  // the device is gone with the process
         EXPECT_EQ(opt.step_count(), 1);
         EXPECT_TRUE(same_bits(opt.exp_avg(), m)) << dev.describe();
         EXPECT_TRUE(same_bits(opt.exp_avg_sq(), v)) << dev.describe();
         opt.step(p.data(), g1.data(), h);  // retried: as if nothing happened
+        opt.commit();
         EXPECT_TRUE(same_bits(p, want)) << dev.describe();
       }
     }
   EXPECT_GT(faults_seen, 20);
+}
+
+// The caller's collective fails after a successful step: restore() drops
+// the prepared moments.
+TEST(OptimizerSwapTest, RestoreAfterAPreparedStepDropsIt) {
+  const size_t n = 3000;
+  const OptimizerHyper h = hyper_of(OptimizerKind::kAdam);
+  MemoryBlockDevice dev("mem://opt");
+  FlatOptimizer opt(h, n, AdamKernel::kFused, {&dev, 700, 4});
+  FlatOptimizer ref(h, n);
+  std::vector<float> p = random_vector(n, 5, 1.0f), q = p;
+  const std::vector<float> g = random_vector(n, 6, 0.1f);
+  FlatOptimizer::Snapshot saved;
+  opt.save(&saved);
+  opt.step(p.data(), g.data(), h);
+  EXPECT_THROW(opt.exp_avg(), UsageError);  // undecided
+  opt.restore(saved);
+  EXPECT_EQ(opt.step_count(), 0);
+  EXPECT_TRUE(same_bits(opt.exp_avg(), std::vector<float>(n, 0.0f)));
+  p = q;
+  opt.step(p.data(), g.data(), h);
+  opt.commit();
+  ref.step(q.data(), g.data(), h);
+  EXPECT_TRUE(same_bits(p, q));
+  EXPECT_TRUE(same_bits(opt.exp_avg_sq(), ref.exp_avg_sq()));
 }
 
 TEST(OptimizerSwapTest, LoadStateGoesToTheDevice) {
@@ -132,6 +166,7 @@ TEST(OptimizerSwapTest, LoadStateGoesToTheDevice) {
   std::vector<float> pb = pa;
   a.step(pa.data(), g.data(), h);
   b.step(pb.data(), g.data(), h);
+  b.commit();
   EXPECT_TRUE(same_bits(pa, pb));
   EXPECT_THROW(b.load_state(1, std::vector<float>(n - 1), a.exp_avg_sq()),
                UsageError);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <sstream>
 #include <vector>
 
@@ -155,8 +156,10 @@ void FlatStage::staged_update(
   float* staged = buf_.grads;
   optimizer_.save(&saved_);
   try {
-    update_owned(hyper, staged);
+    internal::step_and_agree(*comm_, optimizer_.swapped(),
+                             [&] { update_owned(hyper, staged); });
     gather(staged);
+    optimizer_.commit();  // NVMe: the new moments count from here
   } catch (...) {
     optimizer_.restore(saved_);
     throw;
@@ -184,6 +187,33 @@ MemoryStats FlatStage::memory() const {
 }
 
 namespace internal {
+
+void step_and_agree(Communicator& comm, bool swapped,
+                    const std::function<void()>& step) {
+  if (!swapped) {
+    step();
+    return;
+  }
+  std::exception_ptr mine;
+  try {
+    step();
+  } catch (const Error&) {
+    mine = std::current_exception();
+  }
+  const int w = comm.world_size();
+  int64_t flag = mine ? 1 : 0;
+  std::vector<int64_t> all(w);
+  comm.all_gather(Buffer::of(&flag, 1), Buffer::of(all.data(), all.size()),
+                  {Phase::kStep});
+  if (mine) std::rethrow_exception(mine);
+  std::string failed;
+  for (int r = 0; r < w; ++r)
+    if (all[r] != 0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+  if (failed.empty()) return;
+  throw CommError("the optimizer step failed on rank(s) " + failed +
+                  " (their offloaded optimizer state's device; see their "
+                  "error), so no rank applies this update");
+}
 
 void agree_on_window(Communicator& comm, WindowEvent event, int64_t count,
                      int64_t global_steps) {

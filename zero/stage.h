@@ -67,6 +67,14 @@
 // undefined: a CommError means a peer or the network failed, and the run
 // continues in a new world from a checkpoint (the Engine refuses further
 // calls; engine/engine.h).
+// With the optimizer state offloaded to NVMe (zero/optimizer.h Note [NVMe
+// optimizer state]) the moments are not copied: the swap store keeps the
+// old ones and the step only prepares the new ones, committed after the
+// all-gather (restore() discards them). Its device can fail on one rank
+// alone, so the ranks first agree that every optimizer step succeeded
+// (internal::step_and_agree, one all-gather of 8 bytes per rank) and only
+// then gather: a device error is IoError on its rank and CommError naming
+// it on the others, with nothing applied anywhere.
 //
 // Ownership: `comm` and the buffers must outlive the Stage.
 // Thread safety: none; one Stage per rank.
@@ -251,6 +259,14 @@ enum class WindowEvent : int64_t { kStep = 0, kBackward = 1 };
 // Note [Window agreement]. `count` is the backward's number in the window
 // (kBackward) or the window's backward count (kStep). Throws UsageError
 // naming each rank's position.
+// Runs `step` (the optimizer on this rank's state) and then, when
+// `swapped` (its state is on a device that can fail on this rank alone),
+// agrees with every rank on whether all steps succeeded before anything is
+// published: one all-gather of an 8-byte flag. A rank whose step threw
+// rethrows its error after the agreement; the others throw CommError
+// naming the failed ranks. Without `swapped`, just runs `step`.
+void step_and_agree(Communicator& comm, bool swapped,
+                    const std::function<void()>& step);
 void agree_on_window(Communicator& comm, WindowEvent event, int64_t count,
                      int64_t global_steps);
 // What every stage's finalize() does to the gradient it owns: divide by

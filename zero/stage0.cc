@@ -20,6 +20,7 @@ void Stage0::reduce_window(int64_t window_backwards, int64_t global_steps,
 // Note [Transactional update]: local and last, so nothing to undo.
 void Stage0::apply_update(const OptimizerHyper& hyper) {
   update_owned(hyper, buf_.params);
+  optimizer_.commit();  // nothing to wait for at stage 0
 }
 
 }  // namespace zerostep

@@ -215,7 +215,9 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
   saved_params_.assign(part_params_.begin(), part_params_.end());
   optimizer_.save(&saved_optimizer_);
   try {
-    optimizer_.step(part_params_.data(), part_grads_.data(), hyper);
+    internal::step_and_agree(*comm_, optimizer_.swapped(), [&] {
+      optimizer_.step(part_params_.data(), part_grads_.data(), hyper);
+    });
     // Persistent groups are whole on every rank: refresh them now, through
     // their gradient storage (reduced and zeroed by now) so that a failed
     // gather leaves the parameters untouched. The others are gathered from
@@ -227,6 +229,7 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
           Buffer::of(part_params_.data() + part_offset_[g], partition_[g]),
           Buffer::of(full_grads_[g], padded_[g]), {Phase::kStep});
     }
+    optimizer_.commit();  // NVMe: the new moments count from here
   } catch (...) {
     part_params_.assign(saved_params_.begin(), saved_params_.end());
     optimizer_.restore(saved_optimizer_);

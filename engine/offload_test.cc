@@ -1,0 +1,143 @@
+// Optimizer offload in the engine: NVMe state on simulated devices, and a
+// device fault in one rank's step() (zero/optimizer.h Note [NVMe optimizer
+// state], zero/stage.h Note [Transactional update]).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "engine/engine.h"
+#include "models/task.h"
+#include "sim/faulty_block_device.h"
+#include "sim/memory_block_device.h"
+#include "sim/sim_world.h"
+
+namespace zerostep {
+namespace {
+
+std::string config_json(int stage, const std::string& offload) {
+  return "{\"train_micro_batch_size_per_gpu\": 2, "
+         "\"managed_gradient_accumulation\": false, "
+         "\"zero_optimization\": {\"stage\": " +
+         std::to_string(stage) +
+         ", \"stage3_param_persistence_threshold\": 0, \"sub_group_size\": "
+         "900, \"offload_optimizer\": " +
+         offload + "}, \"optimizer\": {\"type\": \"AdamW\", \"params\": "
+                   "{\"lr\": 0.01, \"weight_decay\": 0.1}}}";
+}
+
+bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.numel() == b.numel() &&
+         std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) ==
+             0;
+}
+
+struct Rank {
+  std::unique_ptr<MemoryBlockDevice> medium;
+  std::unique_ptr<FaultyBlockDevice> device;
+};
+
+// Trains 3 windows with NVMe state on simulated devices and compares with
+// the in-memory run; then a device fault in rank 1's fourth step: rank 1
+// reports IoError naming its device, rank 0 CommError (rank 1 left the
+// all-gather), and on both the parameters, the moments and the counters
+// are as before that step.
+TEST(OffloadTest, NvmeStateMatchesMemoryAndADeviceFaultChangesNothing) {
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto task = make_task("mlp");
+    const Batch data = task->make_data(3, 64);
+    const Config in_memory = parse_config(config_json(stage, "null"), 2);
+    const Config nvme = parse_config(
+        config_json(stage, "{\"device\": \"nvme\", \"nvme_path\": \"/nvme\"}"),
+        2);
+    std::vector<torch::Tensor> want(2);
+    {
+      SimWorld world({2, 1});
+      world.run([&](int r) {
+        auto model = task->make_model(5);
+        Engine e(model, in_memory, &world.comm(r));
+        for (int k = 0; k < 3; ++k) {
+          e.backward(task->loss(*model, slice(data, 8 * k + 2 * r, 2)));
+          e.step();
+        }
+        want[r] = e.full_parameters();
+      });
+    }
+    std::vector<Rank> ranks(2);
+    for (int r = 0; r < 2; ++r) {
+      ranks[r].medium = std::make_unique<MemoryBlockDevice>(
+          "/nvme/zerostep_rank" + std::to_string(r) + "_optimizer.swap");
+      ranks[r].device = std::make_unique<FaultyBlockDevice>(ranks[r].medium.get());
+    }
+    std::vector<std::string> errors(2), types(2);
+    SimWorld world({2, 1});
+    world.run_collect([&](int r) {
+      auto model = task->make_model(5);
+      EngineOptions eo;
+      eo.optimizer_device = ranks[r].device.get();
+      Engine e(model, nvme, &world.comm(r), eo);
+      EXPECT_TRUE(e.optimizer().swapped());
+      for (int k = 0; k < 3; ++k) {
+        e.backward(task->loss(*model, slice(data, 8 * k + 2 * r, 2)));
+        e.step();
+      }
+      EXPECT_TRUE(same_bits(e.full_parameters(), want[r]));
+      const std::vector<float> params = e.owned_parameters();
+      const std::vector<float> m = e.optimizer().exp_avg();
+      const std::vector<float> v = e.optimizer().exp_avg_sq();
+      const int64_t steps = e.global_steps();
+      if (r == 1) {
+        FaultyBlockDevice& dev = *ranks[r].device;
+        dev.schedule(OpKind::kWrite, dev.count(OpKind::kWrite) + 1,
+                     IoFaultKind::kIoError);
+      }
+      e.backward(task->loss(*model, slice(data, 40 + 2 * r, 2)));
+      try {
+        e.step();
+        ADD_FAILURE() << "rank " << r << ": step() should have failed";
+      } catch (const IoError& err) {
+        types[r] = "IoError";
+        errors[r] = err.what();
+      } catch (const CommError& err) {
+        types[r] = "CommError";
+        errors[r] = err.what();
+      }
+      EXPECT_EQ(e.owned_parameters(), params);
+      EXPECT_EQ(e.optimizer().exp_avg(), m);
+      EXPECT_EQ(e.optimizer().exp_avg_sq(), v);
+      EXPECT_EQ(e.global_steps(), steps);
+      EXPECT_THROW(e.step(), UsageError);
+    });
+    EXPECT_EQ(types[1], "IoError") << errors[1];
+    EXPECT_NE(errors[1].find("/nvme/zerostep_rank1_optimizer.swap"),
+              std::string::npos)
+        << errors[1];
+    EXPECT_EQ(types[0], "CommError") << errors[0];
+  }
+}
+
+// A missing nvme_path is a clear IoError at construction naming the path.
+TEST(OffloadTest, MissingNvmePathNamesIt) {
+  auto task = make_task("mlp");
+  const Config nvme = parse_config(
+      config_json(1, "{\"device\": \"nvme\", \"nvme_path\": "
+                     "\"/nonexistent/zerostep\"}"),
+      1);
+  SimWorld world({1, 1});
+  std::string msg;
+  world.run_collect([&](int r) {
+    try {
+      Engine e(task->make_model(5), nvme, &world.comm(r));
+    } catch (const IoError& err) {
+      msg = err.what();
+    }
+  });
+  EXPECT_NE(msg.find("/nonexistent/zerostep"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace zerostep
