@@ -20,6 +20,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <stdlib.h>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -83,6 +85,23 @@ std::string join(const std::vector<int>& v) {
   return s;
 }
 
+// One directory for the nvme scenarios of this process (each run uses its
+// own files in it, one after another), removed at exit.
+const std::string& nvme_dir() {
+  static const std::string dir = [] {
+    char tmpl[] = "/tmp/zerostep_prop_nvme_XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) std::abort();
+    return std::string(tmpl);
+  }();
+  static const struct Cleanup {
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup;
+  return dir;
+}
+
 // The same scenario as a harness command line, to rerun it outside
 // RapidCheck.
 std::string harness_command(const Scenario& s) {
@@ -95,6 +114,9 @@ std::string harness_command(const Scenario& s) {
      << " --seed=" << s.seed;
   if (s.gradient_clipping > 0) os << " --clip=" << s.gradient_clipping;
   if (s.dtype != Precision::kFp32) os << " --dtype=" << to_string(s.dtype);
+  if (s.offload != OffloadDevice::kNone)
+    os << " --offload=" << to_string(s.offload);
+  if (s.sub_group_size > 0) os << " --sub-group-size=" << s.sub_group_size;
   if (s.overflow_window >= 0)
     os << " --overflow=" << s.overflow_window << ":" << s.overflow_rank << ":"
        << s.overflow_backward;
@@ -211,7 +233,19 @@ RC_GTEST_PROP(ParityProperty, UnmanagedMatchesManagedTwin, ()) {
     s.overflow_backward =
         *uniform_in(0, s.backwards[s.overflow_window]).as("overflow backward");
   }
-  RC_TAG(std::string(to_string(s.dtype)));
+  if (s.stage >= 1) {
+    s.offload = *rc::gen::weightedElement<OffloadDevice>(
+                     {{2, OffloadDevice::kNone},
+                      {1, OffloadDevice::kCpu},
+                      {1, OffloadDevice::kNvme}})
+                     .as("offload_optimizer.device");
+    if (s.offload == OffloadDevice::kNvme) {
+      s.nvme_path = nvme_dir();
+      s.sub_group_size = *rc::gen::element<int64_t>(257, 1000, 100000)
+                              .as("sub_group_size");
+    }
+  }
+  RC_TAG(std::string(to_string(s.dtype)), std::string(to_string(s.offload)));
   RC_CLASSIFY(s.overflow_window >= 0, "injected overflow");
   if (s.stage == 3) {
     s.persistence_threshold =
