@@ -46,7 +46,7 @@ FlatOptimizer::FlatOptimizer(const OptimizerHyper& hyper, size_t numel,
   o.num_arrays = num_arrays_;
   o.numel = numel;
   o.subgroup_numel = std::min(swap.sub_group_numel, numel);
-  o.buffer_count = std::max<size_t>(2, swap.buffer_count / num_arrays_);
+  o.buffer_count = std::max<size_t>(3, swap.buffer_count / num_arrays_);
   store_ = std::make_unique<SwapStore>(swap.device, o);
   // Whatever a previous run left on the device is not this run's state.
   store_->write_all([](const SwapSubgroup&) {});

@@ -70,7 +70,8 @@ struct OptimizerSwap {
   size_t sub_group_numel = size_t{1} << 22;
   // DeepSpeed's offload_optimizer.buffer_count: buffers of one state
   // array's sub-group. A store buffer holds the sub-group of every array,
-  // so the store gets max(2, buffer_count / arrays) of them.
+  // so the store gets max(3, buffer_count / arrays) of them (3: the read
+  // of i + 1 and the write of i - 1 both overlap the update of i).
   size_t buffer_count = 4;
 };
 

@@ -38,13 +38,13 @@ OptimizerHyper hyper_of(OptimizerKind kind) {
   return h;
 }
 
-// Swapped in sub-groups that do not divide the length, with 2 and 3
+// Swapped in sub-groups that do not divide the length, with 3 and 5
 // buffers, every optimizer kind gives the in-memory optimizer's bits.
 TEST(OptimizerSwapTest, SameBitsAsInMemory) {
   const size_t n = 10000;
   for (OptimizerKind kind :
        {OptimizerKind::kAdamW, OptimizerKind::kAdam, OptimizerKind::kSGD})
-    for (size_t buffers : {2, 3}) {
+    for (size_t buffers : {3, 5}) {
       const OptimizerHyper h = hyper_of(kind);
       MemoryBlockDevice dev("mem://opt");
       FlatOptimizer mem(h, n);
