@@ -62,13 +62,29 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
   const int steps = static_cast<int>(s.backwards.size());
   std::vector<std::vector<double>> losses(run.world_size,
                                           std::vector<double>(steps, 0.0));
+  auto* sim = dynamic_cast<SimWorld*>(&world);
+  double params_count = 0;
+  for (const auto& p : models[0]->parameters()) params_count += p.numel();
+  std::vector<std::vector<double>> window_s(run.world_size);
+  // Modelled compute of one backward over `samples` samples (Note [Cost
+  // model]: one token per sample for the built-in models).
+  auto charge = [&](int r, int64_t samples) {
+    if (sim == nullptr) return;
+    const double tokens = static_cast<double>(samples);
+    const CostModel& cost = sim->options().cost;
+    sim->compute(r, cost.forward_seconds(params_count, tokens) +
+                        cost.backward_seconds(params_count, tokens));
+  };
+  auto now = [&](int r) { return sim ? sim->clock(r).now_s : 0.0; };
   world.run([&](int r) {
     torch::nn::Module& model = *models[r];
     Engine engine(models[r], run.config, &world.comm(r));
     int64_t base = 0;
     for (int k = 0; k < steps; ++k) {
       const int n = s.backwards[k];
+      const double window_start = now(r);
       if (run.reference) {
+        charge(r, window_samples(s, k));
         const int64_t count = window_samples(s, k);
         torch::Tensor loss = task.loss(model, slice(data, base, count));
         double factor = k == s.overflow_window ? kOverflowLossFactor : 1.0;
@@ -88,6 +104,7 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
           const int64_t first =
               base + (static_cast<int64_t>(i) * s.world_size + r) *
                          s.micro_batch;
+          charge(r, s.micro_batch);
           torch::Tensor loss =
               task.loss(model, slice(data, first, s.micro_batch));
           sum += loss.item<double>();
@@ -110,6 +127,7 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
         norms[r].push_back(engine.get_global_grad_norm());
         losses[r][k] = sum / n;
       }
+      window_s[r].push_back(now(r) - window_start);
       base += window_samples(s, k);
     }
     // Training's traffic, before the (stage 3: collective) read-back.
@@ -142,6 +160,12 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
   d.skipped_steps = skipped[0];
   d.loss_scales = scales[0];
   d.grad_norms = norms[0];
+  if (sim != nullptr) {
+    d.virtual_step_s = window_s[0];
+    d.exposed_comm_s = sim->clock(0).exposed_comm_s;
+    for (const CollectiveTiming& c : sim->timeline(0))
+      d.bytes_by_collective[to_string(c.kind)] += c.bytes;
+  }
   for (int k = 0; k < steps; ++k) {
     double m = 0.0;
     for (int r = 0; r < run.world_size; ++r) m += losses[r][k];
@@ -409,6 +433,12 @@ std::string to_json_line(const ScenarioResult& r) {
   j["ref_tolerance"] = reference_tolerance(s.dtype);
   j["ref_grad_norm_rel_diff"] = r.ref_grad_norm_rel_diff;
   j["grad_norms_unmanaged"] = r.unmanaged.grad_norms;
+  if (!r.unmanaged.virtual_step_s.empty()) {
+    j["virtual_step_s_unmanaged"] = r.unmanaged.virtual_step_s;
+    j["virtual_step_s_managed"] = r.managed.virtual_step_s;
+    j["exposed_comm_s_unmanaged"] = r.unmanaged.exposed_comm_s;
+    j["bytes_by_collective_unmanaged"] = r.unmanaged.bytes_by_collective;
+  }
   j["comm_bytes_managed"] = r.managed.comm_bytes;
   j["comm_bytes_unmanaged"] = r.unmanaged.comm_bytes;
   j["backward_comm_bytes_managed"] = r.managed.backward_comm_bytes;

@@ -66,6 +66,7 @@
 #define ZEROSTEP_PARITY_SCENARIO_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -149,6 +150,12 @@ struct RunDigest {
   // rank 0's get_global_grad_norm() after each window's step (a skipped
   // window repeats the previous value).
   std::vector<double> grad_norms;
+  // sim backend: rank 0's virtual time per window (compute modelled from
+  // FLOPs, collectives from the cost model: sim/cost_model.h), the
+  // communication time compute waited for, and bytes per collective kind.
+  std::vector<double> virtual_step_s;
+  double exposed_comm_s = 0.0;
+  std::map<std::string, uint64_t> bytes_by_collective;
   std::vector<double> losses;  // mean over ranks of each window's mean loss
   std::string digest;          // FNV-1a 64 of params' bytes, hex
   // Rank 0's params + grads + optimizer bytes after the last step, and the
