@@ -33,11 +33,13 @@ Config config_for(int world, bool offload_param, bool offload_optimizer,
       "\"sub_group_size\": " +
       std::to_string(sub_group_size);
   if (offload_param)
-    zero += ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": "
-            "\"/unused\", \"buffer_count\": 3}";
+    zero +=
+        ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": "
+        "\"/unused\", \"buffer_count\": 3}";
   if (offload_optimizer)
-    zero += ", \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": "
-            "\"/unused\"}";
+    zero +=
+        ", \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": "
+        "\"/unused\"}";
   zero += "}";
   return parse_config(
       "{\"train_micro_batch_size_per_gpu\": 2, "
@@ -65,8 +67,7 @@ struct OffloadRun {
              int scale = 1, int sub_group_size = 500)
       : world(make_sim_world(w, 11)),
         task(make_task("mlp", scale)),
-        config(
-            config_for(w, offload_param, offload_optimizer, sub_group_size)),
+        config(config_for(w, offload_param, offload_optimizer, sub_group_size)),
         data(task->make_data(3, 64)),
         engines(w),
         full(w) {
@@ -83,7 +84,8 @@ struct OffloadRun {
       EngineOptions o;
       o.param_device = param_dev[r].get();
       o.optimizer_device = opt_mem[r].get();
-      engines[r] = std::make_unique<Engine>(models[r], config, &world->comm(r), o);
+      engines[r] =
+          std::make_unique<Engine>(models[r], config, &world->comm(r), o);
     });
   }
   torch::Tensor loss(int r, int i) {
@@ -229,9 +231,9 @@ TEST(ParamOffloadTest, AFaultAnywhereInStepChangesNothing) {
         ++failures;
         for (int r = 0; r < w; ++r) {
           ASSERT_FALSE(errors[r].empty());
-          EXPECT_NE(errors[r].find("mem://rank" + std::to_string(r) +
-                                   "_params"),
-                    std::string::npos)
+          EXPECT_NE(
+              errors[r].find("mem://rank" + std::to_string(r) + "_params"),
+              std::string::npos)
               << errors[r];
           Engine& e = *run.engines[r];
           EXPECT_TRUE(same_bits(e.owned_parameters(), owned[r]))

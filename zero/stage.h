@@ -61,6 +61,9 @@
 //             fails; the persistent groups are all-gathered into their
 //             gradient storage (reduced and zeroed by then) and copied into
 //             their parameters on success. Cost: 12 bytes per owned element.
+//             With the partitions on NVMe (Note [NVMe parameter
+//             partitions] in zero/stage3.h) the store keeps the old
+//             partitions until its commit, after the all-gather: 8 bytes.
 // MemoryStats::rollback_bytes reports the copies. reduce_window() and
 // finalize() change no parameter and no optimizer state, so a failure there
 // needs no undo. After any failed call the window's gradients are
