@@ -1034,13 +1034,6 @@ class Parser {
       return;
     }
     if (!param) optimizer_offload_key_ = key + ".device";
-    if (param && o.device == OffloadDevice::kNvme) {
-      add(key + ".device", "\"nvme\"",
-          "parameter offload to NVMe is not implemented yet (optimizer "
-          "offload to NVMe is: offload_optimizer.device = \"nvme\")",
-          "use \"device\": \"cpu\" for offload_param");
-      return;
-    }
     if (o.device == OffloadDevice::kNvme && o.nvme_path.empty())
       add(key + ".nvme_path", "(missing)",
           "is required with \"device\": \"nvme\"",

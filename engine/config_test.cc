@@ -507,17 +507,30 @@ TEST(ParseConfigTest, OffloadSectionsAreParsed) {
                                 "zero_optimization.offload_optimizer.fast_init"}));
 }
 
-TEST(ParseConfigTest, NvmeNeedsAPathAndParameterNvmeIsNotThereYet) {
+TEST(ParseConfigTest, NvmeNeedsAPathForOptimizerAndParameters) {
   std::vector<ConfigProblem> ps = problems_of(
       R"({"train_micro_batch_size_per_gpu": 1,
           "zero_optimization": {"stage": 3,
             "offload_optimizer": {"device": "nvme"},
-            "offload_param": {"device": "nvme", "nvme_path": "/x"}}})");
+            "offload_param": {"device": "nvme"}}})");
   ASSERT_EQ(ps.size(), 2u);
   EXPECT_EQ(ps[0].key, "zero_optimization.offload_optimizer.nvme_path");
   EXPECT_HAS(ps[0].rule, "required");
-  EXPECT_EQ(ps[1].key, "zero_optimization.offload_param.device");
-  EXPECT_HAS(ps[1].rule, "not implemented yet");
+  EXPECT_EQ(ps[1].key, "zero_optimization.offload_param.nvme_path");
+  EXPECT_HAS(ps[1].rule, "required");
+}
+
+TEST(ParseConfigTest, ParameterOffloadToNvmeIsAccepted) {
+  Config c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "zero_optimization": {"stage": 3,
+            "offload_param": {"device": "nvme", "nvme_path": "/x",
+                              "buffer_count": 3}}})",
+      1);
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNvme);
+  EXPECT_EQ(c.zero.offload_param.nvme_path, "/x");
+  EXPECT_EQ(c.zero.offload_param.buffer_count, 3);
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kNone);
 }
 
 TEST(ParseConfigTest, LegacyCpuOffloadMeansOptimizerOffloadToCpu) {

@@ -147,6 +147,26 @@ OptimizerSwap Engine::optimizer_swap(const EngineOptions& options) {
   return swap;
 }
 
+ParamSwap Engine::param_swap(const EngineOptions& options) {
+  const OffloadConfig& o = config_.zero.offload_param;
+  ParamSwap swap;
+  if (o.device != OffloadDevice::kNvme) return swap;
+  swap.device = options.param_device;
+  if (swap.device == nullptr) {
+    // As optimizer_swap(): the partitions come from construction or
+    // load_checkpoint(), never from an earlier run's file.
+    PosixDeviceOptions po;
+    po.truncate = true;
+    owned_param_device_ = PosixBlockDevice::open_in_directory(
+        o.nvme_path,
+        "zerostep_rank" + std::to_string(comm_->rank()) + "_params.swap", po);
+    swap.device = owned_param_device_.get();
+  }
+  swap.sub_group_numel = static_cast<size_t>(config_.zero.sub_group_size);
+  swap.buffer_count = static_cast<size_t>(o.buffer_count);
+  return swap;
+}
+
 void Engine::setup_flat(const EngineOptions& options) {
   // Flat buffers, allocated once and touched once (zeros) up front.
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
@@ -270,6 +290,7 @@ void Engine::setup_stage3(const EngineOptions& options) {
   so.optimizer = hyper();
   so.grad_accum = config_.precision.grad_accum_dtype;
   so.optimizer_swap = optimizer_swap(options);
+  so.param_swap = param_swap(options);
   auto stage3 = std::make_unique<Stage3>(so, used, layout_.numels, initial,
                                          &group_storage_, comm_);
   stage3_ = stage3.get();

@@ -89,11 +89,17 @@ struct EngineOptions {
   // the engine opens <nvme_path>/zerostep_rank<r>_optimizer.swap itself
   // (offload/posix_block_device.h). Must outlive the engine.
   BlockDevice* optimizer_device = nullptr;
+  // offload_param.device = "nvme" (stage 3): the device holding this rank's
+  // parameter partitions (zero/stage3.h Note [NVMe parameter partitions]).
+  // nullptr: the engine opens <nvme_path>/zerostep_rank<r>_params.swap
+  // itself, truncated. Must outlive the engine.
+  BlockDevice* param_device = nullptr;
 };
 
 class Engine final : private internal::Zero3Hooks {
  public:
-  // IoError if offload_optimizer.nvme_path cannot hold the state (missing,
+  // IoError if offload_optimizer.nvme_path or offload_param.nvme_path
+  // cannot hold the state (missing,
   // not a directory, not writable, full).
   Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
          Communicator* comm, const EngineOptions& options = {});
@@ -213,6 +219,7 @@ class Engine final : private internal::Zero3Hooks {
  private:
   OptimizerHyper hyper(const StepOverrides& overrides = {}) const;
   OptimizerSwap optimizer_swap(const EngineOptions& options);
+  ParamSwap param_swap(const EngineOptions& options);
   void setup_flat(const EngineOptions& options);
   void setup_stage3(const EngineOptions& options);
   void require_flat(const char* what) const;
@@ -269,6 +276,7 @@ class Engine final : private internal::Zero3Hooks {
   LrSchedule lr_schedule_;  // advances on every applied update
   // NVMe offload: the device the engine opened (outlives stage_).
   std::unique_ptr<BlockDevice> owned_device_;
+  std::unique_ptr<BlockDevice> owned_param_device_;  // offload_param nvme
   std::unique_ptr<Stage> stage_;
   // Stage 3 only.
   Stage3* stage3_ = nullptr;

@@ -555,4 +555,67 @@ void SwapStore::run_pass(Mode mode, const std::function<void(Buffer&)>& body,
   stats_.seconds = seconds_since(start);
 }
 
+void SwapStore::read_range(size_t array, uint64_t first, uint64_t count,
+                           float* out) {
+  std::ostringstream range;
+  range << "read_range of array " << array << ", elements [" << first << ", "
+        << first + count << ") on '" << device_->name() << "'";
+  if (!has_state())
+    throw UsageError("SwapStore::" + range.str() +
+                     ": the store has no committed state");
+  if (array >= options_.num_arrays || first > options_.numel ||
+      count > options_.numel - first) {
+    std::ostringstream os;
+    os << "SwapStore::" << range.str() << ": outside the store's "
+       << options_.num_arrays << " arrays of " << options_.numel
+       << " elements";
+    throw UsageError(os.str());
+  }
+  if (count == 0) return;
+  const uint64_t src = generation_ % 2;
+  const size_t sg = options_.subgroup_numel;
+  const size_t begin = static_cast<size_t>(first / sg);
+  const size_t end = static_cast<size_t>((first + count - 1) / sg) + 1;
+  Buffer& b = buffers_[0];
+  try {
+    for (size_t s = begin; s < end; ++s) {
+      b.subgroup = s;
+      const uint64_t base = slot_offset(src, s);
+      for (uint64_t done = 0; done < slot_bytes_;) {
+        const size_t n = static_cast<size_t>(
+            std::min<uint64_t>(options_.io_chunk_bytes, slot_bytes_ - done));
+        b.tickets.push_back(
+            device_->submit_read(base + done, b.memory.data() + done, n));
+        done += n;
+      }
+      while (!b.tickets.empty()) {
+        const IoTicket ticket = b.tickets.front();
+        b.tickets.pop_front();  // retired even if wait throws
+        device_->wait(ticket);
+      }
+      verify(b, src);
+      const uint64_t s_first = uint64_t{s} * sg;
+      const uint64_t lo = std::max(first, s_first);
+      const uint64_t hi =
+          std::min(first + count, s_first + subgroup_count(s));
+      std::memcpy(out + (lo - first), b.arrays[array] + (lo - s_first),
+                  static_cast<size_t>(hi - lo) * sizeof(float));
+    }
+  } catch (const IoError& e) {
+    while (!b.tickets.empty()) {
+      const IoTicket ticket = b.tickets.front();
+      b.tickets.pop_front();
+      try {
+        device_->wait(ticket);
+      } catch (...) {
+      }
+    }
+    std::ostringstream os;
+    os << "swap store: " << range.str() << " (generation " << generation_
+       << ") failed at sub-group " << b.subgroup << "; nothing changed. "
+       << "Cause: " << e.what();
+    throw IoError(os.str());
+  }
+}
+
 }  // namespace zerostep

@@ -236,6 +236,18 @@ class SwapStore {
   void write_arrays(const float* const* arrays);
   void read_arrays(float* const* arrays);
 
+  // Copies elements [first, first + count) of array `array` of the
+  // committed state into out[0, count): reads only the sub-groups that
+  // overlap the range, one after another through the store's buffers, and
+  // verifies each one's checksums as a pass does. Writes nothing to the
+  // device and changes no state. UsageError (nothing read) if !has_state(),
+  // array >= num_arrays or the range is outside [0, numel); IoError naming
+  // the device, the range and the cause if a read fails or a sub-group is
+  // corrupt (out is then undefined). count == 0 reads nothing. Used for
+  // stage 3's parameter partitions (Note [NVMe parameter partitions] in
+  // zero/stage3.h).
+  void read_range(size_t array, uint64_t first, uint64_t count, float* out);
+
   const SwapStoreOptions& options() const { return options_; }
   size_t num_subgroups() const { return num_subgroups_; }
   // Bytes of one sub-group slot on the device and of one buffer in memory.

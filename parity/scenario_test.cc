@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <cmath>
 
 #include "common/errors.h"
@@ -217,6 +219,26 @@ namespace {
 // rank): managed vs unmanaged still bitwise (same collectives, same
 // order); against the simulator a tolerance, since Gloo's ring sums in
 // another order (Note [Reduction order]).
+// Stage 3 with the parameter partitions on NVMe (alone and with the
+// optimizer state there too) gives the in-memory run's bits
+// (offload_bitwise_equal), and managed equals unmanaged bitwise.
+TEST(ScenarioTest, Stage3ParameterOffloadToNvmeIsBitwise) {
+  char tmpl[] = "/tmp/zerostep_scenario_nvme_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  for (OffloadDevice optimizer : {OffloadDevice::kNone, OffloadDevice::kNvme})
+    for (int world : {1, 2, 4}) {
+      Scenario s = base(3, world);
+      s.offload = optimizer;
+      s.offload_param = OffloadDevice::kNvme;
+      s.nvme_path = tmpl;
+      s.sub_group_size = 1000;
+      ScenarioResult r = run_scenario(s);
+      EXPECT_TRUE(r.ok) << ::testing::PrintToString(r.failures);
+      EXPECT_TRUE(r.bitwise_equal) << "world " << world;
+      EXPECT_TRUE(r.offload_bitwise_equal) << "world " << world;
+    }
+}
+
 TEST(ScenarioGlooTest, EveryStageIsOkOnGlooAndAgreesWithSim) {
   for (int stage : {0, 1, 2, 3}) {
     Scenario s = base(stage, 2);

@@ -61,6 +61,9 @@
 //             fails; the persistent groups are all-gathered into their
 //             gradient storage (reduced and zeroed by then) and copied into
 //             their parameters on success. Cost: 12 bytes per owned element.
+//             With the partitions on NVMe (Note [NVMe parameter
+//             partitions] in zero/stage3.h) the store keeps the old
+//             partitions until its commit, after the all-gather: 8 bytes.
 // MemoryStats::rollback_bytes reports the copies. reduce_window() and
 // finalize() change no parameter and no optimizer state, so a failure there
 // needs no undo. After any failed call the window's gradients are
@@ -93,6 +96,21 @@
 
 namespace zerostep {
 
+// Where stage 3 keeps this rank's fp32 parameter partitions (Note [NVMe
+// parameter partitions] in zero/stage3.h); in memory by default.
+struct ParamSwap {
+  // nullptr: in memory. Otherwise the device holding the partitions
+  // (offload_param.device = "nvme"); it must outlive the stage and is used
+  // by it alone.
+  BlockDevice* device = nullptr;
+  // Elements per sub-group of the store (zero_optimization.sub_group_size),
+  // >= 1; capped at the largest group's partition so that the store's
+  // buffers stay the size of one group.
+  size_t sub_group_numel = size_t{1} << 22;
+  // offload_param.buffer_count: the store's sub-group buffers (>= 2).
+  size_t buffer_count = 5;
+};
+
 struct StageOptions {
   int stage = 0;  // 0, 1 or 2
   FlatLayout layout;
@@ -108,6 +126,8 @@ struct StageOptions {
   // Where the optimizer keeps its state (zero/optimizer.h Note [NVMe
   // optimizer state]); in memory by default.
   OptimizerSwap optimizer_swap;
+  // Stage 3 only: where the parameter partitions live.
+  ParamSwap param_swap;
 };
 
 // Views of the engine's flat buffers; each holds layout.padded_numel floats.

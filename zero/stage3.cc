@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/errors.h"
+#include "offload/swap_store.h"
 
 namespace zerostep {
 
@@ -56,24 +57,58 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
     virtual_offset += padded;
   }
   ZS_CHECK(optimizer_.numel() == owned_numel_);
-  part_params_.assign(owned_numel_, 0.0f);
-  part_grads_.assign(owned_numel_, 0.0f);
-  // Note [Transactional update]: the copies are held for the stage's life.
-  saved_params_.assign(owned_numel_, 0.0f);
-  optimizer_.save(&saved_optimizer_);
   size_t largest = 0;
   for (size_t n : partition_) largest = std::max(largest, n);
+  const ParamSwap& swap = options.param_swap;
+  if (swap.device != nullptr) {
+    // Note [NVMe parameter partitions].
+    if (swap.sub_group_numel < 1 || swap.buffer_count < 2)
+      throw UsageError("Stage3: offload_param needs sub_group_numel >= 1 and "
+                       "buffer_count >= 2 (got " +
+                       std::to_string(swap.sub_group_numel) + " and " +
+                       std::to_string(swap.buffer_count) + ")");
+    SwapStoreOptions o;
+    o.num_arrays = 1;
+    o.numel = owned_numel_;
+    o.subgroup_numel = std::min(swap.sub_group_numel, largest);
+    o.buffer_count = swap.buffer_count;
+    param_store_ = std::make_unique<SwapStore>(swap.device, o);
+    part_scratch_.assign(largest, 0.0f);
+  } else {
+    part_params_.assign(owned_numel_, 0.0f);
+    // Note [Transactional update]: the copy is held for the stage's life.
+    saved_params_.assign(owned_numel_, 0.0f);
+  }
+  part_grads_.assign(owned_numel_, 0.0f);
+  optimizer_.save(&saved_optimizer_);
   scratch_.assign(largest, 0.0f);
   full_params_.assign(groups_.size(), nullptr);
   full_grads_.assign(groups_.size(), nullptr);
   refs_.assign(groups_.size(), 0);
   reduced_.assign(groups_.size(), false);
   pending_.assign(groups_.size(), 0);
+  for (float* p : initial_params) ZS_CHECK(p != nullptr);
+  if (param_store_) {
+    // Whatever the device held before is not this run's state: the first
+    // generation is written whole, each sub-group from the groups it spans.
+    param_store_->write_all([&](const SwapSubgroup& s) {
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        const size_t lo = std::max<size_t>(s.first, part_offset_[g]);
+        const size_t hi =
+            std::min<size_t>(s.first + s.count, part_offset_[g] + partition_[g]);
+        if (lo >= hi) continue;
+        std::memcpy(s.arrays[0] + (lo - s.first),
+                    initial_params[g] + rank_ * partition_[g] +
+                        (lo - part_offset_[g]),
+                    (hi - lo) * sizeof(float));
+      }
+    });
+  }
   for (size_t g = 0; g < groups_.size(); ++g) {
-    ZS_CHECK(initial_params[g] != nullptr);
-    std::memcpy(part_params_.data() + part_offset_[g],
-                initial_params[g] + rank_ * partition_[g],
-                partition_[g] * sizeof(float));
+    if (!param_store_)
+      std::memcpy(part_params_.data() + part_offset_[g],
+                  initial_params[g] + rank_ * partition_[g],
+                  partition_[g] * sizeof(float));
     if (groups_[g].persistent) {
       full_params_[g] = initial_params[g];
       full_grads_[g] = storage_->materialize_grads(g);
@@ -85,28 +120,22 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
   reset_peak();
 }
 
+Stage3::~Stage3() = default;
+
 size_t Stage3::current_bytes() const {
-  size_t n = (part_params_.size() + part_grads_.size() + scratch_.size()) *
-                 sizeof(float) +
-             optimizer_.state_bytes() + rollback_bytes();
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    if (full_params_[g]) n += padded_[g] * sizeof(float);
-    if (full_grads_[g]) n += padded_[g] * sizeof(float);
-  }
-  return n;
-}
-
-size_t Stage3::rollback_bytes() const {
-  return saved_params_.capacity() * sizeof(float) + saved_optimizer_.bytes();
-}
-
-void Stage3::note_memory() {
-  peak_bytes_ = std::max(peak_bytes_, current_bytes());
+  const MemoryStats m = memory();
+  return m.param_bytes + m.grad_bytes + m.optimizer_state_bytes +
+         m.rollback_bytes;
 }
 
 MemoryStats Stage3::memory() const {
   MemoryStats m;
-  m.param_bytes = part_params_.size() * sizeof(float);
+  // Offloaded: the partitions are on the device; what is resident is the
+  // read scratch, the store's buffers and, during an update, step_params_.
+  m.param_bytes =
+      (part_params_.size() + part_scratch_.size() + step_params_.size()) *
+      sizeof(float);
+  if (param_store_) m.param_bytes += param_store_->buffer_bytes();
   m.grad_bytes = (part_grads_.size() + scratch_.size()) * sizeof(float);
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (full_params_[g]) m.param_bytes += padded_[g] * sizeof(float);
@@ -118,14 +147,35 @@ MemoryStats Stage3::memory() const {
   return m;
 }
 
+size_t Stage3::rollback_bytes() const {
+  return saved_params_.capacity() * sizeof(float) + saved_optimizer_.bytes();
+}
+
+void Stage3::note_memory() {
+  peak_bytes_ = std::max(peak_bytes_, current_bytes());
+}
+
+float* Stage3::partition_of(size_t g) {
+  if (!param_store_) return part_params_.data() + part_offset_[g];
+  param_store_->read_range(0, part_offset_[g], partition_[g],
+                           part_scratch_.data());
+  return part_scratch_.data();
+}
+
 void Stage3::gather(size_t g, Phase phase) {
   ZS_CHECK(g < groups_.size());
-  if (refs_[g]++ > 0 || full_params_[g] != nullptr) return;
+  if (refs_[g] > 0 || full_params_[g] != nullptr) {
+    ++refs_[g];
+    return;
+  }
+  // Read before anything changes: a failed read leaves no reference and no
+  // storage behind (Note [NVMe parameter partitions]).
+  float* part = partition_of(g);
+  ++refs_[g];
   full_params_[g] = storage_->materialize_params(g);
   note_memory();
-  comm_->all_gather(
-      Buffer::of(part_params_.data() + part_offset_[g], partition_[g]),
-      Buffer::of(full_params_[g], padded_[g]), {phase});
+  comm_->all_gather(Buffer::of(part, partition_[g]),
+                    Buffer::of(full_params_[g], padded_[g]), {phase});
   storage_->params_written(g);
 }
 
@@ -210,6 +260,10 @@ GradStats Stage3::finalize(double divisor, double clip) {
 }
 
 void Stage3::apply_update(const OptimizerHyper& hyper) {
+  if (param_store_) {
+    apply_update_offloaded(hyper);
+    return;
+  }
   // Note [Transactional update]: keep what the update changes until the
   // persistent groups' all-gather has succeeded.
   saved_params_.assign(part_params_.begin(), part_params_.end());
@@ -235,12 +289,64 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
     optimizer_.restore(saved_optimizer_);
     throw;
   }
+  publish_persistent();
+}
+
+void Stage3::publish_persistent() {
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (!groups_[g].persistent) continue;
     std::memcpy(full_params_[g], full_grads_[g], padded_[g] * sizeof(float));
     std::memset(full_grads_[g], 0, padded_[g] * sizeof(float));
     storage_->params_written(g);
   }
+}
+
+// Note [NVMe parameter partitions]: read, update, gather the persistent
+// groups, and only then commit the partitions to the store.
+void Stage3::apply_update_offloaded(const OptimizerHyper& hyper) {
+  step_params_.assign(owned_numel_, 0.0f);
+  note_memory();
+  auto drop_step_params = [&] { std::vector<float>().swap(step_params_); };
+  try {
+    float* arrays[1] = {step_params_.data()};
+    param_store_->read_arrays(arrays);
+  } catch (...) {
+    drop_step_params();  // nothing else has changed
+    throw;
+  }
+  optimizer_.save(&saved_optimizer_);
+  try {
+    optimizer_.step(step_params_.data(), part_grads_.data(), hyper);
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (!groups_[g].persistent) continue;
+      ZS_CHECK(full_grads_[g] != nullptr);
+      comm_->all_gather(
+          Buffer::of(step_params_.data() + part_offset_[g], partition_[g]),
+          Buffer::of(full_grads_[g], padded_[g]), {Phase::kStep});
+    }
+    // The commit: old partitions or new ones on the device, never a mix.
+    const float* arrays[1] = {step_params_.data()};
+    param_store_->write_arrays(arrays);
+  } catch (...) {
+    optimizer_.restore(saved_optimizer_);
+    // The persistent groups' gradient storage may hold part of the gather;
+    // it must be zero for the next backward to accumulate into.
+    for (size_t g = 0; g < groups_.size(); ++g)
+      if (groups_[g].persistent && full_grads_[g] != nullptr)
+        std::memset(full_grads_[g], 0, padded_[g] * sizeof(float));
+    drop_step_params();
+    throw;
+  }
+  drop_step_params();
+  publish_persistent();
+}
+
+std::vector<float> Stage3::owned_parameters() const {
+  if (!param_store_) return part_params_;
+  std::vector<float> out(owned_numel_);
+  float* arrays[1] = {out.data()};
+  param_store_->read_arrays(arrays);
+  return out;
 }
 
 void Stage3::zero_grad() {
@@ -284,8 +390,14 @@ void Stage3::load_state(const std::vector<float>& params,
                   s.numel * sizeof(float));
     return out;
   };
+  if (param_store_) {
+    // First, so that a failed write (IoError) changes nothing.
+    const std::vector<float> mine = owned(params);
+    const float* arrays[1] = {mine.data()};
+    param_store_->write_arrays(arrays);
+  }
   optimizer_.load_state(optimizer_steps, owned(exp_avg), owned(exp_avg_sq));
-  part_params_ = owned(params);
+  if (!param_store_) part_params_ = owned(params);
   // Persistent groups are whole on every rank: refresh them from the
   // canonical vector directly.
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -302,9 +414,8 @@ void Stage3::full_parameters(float* out, Phase phase) {
   std::vector<float> staging;
   for (size_t g = 0; g < groups_.size(); ++g) {
     staging.assign(padded_[g], 0.0f);
-    comm_->all_gather(
-        Buffer::of(part_params_.data() + part_offset_[g], partition_[g]),
-        Buffer::of(staging.data(), padded_[g]), {phase});
+    comm_->all_gather(Buffer::of(partition_of(g), partition_[g]),
+                      Buffer::of(staging.data(), padded_[g]), {phase});
     size_t out_at = 0;
     for (size_t p = 0; p < param_numel_.size(); ++p) {
       if (group_of_[p] == g)

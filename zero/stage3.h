@@ -29,6 +29,30 @@
 // storages; memory() reports what is resident now and the peak since the
 // last reset_peak().
 //
+// Note [NVMe parameter partitions]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With StageOptions::param_swap.device set (offload_param.device =
+// "nvme"), the rank's partitions live in a SwapStore of one array (the
+// partitions concatenated, part_offset_ as in memory) on that device, not
+// in part_params_. Every read of a group's partition (gather,
+// gather_for_backward, full_parameters) copies it into a scratch of the
+// largest partition with SwapStore::read_range, which checks the data's
+// checksums; the all-gather then runs from the scratch. A failed read is
+// an IoError naming the device, and the call changes nothing (no storage
+// materialized, no reference taken).
+// The update stays all or nothing (Note [Transactional update]): the
+// partitions are read into a transient buffer, the optimizer runs on it,
+// the persistent groups are all-gathered from it, and only after that
+// all-gather has succeeded is the buffer written to the store in one pass
+// (Note [Swap pass atomicity]: old or new generation, never a mix). A
+// CommError or IoError before the commit leaves the store at the old
+// partitions; the in-memory optimizer state is restored from its
+// snapshot. No 4-byte copy of the partition is kept for rollback: the
+// store's committed generation is the undo. Memory at rest: the scratch and
+// the store's buffers (each about the largest group's partition); during
+// the step, one partition-sized buffer more (the optimizer takes its
+// span whole; a range-wise optimizer step would stream it instead).
+//
 // Ownership: `comm` and `storage` must outlive the Stage3.
 // Thread safety: none; one Stage3 per rank.
 #ifndef ZEROSTEP_ZERO_STAGE3_H_
@@ -77,6 +101,8 @@ class Stage3 final : public Stage {
          const std::vector<float*>& initial_params, GroupStorage* storage,
          Communicator* comm);
 
+  ~Stage3() override;
+
   int stage() const override { return 3; }
   void begin_backward(int64_t backward_index, int64_t global_steps) override;
   void on_grad_ready(size_t param_index) override;
@@ -91,7 +117,8 @@ class Stage3 final : public Stage {
   const std::vector<Span>& owned_spans() const override { return owned_; }
   MemoryStats memory() const override;
   std::vector<Segment> owned_segments() const override;
-  std::vector<float> owned_parameters() const override { return part_params_; }
+  // Offloaded: read from the device (IoError if that fails).
+  std::vector<float> owned_parameters() const override;
   void load_state(const std::vector<float>& params,
                   const std::vector<float>& exp_avg,
                   const std::vector<float>& exp_avg_sq,
@@ -113,12 +140,23 @@ class Stage3 final : public Stage {
   size_t num_groups() const { return groups_.size(); }
   size_t group_of(size_t param_index) const { return group_of_[param_index]; }
   size_t padded_numel(size_t group) const { return padded_[group]; }
+  // The store holding the partitions (Note [NVMe parameter partitions]),
+  // or nullptr when they are in memory.
+  const SwapStore* param_store() const { return param_store_.get(); }
 
  private:
   void reduce_group(size_t group);
   size_t current_bytes() const;
   size_t rollback_bytes() const;
   void note_memory();
+  // Group g's partition: in memory, or read from the store into
+  // part_scratch_ (IoError).
+  float* partition_of(size_t group);
+  // apply_update with the partitions on the device.
+  void apply_update_offloaded(const OptimizerHyper& hyper);
+  // The persistent groups' parameters := their gradient storage, which
+  // holds the gathered update; the gradient storage is zeroed again.
+  void publish_persistent();
 
   std::vector<Stage3Group> groups_;
   std::vector<size_t> param_offset_;  // within its group
@@ -134,6 +172,12 @@ class Stage3 final : public Stage {
   std::vector<Span> owned_;
   size_t owned_numel_ = 0;
   std::vector<float> part_params_;  // the rank's partitions, concatenated
+                                    // (empty when offloaded)
+  // Note [NVMe parameter partitions]: the store, a scratch of the largest
+  // partition, and the partitions during an update (empty otherwise).
+  std::unique_ptr<SwapStore> param_store_;
+  std::vector<float> part_scratch_;
+  std::vector<float> step_params_;
   std::vector<float> part_grads_;   // accumulated over the window
   std::vector<float> scratch_;      // one group's reduced chunk
   FlatOptimizer optimizer_;
