@@ -54,11 +54,18 @@ TEST(OffloadTest, NvmeStateMatchesMemoryAndADeviceFaultChangesNothing) {
     const Config nvme = parse_config(
         config_json(stage, "{\"device\": \"nvme\", \"nvme_path\": \"/nvme\"}"),
         2);
+    // make_model() seeds LibTorch's global generator: one thread at a time.
+    auto make_models = [&] {
+      std::vector<std::shared_ptr<torch::nn::Module>> m;
+      for (int r = 0; r < 2; ++r) m.push_back(task->make_model(5));
+      return m;
+    };
     std::vector<torch::Tensor> want(2);
     {
       SimWorld world({2, 1});
+      auto models = make_models();
       world.run([&](int r) {
-        auto model = task->make_model(5);
+        auto model = models[r];
         Engine e(model, in_memory, &world.comm(r));
         for (int k = 0; k < 3; ++k) {
           e.backward(task->loss(*model, slice(data, 8 * k + 2 * r, 2)));
@@ -75,8 +82,9 @@ TEST(OffloadTest, NvmeStateMatchesMemoryAndADeviceFaultChangesNothing) {
     }
     std::vector<std::string> errors(2), types(2);
     SimWorld world({2, 1});
+    auto models = make_models();
     world.run_collect([&](int r) {
-      auto model = task->make_model(5);
+      auto model = models[r];
       EngineOptions eo;
       eo.optimizer_device = ranks[r].device.get();
       Engine e(model, nvme, &world.comm(r), eo);
@@ -85,7 +93,7 @@ TEST(OffloadTest, NvmeStateMatchesMemoryAndADeviceFaultChangesNothing) {
         e.backward(task->loss(*model, slice(data, 8 * k + 2 * r, 2)));
         e.step();
       }
-      EXPECT_TRUE(same_bits(e.full_parameters(), want[r]));
+      EXPECT_TRUE(same_bits(e.full_parameters(), want[r])) << "stage " << stage;
       const std::vector<float> params = e.owned_parameters();
       const std::vector<float> m = e.optimizer().exp_avg();
       const std::vector<float> v = e.optimizer().exp_avg_sq();

@@ -15,7 +15,7 @@
 
 #include "common/errors.h"
 #include "engine/engine.h"
-#include "engine/param_offload_test_world.h"
+#include "sim/sim_world.h"
 #include "models/task.h"
 #include "offload/swap_store.h"
 #include "sim/faulty_block_device.h"
@@ -65,7 +65,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 struct OffloadRun {
   OffloadRun(int w, bool offload_param, bool offload_optimizer = false,
              int scale = 1, int sub_group_size = 500)
-      : world(make_sim_world(w, 11)),
+      : world(std::make_unique<SimWorld>(SimOptions{w, 11})),
         task(make_task("mlp", scale)),
         config(config_for(w, offload_param, offload_optimizer, sub_group_size)),
         data(task->make_data(3, 64)),
@@ -199,7 +199,7 @@ TEST(ParamOffloadTest, AFaultAnywhereInStepChangesNothing) {
   const int w = 2;
   int failures = 0;
   for (OpKind op : {OpKind::kRead, OpKind::kWrite, OpKind::kFlush})
-    for (FaultKind fault : {FaultKind::kIoError, FaultKind::kShortWrite}) {
+    for (IoFaultKind fault : {IoFaultKind::kIoError, IoFaultKind::kShortWrite}) {
       if (!fault_applies(fault, op)) continue;
       for (uint64_t k = 0; k < 9; ++k) {
         OffloadRun run(w, true);
@@ -260,7 +260,7 @@ TEST(ParamOffloadTest, AFailedReadInForwardIsAClearErrorAndRecoverable) {
   OffloadRun run(1, true);
   run.train(0, 1);
   FaultyBlockDevice& dev = *run.param_dev[0];
-  dev.schedule(OpKind::kRead, dev.count(OpKind::kRead), FaultKind::kIoError);
+  dev.schedule(OpKind::kRead, dev.count(OpKind::kRead), IoFaultKind::kIoError);
   run.world->run([&](int r) {
     try {
       run.engines[r]->backward(run.loss(r, 2));

@@ -306,17 +306,20 @@ void Stage3::publish_persistent() {
 void Stage3::apply_update_offloaded(const OptimizerHyper& hyper) {
   step_params_.assign(owned_numel_, 0.0f);
   note_memory();
-  auto drop_step_params = [&] { std::vector<float>().swap(step_params_); };
-  try {
-    float* arrays[1] = {step_params_.data()};
-    param_store_->read_arrays(arrays);
-  } catch (...) {
-    drop_step_params();  // nothing else has changed
-    throw;
-  }
   optimizer_.save(&saved_optimizer_);
   try {
-    optimizer_.step(step_params_.data(), part_grads_.data(), hyper);
+    // Every rank reads its partitions, steps and prepares the new ones on
+    // its devices; a device error on any rank stops all of them here
+    // (Note [Transactional update]).
+    internal::step_and_agree(*comm_, /*swapped=*/true, [&] {
+      float* arrays[1] = {step_params_.data()};
+      param_store_->read_arrays(arrays);
+      optimizer_.step(step_params_.data(), part_grads_.data(), hyper);
+      param_store_->prepare_update([&](const SwapSubgroup& sg) {
+        std::memcpy(sg.arrays[0], step_params_.data() + sg.first,
+                    sg.count * sizeof(float));
+      });
+    });
     for (size_t g = 0; g < groups_.size(); ++g) {
       if (!groups_[g].persistent) continue;
       ZS_CHECK(full_grads_[g] != nullptr);
@@ -324,20 +327,22 @@ void Stage3::apply_update_offloaded(const OptimizerHyper& hyper) {
           Buffer::of(step_params_.data() + part_offset_[g], partition_[g]),
           Buffer::of(full_grads_[g], padded_[g]), {Phase::kStep});
     }
-    // The commit: old partitions or new ones on the device, never a mix.
-    const float* arrays[1] = {step_params_.data()};
-    param_store_->write_arrays(arrays);
+    // The commits: old partitions and moments or new ones, never a mix
+    // (but for the indeterminate commit of zero/optimizer.h).
+    param_store_->commit_prepared();
+    optimizer_.commit();
   } catch (...) {
+    if (param_store_->has_prepared()) param_store_->discard_prepared();
     optimizer_.restore(saved_optimizer_);
     // The persistent groups' gradient storage may hold part of the gather;
     // it must be zero for the next backward to accumulate into.
     for (size_t g = 0; g < groups_.size(); ++g)
       if (groups_[g].persistent && full_grads_[g] != nullptr)
         std::memset(full_grads_[g], 0, padded_[g] * sizeof(float));
-    drop_step_params();
+    std::vector<float>().swap(step_params_);
     throw;
   }
-  drop_step_params();
+  std::vector<float>().swap(step_params_);
   publish_persistent();
 }
 

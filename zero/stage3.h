@@ -40,18 +40,22 @@
 // checksums; the all-gather then runs from the scratch. A failed read is
 // an IoError naming the device, and the call changes nothing (no storage
 // materialized, no reference taken).
-// The update stays all or nothing (Note [Transactional update]): the
-// partitions are read into a transient buffer, the optimizer runs on it,
-// the persistent groups are all-gathered from it, and only after that
-// all-gather has succeeded is the buffer written to the store in one pass
-// (Note [Swap pass atomicity]: old or new generation, never a mix). A
-// CommError or IoError before the commit leaves the store at the old
-// partitions; the in-memory optimizer state is restored from its
-// snapshot. No 4-byte copy of the partition is kept for rollback: the
-// store's committed generation is the undo. Memory at rest: the scratch and
-// the store's buffers (each about the largest group's partition); during
-// the step, one partition-sized buffer more (the optimizer takes its
-// span whole; a range-wise optimizer step would stream it instead).
+// The update stays all or nothing (Note [Transactional update]): every
+// rank reads its partitions into a transient buffer, runs the optimizer on
+// it and prepares the new partitions in the store (durable in its spare
+// copy, not yet committed); the ranks agree that all of that succeeded
+// (internal::step_and_agree: a device error is IoError on its rank and
+// CommError naming it elsewhere); the persistent groups are all-gathered
+// from the buffer; only then do the parameter store and the optimizer
+// (if it is swapped too) commit. A failure before the commits discards
+// what was prepared and restores the optimizer, so partitions and moments
+// stay at the old step (the one indeterminate case is a commit record
+// that fails after other ranks committed: zero/optimizer.h). No 4-byte
+// copy of the partition is kept for rollback: the store's committed
+// generation is the undo. Memory at rest: the scratch and the store's
+// buffers (each about the largest group's partition); during the step,
+// one partition-sized buffer more (the optimizer takes its span whole; a
+// range-wise optimizer step would stream it instead).
 //
 // Ownership: `comm` and `storage` must outlive the Stage3.
 // Thread safety: none; one Stage3 per rank.
