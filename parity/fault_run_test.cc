@@ -101,6 +101,24 @@ TEST(FaultRunTest, NoPartialUpdateWithOffloadToo) {
         }
         EXPECT_GE(in_step, 2 * 2) << to_string(offload) << " stage " << stage;
       }
+  // Stage 3 with the parameter partitions on NVMe too.
+  for (bool managed : {false, true}) {
+    FaultScenario f = base(3, managed);
+    f.scenario.offload = OffloadDevice::kNvme;
+    f.scenario.offload_param = OffloadDevice::kNvme;
+    f.scenario.nvme_path = tmpl;
+    f.scenario.sub_group_size = 700;
+    int failed = 0;
+    for (const CollectiveTiming& c : baseline_schedule(f)) {
+      if (c.phase != Phase::kStep) continue;
+      f.faults = parse_fault_options("crash:" + std::to_string(c.seq % 3) +
+                                     "@" + std::to_string(c.seq));
+      const FaultRunResult r = run_fault_scenario(f);
+      EXPECT_TRUE(r.ok) << "offload_param nvme " << describe(r);
+      failed += r.any_failed;
+    }
+    EXPECT_GE(failed, 2);
+  }
   std::filesystem::remove_all(tmpl);
 }
 
