@@ -126,22 +126,27 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   }
 }
 
+BlockDevice* Engine::swap_device(const OffloadConfig& o, BlockDevice* given,
+                                  const char* what,
+                                  std::unique_ptr<BlockDevice>* owned) {
+  if (o.device != OffloadDevice::kNvme) return nullptr;
+  if (given != nullptr) return given;
+  // The run's state comes from construction or load_checkpoint(), never
+  // from what an earlier run left in the file.
+  PosixDeviceOptions po;
+  po.truncate = true;
+  *owned = PosixBlockDevice::open_in_directory(
+      o.nvme_path,
+      "zerostep_rank" + std::to_string(comm_->rank()) + "_" + what + ".swap",
+      po);
+  return owned->get();
+}
+
 OptimizerSwap Engine::optimizer_swap(const EngineOptions& options) {
   const OffloadConfig& o = config_.zero.offload_optimizer;
   OptimizerSwap swap;
-  if (o.device != OffloadDevice::kNvme) return swap;
-  swap.device = options.optimizer_device;
-  if (swap.device == nullptr) {
-    // The run's state comes from construction or load_checkpoint(), never
-    // from what an earlier run left in the file.
-    PosixDeviceOptions po;
-    po.truncate = true;
-    owned_device_ = PosixBlockDevice::open_in_directory(
-        o.nvme_path,
-        "zerostep_rank" + std::to_string(comm_->rank()) + "_optimizer.swap",
-        po);
-    swap.device = owned_device_.get();
-  }
+  swap.device =
+      swap_device(o, options.optimizer_device, "optimizer", &owned_device_);
   swap.sub_group_numel = static_cast<size_t>(config_.zero.sub_group_size);
   swap.buffer_count = static_cast<size_t>(o.buffer_count);
   return swap;
@@ -150,18 +155,8 @@ OptimizerSwap Engine::optimizer_swap(const EngineOptions& options) {
 ParamSwap Engine::param_swap(const EngineOptions& options) {
   const OffloadConfig& o = config_.zero.offload_param;
   ParamSwap swap;
-  if (o.device != OffloadDevice::kNvme) return swap;
-  swap.device = options.param_device;
-  if (swap.device == nullptr) {
-    // As optimizer_swap(): the partitions come from construction or
-    // load_checkpoint(), never from an earlier run's file.
-    PosixDeviceOptions po;
-    po.truncate = true;
-    owned_param_device_ = PosixBlockDevice::open_in_directory(
-        o.nvme_path,
-        "zerostep_rank" + std::to_string(comm_->rank()) + "_params.swap", po);
-    swap.device = owned_param_device_.get();
-  }
+  swap.device =
+      swap_device(o, options.param_device, "params", &owned_param_device_);
   swap.sub_group_numel = static_cast<size_t>(config_.zero.sub_group_size);
   swap.buffer_count = static_cast<size_t>(o.buffer_count);
   return swap;

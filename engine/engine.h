@@ -218,6 +218,12 @@ class Engine final : private internal::Zero3Hooks {
 
  private:
   OptimizerHyper hyper(const StepOverrides& overrides = {}) const;
+  // offload "nvme": `given`, or the engine's own file
+  // <nvme_path>/zerostep_rank<r>_<what>.swap kept in *owned; otherwise
+  // nullptr (in memory).
+  BlockDevice* swap_device(const OffloadConfig& o, BlockDevice* given,
+                           const char* what,
+                           std::unique_ptr<BlockDevice>* owned);
   OptimizerSwap optimizer_swap(const EngineOptions& options);
   ParamSwap param_swap(const EngineOptions& options);
   void setup_flat(const EngineOptions& options);

@@ -287,24 +287,22 @@ void SwapStore::invalidate_uncertain_record() {
 }
 
 void SwapStore::update(const std::function<void(const SwapSubgroup&)>& fn) {
-  require_not_prepared("update");
-  if (!has_state()) {
-    throw UsageError("SwapStore::update on '" + device_->name() +
-                     "': the store has no committed state; initialise it "
-                     "with write_all or write_arrays first");
-  }
-  run_pass(Mode::kUpdate, [&](Buffer& b) {
-    const size_t count = subgroup_count(b.subgroup);
-    fn(SwapSubgroup{b.subgroup, uint64_t{b.subgroup} * options_.subgroup_numel,
-                    count, b.arrays, options_.num_arrays});
-  });
+  update_pass("update", fn, /*commit=*/true);
 }
 
 void SwapStore::prepare_update(
     const std::function<void(const SwapSubgroup&)>& fn) {
-  require_not_prepared("prepare_update");
+  update_pass("prepare_update", fn, /*commit=*/false);
+  prepared_ = true;
+}
+
+void SwapStore::update_pass(const char* what,
+                            const std::function<void(const SwapSubgroup&)>& fn,
+                            bool commit) {
+  require_not_prepared(what);
   if (!has_state()) {
-    throw UsageError("SwapStore::prepare_update on '" + device_->name() +
+    throw UsageError(std::string("SwapStore::") + what + " on '" +
+                     device_->name() +
                      "': the store has no committed state; initialise it "
                      "with write_all or write_arrays first");
   }
@@ -316,8 +314,7 @@ void SwapStore::prepare_update(
                         uint64_t{b.subgroup} * options_.subgroup_numel, count,
                         b.arrays, options_.num_arrays});
       },
-      /*commit=*/false);
-  prepared_ = true;
+      commit);
 }
 
 void SwapStore::commit_prepared() {

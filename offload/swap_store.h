@@ -269,6 +269,10 @@ class SwapStore {
   void run_pass(Mode mode, const std::function<void(Buffer&)>& body,
                 bool commit = true);
   void require_not_prepared(const char* what) const;
+  // update() and prepare_update(): `what` names the call in errors.
+  void update_pass(const char* what,
+                   const std::function<void(const SwapSubgroup&)>& fn,
+                   bool commit);
   void commit_record();
   uint64_t slot_offset(uint64_t copy, size_t subgroup) const;
   size_t subgroup_count(size_t subgroup) const;

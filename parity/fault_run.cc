@@ -228,26 +228,9 @@ bool names_a_fault(const std::string& msg, const FaultOptions& faults) {
 }  // namespace
 
 std::string replay_command(const FaultScenario& run) {
-  const Scenario& s = run.scenario;
-  std::ostringstream os;
-  os << "./bazelw run //tools:harness -- --faults=" << run.faults.to_string()
-     << " --managed=" << (run.managed ? "true" : "false")
-     << " --stages=" << s.stage << " --world=" << s.world_size
-     << " --backwards=";
-  for (size_t i = 0; i < s.backwards.size(); ++i)
-    os << (i ? "," : "") << s.backwards[i];
-  os << " --scaling=" << to_string(s.scaling) << " --model=" << s.model
-     << " --model-scale=" << s.model_scale << " --micro-batch=" << s.micro_batch
-     << " --seed=" << s.seed;
-  if (s.gradient_clipping > 0) os << " --clip=" << s.gradient_clipping;
-  if (s.overlap_comm) os << " --overlap-comm";
-  if (s.reduce_bucket_size > 0)
-    os << " --reduce-bucket-size=" << s.reduce_bucket_size;
-  if (s.allgather_bucket_size > 0)
-    os << " --allgather-bucket-size=" << s.allgather_bucket_size;
-  if (s.persistence_threshold >= 0)
-    os << " --persistence-threshold=" << s.persistence_threshold;
-  return os.str();
+  return "./bazelw run //tools:harness -- --faults=" + run.faults.to_string() +
+         " --managed=" + (run.managed ? "true" : "false") +
+         harness_flags(run.scenario);
 }
 
 std::vector<CollectiveTiming> baseline_schedule(const FaultScenario& run) {

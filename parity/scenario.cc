@@ -177,6 +177,38 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
 
 }  // namespace
 
+std::string harness_flags(const Scenario& s) {
+  std::ostringstream os;
+  os << " --stages=" << s.stage << " --world=" << s.world_size
+     << " --backwards=";
+  for (size_t i = 0; i < s.backwards.size(); ++i)
+    os << (i ? "," : "") << s.backwards[i];
+  if (s.backwards.size() == 1) os << " --steps=1";
+  os << " --scaling=" << to_string(s.scaling) << " --model=" << s.model
+     << " --model-scale=" << s.model_scale << " --micro-batch=" << s.micro_batch
+     << " --seed=" << s.seed;
+  if (s.backend != "sim") os << " --backend=" << s.backend;
+  if (s.gradient_clipping > 0) os << " --clip=" << s.gradient_clipping;
+  if (s.dtype != Precision::kFp32) os << " --dtype=" << to_string(s.dtype);
+  if (s.offload != OffloadDevice::kNone)
+    os << " --offload=" << to_string(s.offload);
+  if (s.offload_param != OffloadDevice::kNone) os << " --offload-param";
+  if (s.sub_group_size > 0) os << " --sub-group-size=" << s.sub_group_size;
+  if (s.overflow_window >= 0)
+    os << " --overflow=" << s.overflow_window << ":" << s.overflow_rank << ":"
+       << s.overflow_backward;
+  if (!s.base_config_json.empty())
+    os << " --config=<a file holding: " << s.base_config_json << ">";
+  if (s.overlap_comm) os << " --overlap-comm";
+  if (s.reduce_bucket_size > 0)
+    os << " --reduce-bucket-size=" << s.reduce_bucket_size;
+  if (s.allgather_bucket_size > 0)
+    os << " --allgather-bucket-size=" << s.allgather_bucket_size;
+  if (s.persistence_threshold >= 0)
+    os << " --persistence-threshold=" << s.persistence_threshold;
+  return os.str();
+}
+
 double reference_tolerance(Precision dtype) {
   switch (dtype) {
     case Precision::kBf16:

@@ -196,6 +196,11 @@ Config scenario_config(const Scenario& s, bool managed);
 
 std::string fnv1a_hex(const void* data, size_t bytes);
 
+// The tools/harness flags that run `s` again (" --stages=... --seed=...",
+// with a leading space): replay lines of property tests and fault runs.
+// A base_config_json is shown inline, as "--config=<a file holding: ...>".
+std::string harness_flags(const Scenario& s);
+
 // One JSON object on one line: the harness's --json record.
 std::string to_json_line(const ScenarioResult& r);
 

@@ -42,6 +42,7 @@
 #include "models/task.h"
 #include "parity/scenario.h"
 #include "sim/sim_world.h"
+#include "propertytests/property_main.h"
 #include "tools/runtime_info.h"
 
 namespace zerostep {
@@ -105,31 +106,7 @@ const std::string& nvme_dir() {
 // The same scenario as a harness command line, to rerun it outside
 // RapidCheck.
 std::string harness_command(const Scenario& s) {
-  std::ostringstream os;
-  os << "./bazelw run //tools:harness -- --stages=" << s.stage
-     << " --world=" << s.world_size << " --backwards=" << join(s.backwards)
-     << (s.backwards.size() == 1 ? " --steps=1" : "")
-     << " --scaling=" << to_string(s.scaling) << " --model=" << s.model
-     << " --model-scale=" << s.model_scale << " --micro-batch=" << s.micro_batch
-     << " --seed=" << s.seed;
-  if (s.gradient_clipping > 0) os << " --clip=" << s.gradient_clipping;
-  if (s.dtype != Precision::kFp32) os << " --dtype=" << to_string(s.dtype);
-  if (s.offload != OffloadDevice::kNone)
-    os << " --offload=" << to_string(s.offload);
-  if (s.sub_group_size > 0) os << " --sub-group-size=" << s.sub_group_size;
-  if (s.overflow_window >= 0)
-    os << " --overflow=" << s.overflow_window << ":" << s.overflow_rank << ":"
-       << s.overflow_backward;
-  if (!s.base_config_json.empty())
-    os << " --config=<a file holding: " << s.base_config_json << ">";
-  if (s.overlap_comm) os << " --overlap-comm";
-  if (s.reduce_bucket_size > 0)
-    os << " --reduce-bucket-size=" << s.reduce_bucket_size;
-  if (s.allgather_bucket_size > 0)
-    os << " --allgather-bucket-size=" << s.allgather_bucket_size;
-  if (s.persistence_threshold >= 0)
-    os << " --persistence-threshold=" << s.persistence_threshold;
-  return os.str();
+  return "./bazelw run //tools:harness --" + harness_flags(s);
 }
 
 Config engine_config(int world, int stage, bool managed, int64_t gas,
@@ -523,26 +500,12 @@ RC_GTEST_PROP(ManagedInvariants, StandardLoopUpdatesEveryGasMicroSteps, ()) {
   }
 }
 
-// RC_PARAMS with max_success=kCiMaxSuccess added unless it sets max_success.
-// Must run before anything touches RapidCheck's configuration, which reads
-// RC_PARAMS once, on first use.
-void apply_default_rc_params() {
-  const char* current = std::getenv("RC_PARAMS");
-  std::string params = current ? current : "";
-  if (params.find("max_success") != std::string::npos) return;
-  params = "max_success=" + std::to_string(kCiMaxSuccess) +
-           (params.empty() ? "" : " " + params);
-  setenv("RC_PARAMS", params.c_str(), /*overwrite=*/1);
-}
 
 }  // namespace
 }  // namespace zerostep
 
 int main(int argc, char** argv) {
-  zerostep::apply_default_rc_params();
-  zerostep::set_compute_threads(1);
-  std::cerr << "propertytests: RC_PARAMS=\"" << std::getenv("RC_PARAMS")
-            << "\" " << zerostep::runtime_info() << std::endl;
+  zerostep::prepare_property_run(zerostep::kCiMaxSuccess);
   ::testing::InitGoogleTest(&argc, argv);
   const int status = RUN_ALL_TESTS();
   for (const auto& [property, runs] : zerostep::body_runs())

@@ -34,6 +34,7 @@
 #include "parity/fault_run.h"
 #include "parity/model_shape.h"
 #include "sim/faults.h"
+#include "propertytests/property_main.h"
 #include "tools/runtime_info.h"
 #include "zero/schedule.h"
 
@@ -163,23 +164,12 @@ RC_GTEST_PROP(ShapeOnlySchedule, MatchesTheLedger, ()) {
   RC_ASSERT(real == plan);
 }
 
-void apply_default_rc_params() {
-  const char* current = std::getenv("RC_PARAMS");
-  std::string params = current ? current : "";
-  if (params.find("max_success") != std::string::npos) return;
-  params = "max_success=" + std::to_string(kCiMaxSuccess) +
-           (params.empty() ? "" : " " + params);
-  setenv("RC_PARAMS", params.c_str(), /*overwrite=*/1);
-}
 
 }  // namespace
 }  // namespace zerostep
 
 int main(int argc, char** argv) {
-  zerostep::apply_default_rc_params();
-  zerostep::set_compute_threads(1);
-  std::cerr << "propertytests: RC_PARAMS=\"" << std::getenv("RC_PARAMS") << "\""
-            << std::endl;
+  zerostep::prepare_property_run(zerostep::kCiMaxSuccess);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
