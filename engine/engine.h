@@ -99,8 +99,7 @@ struct EngineOptions {
 class Engine final : private internal::Zero3Hooks {
  public:
   // IoError if offload_optimizer.nvme_path or offload_param.nvme_path
-  // cannot hold the state (missing,
-  // not a directory, not writable, full).
+  // cannot hold the state (missing, not a directory, not writable, full).
   Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
          Communicator* comm, const EngineOptions& options = {});
   ~Engine();
@@ -124,6 +123,11 @@ class Engine final : private internal::Zero3Hooks {
   // loss scale backs off. An overflow at fp16.min_loss_scale with no
   // hysteresis left skips the same way and then throws UsageError (as
   // DeepSpeed raises there).
+  //
+  // NVMe offload: a device error is IoError naming the file on its rank
+  // and CommError naming that rank on the others; parameters, optimizer
+  // state and counters are as before the call everywhere and the engine
+  // refuses further calls (as after a CommError, below).
   //
   // `overrides` replace configured hyperparameters for this step only. Bad
   // values (lr < 0, betas outside [0, 1), eps <= 0, weight_decay < 0,
@@ -237,7 +241,8 @@ class Engine final : private internal::Zero3Hooks {
   // bf16, stages 0-2: the model's weights = the master rounded to bf16.
   void sync_model_params();
   void on_grad_ready(size_t param_index);
-  // UsageError once a collective has failed (comm_failure_ set).
+  // UsageError once a collective or the offload device failed in step()
+  // (comm_failure_ set).
   void require_working_comm(const char* what) const;
   // Records `e` and throws it again as CommError with the call's context.
   [[noreturn]] void comm_failed(const CommError& e, const std::string& call,
@@ -299,7 +304,8 @@ class Engine final : private internal::Zero3Hooks {
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
   bool step_applied_ = false;
   double last_grad_norm_ = -1.0;
-  std::string comm_failure_;  // the first CommError's message, or ""
+  // The first CommError's (or step()'s offload IoError's) message, or "".
+  std::string comm_failure_;
 };
 
 }  // namespace zerostep
