@@ -4,6 +4,7 @@
 #include <cstring>
 #include <functional>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "common/errors.h"
@@ -214,11 +215,21 @@ bool names_a_fault(const std::string& msg, const FaultOptions& faults) {
   for (std::sregex_iterator it(msg.begin(), msg.end(), collective), end;
        it != end; ++it)
     ks.push_back(std::stoll((*it)[1].str()));
+  // "rank 2" and "ranks 0, 1": the ranks the message names.
+  static const std::regex ranks("ranks? ([0-9]+(, [0-9]+)*)");
+  static const std::regex number("[0-9]+");
+  std::set<int64_t> named_ranks;
+  for (std::sregex_iterator it(msg.begin(), msg.end(), ranks), end; it != end;
+       ++it) {
+    const std::string list = (*it)[1].str();
+    for (std::sregex_iterator n(list.begin(), list.end(), number); n != end;
+         ++n)
+      named_ranks.insert(std::stoll(n->str()));
+  }
   for (const Fault& f : faults.faults) {
     if (msg.find("injected fault " + f.to_string()) == std::string::npos)
       continue;
-    if (msg.find("rank " + std::to_string(f.rank)) == std::string::npos)
-      continue;
+    if (named_ranks.count(f.rank) == 0) continue;
     for (int64_t k : ks)
       if (f.hits(f.rank, k)) return true;
   }
