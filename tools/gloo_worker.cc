@@ -15,7 +15,8 @@
 // --checkpoint-dir=D saves a checkpoint after every unmanaged window;
 // --resume-from=D only loads D's latest checkpoint and prints its step.
 // --timeout-s=T bounds how long a collective waits for a peer (default 20).
-// --offload=cpu|nvme (with --nvme-path=DIR, each rank its own file there)
+// --offload=cpu|nvme (with --nvme-path=DIR, each rank its own file there;
+// --offload-param: at stage 3 the parameter partitions too)
 // and --dtype=fp32|bf16|fp16 select optimizer offload and the training
 // dtype.
 #include <cstdio>
@@ -50,6 +51,7 @@ int main_impl(int argc, char** argv) {
   std::string checkpoint_dir, resume_from;
   int timeout_s = 20;
   OffloadDevice offload = OffloadDevice::kNone;
+  bool offload_param = false;
   std::string nvme_path;
   Precision dtype = Precision::kFp32;
   std::vector<int> backwards = {2, 5, 3};
@@ -63,6 +65,7 @@ int main_impl(int argc, char** argv) {
     else if (a.rfind("--timeout-s=", 0) == 0) timeout_s = std::atoi(a.c_str() + 12);
     else if (a == "--offload=cpu") offload = OffloadDevice::kCpu;
     else if (a == "--offload=nvme") offload = OffloadDevice::kNvme;
+    else if (a == "--offload-param") offload_param = true;
     else if (a.rfind("--nvme-path=", 0) == 0) nvme_path = a.substr(12);
     else if (a.rfind("--dtype=", 0) == 0) {
       auto p = precision_from_string(a.substr(8));
@@ -84,6 +87,7 @@ int main_impl(int argc, char** argv) {
   s.backwards = backwards;
   s.persistence_threshold = 0;
   s.offload = offload;
+  if (offload_param && stage == 3) s.offload_param = offload;
   s.nvme_path = nvme_path;
   s.sub_group_size = 1000;  // several swap sub-groups per partition
   s.dtype = dtype;

@@ -68,8 +68,9 @@ std::string digest_of(const std::string& output, int rank) {
 }
 
 // Real processes with optimizer offload (cpu, and nvme: each rank streams
-// its moments through its own swap file) and mixed precision give the
-// same bits as the in-memory run, on every rank.
+// its moments through its own swap file; at stage 3 the parameter
+// partitions too) and mixed precision give the same bits as the in-memory
+// run, on every rank.
 TEST(LaunchTest, OffloadAndMixedPrecisionAcrossProcesses) {
   char tmpl[] = "/tmp/zerostep_nvme_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
@@ -89,6 +90,7 @@ TEST(LaunchTest, OffloadAndMixedPrecisionAcrossProcesses) {
         std::vector<std::string> args = base;
         args.push_back("--offload=" + offload);
         args.push_back("--nvme-path=" + nvme);
+        if (stage == 3) args.push_back("--offload-param");
         WorkerRun run = run_worker(2, args);
         EXPECT_EQ(run.result.exit_code, 0) << run.output;
         for (int r = 0; r < 2; ++r)
