@@ -171,8 +171,10 @@ class Engine final : private internal::Zero3Hooks {
   // The flat parameter buffer (layout().numel elements; padding excluded),
   // a view. Stages 0-2 only (UsageError at stage 3).
   torch::Tensor flat_parameters() const;
-  // The flat gradient buffer, accumulated over the open window. Stages 0-2
-  // only (UsageError at stage 3).
+  // The flat gradient buffer, accumulated over the open window (float32;
+  // fp16: still multiplied by loss_scale(), which step() divides out; stage
+  // 2: zero between backward() calls, as each backward's gradient is
+  // reduced into the partitions). Stages 0-2 only (UsageError at stage 3).
   torch::Tensor flat_gradients() const;
   // A copy of every trainable parameter, concatenated in registration order
   // (layout().numel elements). At stage 3 it all-gathers the partitions: a
