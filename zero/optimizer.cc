@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-
 #include <cstring>
 
 #include "common/errors.h"
@@ -118,7 +117,9 @@ void FlatOptimizer::commit() {
 }
 
 size_t FlatOptimizer::state_bytes() const {
-  if (store_) return static_cast<size_t>(store_->buffer_bytes());
+  if (store_)
+    return static_cast<size_t>(store_->buffer_bytes()) +
+           (exp_avg_.capacity() + exp_avg_sq_.capacity()) * sizeof(float);
   return (exp_avg_.size() + exp_avg_sq_.size()) * sizeof(float);
 }
 
@@ -137,6 +138,9 @@ AdamStepParams FlatOptimizer::adam_params(const OptimizerHyper& hyper,
 
 void FlatOptimizer::step_swapped(float* params, const float* grads,
                                  const OptimizerHyper& hyper) {
+  // A checkpoint's read of the moments is not kept in memory past it.
+  std::vector<float>().swap(exp_avg_);
+  std::vector<float>().swap(exp_avg_sq_);
   const int64_t step = step_count_ + 1;
   const bool first = step == 1;
   const AdamStepParams ap = adam_params(hyper, step);

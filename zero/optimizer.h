@@ -26,7 +26,8 @@
 // indeterminate record write); the rank reports IoError and the job
 // resumes from a checkpoint. Memory: the store's buffers only (about
 // buffer_count × arrays × sub_group_numel × 4 bytes); exp_avg() and
-// exp_avg_sq() read the whole state into memory on demand (checkpoints).
+// exp_avg_sq() read the whole state into memory on demand (checkpoints)
+// and hold it until the next step().
 //
 // Thread safety: none; one optimizer per rank.
 #ifndef ZEROSTEP_ZERO_OPTIMIZER_H_
@@ -101,7 +102,8 @@ class FlatOptimizer {
   // on each call (IoError if that fails).
   const std::vector<float>& exp_avg() const;
   const std::vector<float>& exp_avg_sq() const;
-  // Bytes of optimizer state held in memory (swapped: the store's buffers).
+  // Bytes of optimizer state held in memory (swapped: the store's buffers,
+  // plus a checkpoint's read of the moments until the next step()).
   size_t state_bytes() const;
   // Whether the state lives on a device, and the store holding it.
   bool swapped() const { return store_ != nullptr; }

@@ -58,12 +58,21 @@ TEST(OptimizerSwapTest, SameBitsAsInMemory) {
         swp.step(b.data(), g.data(), h);
         swp.commit();
       }
+      // Memory: the store's buffers, not the moments.
+      EXPECT_EQ(swp.state_bytes(), swp.swap_store()->buffer_bytes());
       EXPECT_TRUE(same_bits(a, b));
       EXPECT_TRUE(same_bits(mem.exp_avg(), swp.exp_avg()));
       EXPECT_TRUE(same_bits(mem.exp_avg_sq(), swp.exp_avg_sq()));
       EXPECT_EQ(swp.step_count(), 5);
-      // Memory: the store's buffers, not the moments.
+      // A read of the moments is held until the next step, then dropped.
+      EXPECT_GE(swp.state_bytes(),
+                swp.swap_store()->buffer_bytes() + n * sizeof(float));
+      const std::vector<float> g = random_vector(n, 99, 0.1f);
+      mem.step(a.data(), g.data(), h);
+      swp.step(b.data(), g.data(), h);
+      swp.commit();
       EXPECT_EQ(swp.state_bytes(), swp.swap_store()->buffer_bytes());
+      EXPECT_TRUE(same_bits(a, b));
     }
 }
 
