@@ -80,6 +80,11 @@
 // costs nothing; a copy back is fine too. The function may run more than
 // once for a sub-group only across passes (a retried step), never twice in
 // one pass, and only ever on the committed state.
+// The engine's optimizer (zero/optimizer.h Note [NVMe optimizer state])
+// is such a caller with the staging one level up: it updates in place a
+// copy the stage owns (Note [Transactional update]) and uses
+// prepare_update(), so that the new moments count only once the stage's
+// all-gather has succeeded too.
 //
 // Memory: buffer_count buffers of slot_bytes() (about num_arrays ×
 // subgroup_numel × 4 bytes) each, allocated at construction; a pass
