@@ -10,12 +10,17 @@
 //   for (i < n) engine.backward(loss_i);   // n chosen at run time
 //   engine.step();                          // exactly one update
 //
-// The model's trainable parameters are moved into one flat float32 buffer
-// (each parameter becomes a view of it) and their .grad into another, so
-// autograd accumulates straight into the buffer the stage reduces. Do not
-// replace parameters, set .grad, or call zero_grad() on the model: the
-// engine owns both. Parameters with requires_grad = false stay where they
-// are and are never communicated.
+// The Engine is the same code at every ZeRO stage: it asks
+// AccumulationBoundary what each call means and drives the stage through a
+// ParamBinding (engine/param_binding.h), which binds the model's trainable
+// parameters to the stage's storage: at stages 0-2 one flat float32 buffer
+// (each parameter becomes a view of it) and another for their .grad, so
+// autograd accumulates straight into the buffer the stage reduces; at
+// stage 3 one storage per block group. Do not replace parameters, set
+// .grad, or call zero_grad() on the model: the engine owns both.
+// Parameters with requires_grad = false stay where they are and are never
+// communicated. The Engine issues no collective itself: the stages and
+// zero/agreement.h do.
 //
 // At construction rank 0's parameter values are broadcast to every rank.
 //
@@ -52,11 +57,13 @@
 #include "comm/communicator.h"
 #include "engine/boundary.h"
 #include "engine/config.h"
+#include "engine/failure_latch.h"
 #include "engine/loss_scaler.h"
-#include "engine/zero3_block.h"
+#include "engine/lr_schedule.h"
+#include "engine/offload_devices.h"
+#include "engine/param_binding.h"
 #include "offload/block_device.h"
 #include "zero/stage.h"
-#include "zero/stage3.h"
 
 namespace zerostep {
 
@@ -96,7 +103,7 @@ struct EngineOptions {
   BlockDevice* param_device = nullptr;
 };
 
-class Engine final : private internal::Zero3Hooks {
+class Engine final {
  public:
   // IoError if offload_optimizer.nvme_path or offload_param.nvme_path
   // cannot hold the state (missing, not a directory, not writable, full).
@@ -184,7 +191,8 @@ class Engine final : private internal::Zero3Hooks {
   // now; other stages: nothing.
   void reset_peak_memory();
 
-  // Checkpoints (engine/checkpoint_io.h for the format). Every rank calls
+  // Checkpoints (engine/checkpoint.cc; engine/checkpoint_io.h for the
+  // format). Every rank calls
   // them at the same point, between windows (inside an open accumulation
   // window: UsageError, on every rank for save). save_checkpoint and
   // export_full_model are collectives; load_checkpoint reads every rank's
@@ -224,90 +232,27 @@ class Engine final : private internal::Zero3Hooks {
 
  private:
   OptimizerHyper hyper(const StepOverrides& overrides = {}) const;
-  // offload "nvme": `given`, or the engine's own file
-  // <nvme_path>/zerostep_rank<r>_<what>.swap kept in *owned; otherwise
-  // nullptr (in memory).
-  BlockDevice* swap_device(const OffloadConfig& o, BlockDevice* given,
-                           const char* what,
-                           std::unique_ptr<BlockDevice>* owned);
-  OptimizerSwap optimizer_swap(const EngineOptions& options);
-  ParamSwap param_swap(const EngineOptions& options);
-  void setup_flat(const EngineOptions& options);
-  void setup_stage3(const EngineOptions& options);
-  void require_flat(const char* what) const;
+  // Every rank agrees that no rank is inside an accumulation window
+  // (UsageError on every rank otherwise; zero/agreement.h).
   void require_between_windows(const char* what);
-  // Mixed precision, stages 0-2: adds parameter i's gradient of this
-  // backward (model_grads_) into the flat accumulation, once per backward.
-  void fold_grad(size_t param_index);
-  bool folds_grads() const;
-  // bf16, stages 0-2: the model's weights = the master rounded to bf16.
-  void sync_model_params();
-  void on_grad_ready(size_t param_index);
-  // UsageError once a collective or the offload device failed in step()
-  // (comm_failure_ set).
-  void require_working_comm(const char* what) const;
-  // Records `e` and throws it again as CommError with the call's context.
-  [[noreturn]] void comm_failed(const CommError& e, const std::string& call,
-                                const std::string& unchanged);
-
-  // internal::Zero3Hooks (stage 3 blocks; engine/zero3_block.h).
-  bool enter(torch::nn::Module& block) override;
-  torch::Tensor exit(torch::nn::Module& block,
-                     const torch::Tensor& output) override;
-  void abandon(torch::nn::Module& block) override;
-
-  // Stage 3's group storages: LibTorch storages resized between zero bytes
-  // and their full size.
-  struct GroupStorageImpl final : GroupStorage {
-    explicit GroupStorageImpl(Engine* e) : engine(e) {}
-    float* materialize_params(size_t group) override;
-    void release_params(size_t group) override;
-    float* materialize_grads(size_t group) override;
-    void release_grads(size_t group) override;
-    void params_written(size_t group) override;
-    void grads_ready(size_t group) override;
-    static void* resize(torch::Tensor& t, bool zero);
-    static void free(torch::Tensor& t);
-    Engine* engine;
-  };
 
   Config config_;
   Communicator* comm_;
   std::shared_ptr<torch::nn::Module> model_;
   std::vector<torch::Tensor> params_;
   FlatLayout layout_;
-  torch::Tensor flat_params_;  // padded_numel float32 (bf16: the master)
-  torch::Tensor flat_grads_;   // padded_numel float32
-  // Mixed precision, stages 0-2: the bf16 weights the model computes with,
-  // and the one-backward gradients autograd writes (bf16, or float32 to be
-  // rounded to fp16), both padded_numel.
-  torch::Tensor model_params_;
-  torch::Tensor model_grads_;
-  std::vector<char> folded_;  // per parameter, in this backward
   LossScaler scaler_;
   AccumulationBoundary boundary_;
   LrSchedule lr_schedule_;  // advances on every applied update
-  // NVMe offload: the device the engine opened (outlives stage_).
-  std::unique_ptr<BlockDevice> owned_device_;
-  std::unique_ptr<BlockDevice> owned_param_device_;  // offload_param nvme
-  std::unique_ptr<Stage> stage_;
-  // Stage 3 only.
-  Stage3* stage3_ = nullptr;
-  std::vector<torch::Tensor> group_params_;  // bf16 when training in bf16
-  std::vector<torch::Tensor> group_grads_;   // bf16 when training in bf16
-  // bf16 only: the float32 storages the stage gathers into and reduces
-  // from.
-  std::vector<torch::Tensor> group_params32_;
-  std::vector<torch::Tensor> group_grads32_;
-  std::map<const torch::nn::Module*, size_t> block_group_;
-  GroupStorageImpl group_storage_{this};
-  std::vector<torch::nn::Module*> blocks_;  // hooks point at this engine
-  // AccumulateGrad nodes carrying the stage's grad-ready hooks.
-  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
+  // The first failed collective (or step()'s offload IoError); then every
+  // further call is refused.
+  FailureLatch latch_;
+  // NVMe offload: the devices (outlive the binding's stage).
+  std::unique_ptr<OffloadDevices> offload_;
+  std::unique_ptr<ParamBinding> binding_;
+  Stage* stage_ = nullptr;  // binding_->stage()
   bool step_applied_ = false;
   double last_grad_norm_ = -1.0;
-  // The first CommError's (or step()'s offload IoError's) message, or "".
-  std::string comm_failure_;
 };
 
 }  // namespace zerostep

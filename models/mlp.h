@@ -1,6 +1,6 @@
 // A small multilayer perceptron (Linear-tanh blocks) for regression tests
 // and the harness. Deterministic given torch's global seed at construction.
-// Each layer is a Zero3Block (engine/zero3_block.h).
+// Each layer is a Zero3Block (blocks/zero3_block.h).
 #ifndef ZEROSTEP_MODELS_MLP_H_
 #define ZEROSTEP_MODELS_MLP_H_
 
@@ -8,7 +8,7 @@
 
 #include <vector>
 
-#include "engine/zero3_block.h"
+#include "blocks/zero3_block.h"
 
 namespace zerostep {
 

@@ -9,7 +9,7 @@
 
 #include <vector>
 
-#include "engine/zero3_block.h"
+#include "blocks/zero3_block.h"
 #include "models/lora.h"
 
 namespace zerostep {
@@ -26,7 +26,7 @@ struct TinyGptOptions {
   LoraOptions lora;
 };
 
-// One transformer block: a ZeRO stage 3 block (engine/zero3_block.h).
+// One transformer block: a ZeRO stage 3 block (blocks/zero3_block.h).
 class TinyGptBlockImpl : public torch::nn::Module, public Zero3Block {
  public:
   // `index` tells the block's LoRA adapters apart.

@@ -1,6 +1,6 @@
-// model_shape(): a LibTorch model as zero/schedule.h sees it (trainable
+// model_shape(): a LibTorch model as zero/grouping.h sees it (trainable
 // parameter sizes in registration order, each with its innermost
-// Zero3Block), found the way the Engine finds its stage 3 groups.
+// Zero3Block), found by the same map_zero3_blocks() the engine uses.
 //
 // Thread safety: reads the module only.
 #ifndef ZEROSTEP_PARITY_MODEL_SHAPE_H_
@@ -10,7 +10,7 @@
 
 #include <string>
 
-#include "zero/schedule.h"
+#include "zero/grouping.h"
 
 namespace zerostep {
 

@@ -44,11 +44,6 @@ Event norm() {
                     Phase::kStep);
 }
 
-size_t padded_group(size_t numel, int world) {
-  const size_t quantum = FlatLayout::kAlignNumel * world;
-  return std::max(quantum, (numel + quantum - 1) / quantum * quantum);
-}
-
 void check(const ModelShape& m, const ScheduleOptions& o) {
   if (o.stage < 0 || o.stage > 3)
     throw UsageError("schedule: stage " + std::to_string(o.stage) +
@@ -82,31 +77,6 @@ void stage2_gathers(const FlatLayout& layout, const ScheduleOptions& o,
 
 }  // namespace
 
-size_t ModelShape::numel() const {
-  size_t n = 0;
-  for (size_t x : numels) n += x;
-  return n;
-}
-
-std::vector<Stage3Group> stage3_groups(const ModelShape& m, int64_t threshold) {
-  std::vector<Stage3Group> blocks(static_cast<size_t>(m.num_blocks));
-  Stage3Group persistent;
-  persistent.persistent = true;
-  for (size_t i = 0; i < m.numels.size(); ++i) {
-    const bool in_block =
-        m.block[i] >= 0 && static_cast<int64_t>(m.numels[i]) >= threshold;
-    Stage3Group& g =
-        in_block ? blocks.at(static_cast<size_t>(m.block[i])) : persistent;
-    g.params.push_back(i);
-    g.numel += m.numels[i];
-  }
-  std::vector<Stage3Group> used;
-  for (const Stage3Group& g : blocks)
-    if (!g.params.empty()) used.push_back(g);
-  if (!persistent.params.empty()) used.push_back(persistent);
-  return used;
-}
-
 std::vector<ScheduleEvent> setup_schedule(const ModelShape& m,
                                           const ScheduleOptions& o) {
   check(m, o);
@@ -119,7 +89,7 @@ std::vector<ScheduleEvent> setup_schedule(const ModelShape& m,
   }
   for (const Stage3Group& g : stage3_groups(m, o.persistence_threshold))
     out.push_back(collective(CollectiveKind::kBroadcast, DType::kFloat32,
-                             padded_group(g.numel, o.world_size),
+                             padded_numel(g.numel, o.world_size),
                              Phase::kSetup));
   return out;
 }
@@ -222,7 +192,7 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
   const std::vector<Stage3Group> groups =
       stage3_groups(m, o.persistence_threshold);
   size_t owned = 0;
-  for (const Stage3Group& g : groups) owned += padded_group(g.numel, w) / w;
+  for (const Stage3Group& g : groups) owned += padded_numel(g.numel, w) / w;
   for (int k = 1; k <= o.backwards; ++k) {
     double persistent_params = 0.0;
     for (const Stage3Group& g : groups) {
@@ -231,7 +201,7 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
         continue;
       }
       out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
-                               padded_group(g.numel, w), Phase::kForward));
+                               padded_numel(g.numel, w), Phase::kForward));
       out.push_back(
           compute(Event::Work::kForward, static_cast<double>(g.numel)));
     }
@@ -240,7 +210,7 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
     for (size_t i = groups.size(); i-- > 0;) {
       const Stage3Group& g = groups[i];
       if (g.persistent) continue;
-      const size_t padded = padded_group(g.numel, w);
+      const size_t padded = padded_numel(g.numel, w);
       out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
                                padded, Phase::kBackward));
       out.push_back(
@@ -252,7 +222,7 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
     for (const Stage3Group& g : groups)
       if (g.persistent)
         out.push_back(collective(CollectiveKind::kReduceScatter,
-                                 DType::kFloat32, padded_group(g.numel, w),
+                                 DType::kFloat32, padded_numel(g.numel, w),
                                  Phase::kBackward));
     if (o.managed && k == o.backwards)
       out.push_back(agreement(w, Phase::kStep));
@@ -263,7 +233,7 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
   for (const Stage3Group& g : groups)
     if (g.persistent)
       out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
-                               padded_group(g.numel, w), Phase::kStep));
+                               padded_numel(g.numel, w), Phase::kStep));
   return out;
 }
 
@@ -299,7 +269,7 @@ MemoryStats planned_memory(const ModelShape& m, const ScheduleOptions& o) {
   }
   size_t owned = 0, largest_partition = 0, largest_block = 0, persistent = 0;
   for (const Stage3Group& g : stage3_groups(m, o.persistence_threshold)) {
-    const size_t padded = padded_group(g.numel, w);
+    const size_t padded = padded_numel(g.numel, w);
     owned += padded / w;
     largest_partition = std::max(largest_partition, padded / w);
     if (g.persistent)

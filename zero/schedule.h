@@ -12,7 +12,7 @@
 // and asynchrony, and where compute falls between them; it takes the
 // partitioning from the same functions the stages use (FlatLayout,
 // Note [Bucket-interleaved partition]'s make_buckets, Stage 3's group
-// padding) and mirrors the Engine's stage 3 grouping. It does not run the
+// padding) and the stage 3 grouping rule (zero/grouping.h) the engine uses. It does not run the
 // stage code; what keeps it equal to the stage code is
 // parity/schedule_test.cc, which compares it entry for entry (kind, dtype,
 // elements, phase, as a multiset per window) with the ledger of real
@@ -48,20 +48,10 @@
 #include "comm/communicator.h"
 #include "comm/ledger.h"
 #include "zero/stage.h"
+#include "zero/grouping.h"
 #include "zero/stage3.h"
 
 namespace zerostep {
-
-// A model as the schedule sees it.
-struct ModelShape {
-  std::string name;
-  std::vector<size_t> numels;  // trainable parameters, registration order
-  // Per parameter: the index of the innermost Zero3Block holding it (blocks
-  // numbered in module order, as the Engine finds them), or -1.
-  std::vector<int> block;
-  int num_blocks = 0;
-  size_t numel() const;
-};
 
 struct ScheduleOptions {
   int stage = 0;
@@ -111,12 +101,6 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& model,
 // parameters and gradients above it.
 MemoryStats planned_memory(const ModelShape& model,
                            const ScheduleOptions& options);
-// The Engine's stage 3 groups: one per block with parameters of at least
-// `persistence_threshold` elements, in block order, then the persistent
-// group (everything else), if not empty.
-std::vector<Stage3Group> stage3_groups(const ModelShape& model,
-                                       int64_t persistence_threshold);
-
 }  // namespace zerostep
 
 #endif  // ZEROSTEP_ZERO_SCHEDULE_H_

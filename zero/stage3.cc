@@ -23,10 +23,9 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
       world_(comm->world_size()),
       rank_(comm->rank()),
       optimizer_(options.optimizer, [&] {
-        const size_t quantum = FlatLayout::kAlignNumel * comm->world_size();
         size_t n = 0;
         for (const Stage3Group& g : groups_)
-          n += (g.numel + quantum - 1) / quantum * quantum / comm->world_size();
+          n += zerostep::padded_numel(g.numel, comm->world_size()) / comm->world_size();
         return n;
       }(), AdamKernel::kFused, options.optimizer_swap) {
   ZS_CHECK(storage_ != nullptr);
@@ -36,7 +35,6 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
     canonical_offset_.push_back(canonical);
     canonical += n;
   }
-  const size_t quantum = FlatLayout::kAlignNumel * world_;
   size_t virtual_offset = 0;  // groups laid out back to back, padded
   for (size_t g = 0; g < groups_.size(); ++g) {
     size_t at = 0;
@@ -47,8 +45,7 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
       at += param_numels[p];
     }
     ZS_CHECK(at == groups_[g].numel);
-    const size_t padded =
-        std::max(quantum, (at + quantum - 1) / quantum * quantum);
+    const size_t padded = zerostep::padded_numel(at, world_);
     padded_.push_back(padded);
     partition_.push_back(padded / world_);
     part_offset_.push_back(owned_numel_);

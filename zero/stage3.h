@@ -3,10 +3,11 @@
 // Note [Stage 3 groups]
 // ~~~~~~~~~~~~~~~~~~~~~
 // Trainable parameters are split into groups: one per block (a module the
-// model marks as a Zero3Block, engine/zero3_block.h) plus one persistent
+// model marks as a Zero3Block, blocks/zero3_block.h) plus one persistent
 // group for everything else and for parameters smaller than
-// stage3_param_persistence_threshold. Each group is one flat range, padded
-// to a multiple of W × 16; rank r owns its r-th 1/W. At rest a rank holds
+// stage3_param_persistence_threshold (Note [Stage 3 grouping rule] in
+// zero/grouping.h). Each group is one flat range, padded by Note [Padding
+// rule] (zero/flat_layout.h); rank r owns its r-th 1/W. At rest a rank holds
 // only its partitions (fp32 parameters = the master copy, the accumulated
 // gradient, the optimizer state): the full parameter and gradient storage
 // of a non-persistent group exists only while the group is in use.
@@ -65,15 +66,10 @@
 #include <memory>
 #include <vector>
 
+#include "zero/grouping.h"
 #include "zero/stage.h"
 
 namespace zerostep {
-
-struct Stage3Group {
-  std::vector<size_t> params;  // engine parameter indices, in order
-  size_t numel = 0;            // sum of the parameters' numels
-  bool persistent = false;     // stays whole on every rank
-};
 
 // Full-size storage of a group, owned by the engine (LibTorch storages that
 // the parameters and their .grad view). Each call returns padded_numel

@@ -19,16 +19,20 @@
 // on every rank, so any module trains correctly; blocks are what bring the
 // memory down to about 1/W of the model plus one block.
 //
+// This package is a leaf below models/ and engine/: a model depends on it,
+// never on the engine.
+//
 // Thread safety: a block remembers the engine that owns it (set when a
 // stage 3 Engine is constructed over the model, cleared when it is
 // destroyed), so the forward may run on any thread. A model belongs to one
 // Engine at a time.
-#ifndef ZEROSTEP_ENGINE_ZERO3_BLOCK_H_
-#define ZEROSTEP_ENGINE_ZERO3_BLOCK_H_
+#ifndef ZEROSTEP_BLOCKS_ZERO3_BLOCK_H_
+#define ZEROSTEP_BLOCKS_ZERO3_BLOCK_H_
 
 #include <torch/torch.h>
 
 #include <functional>
+#include <vector>
 
 namespace zerostep {
 
@@ -50,17 +54,32 @@ class Zero3Block {
   internal::Zero3Hooks* zero3_hooks_ = nullptr;
 };
 
+// The trainable parameters of `model` (requires_grad), in registration
+// order: what an Engine trains, and the order of every flat buffer.
+std::vector<torch::Tensor> trainable_parameters(const torch::nn::Module& model);
+
+// Where the blocks of `model` are: the Zero3Block modules in
+// named_modules() order, and for each trainable parameter (in
+// trainable_parameters() order) the index of the innermost block holding
+// it, or -1 (Note [Stage 3 grouping rule] in zero/grouping.h).
+struct Zero3BlockMap {
+  std::vector<torch::nn::Module*> blocks;
+  std::vector<int> block_of_param;
+};
+Zero3BlockMap map_zero3_blocks(const torch::nn::Module& model);
+
 torch::Tensor zero3_block(
     torch::nn::Module& block, const torch::Tensor& input,
     const std::function<torch::Tensor(const torch::Tensor&)>& body);
 
 namespace internal {
 
-// What a stage 3 engine does around a block (implemented by Engine).
+// What a stage 3 engine does around a block (implemented by the engine's
+// stage 3 binding, engine/stage3_binding.h).
 class Zero3Hooks {
  public:
   virtual ~Zero3Hooks() = default;
-  // Returns false if `block` holds no group of this engine (all its
+  // Returns false if `block` holds no group of the engine (all its
   // parameters are persistent or frozen).
   virtual bool enter(torch::nn::Module& block) = 0;
   virtual torch::Tensor exit(torch::nn::Module& block,
@@ -71,4 +90,4 @@ class Zero3Hooks {
 }  // namespace internal
 }  // namespace zerostep
 
-#endif  // ZEROSTEP_ENGINE_ZERO3_BLOCK_H_
+#endif  // ZEROSTEP_BLOCKS_ZERO3_BLOCK_H_

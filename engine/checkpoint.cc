@@ -1,0 +1,264 @@
+// Engine's checkpoint orchestration: save_checkpoint, load_checkpoint and
+// export_full_model (engine/engine.h for their contracts, engine/
+// checkpoint_io.h for the files). The ranks' agreements go through
+// zero/agreement.h; this file issues no collective itself.
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "common/errors.h"
+#include "engine/checkpoint_io.h"
+#include "engine/engine.h"
+#include "zero/agreement.h"
+
+namespace zerostep {
+namespace {
+
+constexpr const char* kFormat = "zerostep-checkpoint-1";
+
+std::string rank_file(int r) { return "rank_" + std::to_string(r) + ".bin"; }
+
+}  // namespace
+
+void Engine::require_between_windows(const char* what) {
+  // Every rank learns every rank's window, so all agree on the answer.
+  agree_between_windows(*comm_, boundary_.window_backwards(), what);
+}
+
+void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
+  if (tag.empty() || tag.find('/') != std::string::npos || tag == "latest")
+    throw UsageError("checkpoint tag '" + tag +
+                     "' must be a non-empty name "
+                     "without '/' other than 'latest'");
+  require_between_windows("save_checkpoint()");
+  const std::string folder = dir + "/" + tag;
+  // Each rank writes its file; failures are shared so every rank throws.
+  std::string error;
+  uint64_t bytes = 0, checksum = 0;
+  try {
+    make_dirs(folder);
+    RankState st;
+    st.rank = rank();
+    st.segments = stage_->owned_segments();
+    st.params = stage_->owned_parameters();
+    st.exp_avg = stage_->optimizer().exp_avg();
+    st.exp_avg_sq = stage_->optimizer().exp_avg_sq();
+    const std::string encoded = encode_rank_state(st);
+    atomic_write_file(folder + "/" + rank_file(rank()), encoded);
+    bytes = encoded.size();
+    checksum = fnv1a64(encoded.data(), encoded.size());
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  RankOutcome mine;
+  mine.failed = !error.empty();
+  mine.bytes = bytes;
+  mine.checksum = checksum;
+  const std::vector<RankOutcome> all = share_outcomes(*comm_, mine);
+  for (int r = 0; r < world_size(); ++r)
+    if (all[r].failed)
+      throw IoError("save_checkpoint('" + folder + "') failed on rank " +
+                    std::to_string(r) +
+                    (r == rank() ? ": " + error : std::string()) +
+                    ". The previous checkpoint is untouched");
+  // Rank 0 writes the manifest, then `latest`, and tells everyone whether
+  // that worked, so every rank returns (or throws) together.
+  bool manifest_failed = false;
+  std::string manifest_error;
+  if (rank() == 0) {
+    nlohmann::json m;
+    m["format"] = kFormat;
+    m["world_size"] = world_size();
+    m["stage"] = config_.zero.stage;
+    m["numel"] = layout_.numel;
+    m["param_numels"] = layout_.numels;
+    m["optimizer"] = to_string(config_.optimizer.type);
+    m["optimizer_steps"] = stage_->optimizer().step_count();
+    const auto c = boundary_.counters();
+    m["counters"] = {{"micro_steps", c.micro_steps},
+                     {"global_steps", c.global_steps},
+                     {"global_samples", c.global_samples},
+                     {"skipped_steps", c.skipped_steps}};
+    m["lr_schedule_iteration"] = lr_schedule_.last_batch_iteration();
+    m["dtype"] = to_string(dtype());
+    const LossScaler::State& ls = scaler_.state();
+    m["loss_scaler"] = {{"scale", ls.scale},
+                        {"iteration", ls.iteration},
+                        {"last_overflow_iteration", ls.last_overflow_iteration},
+                        {"hysteresis_left", ls.hysteresis_left}};
+    nlohmann::json files = nlohmann::json::array();
+    for (int r = 0; r < world_size(); ++r)
+      files.push_back({{"name", rank_file(r)},
+                       {"bytes", all[r].bytes},
+                       {"fnv1a", all[r].checksum}});
+    m["files"] = files;
+    // Manifest last, then `latest`: a crash before either leaves the
+    // previous checkpoint the current one.
+    try {
+      atomic_write_file(folder + "/manifest.json", m.dump(1));
+      atomic_write_file(dir + "/latest", tag + "\n");
+    } catch (const Error& e) {
+      manifest_failed = true;
+      manifest_error = e.what();
+    }
+  }
+  if (root_failed(*comm_, manifest_failed))
+    throw IoError("save_checkpoint('" + folder +
+                  "') could not write its "
+                  "manifest on rank 0" +
+                  (rank() == 0 ? ": " + manifest_error : std::string()) +
+                  ". The previous checkpoint is untouched");
+}
+
+void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
+                             const LoadOptions& options) {
+  if (boundary_.window_backwards() != 0 || boundary_.in_step())
+    throw UsageError(
+        "load_checkpoint() inside an open accumulation window: "
+        "call step() first. Nothing was changed");
+  std::string tag = tag_in;
+  if (tag.empty()) {
+    tag = read_file(dir + "/latest");
+    while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' '))
+      tag.pop_back();
+  }
+  const std::string folder = dir + "/" + tag;
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(read_file(folder + "/manifest.json"));
+    if (m.at("format").get<std::string>() != kFormat)
+      throw IoError("'" + folder + "/manifest.json' is not a " + kFormat +
+                    " manifest");
+  } catch (const nlohmann::json::exception& e) {
+    throw IoError("checkpoint manifest '" + folder +
+                  "/manifest.json' is corrupt: " + e.what() +
+                  ". Nothing was changed");
+  }
+  auto mismatch = [&](const std::string& what, const std::string& theirs,
+                      const std::string& ours, const std::string& fix) {
+    throw UsageError("checkpoint '" + folder + "' was written with " + what +
+                     " " + theirs + ", this engine has " + ours + ". " + fix +
+                     " Nothing was changed");
+  };
+  const auto numels = m.at("param_numels").get<std::vector<size_t>>();
+  if (numels != layout_.numels)
+    mismatch("a model of " + std::to_string(numels.size()) + " parameters",
+             "(" + std::to_string(m.at("numel").get<size_t>()) + " elements)",
+             std::to_string(layout_.numels.size()) + " (" +
+                 std::to_string(layout_.numel) + " elements)",
+             "Load it into the same model.");
+  if (m.at("optimizer").get<std::string>() != to_string(config_.optimizer.type))
+    mismatch("optimizer", m.at("optimizer").get<std::string>(),
+             to_string(config_.optimizer.type), "Use the same optimizer.");
+  const int their_world = m.at("world_size").get<int>();
+  const int their_stage = m.at("stage").get<int>();
+  if (!options.allow_reshard &&
+      (their_world != world_size() || their_stage != config_.zero.stage))
+    mismatch("world size / ZeRO stage",
+             std::to_string(their_world) + " / " + std::to_string(their_stage),
+             std::to_string(world_size()) + " / " +
+                 std::to_string(config_.zero.stage),
+             "Pass LoadOptions{.allow_reshard = true} to re-partition it.");
+  // Read and verify every rank file, assembling the canonical vectors.
+  const size_t n = layout_.numel;
+  const bool has_m = !stage_->optimizer().exp_avg().empty();
+  const bool has_v = !stage_->optimizer().exp_avg_sq().empty();
+  std::vector<float> params(n, 0.0f), exp_avg(has_m ? n : 0, 0.0f),
+      exp_avg_sq(has_v ? n : 0, 0.0f);
+  std::vector<char> covered(n, 0);
+  for (const auto& f : m.at("files")) {
+    const std::string path = folder + "/" + f.at("name").get<std::string>();
+    const std::string bytes = read_file(path);
+    if (bytes.size() != f.at("bytes").get<uint64_t>() ||
+        fnv1a64(bytes.data(), bytes.size()) != f.at("fnv1a").get<uint64_t>())
+      throw IoError("checkpoint file '" + path +
+                    "' does not match its "
+                    "manifest (size or checksum): truncated or replaced. "
+                    "Nothing was changed");
+    RankState st = decode_rank_state(bytes, path);
+    if (has_m != !st.exp_avg.empty() || has_v != !st.exp_avg_sq.empty())
+      mismatch("optimizer state", "of another shape", "its own",
+               "Use the same optimizer settings.");
+    for (const Segment& g : st.segments) {
+      if (g.canonical_offset + g.numel > n)
+        throw IoError("checkpoint file '" + path +
+                      "' maps state outside the "
+                      "model. Nothing was changed");
+      std::memcpy(params.data() + g.canonical_offset,
+                  st.params.data() + g.state_offset, g.numel * sizeof(float));
+      if (has_m)
+        std::memcpy(exp_avg.data() + g.canonical_offset,
+                    st.exp_avg.data() + g.state_offset,
+                    g.numel * sizeof(float));
+      if (has_v)
+        std::memcpy(exp_avg_sq.data() + g.canonical_offset,
+                    st.exp_avg_sq.data() + g.state_offset,
+                    g.numel * sizeof(float));
+      std::fill(covered.begin() + g.canonical_offset,
+                covered.begin() + g.canonical_offset + g.numel, 1);
+    }
+  }
+  if (std::find(covered.begin(), covered.end(), 0) != covered.end())
+    throw IoError("checkpoint '" + folder +
+                  "' does not cover every "
+                  "parameter (a rank file is missing from the manifest). "
+                  "Nothing was changed");
+  const auto& c = m.at("counters");
+  AccumulationBoundary::Counters counters{c.at("micro_steps").get<int64_t>(),
+                                          c.at("global_steps").get<int64_t>(),
+                                          c.at("global_samples").get<int64_t>(),
+                                          c.at("skipped_steps").get<int64_t>()};
+  // The loss scale continues only into fp16 training.
+  std::optional<LossScaler::State> scaler_state;
+  if (dtype() == Precision::kFp16 && m.contains("loss_scaler") &&
+      m.value("dtype", "fp32") == "fp16") {
+    const auto& ls = m.at("loss_scaler");
+    scaler_state = LossScaler::State{
+        ls.at("scale").get<double>(), ls.at("iteration").get<int64_t>(),
+        ls.at("last_overflow_iteration").get<int64_t>(),
+        ls.at("hysteresis_left").get<int64_t>()};
+  }
+  // Everything is verified: apply.
+  int64_t optimizer_steps = m.at("optimizer_steps").get<int64_t>();
+  if (!options.load_optimizer_states) {
+    std::fill(exp_avg.begin(), exp_avg.end(), 0.0f);
+    std::fill(exp_avg_sq.begin(), exp_avg_sq.end(), 0.0f);
+    optimizer_steps = 0;
+  }
+  stage_->load_state(params, exp_avg, exp_avg_sq, optimizer_steps);
+  binding_->params_written();
+  if (scaler_state) scaler_.restore(*scaler_state);
+  boundary_.restore(counters);
+  lr_schedule_.set_last_batch_iteration(
+      m.at("lr_schedule_iteration").get<int64_t>());
+}
+
+void Engine::export_full_model(const std::string& path) {
+  torch::Tensor all = full_parameters();
+  if (rank() != 0) return;
+  nlohmann::json h;
+  h["format"] = "zerostep-model-1";
+  nlohmann::json params = nlohmann::json::array();
+  size_t i = 0;
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    params.push_back({{"name", item.key()},
+                      {"shape", item.value().sizes().vec()},
+                      {"numel", layout_.numels[i++]}});
+  }
+  h["params"] = params;
+  h["dtype"] = "float32";
+  const std::string header = h.dump();
+  std::string out = "ZSMODEL1";
+  for (int b = 0; b < 8; ++b)
+    out.push_back(
+        static_cast<char>(static_cast<uint64_t>(header.size()) >> (8 * b)));
+  out += header;
+  out.append(reinterpret_cast<const char*>(all.data_ptr<float>()),
+             static_cast<size_t>(all.numel()) * sizeof(float));
+  atomic_write_file(path, out);
+}
+
+}  // namespace zerostep

@@ -1,0 +1,56 @@
+#include "engine/param_binding.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+
+#include <functional>
+
+#include "engine/flat_binding.h"
+#include "engine/stage3_binding.h"
+
+namespace zerostep {
+namespace {
+
+// Runs after AccumulateGrad has added a backward's gradient into a
+// parameter's .grad: the point from which a stage may communicate that
+// gradient (overlap_comm, stage 3).
+class GradReadyHook final : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(std::function<void(size_t)> ready, size_t param_index)
+      : ready_(std::move(ready)), param_index_(param_index) {}
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list&) override {
+    ready_(param_index_);
+    return outputs;
+  }
+
+ private:
+  std::function<void(size_t)> ready_;
+  size_t param_index_;
+};
+
+}  // namespace
+
+void ParamBinding::install_grad_ready_hooks(
+    const std::vector<torch::Tensor>& params) {
+  if (!stage().wants_grad_ready()) return;
+  for (size_t i = 0; i < params.size(); ++i) {
+    grad_accumulators_.push_back(
+        torch::autograd::impl::grad_accumulator(params[i]));
+    grad_accumulators_.back()->add_post_hook(std::make_unique<GradReadyHook>(
+        [this](size_t p) { on_grad_ready(p); }, i));
+  }
+}
+
+std::unique_ptr<ParamBinding> make_param_binding(
+    std::shared_ptr<torch::nn::Module> model, std::vector<torch::Tensor> params,
+    const BindingOptions& options, Communicator* comm, FailureLatch* latch) {
+  if (options.stage.stage == 3)
+    return std::make_unique<Stage3Binding>(std::move(model), std::move(params),
+                                           options, comm, latch);
+  return std::make_unique<FlatBinding>(std::move(model), std::move(params),
+                                       options, comm);
+}
+
+}  // namespace zerostep

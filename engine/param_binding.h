@@ -1,0 +1,103 @@
+// ParamBinding: how a model's trainable parameters are bound to one ZeRO
+// stage's storage. The Engine drives every stage through this interface
+// and never branches on the stage number; make_param_binding() is the one
+// place that chooses:
+//
+//   FlatBinding (engine/flat_binding.h)      stages 0-2: the parameters and
+//       their .grad view two flat buffers the stage reduces and updates;
+//       mixed precision folds each backward's bf16/fp16 gradient into the
+//       float32 accumulation (Note [Precision model] in zero/precision.h).
+//   Stage3Binding (engine/stage3_binding.h)  stage 3: one storage per group
+//       (Note [Stage 3 grouping rule] in zero/grouping.h), materialized and
+//       released around each Zero3Block's forward and backward.
+//
+// A binding owns the Stage it builds, installs the autograd hooks that tell
+// the stage when a parameter's gradient is complete, and keeps the model's
+// weights in step with the stage's float32 parameters.
+//
+// The engine calls, per backward():
+//   stage().begin_backward(k, s); begin_backward(); <autograd>;
+//   end_backward(); stage().end_backward()
+// and params_written() after every applied update and checkpoint load.
+//
+// Ownership: the binding shares the model; `comm` and the devices in the
+// StageOptions must outlive it.
+// Thread safety: none; one binding per Engine, used from its thread.
+#ifndef ZEROSTEP_ENGINE_PARAM_BINDING_H_
+#define ZEROSTEP_ENGINE_PARAM_BINDING_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "engine/failure_latch.h"
+#include "zero/flat_layout.h"
+#include "zero/precision.h"
+#include "zero/stage.h"
+
+namespace zerostep {
+
+class ParamBinding {
+ public:
+  virtual ~ParamBinding() = default;
+
+  virtual Stage& stage() = 0;
+  virtual const Stage& stage() const = 0;
+
+  // Before the autograd pass of a backward.
+  virtual void begin_backward() = 0;
+  // After it (every gradient of this backward is in the stage's float32
+  // gradient storage when this returns).
+  virtual void end_backward() = 0;
+  // The stage's float32 parameters were rewritten (update, load): the
+  // model's weights follow.
+  virtual void params_written() = 0;
+
+  // A copy of every trainable parameter, concatenated in registration
+  // order (a collective at stage 3).
+  virtual torch::Tensor full_parameters() = 0;
+  // Views of the flat buffers (numel elements); UsageError at stage 3.
+  virtual torch::Tensor flat_parameters() const = 0;
+  virtual torch::Tensor flat_gradients() const = 0;
+  // The stage's memory plus the model's own mixed-precision copies.
+  virtual MemoryStats memory() const = 0;
+  virtual void reset_peak_memory() = 0;
+
+ protected:
+  // Autograd finished parameter i's gradient of this backward (the hook
+  // installed by install_grad_ready_hooks).
+  virtual void on_grad_ready(size_t param_index) = 0;
+  // When the stage wants on_grad_ready (overlap_comm, stage 3), hooks every
+  // parameter's AccumulateGrad node to call it.
+  void install_grad_ready_hooks(const std::vector<torch::Tensor>& params);
+
+ private:
+  // The AccumulateGrad nodes carrying the hooks: a parameter holds its
+  // accumulator weakly, so the binding keeps them (and the hooks) alive.
+  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
+};
+
+// What a binding is built from.
+struct BindingOptions {
+  // The stage's options (stage number, layout, optimizer, buckets, swaps).
+  StageOptions stage;
+  Precision dtype = Precision::kFp32;
+  // Stage 3: zero_optimization.stage3_param_persistence_threshold.
+  int64_t persistence_threshold = 100000;
+};
+
+// `params` are the model's trainable parameters (trainable_parameters() in
+// blocks/zero3_block.h), `layout` their flat layout over comm's world.
+// Moves the parameters into the binding's storage, broadcasts rank 0's
+// values to every rank (a collective), builds the stage. `latch` (outlives
+// the binding) guards the collectives stage 3 runs in a block's forward.
+std::unique_ptr<ParamBinding> make_param_binding(
+    std::shared_ptr<torch::nn::Module> model, std::vector<torch::Tensor> params,
+    const BindingOptions& options, Communicator* comm, FailureLatch* latch);
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_ENGINE_PARAM_BINDING_H_

@@ -1,0 +1,238 @@
+#include "engine/stage3_binding.h"
+
+#include <ATen/native/Resize.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/errors.h"
+#include "zero/agreement.h"
+#include "zero/grouping.h"
+
+namespace zerostep {
+namespace {
+
+void* resize_storage(torch::Tensor& t, bool zero) {
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), bytes);
+  void* data = t.data_ptr();
+  if (zero) std::memset(data, 0, bytes);
+  return data;
+}
+
+void free_storage(torch::Tensor& t) {
+  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), 0);
+}
+
+// Which group an identity node gathers: held by the node's saved data.
+struct GroupRef final : torch::CustomClassHolder {
+  GroupRef(Stage3* s, size_t g) : stage3(s), group(g) {}
+  Stage3* stage3;
+  size_t group;
+};
+
+// Identity in forward; in backward, gathers the block's group (parameters
+// and zeroed gradient storage) before the block's own backward runs.
+struct GatherForBackward : public torch::autograd::Function<GatherForBackward> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx,
+                               torch::Tensor output,
+                               c10::intrusive_ptr<GroupRef> ref) {
+    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(ref));
+    return output;
+  }
+  static torch::autograd::variable_list backward(
+      torch::autograd::AutogradContext* ctx,
+      torch::autograd::variable_list grads) {
+    auto ref = c10::static_intrusive_pointer_cast<GroupRef>(
+        ctx->saved_data["group"].toCapsule());
+    ref->stage3->gather_for_backward(ref->group);
+    return {grads[0], torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+Stage3Binding::Stage3Binding(std::shared_ptr<torch::nn::Module> model,
+                             std::vector<torch::Tensor> params,
+                             const BindingOptions& options, Communicator* comm,
+                             FailureLatch* latch)
+    : model_(std::move(model)),
+      params_(std::move(params)),
+      dtype_(options.dtype),
+      numel_(options.stage.layout.numel),
+      latch_(latch) {
+  ZS_CHECK(latch_ != nullptr);
+  const Zero3BlockMap map = map_zero3_blocks(*model_);
+  ModelShape shape;
+  shape.numels = options.stage.layout.numels;
+  shape.block = map.block_of_param;
+  shape.num_blocks = static_cast<int>(map.blocks.size());
+  const std::vector<Stage3Group> groups =
+      stage3_groups(shape, options.persistence_threshold);
+  const int world = comm->world_size();
+  std::vector<float*> initial;
+  {
+    torch::NoGradGuard no_grad;
+    const bool bf16 = dtype_ == Precision::kBf16;
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+    const auto model_dtype =
+        torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32);
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      const Stage3Group& g = groups[gi];
+      if (g.block >= 0) block_group_[map.blocks[g.block]] = gi;
+      const int64_t padded = static_cast<int64_t>(padded_numel(g.numel, world));
+      group_params_.push_back(torch::zeros({padded}, model_dtype));
+      group_grads_.push_back(torch::zeros({padded}, model_dtype));
+      if (bf16) {
+        group_params32_.push_back(torch::zeros({padded}, f32));
+        group_grads32_.push_back(torch::zeros({padded}, f32));
+      }
+      torch::Tensor& master =
+          bf16 ? group_params32_.back() : group_params_.back();
+      int64_t at = 0;
+      for (size_t i : g.params) {
+        torch::Tensor& p = params_[i];
+        const int64_t n = p.numel();
+        master.narrow(0, at, n).view(p.sizes()).copy_(p);
+        p.set_data(group_params_.back().narrow(0, at, n).view(p.sizes()));
+        p.mutable_grad() = group_grads_.back().narrow(0, at, n).view(p.sizes());
+        at += n;
+      }
+      broadcast_initial_parameters(*comm, master.data_ptr<float>(),
+                                   static_cast<size_t>(padded));
+      if (bf16) group_params_.back().copy_(master);
+      initial.push_back(master.data_ptr<float>());
+    }
+  }
+  stage3_ = std::make_unique<Stage3>(options.stage, groups,
+                                     options.stage.layout.numels, initial,
+                                     static_cast<GroupStorage*>(this), comm);
+  for (torch::nn::Module* b : map.blocks)
+    dynamic_cast<Zero3Block*>(b)->set_zero3_hooks(this);
+  blocks_ = map.blocks;
+  install_grad_ready_hooks(params_);
+}
+
+Stage3Binding::~Stage3Binding() {
+  for (torch::nn::Module* b : blocks_) {
+    auto* marked = dynamic_cast<Zero3Block*>(b);
+    if (marked->zero3_hooks() == this) marked->set_zero3_hooks(nullptr);
+  }
+}
+
+// bf16: the model views bf16 storages; the stage gathers into and reduces
+// from float32 ones, converted by the two hooks below.
+float* Stage3Binding::materialize_params(size_t g) {
+  void* model = resize_storage(group_params_[g], /*zero=*/false);
+  if (group_params32_.empty()) return static_cast<float*>(model);
+  return static_cast<float*>(resize_storage(group_params32_[g], false));
+}
+
+void Stage3Binding::release_params(size_t g) {
+  free_storage(group_params_[g]);
+  if (!group_params32_.empty()) free_storage(group_params32_[g]);
+}
+
+float* Stage3Binding::materialize_grads(size_t g) {
+  void* model = resize_storage(group_grads_[g], /*zero=*/true);
+  if (group_grads32_.empty()) return static_cast<float*>(model);
+  return static_cast<float*>(resize_storage(group_grads32_[g], true));
+}
+
+void Stage3Binding::release_grads(size_t g) {
+  free_storage(group_grads_[g]);
+  if (!group_grads32_.empty()) free_storage(group_grads32_[g]);
+}
+
+void Stage3Binding::params_written(size_t g) {
+  if (group_params32_.empty()) return;
+  torch::Tensor& model = group_params_[g];
+  to_bf16(group_params32_[g].data_ptr<float>(),
+          reinterpret_cast<uint16_t*>(model.data_ptr()),
+          static_cast<size_t>(model.numel()));
+}
+
+void Stage3Binding::grads_ready(size_t g) {
+  torch::Tensor& model = group_grads_[g];
+  const size_t n = static_cast<size_t>(model.numel());
+  switch (dtype_) {
+    case Precision::kFp32:
+      return;
+    case Precision::kFp16:
+      round_in_place(Precision::kFp16, model.data_ptr<float>(), n);
+      return;
+    case Precision::kBf16: {
+      // The float32 buffer is zero here (fresh, or cleared after the
+      // group's last reduce).
+      auto* bits = reinterpret_cast<uint16_t*>(model.data_ptr());
+      accumulate_bf16(group_grads32_[g].data_ptr<float>(), bits, n,
+                      Precision::kFp32);
+      std::memset(bits, 0, n * sizeof(uint16_t));
+      return;
+    }
+  }
+}
+
+bool Stage3Binding::enter(torch::nn::Module& block) {
+  auto it = block_group_.find(&block);
+  if (it == block_group_.end()) return false;
+  latch_->require_working("a ZeRO-3 block's forward");
+  try {
+    stage3_->gather(it->second, Phase::kForward);
+  } catch (const CommError& e) {
+    latch_->comm_failed(e,
+                        "the forward of a ZeRO-3 block (group " +
+                            std::to_string(it->second) + ")",
+                        "no counter moved");
+  }
+  return true;
+}
+
+torch::Tensor Stage3Binding::exit(torch::nn::Module& block,
+                                  const torch::Tensor& output) {
+  const size_t g = block_group_.at(&block);
+  stage3_->release(g);
+  if (!torch::GradMode::is_enabled() || !output.requires_grad()) return output;
+  return GatherForBackward::apply(
+      output, c10::make_intrusive<GroupRef>(stage3_.get(), g));
+}
+
+void Stage3Binding::abandon(torch::nn::Module& block) {
+  stage3_->release(block_group_.at(&block));
+}
+
+torch::Tensor Stage3Binding::full_parameters() {
+  torch::Tensor out =
+      torch::empty({static_cast<int64_t>(numel_)}, torch::kFloat32);
+  stage3_->full_parameters(out.data_ptr<float>(), Phase::kSetup);
+  return out;
+}
+
+void Stage3Binding::require_flat(const char* what) const {
+  throw UsageError(std::string(what) +
+                   "() is not available at ZeRO stage 3: parameters and "
+                   "gradients are partitioned at rest. Fix: use "
+                   "full_parameters() (a collective: call it on every rank)");
+}
+
+torch::Tensor Stage3Binding::flat_parameters() const {
+  require_flat("flat_parameters");
+}
+
+torch::Tensor Stage3Binding::flat_gradients() const {
+  require_flat("flat_gradients");
+}
+
+MemoryStats Stage3Binding::memory() const {
+  MemoryStats m = stage3_->memory();
+  // bf16: the model's own storages beside the stage's float32 ones; they
+  // come and go with their groups and are not in stage 3's peak.
+  if (group_params32_.empty()) return m;
+  for (const torch::Tensor& t : group_params_)
+    m.param_bytes += t.storage().nbytes();
+  for (const torch::Tensor& t : group_grads_)
+    m.grad_bytes += t.storage().nbytes();
+  return m;
+}
+
+}  // namespace zerostep

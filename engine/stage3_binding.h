@@ -1,0 +1,91 @@
+// Stage3Binding: ZeRO stage 3's binding (engine/param_binding.h).
+//
+// Groups follow Note [Stage 3 grouping rule] (zero/grouping.h) over the
+// model's Zero3Blocks (blocks/zero3_block.h). Each group gets one full
+// parameter storage and one full gradient storage that its parameters and
+// their .grad view for the binding's lifetime; releasing a group resizes
+// its storage to zero bytes (the views stay valid objects, and tensors
+// autograd saved from them see the data again once the group is gathered
+// for backward). The binding is the Zero3Hooks of the model's blocks:
+// a block's forward gathers its group before the body and releases it
+// after, and an identity autograd node behind the block's output gathers
+// the group again before the block's backward runs.
+//
+// bf16: the model views bf16 storages; the stage gathers into and reduces
+// from float32 ones, converted in params_written / grads_ready.
+//
+// Thread safety: none (engine/param_binding.h); the blocks point at this
+// binding until it is destroyed.
+#ifndef ZEROSTEP_ENGINE_STAGE3_BINDING_H_
+#define ZEROSTEP_ENGINE_STAGE3_BINDING_H_
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "blocks/zero3_block.h"
+#include "engine/param_binding.h"
+#include "zero/stage3.h"
+
+namespace zerostep {
+
+class Stage3Binding final : public ParamBinding,
+                            private internal::Zero3Hooks,
+                            private GroupStorage {
+ public:
+  Stage3Binding(std::shared_ptr<torch::nn::Module> model,
+                std::vector<torch::Tensor> params,
+                const BindingOptions& options, Communicator* comm,
+                FailureLatch* latch);
+  ~Stage3Binding() override;
+
+  Stage& stage() override { return *stage3_; }
+  const Stage& stage() const override { return *stage3_; }
+  void begin_backward() override {}
+  void end_backward() override {}
+  void params_written() override {}
+  torch::Tensor full_parameters() override;
+  torch::Tensor flat_parameters() const override;
+  torch::Tensor flat_gradients() const override;
+  MemoryStats memory() const override;
+  void reset_peak_memory() override { stage3_->reset_peak(); }
+
+ private:
+  void on_grad_ready(size_t param_index) override {
+    stage3_->on_grad_ready(param_index);
+  }
+  [[noreturn]] void require_flat(const char* what) const;
+
+  // internal::Zero3Hooks.
+  bool enter(torch::nn::Module& block) override;
+  torch::Tensor exit(torch::nn::Module& block,
+                     const torch::Tensor& output) override;
+  void abandon(torch::nn::Module& block) override;
+
+  // GroupStorage (zero/stage3.h).
+  float* materialize_params(size_t group) override;
+  void release_params(size_t group) override;
+  float* materialize_grads(size_t group) override;
+  void release_grads(size_t group) override;
+  void params_written(size_t group) override;
+  void grads_ready(size_t group) override;
+
+  std::shared_ptr<torch::nn::Module> model_;
+  std::vector<torch::Tensor> params_;
+  Precision dtype_;
+  size_t numel_;
+  FailureLatch* latch_;
+  std::vector<torch::Tensor> group_params_;  // bf16 when training in bf16
+  std::vector<torch::Tensor> group_grads_;   // bf16 when training in bf16
+  // bf16 only: the float32 storages the stage gathers into and reduces
+  // from.
+  std::vector<torch::Tensor> group_params32_;
+  std::vector<torch::Tensor> group_grads32_;
+  std::map<const torch::nn::Module*, size_t> block_group_;
+  std::vector<torch::nn::Module*> blocks_;  // hooks point at this binding
+  std::unique_ptr<Stage3> stage3_;
+};
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_ENGINE_STAGE3_BINDING_H_

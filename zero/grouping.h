@@ -1,0 +1,52 @@
+// Stage 3 grouping: which trainable parameters form which stage 3 group,
+// stated once over sizes and block indices, without LibTorch.
+//
+// Note [Stage 3 grouping rule]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Each Zero3Block (blocks/zero3_block.h) whose parameters of at least
+// `persistence_threshold` elements are not all smaller forms one group, in
+// block order (blocks numbered in module order; a parameter belongs to the
+// innermost block holding it). Every other trainable parameter (outside
+// every block, or below the threshold) joins one persistent group, placed
+// last when it is not empty. Blocks left without a parameter form no group.
+// The engine's stage 3 binding, the shape-only schedule (zero/schedule.h)
+// and the parity harness's model shapes all call stage3_groups(); the
+// padding of each group follows Note [Padding rule] (zero/flat_layout.h).
+//
+// Thread safety: pure functions of their arguments.
+#ifndef ZEROSTEP_ZERO_GROUPING_H_
+#define ZEROSTEP_ZERO_GROUPING_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zerostep {
+
+// A model as the grouping rule and the shape-only schedule see it.
+struct ModelShape {
+  std::string name;
+  std::vector<size_t> numels;  // trainable parameters, registration order
+  // Per parameter: the index of the innermost Zero3Block holding it (blocks
+  // numbered in module order), or -1.
+  std::vector<int> block;
+  int num_blocks = 0;
+  size_t numel() const;
+};
+
+struct Stage3Group {
+  std::vector<size_t> params;  // engine parameter indices, in order
+  size_t numel = 0;            // sum of the parameters' numels
+  bool persistent = false;     // stays whole on every rank
+  int block = -1;              // the block it came from; -1 if persistent
+};
+
+// Note [Stage 3 grouping rule]. UsageError if model.numels and model.block
+// differ in length or a block index is outside [-1, num_blocks).
+std::vector<Stage3Group> stage3_groups(const ModelShape& model,
+                                       int64_t persistence_threshold);
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_ZERO_GROUPING_H_
