@@ -112,7 +112,7 @@ struct ParamSwap {
 };
 
 struct StageOptions {
-  int stage = 0;  // 0, 1 or 2
+  int stage = 0;  // 0, 1, 2 or 3
   FlatLayout layout;
   OptimizerHyper optimizer;
   // Stage 2: elements per reduce-scatter bucket (all ranks' chunks
