@@ -50,9 +50,10 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "config/config.h"
 #include "engine/boundary.h"
-#include "engine/config.h"
 #include "engine/loss_scaler.h"
+#include "engine/lr_schedule.h"
 #include "engine/zero3_block.h"
 #include "offload/block_device.h"
 #include "zero/stage.h"
