@@ -46,7 +46,7 @@
 #include <vector>
 
 #include "comm/ledger.h"
-#include "engine/config.h"
+#include "config/config.h"
 #include "engine/engine.h"
 #include "models/task.h"
 #include "sim/sim_world.h"

@@ -55,8 +55,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "config/config.h"
 #include "engine/boundary.h"
-#include "engine/config.h"
 #include "engine/failure_latch.h"
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"

@@ -13,7 +13,7 @@
 
 #include <memory>
 
-#include "engine/config.h"
+#include "config/config.h"
 #include "offload/block_device.h"
 #include "zero/optimizer.h"
 #include "zero/stage.h"

@@ -70,7 +70,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
+#include "config/config.h"
 #include "models/task.h"
 
 namespace zerostep {

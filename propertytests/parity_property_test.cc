@@ -37,7 +37,7 @@
 #include "comm/communicator.h"
 #include "comm/ledger.h"
 #include "common/errors.h"
-#include "engine/config.h"
+#include "config/config.h"
 #include "engine/engine.h"
 #include "models/task.h"
 #include "parity/scenario.h"

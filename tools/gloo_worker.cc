@@ -30,7 +30,7 @@
 #include "comm/gloo_world.h"
 #include "comm/ledger.h"
 #include "common/errors.h"
-#include "engine/config.h"
+#include "config/config.h"
 #include "engine/engine.h"
 #include "models/task.h"
 #include "parity/scenario.h"

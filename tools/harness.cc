@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "common/errors.h"
-#include "engine/config.h"
+#include "config/config.h"
 #include "parity/fault_run.h"
 #include "parity/scenario.h"
 #include "scale/scale_sim.h"

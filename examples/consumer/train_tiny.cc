@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/errors.h"
-#include "engine/config.h"
+#include "config/config.h"
 #include "engine/engine.h"
 #include "models/task.h"
 #include "sim/sim_world.h"

@@ -9,12 +9,13 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "common/errors.h"
+#include "config/config.h"
+#include "config/text.h"
 #include "engine/checkpoint_io.h"
-#include "engine/config.h"
-#include "engine/config_text.h"
 #include "engine/engine.h"
 #include "models/lora.h"
 #include "models/tiny_gpt.h"

@@ -1,4 +1,4 @@
-#include "engine/config_text.h"
+#include "config/text.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,8 +1,10 @@
-// Small text helpers shared by the ds_config parsers (engine/config.cc,
-// engine/lr_schedule.cc): case folding, "did you mean" suggestions, and
-// recognising numbers written as strings.
-#ifndef ZEROSTEP_ENGINE_CONFIG_TEXT_H_
-#define ZEROSTEP_ENGINE_CONFIG_TEXT_H_
+// Small text helpers shared by the ds_config parsers (config/*.cc): case
+// folding, "did you mean" suggestions, and recognising numbers written as
+// strings.
+//
+// Thread safety: pure functions.
+#ifndef ZEROSTEP_CONFIG_TEXT_H_
+#define ZEROSTEP_CONFIG_TEXT_H_
 
 #include <cstddef>
 #include <initializer_list>
@@ -27,4 +29,4 @@ bool looks_numeric(const std::string& s);
 }  // namespace config_text
 }  // namespace zerostep
 
-#endif  // ZEROSTEP_ENGINE_CONFIG_TEXT_H_
+#endif  // ZEROSTEP_CONFIG_TEXT_H_

@@ -1,0 +1,223 @@
+#include "config/batch.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "config/config.h"
+#include "config/config_test_util.h"
+
+namespace zerostep {
+namespace {
+
+using testing_config::only_problem;
+using testing_config::problems_of;
+
+// --- batch arithmetic ---
+
+struct BatchCase {
+  const char* json;
+  int world;
+  int64_t tbs, micro, gas;
+};
+
+TEST(ParseConfigTest, AnyTwoBatchKeysDetermineTheThird) {
+  const BatchCase cases[] = {
+      {R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})",
+       4, 32, 4, 2},
+      {R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4})", 4,
+       32, 4, 2},
+      {R"({"train_batch_size": 32, "gradient_accumulation_steps": 2})", 4, 32,
+       4, 2},
+      {R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4,
+           "gradient_accumulation_steps": 2})",
+       4, 32, 4, 2},
+      {R"({"train_micro_batch_size_per_gpu": 3})", 5, 15, 3, 1},
+      {R"({"train_batch_size": 12})", 3, 12, 4, 1},
+      // Integral floats are whole numbers.
+      {R"({"train_batch_size": 16.0, "gradient_accumulation_steps": 4})", 1, 16,
+       4, 4},
+  };
+  for (const BatchCase& bc : cases) {
+    Config c = parse_config(bc.json, bc.world);
+    EXPECT_EQ(c.train_batch_size, bc.tbs) << bc.json;
+    EXPECT_EQ(c.train_micro_batch_size_per_gpu, bc.micro) << bc.json;
+    EXPECT_EQ(c.gradient_accumulation_steps, bc.gas) << bc.json;
+  }
+}
+
+TEST(ParseConfigTest, InconsistentBatchKeysShowTheArithmeticAndTheFix) {
+  ConfigProblem p = only_problem(
+      R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4,
+          "gradient_accumulation_steps": 2})",
+      4);
+  EXPECT_EQ(p.key, "train_batch_size");
+  EXPECT_EQ(p.value, "30");
+  EXPECT_HAS(p.rule, "4 × 2 × 4 = 32");
+  EXPECT_HAS(p.fix, "write 32");
+}
+
+TEST(ParseConfigTest, TrainBatchSizeMustDivideByMicroTimesWorld) {
+  ConfigProblem p = only_problem(
+      R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4})", 3);
+  EXPECT_EQ(p.key, "train_batch_size");
+  EXPECT_EQ(p.value, "30");
+  EXPECT_HAS(p.rule,
+             "divisible by train_micro_batch_size_per_gpu × world_size");
+  EXPECT_HAS(p.rule, "4 × 3 = 12");
+  EXPECT_HAS(p.fix, "multiple of 12, e.g. 24 or 36");
+}
+
+TEST(ParseConfigTest, TrainBatchSizeMustDivideByGasTimesWorld) {
+  ConfigProblem p = only_problem(
+      R"({"train_batch_size": 10, "gradient_accumulation_steps": 4})", 2);
+  EXPECT_EQ(p.key, "train_batch_size");
+  EXPECT_HAS(p.rule, "4 × 2 = 8");
+  EXPECT_HAS(p.fix, "multiple of 8, e.g. 8 or 16");
+}
+
+TEST(ParseConfigTest, TrainBatchSizeAloneMustDivideByWorld) {
+  ConfigProblem p = only_problem(R"({"train_batch_size": 10})", 4);
+  EXPECT_EQ(p.key, "train_batch_size");
+  EXPECT_HAS(p.rule, "divisible by world_size 4");
+  EXPECT_HAS(p.fix, "multiple of 4, e.g. 8 or 12");
+}
+
+TEST(ParseConfigTest, GasAloneNeedsMicroOrTrainBatchSize) {
+  ConfigProblem p = only_problem(R"({"gradient_accumulation_steps": 4})", 2);
+  EXPECT_EQ(p.key, "train_micro_batch_size_per_gpu");
+  EXPECT_EQ(p.value, "");
+  EXPECT_HAS(p.rule, "gradient_accumulation_steps alone");
+  EXPECT_HAS(p.fix, "train_micro_batch_size_per_gpu");
+  EXPECT_HAS(p.fix, "train_batch_size");
+}
+
+TEST(ParseConfigTest, NoBatchKeyNamesTheKeys) {
+  ConfigProblem p = only_problem(R"({})");
+  EXPECT_EQ(p.key, "train_batch_size");
+  EXPECT_HAS(p.rule, "train_batch_size or train_micro_batch_size_per_gpu");
+  EXPECT_HAS(p.fix, "train_micro_batch_size_per_gpu");
+}
+
+TEST(ParseConfigTest, BatchKeysMustBePositiveIntegers) {
+  std::vector<ConfigProblem> ps = problems_of(
+      R"({"train_batch_size": 0, "train_micro_batch_size_per_gpu": 2.5,
+          "gradient_accumulation_steps": "4"})");
+  ASSERT_EQ(ps.size(), 3u);
+  EXPECT_EQ(ps[0].key, "train_batch_size");
+  EXPECT_HAS(ps[0].rule, "positive integer");
+  EXPECT_EQ(ps[1].key, "train_micro_batch_size_per_gpu");
+  EXPECT_EQ(ps[1].value, "2.5");
+  EXPECT_HAS(ps[1].rule, "whole number");
+  EXPECT_EQ(ps[2].key, "gradient_accumulation_steps");
+  EXPECT_EQ(ps[2].value, "\"4\"");
+  EXPECT_HAS(ps[2].fix, "write 4 (a JSON number, no quotes)");
+}
+
+// --- "auto" ---
+
+TEST(ParseConfigTest, AutoTrainBatchSizeSaysWhichNumberToWrite) {
+  ConfigProblem p = only_problem(
+      R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 4,
+          "gradient_accumulation_steps": 2})",
+      4);
+  EXPECT_EQ(p.key, "train_batch_size");
+  EXPECT_EQ(p.value, "\"auto\"");
+  EXPECT_HAS(p.rule, "\"auto\"");
+  EXPECT_HAS(p.rule, "Hugging Face");
+  EXPECT_EQ(p.fix, "write 32 (= micro 4 × gas 2 × world 4)");
+}
+
+TEST(ParseConfigTest, AutoMicroAndGasAreDerivedFromTheOthers) {
+  ConfigProblem micro = only_problem(
+      R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": "auto",
+          "gradient_accumulation_steps": 2})",
+      4);
+  EXPECT_EQ(micro.key, "train_micro_batch_size_per_gpu");
+  EXPECT_EQ(micro.fix, "write 4 (= train_batch_size 32 / (gas 2 × world 4))");
+
+  ConfigProblem gas = only_problem(
+      R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4,
+          "gradient_accumulation_steps": "auto"})",
+      4);
+  EXPECT_EQ(gas.key, "gradient_accumulation_steps");
+  EXPECT_EQ(gas.fix, "write 2 (= train_batch_size 32 / (micro 4 × world 4))");
+}
+
+TEST(ParseConfigTest, AutoThatCannotBeDerivedAsksForANumber) {
+  std::vector<ConfigProblem> ps = problems_of(
+      R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+          "gradient_accumulation_steps": 2})",
+      4);
+  ASSERT_EQ(ps.size(), 2u);  // no extra "no batch size given" problem
+  for (const ConfigProblem& p : ps) {
+    EXPECT_HAS(p.rule, "\"auto\"");
+    EXPECT_HAS(p.fix, "write a positive integer");
+  }
+}
+
+// --- managed_gradient_accumulation and scaling ---
+
+TEST(ParseConfigTest, ManagedFlagAndScalingModesParse) {
+  Config c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "managed_gradient_accumulation": false,
+          "gradient_accumulation_scaling": "per_step_count"})",
+      1);
+  EXPECT_FALSE(c.managed_gradient_accumulation);
+  EXPECT_EQ(c.gradient_accumulation_scaling, GradAccumScaling::kPerStepCount);
+  c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "gradient_accumulation_scaling": "none"})",
+      1);
+  EXPECT_EQ(c.gradient_accumulation_scaling, GradAccumScaling::kNone);
+  c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "gradient_accumulation_scaling": "Configured"})",
+      1);
+  EXPECT_EQ(c.gradient_accumulation_scaling, GradAccumScaling::kConfigured);
+}
+
+TEST(ParseConfigTest, QuotedBooleanNamesTheExpectedType) {
+  ConfigProblem p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "managed_gradient_accumulation": "false"})");
+  EXPECT_EQ(p.key, "managed_gradient_accumulation");
+  EXPECT_EQ(p.value, "\"false\"");
+  EXPECT_HAS(p.rule, "JSON boolean");
+  EXPECT_EQ(p.fix, "write false (a JSON boolean, no quotes)");
+}
+
+TEST(ParseConfigTest, UnknownScalingModeSuggestsTheClosest) {
+  ConfigProblem p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "gradient_accumulation_scaling": "per_step_cnt"})");
+  EXPECT_EQ(p.key, "gradient_accumulation_scaling");
+  EXPECT_HAS(p.rule, "\"configured\", \"per_step_count\" or \"none\"");
+  EXPECT_EQ(p.fix, "did you mean \"per_step_count\"?");
+}
+
+TEST(ToStringTest, GradAccumScalingNamesMatchTheConfigValues) {
+  EXPECT_STREQ(to_string(GradAccumScaling::kConfigured), "configured");
+  EXPECT_STREQ(to_string(GradAccumScaling::kPerStepCount), "per_step_count");
+  EXPECT_STREQ(to_string(GradAccumScaling::kNone), "none");
+}
+
+TEST(GradAccumScalingFromStringTest, NamesEveryModeInAnyCaseAndNothingElse) {
+  EXPECT_EQ(grad_accum_scaling_from_string("configured"),
+            GradAccumScaling::kConfigured);
+  EXPECT_EQ(grad_accum_scaling_from_string("Per_Step_Count"),
+            GradAccumScaling::kPerStepCount);
+  EXPECT_EQ(grad_accum_scaling_from_string("none"), GradAccumScaling::kNone);
+  EXPECT_EQ(grad_accum_scaling_from_string("mean"), std::nullopt);
+  for (GradAccumScaling m :
+       {GradAccumScaling::kConfigured, GradAccumScaling::kPerStepCount,
+        GradAccumScaling::kNone})
+    EXPECT_EQ(grad_accum_scaling_from_string(to_string(m)), m);
+}
+
+}  // namespace
+}  // namespace zerostep

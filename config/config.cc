@@ -1,0 +1,220 @@
+#include "config/config.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/errors.h"
+#include "config/keys.h"
+#include "config/problems.h"
+#include "config/text.h"
+
+namespace zerostep {
+namespace {
+
+using config_keys::kTopIgnored;
+using config_keys::kTopRejected;
+using config_keys::kTopSupported;
+using config_text::closest;
+using config_text::contains;
+
+using Json = ConfigJson;
+
+// Walks the document's top-level keys in order, hands each section to its
+// reader, then runs the checks that need the whole document.
+class Parser {
+ public:
+  explicit Parser(int world_size) { cfg_.world_size = world_size; }
+  // The section readers point into cfg_ and problems_.
+  Parser(const Parser&) = delete;
+  Parser& operator=(const Parser&) = delete;
+
+  Config run(const std::string& text) {
+    if (cfg_.world_size < 1) {
+      report_.add("world_size", std::to_string(cfg_.world_size),
+                  "must be >= 1 (the number of ranks; an argument of "
+                  "parse_config, not a ds_config key)",
+                  "pass the number of ranks in the run, e.g. 1 for one "
+                  "process");
+    }
+    Json doc;
+    try {
+      doc = Json::parse(text);
+    } catch (const Json::parse_error& e) {
+      // e.what() is "[json.exception.parse_error.101] parse error at line L,
+      // column C: ..."; the bracketed id means nothing to a user.
+      std::string what = e.what();
+      size_t bracket = what.find("] ");
+      if (what.rfind("[json.exception", 0) == 0 &&
+          bracket != std::string::npos) {
+        what = what.substr(bracket + 2);
+      }
+      report_.add("<document>", "", what,
+                  "fix the JSON at that position (ds_config is plain JSON: no "
+                  "comments, no trailing commas, keys in double quotes)");
+      throw ConfigError(std::move(problems_));
+    }
+    if (!doc.is_object()) {
+      report_.add("<document>", doc.dump(), "must be a JSON object",
+                  "write the settings as { \"key\": value, ... }");
+      throw ConfigError(std::move(problems_));
+    }
+    for (auto it = doc.begin(); it != doc.end(); ++it) {
+      parse_top(it.key(), it.value());
+    }
+    cfg_.managed_gradient_accumulation = batch_.managed_gradient_accumulation();
+    cfg_.gradient_accumulation_scaling = batch_.scaling();
+    if (std::optional<BatchSizes> sizes = batch_.resolve(cfg_.world_size)) {
+      cfg_.train_batch_size = sizes->train_batch_size;
+      cfg_.train_micro_batch_size_per_gpu =
+          sizes->train_micro_batch_size_per_gpu;
+      cfg_.gradient_accumulation_steps = sizes->gradient_accumulation_steps;
+    }
+    check_cross_keys();
+    precision_.check();
+    zero_.check_offload();
+    if (!problems_.empty()) throw ConfigError(std::move(problems_));
+    return cfg_;
+  }
+
+ private:
+  void parse_top(const std::string& key, const Json& v) {
+    if (key == "train_batch_size" || key == "train_micro_batch_size_per_gpu" ||
+        key == "gradient_accumulation_steps") {
+      batch_.parse_size(key, v);
+    } else if (key == "managed_gradient_accumulation") {
+      batch_.parse_managed(v);
+    } else if (key == "gradient_accumulation_scaling") {
+      batch_.parse_scaling(v);
+    } else if (key == "optimizer") {
+      optimizer_.parse(v);
+    } else if (key == "gradient_clipping") {
+      if (auto d = report_.read_number(
+              key, v, "a number >= 0 (0 turns clipping off)")) {
+        if (*d < 0) {
+          report_.add(
+              key, v.dump(), "must be >= 0 (the max global grad norm)",
+              "write 0 to turn clipping off, or a positive norm such as 1.0");
+        } else {
+          cfg_.gradient_clipping = *d;
+        }
+      }
+    } else if (key == "steps_per_print") {
+      if (auto n = report_.read_whole(key, v, "an integer >= 1, e.g. 10")) {
+        if (*n < 1) {
+          report_.add(key, v.dump(), "must be an integer >= 1",
+                      "write an integer >= 1, e.g. 10");
+        } else {
+          cfg_.steps_per_print = *n;
+        }
+      }
+    } else if (key == "zero_optimization") {
+      zero_.parse(v);
+    } else if (key == "scheduler") {
+      parse_lr_schedule(v, &cfg_.scheduler, &problems_);
+    } else if (key == "pipeline" || key == "pipeline_parallel_size") {
+      if (key == "pipeline_parallel_size" && v.is_number() &&
+          v.get<double>() == 1.0) {
+        report_.ignore(key);  // one stage is no pipeline.
+      } else if (pipeline_key_.empty()) {
+        pipeline_key_ = key;
+        pipeline_dump_ = v.dump();
+      }
+    } else if (key == "fp16") {
+      precision_.parse_fp16(v);
+    } else if (key == "bf16" || key == "bfloat16") {
+      precision_.parse_bf16(key, v);
+    } else if (key == "amp") {
+      precision_.parse_amp(v);
+    } else if (key == "data_types") {
+      precision_.parse_data_types(v);
+    } else if (contains(kTopIgnored, key)) {
+      report_.ignore(key);
+    } else {
+      report_.unknown_key(
+          key, v, "ds_config",
+          closest(key, {&kTopSupported, &kTopIgnored, &kTopRejected}));
+    }
+  }
+
+  // Cross-key rules read a rejected key as its default.
+  void check_cross_keys() {
+    const bool managed = cfg_.managed_gradient_accumulation;
+    if (!pipeline_key_.empty()) {
+      if (!managed) {
+        report_.add(
+            pipeline_key_, pipeline_dump_,
+            "pipeline parallelism owns the micro-batch schedule and cannot be "
+            "combined with a caller-owned accumulation boundary "
+            "(managed_gradient_accumulation = false)",
+            "remove the " + pipeline_key_ +
+                " key or set managed_gradient_accumulation to true");
+      } else {
+        report_.add(pipeline_key_, pipeline_dump_,
+                    "pipeline parallelism is not supported by zerostep",
+                    "remove the " + pipeline_key_ + " key");
+      }
+    }
+    if (!managed && zero_.stage_valid() && cfg_.zero.overlap_comm &&
+        cfg_.zero.stage <= 1) {
+      report_.add(
+          "zero_optimization.overlap_comm", "true",
+          "with managed_gradient_accumulation = false, stage " +
+              std::to_string(cfg_.zero.stage) +
+              " reduces gradients only inside step(), so there is no "
+              "backward work to overlap communication with",
+          "set overlap_comm to false, or use zero_optimization.stage 2 or 3");
+    }
+  }
+
+  Config cfg_;
+  std::vector<ConfigProblem> problems_;
+  ProblemReporter report_{&problems_, &cfg_.ignored_keys};
+  BatchSection batch_{&report_};
+  OptimizerSection optimizer_{&cfg_.optimizer, &report_};
+  ZeroSection zero_{&cfg_.zero, &report_};
+  PrecisionSection precision_{&cfg_.precision, &report_};
+  std::string pipeline_key_;
+  std::string pipeline_dump_;
+};
+
+}  // namespace
+
+Config parse_config(const std::string& json_text, int world_size) {
+  return Parser(world_size).run(json_text);
+}
+
+Config load_config_file(const std::string& path, int world_size) {
+  std::string text;
+  {
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(
+        std::fopen(path.c_str(), "rb"), &std::fclose);
+    if (!f) {
+      throw IoError("cannot read ds_config file '" + path +
+                    "': " + std::strerror(errno));
+    }
+    char buf[1 << 16];
+    size_t n = 0;
+    while ((n = std::fread(buf, 1, sizeof(buf), f.get())) > 0) {
+      text.append(buf, n);
+    }
+    // fopen succeeds on a directory on Linux; the read fails with EISDIR.
+    if (std::ferror(f.get())) {
+      throw IoError("cannot read ds_config file '" + path +
+                    "': " + std::strerror(errno));
+    }
+  }
+  try {
+    return parse_config(text, world_size);
+  } catch (const ConfigError& e) {
+    throw ConfigError(e.problems(), path);
+  }
+}
+
+}  // namespace zerostep

@@ -1,0 +1,83 @@
+// Config: a DeepSpeed ds_config JSON document, validated into a plain struct.
+//
+// Key names are DeepSpeed's. parse_config() checks the whole document and
+// throws one ConfigError that lists every problem (key, value, rule, fix):
+//   - unknown keys get "did you mean" (a misspelt managed_gradient_accumulation
+//     must never silently keep managed mode);
+//   - keys DeepSpeed knows but zerostep does not implement (flops_profiler,
+//     tensorboard, ...) are accepted and listed once in Config::ignored_keys;
+//   - "auto" (left by Hugging Face integrations) is rejected with the number
+//     to write instead where it can be derived;
+//   - train_batch_size = train_micro_batch_size_per_gpu *
+//     gradient_accumulation_steps * world_size: any two of the three batch
+//     keys determine the third; a mismatch is an error.
+//   - fp16 and bf16 turn mixed precision on (one of them at most);
+//     data_types.grad_accum_dtype picks the accumulation format.
+//   - unmanaged mode (managed_gradient_accumulation = false) rejects
+//     pipeline sections and overlap_comm with stage 0/1, each with its own
+//     message.
+// See docs/config.md for every key, its default and its effect.
+//
+// Layout: each section has its own header with its struct and its reader
+// (config/batch.h, optimizer.h, zero.h, precision.h, scheduler.h); they share
+// config/problems.h (the problem reporter), config/keys.h (the key tables)
+// and config/text.h (did you mean). parse_config walks the document in order
+// and hands each top-level key to its section, so problems come out in
+// document order, followed by the checks that need the whole document.
+//
+// Thread safety: Config is a value; parse_config is reentrant.
+#ifndef ZEROSTEP_CONFIG_CONFIG_H_
+#define ZEROSTEP_CONFIG_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/batch.h"
+#include "config/optimizer.h"
+#include "config/precision.h"
+#include "config/scheduler.h"
+#include "config/zero.h"
+
+namespace zerostep {
+
+struct Config {
+  int world_size = 1;  // not a ds_config key: given to parse_config.
+
+  int64_t train_batch_size = 0;                // derived if absent
+  int64_t train_micro_batch_size_per_gpu = 0;  // derived if absent
+  int64_t gradient_accumulation_steps = 0;     // derived if absent (default 1)
+
+  bool managed_gradient_accumulation = true;
+  GradAccumScaling gradient_accumulation_scaling =
+      GradAccumScaling::kConfigured;
+
+  OptimizerConfig optimizer;
+  double gradient_clipping = 0.0;  // 0 = off
+  // "scheduler": DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR
+  // (config/scheduler.h, engine/lr_schedule.h); kNone = constant optimizer
+  // lr.
+  LrScheduleSpec scheduler;
+  ZeroConfig zero;
+  PrecisionConfig precision;
+  int64_t steps_per_print = 10;
+
+  // DeepSpeed keys present in the document that zerostep accepts but does
+  // not act on, once each, in document order: top-level names
+  // ("tensorboard"), nested ones dotted ("zero_optimization.sub_group_size",
+  // "optimizer.params.torch_adam").
+  std::vector<std::string> ignored_keys;
+};
+
+// Parses and validates `json_text` for a run of `world_size` ranks.
+// Throws ConfigError listing every problem found.
+Config parse_config(const std::string& json_text, int world_size);
+
+// Reads `path` and parses it. Throws IoError naming the path if it cannot be
+// read, ConfigError (same problems; message "invalid ds_config '<path>': ...")
+// if it is invalid.
+Config load_config_file(const std::string& path, int world_size);
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_CONFIG_CONFIG_H_

@@ -1,0 +1,317 @@
+#include "config/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "config/config_test_util.h"
+
+namespace zerostep {
+namespace {
+
+using testing_config::find_key;
+using testing_config::only_problem;
+using testing_config::problems_of;
+
+// --- defaults ---
+
+TEST(ParseConfigTest, MinimalConfigGetsDocumentedDefaults) {
+  Config c = parse_config(R"({"train_micro_batch_size_per_gpu": 4})", 2);
+  EXPECT_EQ(c.world_size, 2);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  EXPECT_EQ(c.train_batch_size, 8);
+  EXPECT_TRUE(c.managed_gradient_accumulation);
+  EXPECT_EQ(c.gradient_accumulation_scaling, GradAccumScaling::kConfigured);
+  EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.gradient_clipping, 0.0);
+  EXPECT_EQ(c.zero.stage, 0);
+  EXPECT_FALSE(c.zero.overlap_comm);
+  EXPECT_EQ(c.zero.reduce_bucket_size, 500000000);
+  EXPECT_TRUE(c.zero.contiguous_gradients);
+  EXPECT_EQ(c.steps_per_print, 10);
+  EXPECT_TRUE(c.ignored_keys.empty());
+}
+
+TEST(ParseConfigTest, WorldSizeBelowOneIsAProblem) {
+  ConfigProblem p = only_problem(R"({"train_micro_batch_size_per_gpu": 4})", 0);
+  EXPECT_EQ(p.key, "world_size");
+  EXPECT_EQ(p.value, "0");
+  EXPECT_HAS(p.rule, ">= 1");
+}
+
+TEST(ParseConfigTest, AutoInOtherKeysAsksForAValueOfTheRightType) {
+  std::vector<ConfigProblem> ps = problems_of(
+      R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": "auto",
+          "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+          "zero_optimization": {"overlap_comm": "auto"}})");
+  ASSERT_EQ(ps.size(), 3u);
+  EXPECT_EQ(ps[0].key, "gradient_clipping");
+  EXPECT_HAS(ps[0].fix, "write a number >= 0");
+  EXPECT_EQ(ps[1].key, "optimizer.params.lr");
+  EXPECT_HAS(ps[1].fix, "write a number >= 0");
+  EXPECT_EQ(ps[2].key, "zero_optimization.overlap_comm");
+  EXPECT_HAS(ps[2].fix, "write true or false");
+  for (const ConfigProblem& p : ps) EXPECT_HAS(p.rule, "\"auto\"");
+}
+
+// --- unknown keys ---
+
+TEST(ParseConfigTest, MisspeltManagedKeyIsRejectedWithDidYouMean) {
+  // Silently keeping managed mode here would break the caller's boundary.
+  ConfigProblem p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "managed_gradient_accumulaton": false})");
+  EXPECT_EQ(p.key, "managed_gradient_accumulaton");
+  EXPECT_EQ(p.value, "false");
+  EXPECT_HAS(p.rule, "not a ds_config key");
+  EXPECT_EQ(p.fix, "did you mean \"managed_gradient_accumulation\"?");
+}
+
+TEST(ParseConfigTest, UnknownKeyFarFromAnyKnownKeySaysToRemoveIt) {
+  ConfigProblem p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1, "colour": "blue"})");
+  EXPECT_EQ(p.key, "colour");
+  EXPECT_EQ(p.value, "\"blue\"");
+  EXPECT_HAS(p.fix, "remove it");
+}
+
+TEST(ParseConfigTest, DidYouMeanIgnoresLetterCase) {
+  // Keys are case-sensitive (as in DeepSpeed), so the batch key is not read:
+  // the typo and the missing batch size are both reported.
+  std::vector<ConfigProblem> ps =
+      problems_of(R"({"Train_Micro_Batch_Size_Per_GPU": 1})");
+  ASSERT_EQ(ps.size(), 2u);
+  EXPECT_EQ(ps[0].key, "Train_Micro_Batch_Size_Per_GPU");
+  EXPECT_EQ(ps[0].fix, "did you mean \"train_micro_batch_size_per_gpu\"?");
+  EXPECT_EQ(ps[1].key, "train_batch_size");
+  ps = problems_of(R"({"train_batch_size": 1, "TensorBoard": {}})");
+  ASSERT_EQ(ps.size(), 1u);
+  EXPECT_EQ(ps[0].fix, "did you mean \"tensorboard\"?");
+}
+
+// --- clipping, printing ---
+
+TEST(ParseConfigTest, ClippingAndStepsPerPrintRanges) {
+  Config c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
+          "steps_per_print": 100})",
+      1);
+  EXPECT_DOUBLE_EQ(c.gradient_clipping, 1.0);
+  EXPECT_EQ(c.steps_per_print, 100);
+  std::vector<ConfigProblem> ps = problems_of(
+      R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": -1,
+          "steps_per_print": 0})");
+  ASSERT_EQ(ps.size(), 2u);
+  EXPECT_EQ(ps[0].key, "gradient_clipping");
+  EXPECT_HAS(ps[0].rule, ">= 0");
+  EXPECT_EQ(ps[1].key, "steps_per_print");
+  EXPECT_HAS(ps[1].rule, ">= 1");
+}
+
+// --- unmanaged-mode rules ---
+
+TEST(ParseConfigTest, PipelineWithUnmanagedModeHasItsOwnMessage) {
+  ConfigProblem p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "pipeline": {"stages": 2},
+          "managed_gradient_accumulation": false})");
+  EXPECT_EQ(p.key, "pipeline");
+  EXPECT_EQ(p.value, R"({"stages":2})");
+  EXPECT_HAS(p.rule, "owns the micro-batch schedule");
+  EXPECT_HAS(p.rule, "caller-owned");
+  EXPECT_HAS(p.fix, "remove the pipeline");
+  EXPECT_HAS(p.fix, "set managed_gradient_accumulation to true");
+}
+
+TEST(ParseConfigTest, PipelineInManagedModeIsNotSupported) {
+  ConfigProblem p =
+      only_problem(R"({"train_micro_batch_size_per_gpu": 1, "pipeline": {}})");
+  EXPECT_EQ(p.key, "pipeline");
+  EXPECT_HAS(p.rule, "pipeline parallelism is not supported by zerostep");
+  ConfigProblem size = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1, "pipeline_parallel_size": 2,
+          "managed_gradient_accumulation": false})");
+  EXPECT_EQ(size.key, "pipeline_parallel_size");
+  EXPECT_HAS(size.rule, "owns the micro-batch schedule");
+}
+
+TEST(ParseConfigTest, OverlapCommWithStage0Or1InUnmanagedModeIsRejected) {
+  for (int stage : {0, 1}) {
+    ConfigProblem p = only_problem(
+        R"({"train_micro_batch_size_per_gpu": 1,
+            "managed_gradient_accumulation": false,
+            "zero_optimization": {"stage": )" +
+        std::to_string(stage) + R"(, "overlap_comm": true}})");
+    EXPECT_EQ(p.key, "zero_optimization.overlap_comm") << stage;
+    EXPECT_EQ(p.value, "true");
+    EXPECT_HAS(p.rule, "only inside step()");
+    EXPECT_HAS(p.rule, "stage " + std::to_string(stage));
+    EXPECT_HAS(p.fix, "overlap_comm to false");
+    EXPECT_HAS(p.fix, "stage 2 or 3");
+  }
+}
+
+TEST(ParseConfigTest, OverlapCommIsFineInManagedModeOrWithStage2) {
+  EXPECT_NO_THROW(parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "zero_optimization": {"stage": 1, "overlap_comm": true}})",
+      1));
+  EXPECT_NO_THROW(parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "managed_gradient_accumulation": false,
+          "zero_optimization": {"stage": 2, "overlap_comm": true}})",
+      1));
+}
+
+// --- documents ---
+
+TEST(ParseConfigTest, SyntaxErrorNamesLineAndColumn) {
+  ConfigProblem p = only_problem("{\n  \"train_batch_size\": 8,\n}");
+  EXPECT_EQ(p.key, "<document>");
+  EXPECT_HAS(p.rule, "line 3");
+  EXPECT_HAS(p.rule, "column");
+  EXPECT_HAS(p.fix, "trailing commas");
+}
+
+TEST(ParseConfigTest, DocumentMustBeAnObject) {
+  ConfigProblem p = only_problem("[1, 2]");
+  EXPECT_EQ(p.key, "<document>");
+  EXPECT_EQ(p.value, "[1,2]");
+  EXPECT_HAS(p.rule, "JSON object");
+}
+
+TEST(ParseConfigTest, EveryProblemIsReportedAtOnce) {
+  try {
+    parse_config(
+        R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4,
+            "gradient_accumulation_steps": 2,
+            "managed_gradient_accumulaton": false,
+            "optimizer": {"type": "AdamW", "params": {"lr": -1}},
+            "zero_optimization": {"stage": 7},
+            "scheduler": {"type": "WarmupLRR", "params": {}}})",
+        4);
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    const std::vector<ConfigProblem>& ps = e.problems();
+    ASSERT_EQ(ps.size(), 5u);
+    for (const char* key :
+         {"train_batch_size", "managed_gradient_accumulaton",
+          "optimizer.params.lr", "zero_optimization.stage", "scheduler.type"}) {
+      EXPECT_NE(find_key(ps, key), nullptr) << key;
+    }
+    std::string what = e.what();
+    EXPECT_HAS(what, "5 problems");
+    EXPECT_HAS(what, "did you mean \"managed_gradient_accumulation\"?");
+  }
+}
+
+TEST(ParseConfigTest, RealisticDeepSpeedConfigLoadsAndListsIgnoredKeysOnce) {
+  Config c = parse_config(R"({
+    "train_batch_size": 64,
+    "gradient_accumulation_steps": 4,
+    "steps_per_print": 50,
+    "wall_clock_breakdown": false,
+    "tensorboard": {"enabled": true, "output_path": "runs/", "job_name": "x"},
+    "flops_profiler": {"enabled": false, "profile_step": 1},
+    "optimizer": {"type": "AdamW",
+                  "params": {"lr": 2e-5, "betas": [0.9, 0.999], "eps": 1e-8,
+                             "weight_decay": 0.01, "torch_adam": true}},
+    "gradient_clipping": 1.0,
+    "fp16": {"enabled": false, "loss_scale": 0, "initial_scale_power": 16},
+    "zero_optimization": {
+      "stage": 2,
+      "allgather_partitions": true,
+      "allgather_bucket_size": 2e8,
+      "overlap_comm": true,
+      "reduce_scatter": true,
+      "reduce_bucket_size": 2e8,
+      "contiguous_gradients": true,
+      "round_robin_gradients": true
+    },
+    "activation_checkpointing": {"partition_activations": false},
+    "wandb": {"enabled": false}
+  })",
+                          8);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 2);
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+  EXPECT_EQ(c.steps_per_print, 50);
+  EXPECT_EQ(c.zero.stage, 2);
+  EXPECT_EQ(c.zero.allgather_bucket_size, 200000000);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 2e-5);
+  EXPECT_DOUBLE_EQ(c.gradient_clipping, 1.0);
+  EXPECT_EQ(c.ignored_keys,
+            (std::vector<std::string>{"wall_clock_breakdown", "tensorboard",
+                                      "flops_profiler",
+                                      "optimizer.params.torch_adam", "fp16",
+                                      "zero_optimization.allgather_partitions",
+                                      "zero_optimization.reduce_scatter",
+                                      "zero_optimization.round_robin_gradients",
+                                      "activation_checkpointing", "wandb"}));
+}
+
+// --- files ---
+
+class LoadConfigFileTest : public ::testing::Test {
+ protected:
+  std::string write_temp(const std::string& name, const std::string& text) {
+    std::string path = ::testing::TempDir() + "zerostep_config_test_" + name;
+    std::ofstream(path) << text;
+    paths_.push_back(path);
+    return path;
+  }
+  void TearDown() override {
+    for (const std::string& p : paths_) std::remove(p.c_str());
+  }
+  std::vector<std::string> paths_;
+};
+
+TEST_F(LoadConfigFileTest, MissingFileIsAnIoErrorNamingThePath) {
+  const std::string path = ::testing::TempDir() + "zerostep_no_such_file.json";
+  try {
+    load_config_file(path, 1);
+    FAIL() << "no IoError";
+  } catch (const IoError& e) {
+    std::string what = e.what();
+    EXPECT_HAS(what, "cannot read ds_config file '" + path + "'");
+    EXPECT_HAS(what, "No such file or directory");
+  }
+}
+
+TEST_F(LoadConfigFileTest, DirectoryIsAnIoError) {
+  EXPECT_THROW(load_config_file(::testing::TempDir(), 1), IoError);
+}
+
+TEST_F(LoadConfigFileTest, ValidFileParses) {
+  std::string path = write_temp(
+      "valid.json",
+      R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3,
+          "tensorboard": {"enabled": true}})");
+  Config c = load_config_file(path, 2);
+  EXPECT_EQ(c.train_batch_size, 12);
+  EXPECT_EQ(c.ignored_keys, (std::vector<std::string>{"tensorboard"}));
+}
+
+TEST_F(LoadConfigFileTest, InvalidFileMessageStartsWithThePath) {
+  std::string path = write_temp(
+      "invalid.json",
+      R"({"train_micro_batch_size_per_gpu": 2, "managed_gradient_accumulaton": false})");
+  try {
+    load_config_file(path, 1);
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    std::string what = e.what();
+    EXPECT_EQ(what.rfind("invalid ds_config '" + path + "': 1 problem", 0), 0u)
+        << what;
+    ASSERT_EQ(e.problems().size(), 1u);
+    EXPECT_EQ(e.problems()[0].key, "managed_gradient_accumulaton");
+  }
+}
+
+}  // namespace
+}  // namespace zerostep

@@ -1,0 +1,149 @@
+#include "config/optimizer.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "config/config.h"
+#include "config/config_test_util.h"
+
+namespace zerostep {
+namespace {
+
+using testing_config::only_problem;
+using testing_config::problems_of;
+
+TEST(ParseConfigTest, OptimizerTypeIsCaseInsensitiveAndParamsAreRead) {
+  Config c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "adamw", "params": {"lr": 3e-4,
+            "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.1}}})",
+      1);
+  EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.1);
+  c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "ADAM"}})",
+      1);
+  // DeepSpeed's "Adam" decouples weight decay unless adam_w_mode is false.
+  EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);
+  c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})",
+      1);
+  EXPECT_EQ(c.optimizer.type, OptimizerType::kAdam);
+  c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "Adam", "params": {"adam_w_mode": true}}})",
+      1);
+  EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);
+  EXPECT_THROW(parse_config(
+                   R"({"train_micro_batch_size_per_gpu": 1,
+              "optimizer": {"type": "Adam", "params": {"adam_w_mode": "no"}}})",
+                   1),
+               ConfigError);
+  c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "sgd", "params": {"lr": 0.1, "momentum": 0.9}}})",
+      1);
+  EXPECT_EQ(c.optimizer.type, OptimizerType::kSGD);
+  EXPECT_DOUBLE_EQ(c.optimizer.momentum, 0.9);
+}
+
+TEST(ParseConfigTest, OptimizerParamRangesAreAllReported) {
+  std::vector<ConfigProblem> ps = problems_of(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "Adam", "params": {"lr": -1,
+            "betas": [0.9, 1.0], "eps": 0, "weight_decay": -0.1}}})");
+  ASSERT_EQ(ps.size(), 4u);
+  EXPECT_EQ(ps[0].key, "optimizer.params.lr");
+  EXPECT_EQ(ps[0].value, "-1");
+  EXPECT_HAS(ps[0].rule, ">= 0");
+  EXPECT_EQ(ps[1].key, "optimizer.params.betas[1]");
+  EXPECT_EQ(ps[1].value, "1.0");
+  EXPECT_HAS(ps[1].rule, "[0, 1)");
+  EXPECT_HAS(ps[1].fix, "0.999");
+  EXPECT_EQ(ps[2].key, "optimizer.params.eps");
+  EXPECT_HAS(ps[2].rule, "> 0");
+  EXPECT_EQ(ps[3].key, "optimizer.params.weight_decay");
+  EXPECT_HAS(ps[3].rule, ">= 0");
+}
+
+TEST(ParseConfigTest, BetasMustBeTwoNumbers) {
+  ConfigProblem p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "AdamW", "params": {"betas": [0.9]}}})");
+  EXPECT_EQ(p.key, "optimizer.params.betas");
+  EXPECT_EQ(p.value, "[0.9]");
+  EXPECT_HAS(p.rule, "array of two numbers");
+}
+
+TEST(ParseConfigTest, UnknownOptimizerParamGetsDidYouMean) {
+  ConfigProblem p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "AdamW", "params": {"weight_decy": 0.1}}})");
+  EXPECT_EQ(p.key, "optimizer.params.weight_decy");
+  EXPECT_EQ(p.fix, "did you mean \"weight_decay\"?");
+}
+
+TEST(ParseConfigTest, DeepSpeedAdamFlagsAreReadOrIgnored) {
+  Config c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "Adam",
+            "params": {"lr": 1e-4, "torch_adam": true, "adam_w_mode": false}}})",
+      1);
+  // adam_w_mode is acted on for "Adam"; torch_adam is ignored.
+  EXPECT_EQ(c.ignored_keys,
+            (std::vector<std::string>{"optimizer.params.torch_adam"}));
+  EXPECT_EQ(c.optimizer.type, OptimizerType::kAdam);
+  c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})",
+      1);
+  EXPECT_EQ(c.ignored_keys,
+            (std::vector<std::string>{"optimizer.params.adam_w_mode"}));
+  EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);
+}
+
+TEST(ParseConfigTest, UnknownOptimizerTypeListsTheSupportedOnes) {
+  ConfigProblem p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Lamb"}})");
+  EXPECT_EQ(p.key, "optimizer.type");
+  EXPECT_EQ(p.value, "\"Lamb\"");
+  EXPECT_HAS(p.rule, "Adam, AdamW, SGD");
+}
+
+TEST(ParseConfigTest, OptimizerSectionNeedsAType) {
+  ConfigProblem p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"params": {"lr": 0.1}}})");
+  EXPECT_EQ(p.key, "optimizer.type");
+  EXPECT_HAS(p.rule, "required");
+}
+
+TEST(ParseConfigTest, ParamsOfTheOtherOptimizerFamilyAreRejected) {
+  ConfigProblem momentum = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}})");
+  EXPECT_EQ(momentum.key, "optimizer.params.momentum");
+  EXPECT_HAS(momentum.rule, "SGD only");
+  ConfigProblem betas = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "SGD", "params": {"betas": [0.9, 0.99]}}})");
+  EXPECT_EQ(betas.key, "optimizer.params.betas");
+  EXPECT_HAS(betas.rule, "Adam and AdamW only");
+}
+
+TEST(ToStringTest, OptimizerTypeNamesMatchTheConfigValues) {
+  EXPECT_STREQ(to_string(OptimizerType::kAdam), "Adam");
+  EXPECT_STREQ(to_string(OptimizerType::kAdamW), "AdamW");
+  EXPECT_STREQ(to_string(OptimizerType::kSGD), "SGD");
+}
+
+}  // namespace
+}  // namespace zerostep
