@@ -31,10 +31,10 @@
 #include "engine/config.h"
 #include "parity/fault_run.h"
 #include "parity/scenario.h"
+#include "runtime/runtime_info.h"
 #include "scale/scale_sim.h"
 #include "sim/cost_model.h"
 #include "sim/faults.h"
-#include "tools/runtime_info.h"
 
 namespace zerostep {
 namespace {
