@@ -49,8 +49,8 @@
 #include "config/config.h"
 #include "engine/engine.h"
 #include "models/task.h"
+#include "runtime/runtime_info.h"
 #include "sim/sim_world.h"
-#include "tools/runtime_info.h"
 
 namespace zerostep {
 namespace {

@@ -11,18 +11,14 @@
 #include "common/errors.h"
 #include "engine/checkpoint_io.h"
 #include "engine/engine.h"
+#include "engine/engine_test_util.h"
 #include "models/task.h"
 #include "sim/sim_world.h"
 
 namespace zerostep {
 namespace {
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/zerostep_ckpt_XXXXXX";
-  const char* d = mkdtemp(tmpl);
-  EXPECT_NE(d, nullptr);
-  return d;
-}
+std::string temp_dir() { return make_temp_dir("zerostep_ckpt_"); }
 
 Config config_for(int stage, int world) {
   return parse_config(
@@ -38,21 +34,22 @@ Config config_for(int stage, int world) {
       world);
 }
 
+MlpWorldOptions trainer_options(uint64_t init_seed) {
+  MlpWorldOptions o;
+  o.sim_seed = 1;
+  o.data_seed = 99;
+  o.num_samples = 400;
+  o.model_seed = init_seed;
+  return o;
+}
+
 // A world of `w` engines over the mlp; windows index the data globally so
 // that a resumed run sees exactly the batches the uninterrupted one saw.
-struct Trainer {
+struct Trainer : MlpWorld {
   Trainer(int w, int stage, uint64_t init_seed, bool gloo = false)
-      : world(gloo ? std::unique_ptr<LocalWorld>(new GlooLocalWorld(w))
-                   : std::unique_ptr<LocalWorld>(new SimWorld({w, 1}))),
-        task(make_task("mlp")),
-        data(task->make_data(99, 400)),
-        cfg(config_for(stage, w)) {
-    for (int r = 0; r < w; ++r) models.push_back(task->make_model(init_seed));
-    engines.resize(w);
-    world->run([&](int r) {
-      engines[r] =
-          std::make_unique<Engine>(models[r], cfg, &world->comm(r));
-    });
+      : MlpWorld(w, config_for(stage, w), trainer_options(init_seed),
+                 gloo ? std::make_unique<GlooLocalWorld>(w) : nullptr) {
+    make_engines();
   }
   // Windows [first, first + count), 3 backwards each.
   void train(int first, int count) {
@@ -68,8 +65,7 @@ struct Trainer {
     (void)w;
   }
   torch::Tensor params() {
-    std::vector<torch::Tensor> out(world->world_size());
-    world->run([&](int r) { out[r] = engines[r]->full_parameters(); });
+    const std::vector<torch::Tensor> out = full_parameters();
     for (size_t r = 1; r < out.size(); ++r) EXPECT_TRUE(torch::equal(out[r], out[0]));
     return out[0];
   }
@@ -80,12 +76,6 @@ struct Trainer {
             LoadOptions o = {}) {
     world->run([&](int r) { engines[r]->load_checkpoint(dir, tag, o); });
   }
-  std::unique_ptr<LocalWorld> world;
-  std::unique_ptr<Task> task;
-  Batch data;
-  Config cfg;
-  std::vector<std::shared_ptr<torch::nn::Module>> models;
-  std::vector<std::unique_ptr<Engine>> engines;
 };
 
 TEST(CheckpointTest, ResumeIsBitwiseIdenticalAtEveryStage) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/errors.h"
+#include "engine/engine_test_util.h"
 #include "models/task.h"
 #include "sim/sim_world.h"
 
@@ -23,23 +24,11 @@ std::string config_json(int stage, bool managed, int gas,
          extra + "}";
 }
 
-// A world of `w` ranks, each with an mlp replica and its data.
-struct Fixture {
+// A world of `w` ranks, each with an mlp replica and its data, configured
+// by config_json.
+struct Fixture : MlpWorld {
   Fixture(int w, int stage, bool managed, int gas = 4)
-      : world({w, 11}),
-        task(make_task("mlp")),
-        config(parse_config(config_json(stage, managed, gas), w)),
-        data(task->make_data(3, 64)) {
-    for (int r = 0; r < w; ++r) models.push_back(task->make_model(5));
-  }
-  torch::Tensor loss(int r, int i) {
-    return task->loss(*models[r], slice(data, (i * 4 + r) % 60, 2));
-  }
-  SimWorld world;
-  std::unique_ptr<Task> task;
-  Config config;
-  Batch data;
-  std::vector<std::shared_ptr<torch::nn::Module>> models;
+      : MlpWorld(w, parse_config(config_json(stage, managed, gas), w)) {}
 };
 
 std::string message_of(const std::function<void()>& f) {
@@ -53,8 +42,8 @@ std::string message_of(const std::function<void()>& f) {
 
 TEST(EngineTest, UnmanagedRejectsSetBoundaryAndChangesNothing) {
   Fixture fx(1, 0, /*managed=*/false);
-  fx.world.run([&](int r) {
-    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+  fx.world->run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world->comm(r));
     e.backward(fx.loss(r, 0));
     std::string msg =
         message_of([&] { e.set_gradient_accumulation_boundary(true); });
@@ -72,12 +61,12 @@ TEST(EngineTest, UnmanagedRejectsSetBoundaryAndChangesNothing) {
 TEST(EngineTest, StepWithNoBackwardIsAnErrorThatChangesNothing) {
   for (int stage : {0, 1}) {
     Fixture fx(2, stage, /*managed=*/false);
-    fx.world.run([&](int r) {
-      Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+    fx.world->run([&](int r) {
+      Engine e(fx.models[r], fx.config, &fx.world->comm(r));
       e.backward(fx.loss(r, 0));
       e.step();
       torch::Tensor before = e.flat_parameters().clone();
-      const uint64_t bytes = fx.world.ledger(r).total_bytes();
+      const uint64_t bytes = fx.world->ledger(r).total_bytes();
       std::string msg = message_of([&] { e.step(); });
       EXPECT_NE(msg.find("no backward() since the last step"),
                 std::string::npos)
@@ -85,7 +74,7 @@ TEST(EngineTest, StepWithNoBackwardIsAnErrorThatChangesNothing) {
       EXPECT_TRUE(torch::equal(before, e.flat_parameters()));
       EXPECT_EQ(e.global_steps(), 1);
       EXPECT_EQ(e.global_samples(), 2 * 2);
-      EXPECT_EQ(fx.world.ledger(r).total_bytes(), bytes);  // no collective
+      EXPECT_EQ(fx.world->ledger(r).total_bytes(), bytes);  // no collective
       // The engine is still usable.
       e.backward(fx.loss(r, 1));
       e.step();
@@ -103,8 +92,8 @@ TEST(EngineTest, RanksThatDisagreeOnNGetAnErrorOnEveryRankAndNoUpdate) {
       return stage < 3 ? e.flat_parameters().clone()
                        : torch::tensor(e.optimizer().exp_avg());
     };
-    auto errors = fx.world.run_collect([&](int r) {
-      Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+    auto errors = fx.world->run_collect([&](int r) {
+      Engine e(fx.models[r], fx.config, &fx.world->comm(r));
       before[r] = snapshot(e);
       const int n = r == 1 ? 3 : 2;  // rank 1 runs one backward too many
       try {
@@ -217,21 +206,21 @@ TEST(EngineTest, Stage2OverlapLaunchesBucketsInGradientReadyOrder) {
   std::vector<std::vector<ptrdiff_t>> launches(2);
   std::vector<torch::Tensor> finals(2);
   for (int overlap : {0, 1}) {
-    SimWorld world({2, 11});
-    auto task = make_task("mlp");
-    Config cfg = parse_config(
-        "{\"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": "
-        "{\"stage\": 2, \"reduce_bucket_size\": 1024, \"overlap_comm\": " +
-            std::string(overlap ? "true" : "false") + "}}",
-        2);
-    Batch data = task->make_data(3, 8);
-    std::vector<std::shared_ptr<torch::nn::Module>> models = {
-        task->make_model(5), task->make_model(5)};
-    world.run([&](int r) {
-      LaunchSpy spy(&world.comm(r), nullptr);
-      Engine e(models[r], cfg, &spy);
+    MlpWorldOptions o;
+    o.num_samples = 8;
+    MlpWorld fx(
+        2,
+        parse_config(
+            "{\"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": "
+            "{\"stage\": 2, \"reduce_bucket_size\": 1024, \"overlap_comm\": " +
+                std::string(overlap ? "true" : "false") + "}}",
+            2),
+        o);
+    fx.world->run([&](int r) {
+      LaunchSpy spy(&fx.world->comm(r), nullptr);
+      Engine e(fx.models[r], fx.config, &spy);
       spy.grads = e.flat_gradients().data_ptr<float>();
-      e.backward(task->loss(*models[r], slice(data, 2 * r, 2)));
+      e.backward(fx.loss_on(r, 2 * r));
       e.step();
       if (r == 0) {
         launches[overlap] = spy.launches;
@@ -259,28 +248,26 @@ TEST(EngineTest, Stage3HoldsAQuarterOfStage0PlusOneBlock) {
   std::vector<MemoryStats> mem(4);  // [stage0 rest, stage3 rest, stage3 peak]
   size_t largest_block = 0;
   for (int stage : {0, 3}) {
-    SimWorld world({w, 11});
-    auto task = make_task("mlp", /*scale=*/4);
-    Config cfg = parse_config(
-        "{\"train_micro_batch_size_per_gpu\": 2, "
-        "\"managed_gradient_accumulation\": false, \"zero_optimization\": "
-        "{\"stage\": " +
-            std::to_string(stage) +
-            ", \"stage3_param_persistence_threshold\": 0}}",
-        w);
-    Batch data = task->make_data(3, 64);
-    std::vector<std::shared_ptr<torch::nn::Module>> models;
-    for (int r = 0; r < w; ++r) models.push_back(task->make_model(5));
+    MlpWorldOptions o;
+    o.model_scale = 4;
+    MlpWorld fx(
+        w,
+        parse_config("{\"train_micro_batch_size_per_gpu\": 2, "
+                     "\"managed_gradient_accumulation\": false, "
+                     "\"zero_optimization\": {\"stage\": " +
+                         std::to_string(stage) +
+                         ", \"stage3_param_persistence_threshold\": 0}}",
+                     w),
+        o);
     if (stage == 3)
-      for (const auto& m : models[0]->children())
+      for (const auto& m : fx.models[0]->children())
         largest_block = std::max(
             largest_block, static_cast<size_t>(m->parameters()[0].numel() +
                                                m->parameters()[1].numel()));
-    world.run([&](int r) {
-      Engine e(models[r], cfg, &world.comm(r));
+    fx.world->run([&](int r) {
+      Engine e(fx.models[r], fx.config, &fx.world->comm(r));
       e.reset_peak_memory();
-      for (int i = 0; i < 3; ++i)
-        e.backward(task->loss(*models[r], slice(data, 2 * (i * w + r), 2)));
+      for (int i = 0; i < 3; ++i) e.backward(fx.loss_on(r, 2 * (i * w + r)));
       e.step();
       if (r == 0) {
         mem[stage == 0 ? 0 : 1] = e.memory();
@@ -327,10 +314,11 @@ TEST(EngineTest, Stage3EngineWorksFromThreadsOtherThanItsOwn) {
                                 "stage3_param_persistence_threshold": 0}})",
       2);
   std::vector<std::unique_ptr<Engine>> engines(2);
-  fx.world.run([&](int r) {
-    engines[r] = std::make_unique<Engine>(fx.models[r], cfg, &fx.world.comm(r));
+  fx.world->run([&](int r) {
+    engines[r] =
+        std::make_unique<Engine>(fx.models[r], cfg, &fx.world->comm(r));
   });
-  fx.world.run([&](int r) {
+  fx.world->run([&](int r) {
     engines[r]->backward(fx.loss(r, 0));
     engines[r]->step();
     EXPECT_EQ(engines[r]->global_steps(), 1);
@@ -338,16 +326,12 @@ TEST(EngineTest, Stage3EngineWorksFromThreadsOtherThanItsOwn) {
 }
 
 TEST(EngineTest, Stage3FlatAccessorsAreAClearError) {
-  SimWorld world({2, 11});
-  auto task = make_task("mlp");
-  Config cfg = parse_config(
-      R"({"train_micro_batch_size_per_gpu": 2,
-          "zero_optimization": {"stage": 3}})",
-      2);
-  std::vector<std::shared_ptr<torch::nn::Module>> models = {
-      task->make_model(5), task->make_model(5)};
-  world.run([&](int r) {
-    Engine e(models[r], cfg, &world.comm(r));
+  MlpWorld fx(2, parse_config(
+                     R"({"train_micro_batch_size_per_gpu": 2,
+                         "zero_optimization": {"stage": 3}})",
+                     2));
+  fx.world->run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world->comm(r));
     std::string msg = message_of([&] { e.flat_parameters(); });
     EXPECT_NE(msg.find("use full_parameters()"), std::string::npos) << msg;
     EXPECT_EQ(e.full_parameters().numel(),
@@ -358,8 +342,8 @@ TEST(EngineTest, Stage3FlatAccessorsAreAClearError) {
 TEST(EngineTest, UnmanagedBoundaryFlagIsTrueOnlyWhileStepRuns) {
   for (int stage : {0, 1}) {
     Fixture fx(2, stage, /*managed=*/false);
-    fx.world.run([&](int r) {
-      BoundarySpy spy(&fx.world.comm(r));
+    fx.world->run([&](int r) {
+      BoundarySpy spy(&fx.world->comm(r));
       Engine e(fx.models[r], fx.config, &spy);
       spy.engine = &e;
       for (int k = 0; k < 3; ++k) {
@@ -378,14 +362,14 @@ TEST(EngineTest, UnmanagedBoundaryFlagIsTrueOnlyWhileStepRuns) {
       }
     });
     // Stage 0/1 unmanaged: nothing moves during backward.
-    EXPECT_EQ(fx.world.ledger(0).bytes_in(Phase::kBackward), 0u);
+    EXPECT_EQ(fx.world->ledger(0).bytes_in(Phase::kBackward), 0u);
   }
 }
 
 TEST(EngineTest, ManagedReducesInTheBoundaryBackward) {
   Fixture fx(2, 0, /*managed=*/true, /*gas=*/2);
-  fx.world.run([&](int r) {
-    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+  fx.world->run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world->comm(r));
     for (int i = 0; i < 4; ++i) {
       e.backward(fx.loss(r, i));
       e.step();
@@ -395,13 +379,13 @@ TEST(EngineTest, ManagedReducesInTheBoundaryBackward) {
     EXPECT_EQ(e.global_samples(), 2 * 8);
     EXPECT_EQ(e.micro_steps(), 4);
   });
-  EXPECT_GT(fx.world.ledger(0).bytes_in(Phase::kBackward), 0u);
+  EXPECT_GT(fx.world->ledger(0).bytes_in(Phase::kBackward), 0u);
 }
 
 TEST(EngineTest, ManagedSecondBackwardAfterTheBoundaryIsRejected) {
   Fixture fx(1, 0, /*managed=*/true, /*gas=*/1);
-  fx.world.run([&](int r) {
-    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+  fx.world->run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world->comm(r));
     e.backward(fx.loss(r, 0));
     std::string msg = message_of([&] { e.backward(fx.loss(r, 1)); });
     EXPECT_NE(msg.find("after the boundary backward"), std::string::npos)
@@ -411,8 +395,8 @@ TEST(EngineTest, ManagedSecondBackwardAfterTheBoundaryIsRejected) {
 
 TEST(EngineTest, NonScalarLossIsAUsageError) {
   Fixture fx(1, 0, /*managed=*/false);
-  fx.world.run([&](int r) {
-    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+  fx.world->run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world->comm(r));
     EXPECT_THROW(e.backward(torch::ones({3}, torch::requires_grad())),
                  UsageError);
     EXPECT_EQ(e.window_backwards(), 0);
@@ -428,8 +412,8 @@ TEST(EngineTest, FrozenParametersStayOutOfTheFlatBufferAndUnchanged) {
       params.front().set_requires_grad(false);
       frozen_before[r] = params.front().clone();
     }
-    fx.world.run([&](int r) {
-      Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+    fx.world->run([&](int r) {
+      Engine e(fx.models[r], fx.config, &fx.world->comm(r));
       const size_t trainable = e.parameters().size();
       EXPECT_EQ(trainable, fx.models[r]->parameters().size() - 1);
       for (int k = 0; k < 2; ++k) {
@@ -489,8 +473,8 @@ TEST(EngineTest, Stage3TrainsAModelWithoutBlocks) {
 TEST(EngineTest, ConfigForAnotherWorldSizeIsRejected) {
   Fixture fx(2, 0, false);
   Config one = parse_config(config_json(0, false, 4), 1);
-  auto errors = fx.world.run_collect(
-      [&](int r) { Engine e(fx.models[r], one, &fx.world.comm(r)); });
+  auto errors = fx.world->run_collect(
+      [&](int r) { Engine e(fx.models[r], one, &fx.world->comm(r)); });
   std::string msg = message_of([&] { std::rethrow_exception(errors[0]); });
   EXPECT_NE(msg.find("parsed for world_size 1"), std::string::npos) << msg;
 }
@@ -502,8 +486,8 @@ TEST(EngineTest, ReplicasStartFromRankZerosWeights) {
     fx.models[1]->parameters().front().add_(1.0);  // rank 1 differs
   }
   std::vector<torch::Tensor> flat(2);
-  fx.world.run([&](int r) {
-    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+  fx.world->run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world->comm(r));
     flat[r] = e.flat_parameters().clone();
   });
   EXPECT_TRUE(torch::equal(flat[0], flat[1]));
@@ -520,23 +504,19 @@ namespace {
 // configured, and the next step without override is back at 0.001.
 TEST(EngineStepOverridesTest, ReplaceConfiguredValuesForOneStepOnly) {
   auto run = [](double configured_lr, std::vector<StepOverrides> steps) {
-    SimWorld world({2, 11});
-    auto task = make_task("mlp");
-    Config cfg = parse_config(
-        "{\"train_micro_batch_size_per_gpu\": 2, "
-        "\"managed_gradient_accumulation\": false, \"zero_optimization\": "
-        "{\"stage\": 1}, \"optimizer\": {\"type\": \"AdamW\", \"params\": "
-        "{\"lr\": " +
-            std::to_string(configured_lr) + ", \"weight_decay\": 0.1}}}",
-        2);
-    Batch data = task->make_data(3, 64);
-    std::vector<std::shared_ptr<torch::nn::Module>> models = {
-        task->make_model(5), task->make_model(5)};
+    MlpWorld fx(
+        2, parse_config("{\"train_micro_batch_size_per_gpu\": 2, "
+                        "\"managed_gradient_accumulation\": false, "
+                        "\"zero_optimization\": {\"stage\": 1}, \"optimizer\": "
+                        "{\"type\": \"AdamW\", \"params\": {\"lr\": " +
+                            std::to_string(configured_lr) +
+                            ", \"weight_decay\": 0.1}}}",
+                        2));
     torch::Tensor out;
-    world.run([&](int r) {
-      Engine e(models[r], cfg, &world.comm(r));
+    fx.world->run([&](int r) {
+      Engine e(fx.models[r], fx.config, &fx.world->comm(r));
       for (size_t k = 0; k < steps.size(); ++k) {
-        e.backward(task->loss(*models[r], slice(data, 4 * k + 2 * r, 2)));
+        e.backward(fx.loss_on(r, 4 * k + 2 * r));
         e.step(steps[k]);
       }
       if (r == 0) out = e.full_parameters();
@@ -558,8 +538,8 @@ TEST(EngineStepOverridesTest, ReplaceConfiguredValuesForOneStepOnly) {
 
 TEST(EngineStepOverridesTest, BadValuesAreAUsageErrorThatChangesNothing) {
   Fixture fx(1, 0, /*managed=*/false);
-  fx.world.run([&](int r) {
-    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+  fx.world->run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world->comm(r));
     e.backward(fx.loss(r, 0));
     torch::Tensor before = e.flat_parameters().clone();
     StepOverrides bad;
@@ -602,18 +582,14 @@ TEST(EngineScheduleTest, AdvancesOnAppliedUpdatesAndFeedsTheOptimizer) {
             (with_schedule ? ", " + sched : "") + "}",
         1);
   };
-  auto task = make_task("mlp");
-  Batch data = task->make_data(3, 64);
   std::vector<double> lrs_seen;
   torch::Tensor scheduled, overridden;
   for (int with_schedule : {1, 0}) {
-    SimWorld world({1, 11});
-    auto model = task->make_model(5);
-    Config cfg = make_cfg(with_schedule);
-    world.run([&](int r) {
-      Engine e(model, cfg, &world.comm(r));
+    MlpWorld fx(1, make_cfg(with_schedule));
+    fx.world->run([&](int r) {
+      Engine e(fx.models[r], fx.config, &fx.world->comm(r));
       for (int k = 0; k < 12; ++k) {
-        e.backward(task->loss(*model, slice(data, 2 * k, 2)));
+        e.backward(fx.loss_on(r, 2 * k));
         StepOverrides o;
         if (with_schedule) {
           lrs_seen.push_back(e.get_lr());

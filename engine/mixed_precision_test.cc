@@ -9,6 +9,7 @@
 
 #include "common/errors.h"
 #include "engine/engine.h"
+#include "engine/engine_test_util.h"
 #include "models/task.h"
 #include "sim/sim_world.h"
 #include "zero/precision.h"
@@ -35,29 +36,11 @@ const char* kFp16 =
     "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 8, "
     "\"loss_scale_window\": 2, \"hysteresis\": 2}";
 
-struct Fixture {
+// A world of `w` ranks, each with an mlp replica and its data.
+struct Fixture : MlpWorld {
   Fixture(int w, const std::string& json)
-      : world({w, 11}),
-        task(make_task("mlp")),
-        config(parse_config(json, w)),
-        data(task->make_data(3, 64)) {
-    for (int r = 0; r < w; ++r) models.push_back(task->make_model(5));
-  }
-  torch::Tensor loss(int r, int i) {
-    return task->loss(*models[r], slice(data, (i * 4 + r) % 60, 2));
-  }
-  SimWorld world;
-  std::unique_ptr<Task> task;
-  Config config;
-  Batch data;
-  std::vector<std::shared_ptr<torch::nn::Module>> models;
+      : MlpWorld(w, parse_config(json, w)) {}
 };
-
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.numel() == b.numel() &&
-         std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) ==
-             0;
-}
 
 // An overflow in one micro-batch of one rank skips that window's update on
 // every rank, at every stage, in both modes: parameters, optimizer state,
@@ -69,8 +52,8 @@ TEST(MixedPrecisionTest, Fp16OverflowInOneRankSkipsTheUpdateEverywhere) {
       SCOPED_TRACE("stage " + std::to_string(stage) +
                    (managed ? " managed" : " unmanaged"));
       Fixture fx(2, config_json(stage, managed, 3, kFp16));
-      fx.world.run([&](int r) {
-        Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+      fx.world->run([&](int r) {
+        Engine e(fx.models[r], fx.config, &fx.world->comm(r));
         auto window = [&](int k, bool inject) {
           for (int i = 0; i < 3; ++i) {
             torch::Tensor l = fx.loss(r, 3 * k + i);
@@ -118,8 +101,8 @@ TEST(MixedPrecisionTest, Fp16OverflowInOneRankSkipsTheUpdateEverywhere) {
 // expected values are worked out by hand for window 2, hysteresis 2.
 TEST(MixedPrecisionTest, Fp16LossScaleTrajectoryFollowsTheRules) {
   Fixture fx(1, config_json(2, false, 1, kFp16));
-  fx.world.run([&](int r) {
-    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+  fx.world->run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world->comm(r));
     const std::vector<bool> overflow = {false, false, false, true, true,
                                         false, false, false, true};
     // iteration: stable count before it → effect
@@ -144,8 +127,8 @@ TEST(MixedPrecisionTest, Fp16OverflowAtTheMinimumScaleSkipsThenThrows) {
   Fixture fx(1, config_json(0, false, 1,
                             "\"fp16\": {\"enabled\": true, "
                             "\"initial_scale_power\": 0, \"hysteresis\": 1}"));
-  fx.world.run([&](int r) {
-    Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+  fx.world->run([&](int r) {
+    Engine e(fx.models[r], fx.config, &fx.world->comm(r));
     const torch::Tensor before = e.full_parameters();
     e.backward(fx.loss(r, 0) * 1e30);
     try {
@@ -172,8 +155,8 @@ TEST(MixedPrecisionTest, Bf16ModelWeightsAreTheMasterRounded) {
   for (int stage : {0, 1, 2}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     Fixture fx(2, config_json(stage, false, 1, "\"bf16\": {\"enabled\": true}"));
-    fx.world.run([&](int r) {
-      Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+    fx.world->run([&](int r) {
+      Engine e(fx.models[r], fx.config, &fx.world->comm(r));
       for (int k = 0; k < 3; ++k) {
         for (const torch::Tensor& p : fx.models[r]->parameters())
           ASSERT_EQ(p.scalar_type(), torch::kBFloat16);
@@ -201,8 +184,8 @@ TEST(MixedPrecisionTest, GradAccumDtypeChoosesTheAccumulationFormat) {
                               "\"bf16\": {\"enabled\": true}, \"data_types\": "
                               "{\"grad_accum_dtype\": \"" + accum + "\"}"));
     torch::Tensor g;
-    fx.world.run([&](int r) {
-      Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+    fx.world->run([&](int r) {
+      Engine e(fx.models[r], fx.config, &fx.world->comm(r));
       for (int i = 0; i < 6; ++i) e.backward(fx.loss(r, i));
       g = e.flat_gradients().clone();
     });
@@ -226,8 +209,8 @@ TEST(MixedPrecisionTest, Fp16CheckpointCarriesTheLossScaler) {
     Fixture fy(2, config_json(stage, false, 1, kFp16));
     std::vector<torch::Tensor> a(2), b(2);
     std::vector<double> sa(2), sb(2);
-    fx.world.run([&](int r) {
-      Engine e(fx.models[r], fx.config, &fx.world.comm(r));
+    fx.world->run([&](int r) {
+      Engine e(fx.models[r], fx.config, &fx.world->comm(r));
       for (int k = 0; k < 4; ++k) {
         torch::Tensor l = fx.loss(r, k);
         e.backward(k == 1 ? l * 1e30 : l);
@@ -241,8 +224,8 @@ TEST(MixedPrecisionTest, Fp16CheckpointCarriesTheLossScaler) {
       a[r] = e.full_parameters();
       sa[r] = e.loss_scale();
     });
-    fy.world.run([&](int r) {
-      Engine e(fy.models[r], fy.config, &fy.world.comm(r));
+    fy.world->run([&](int r) {
+      Engine e(fy.models[r], fy.config, &fy.world->comm(r));
       e.load_checkpoint(dir, "s" + std::to_string(stage));
       EXPECT_EQ(e.skipped_steps(), 1);
       for (int k = 4; k < 7; ++k) {

@@ -13,6 +13,7 @@
 
 #include "common/errors.h"
 #include "engine/engine.h"
+#include "engine/engine_test_util.h"
 #include "models/task.h"
 #include "sim/faulty_block_device.h"
 #include "sim/memory_block_device.h"
@@ -32,12 +33,6 @@ std::string config_json(int stage, const std::string& offload) {
                    "{\"lr\": 0.01, \"weight_decay\": 0.1}}}";
 }
 
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.numel() == b.numel() &&
-         std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) ==
-             0;
-}
-
 struct Rank {
   std::unique_ptr<MemoryBlockDevice> medium;
   std::unique_ptr<FaultyBlockDevice> device;
@@ -51,27 +46,15 @@ struct Rank {
 TEST(OffloadTest, NvmeStateMatchesMemoryAndADeviceFaultChangesNothing) {
   for (int stage : {1, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
-    auto task = make_task("mlp");
-    const Batch data = task->make_data(3, 64);
-    const Config in_memory = parse_config(config_json(stage, "null"), 2);
-    const Config nvme = parse_config(
-        config_json(stage, "{\"device\": \"nvme\", \"nvme_path\": \"/nvme\"}"),
-        2);
-    // make_model() seeds LibTorch's global generator: one thread at a time.
-    auto make_models = [&] {
-      std::vector<std::shared_ptr<torch::nn::Module>> m;
-      for (int r = 0; r < 2; ++r) m.push_back(task->make_model(5));
-      return m;
-    };
+    MlpWorldOptions sim1;
+    sim1.sim_seed = 1;
     std::vector<torch::Tensor> want(2);
     {
-      SimWorld world({2, 1});
-      auto models = make_models();
-      world.run([&](int r) {
-        auto model = models[r];
-        Engine e(model, in_memory, &world.comm(r));
+      MlpWorld fx(2, parse_config(config_json(stage, "null"), 2), sim1);
+      fx.world->run([&](int r) {
+        Engine e(fx.models[r], fx.config, &fx.world->comm(r));
         for (int k = 0; k < 3; ++k) {
-          e.backward(task->loss(*model, slice(data, 8 * k + 2 * r, 2)));
+          e.backward(fx.loss_on(r, 8 * k + 2 * r));
           e.step();
         }
         want[r] = e.full_parameters();
@@ -84,16 +67,19 @@ TEST(OffloadTest, NvmeStateMatchesMemoryAndADeviceFaultChangesNothing) {
       ranks[r].device = std::make_unique<FaultyBlockDevice>(ranks[r].medium.get());
     }
     std::vector<std::string> errors(2), types(2);
-    SimWorld world({2, 1});
-    auto models = make_models();
-    world.run_collect([&](int r) {
-      auto model = models[r];
+    MlpWorld fx(2,
+                parse_config(config_json(stage,
+                                         "{\"device\": \"nvme\", "
+                                         "\"nvme_path\": \"/nvme\"}"),
+                             2),
+                sim1);
+    fx.world->run_collect([&](int r) {
       EngineOptions eo;
       eo.optimizer_device = ranks[r].device.get();
-      Engine e(model, nvme, &world.comm(r), eo);
+      Engine e(fx.models[r], fx.config, &fx.world->comm(r), eo);
       EXPECT_TRUE(e.optimizer().swapped());
       for (int k = 0; k < 3; ++k) {
-        e.backward(task->loss(*model, slice(data, 8 * k + 2 * r, 2)));
+        e.backward(fx.loss_on(r, 8 * k + 2 * r));
         e.step();
       }
       EXPECT_TRUE(same_bits(e.full_parameters(), want[r])) << "stage " << stage;
@@ -106,7 +92,7 @@ TEST(OffloadTest, NvmeStateMatchesMemoryAndADeviceFaultChangesNothing) {
         dev.schedule(OpKind::kWrite, dev.count(OpKind::kWrite) + 1,
                      IoFaultKind::kIoError);
       }
-      e.backward(task->loss(*model, slice(data, 40 + 2 * r, 2)));
+      e.backward(fx.loss_on(r, 40 + 2 * r));
       try {
         e.step();
         ADD_FAILURE() << "rank " << r << ": step() should have failed";
@@ -133,16 +119,19 @@ TEST(OffloadTest, NvmeStateMatchesMemoryAndADeviceFaultChangesNothing) {
 
 // A missing nvme_path is a clear IoError at construction naming the path.
 TEST(OffloadTest, MissingNvmePathNamesIt) {
-  auto task = make_task("mlp");
-  const Config nvme = parse_config(
-      config_json(1, "{\"device\": \"nvme\", \"nvme_path\": "
-                     "\"/nonexistent/zerostep\"}"),
-      1);
-  SimWorld world({1, 1});
+  MlpWorldOptions sim1;
+  sim1.sim_seed = 1;
+  MlpWorld fx(1,
+              parse_config(config_json(1,
+                                       "{\"device\": \"nvme\", "
+                                       "\"nvme_path\": "
+                                       "\"/nonexistent/zerostep\"}"),
+                           1),
+              sim1);
   std::string msg;
-  world.run_collect([&](int r) {
+  fx.world->run_collect([&](int r) {
     try {
-      Engine e(task->make_model(5), nvme, &world.comm(r));
+      Engine e(fx.models[r], fx.config, &fx.world->comm(r));
     } catch (const IoError& err) {
       msg = err.what();
     }
@@ -178,9 +167,7 @@ TORCH_MODULE(TwoHeads);
 // behaviour), at every stage, with and without offload: unmanaged equals
 // managed and offload equals no offload, bit for bit, and nothing hangs.
 TEST(OffloadTest, ParametersWithoutGradientInAWindow) {
-  char tmpl[] = "/tmp/zerostep_heads_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string nvme = tmpl;
+  const std::string nvme = make_temp_dir("zerostep_heads_");
   for (int stage : {1, 2, 3}) {
     std::map<std::string, torch::Tensor> result;
     for (const std::string offload : {"none", "cpu", "nvme"})

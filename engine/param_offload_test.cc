@@ -15,6 +15,7 @@
 
 #include "common/errors.h"
 #include "engine/engine.h"
+#include "engine/engine_test_util.h"
 #include "sim/sim_world.h"
 #include "models/task.h"
 #include "offload/swap_store.h"
@@ -50,29 +51,21 @@ Config config_for(int world, bool offload_param, bool offload_optimizer,
       world);
 }
 
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.numel() == b.numel() &&
-         std::memcmp(a.data_ptr<float>(), b.data_ptr<float>(),
-                     a.numel() * sizeof(float)) == 0;
+MlpWorldOptions scaled(int scale) {
+  MlpWorldOptions o;
+  o.model_scale = scale;
+  return o;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// One rank's run: models, per-rank devices, engines.
-struct OffloadRun {
+// A world whose engines keep their parameter partitions (and optimizer
+// state) on per-rank simulated devices.
+struct OffloadRun : MlpWorld {
   OffloadRun(int w, bool offload_param, bool offload_optimizer = false,
              int scale = 1, int sub_group_size = 500)
-      : world(std::make_unique<SimWorld>(SimOptions{w, 11})),
-        task(make_task("mlp", scale)),
-        config(config_for(w, offload_param, offload_optimizer, sub_group_size)),
-        data(task->make_data(3, 64)),
-        engines(w),
-        full(w) {
+      : MlpWorld(
+            w, config_for(w, offload_param, offload_optimizer, sub_group_size),
+            scaled(scale)) {
     for (int r = 0; r < w; ++r) {
-      models.push_back(task->make_model(5));
       param_mem.push_back(std::make_unique<MemoryBlockDevice>(
           "mem://rank" + std::to_string(r) + "_params"));
       param_dev.push_back(
@@ -80,41 +73,32 @@ struct OffloadRun {
       opt_mem.push_back(std::make_unique<MemoryBlockDevice>(
           "mem://rank" + std::to_string(r) + "_optimizer"));
     }
-    world->run([&](int r) {
+    make_engines([&](int r) {
       EngineOptions o;
       o.param_device = param_dev[r].get();
       o.optimizer_device = opt_mem[r].get();
-      engines[r] =
-          std::make_unique<Engine>(models[r], config, &world->comm(r), o);
+      return o;
     });
   }
-  torch::Tensor loss(int r, int i) {
+  ~OffloadRun() { engines.clear(); }  // before the devices they use
+  // Micro-batch i of rank r: consecutive pairs of samples dealt to the
+  // ranks in turn.
+  torch::Tensor dealt_loss(int r, int i) {
     const int w = static_cast<int>(engines.size());
-    return task->loss(*models[r], slice(data, (2 * (i * w + r)) % 60, 2));
+    return loss_on(r, (2 * (i * w + r)) % 60);
   }
   // `windows` windows of 2 backwards and a step each, from window `first`.
   void train(int first, int windows) {
     world->run([&](int r) {
       for (int k = first; k < first + windows; ++k) {
-        engines[r]->backward(loss(r, 2 * k));
-        engines[r]->backward(loss(r, 2 * k + 1));
+        engines[r]->backward(dealt_loss(r, 2 * k));
+        engines[r]->backward(dealt_loss(r, 2 * k + 1));
         engines[r]->step();
       }
     });
   }
-  std::vector<torch::Tensor> full_parameters() {
-    world->run([&](int r) { full[r] = engines[r]->full_parameters(); });
-    return full;
-  }
-  std::unique_ptr<LocalWorld> world;
-  std::unique_ptr<Task> task;
-  Config config;
-  Batch data;
-  std::vector<std::shared_ptr<torch::nn::Module>> models;
   std::vector<std::unique_ptr<MemoryBlockDevice>> param_mem, opt_mem;
   std::vector<std::unique_ptr<FaultyBlockDevice>> param_dev;
-  std::vector<std::unique_ptr<Engine>> engines;
-  std::vector<torch::Tensor> full;
 };
 
 size_t total_bytes(const MemoryStats& m) {
@@ -214,7 +198,7 @@ TEST(ParamOffloadTest, AFaultAnywhereInStepChangesNothing) {
           m[r] = e.optimizer().exp_avg();
           steps[r] = e.optimizer().step_count();
           bias[r] = persistent_values(*run.models[r]);
-          e.backward(run.loss(r, 2));
+          e.backward(run.dealt_loss(r, 2));
           FaultyBlockDevice& dev = *run.param_dev[r];
           dev.schedule(op, dev.count(op) + k, fault);
           try {
@@ -263,7 +247,7 @@ TEST(ParamOffloadTest, AFailedReadInForwardIsAClearErrorAndRecoverable) {
   dev.schedule(OpKind::kRead, dev.count(OpKind::kRead), IoFaultKind::kIoError);
   run.world->run([&](int r) {
     try {
-      run.engines[r]->backward(run.loss(r, 2));
+      run.engines[r]->backward(run.dealt_loss(r, 2));
       ADD_FAILURE() << "no error";
     } catch (const IoError& e) {
       EXPECT_NE(std::string(e.what()).find("mem://rank0_params"),
@@ -276,21 +260,14 @@ TEST(ParamOffloadTest, AFailedReadInForwardIsAClearErrorAndRecoverable) {
   OffloadRun mem(1, false);
   mem.train(0, 1);
   run.world->run([&](int r) {
-    run.engines[r]->backward(run.loss(r, 2));
+    run.engines[r]->backward(run.dealt_loss(r, 2));
     run.engines[r]->step();
   });
   mem.world->run([&](int r) {
-    mem.engines[r]->backward(mem.loss(r, 2));
+    mem.engines[r]->backward(mem.dealt_loss(r, 2));
     mem.engines[r]->step();
   });
   EXPECT_TRUE(same_bits(run.full_parameters()[0], mem.full_parameters()[0]));
-}
-
-std::string temp_dir() {
-  char tmpl[] = "/tmp/zerostep_param_ckpt_XXXXXX";
-  const char* d = mkdtemp(tmpl);
-  EXPECT_NE(d, nullptr);
-  return d;
 }
 
 // save at step 2, train on; a new offloaded world loaded from the
@@ -298,7 +275,7 @@ std::string temp_dir() {
 // from it agrees too (the checkpoint format does not know about offload).
 TEST(ParamOffloadTest, CheckpointRoundTrip) {
   const int w = 2;
-  const std::string dir = temp_dir();
+  const std::string dir = make_temp_dir("zerostep_param_ckpt_");
   OffloadRun a(w, true);
   a.train(0, 2);
   a.world->run([&](int r) { a.engines[r]->save_checkpoint(dir, "s2"); });

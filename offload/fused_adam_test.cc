@@ -10,8 +10,9 @@
 //    zero/optimizer.cc, has no FMA (__FMA__ undefined), so that the compiler
 //    cannot have contracted FlatOptimizer.
 //  * torch::optim::Adam/AdamW: 1e-5 relative over 200 steps, the bound
-//    zero/optimizer_test.cc uses for FlatOptimizer (LibTorch divides by
-//    sqrt(bias2) rather than multiplying by its float reciprocal).
+//    zero/optimizer_test.cc uses for FlatOptimizer, by the same reference
+//    run (offload/libtorch_reference.h: LibTorch divides by sqrt(bias2)
+//    rather than multiplying by its float reciprocal).
 //  * Thread counts and ISAs: bitwise, always.
 #include "offload/fused_adam.h"
 
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "offload/libtorch_reference.h"
 #include "zero/optimizer.h"
 
 namespace zerostep {
@@ -167,22 +169,15 @@ TEST(FusedAdamTest, SingleElementMatchesFlatOptimizer) {
 
 template <typename TorchOpt, typename Options>
 void check_against_torch(const OptimizerHyper& h, Options options) {
-  const int64_t n = 1000;
-  torch::manual_seed(7);
-  torch::Tensor theirs = torch::randn({n}).set_requires_grad(true);
-  std::vector<float> p(theirs.data_ptr<float>(), theirs.data_ptr<float>() + n);
+  const size_t n = kLibTorchReferenceNumel;
   std::vector<float> m(n, 0.0f), v(n, 0.0f);
-  TorchOpt opt({theirs}, options);
-  for (int step = 0; step < 200; ++step) {
-    torch::Tensor g = torch::randn({n}) * (1.0 + step % 5);
-    theirs.mutable_grad() = g.clone();
-    opt.step();
-    fused_adam_step(p.data(), g.data_ptr<float>(), m.data(), v.data(), n,
-                    params_for(h, step + 1));
-  }
-  const torch::Tensor ours = torch::from_blob(p.data(), {n}).clone();
-  const torch::Tensor ref = theirs.detach();
-  EXPECT_LT(((ours - ref).abs().max() / ref.abs().max()).item<double>(), 1e-5);
+  EXPECT_LT(
+      max_rel_diff_from_libtorch(torch_optimizer<TorchOpt>(options),
+                                 [&](float* p, const float* g, int64_t step) {
+                                   fused_adam_step(p, g, m.data(), v.data(), n,
+                                                   params_for(h, step));
+                                 }),
+      1e-5);
 }
 
 TEST(FusedAdamTest, AdamWMatchesLibTorch) {

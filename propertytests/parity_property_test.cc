@@ -43,7 +43,7 @@
 #include "parity/scenario.h"
 #include "sim/sim_world.h"
 #include "propertytests/property_main.h"
-#include "tools/runtime_info.h"
+#include "runtime/runtime_info.h"
 
 namespace zerostep {
 namespace {

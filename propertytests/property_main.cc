@@ -4,7 +4,7 @@
 #include <iostream>
 #include <string>
 
-#include "tools/runtime_info.h"
+#include "runtime/runtime_info.h"
 
 namespace zerostep {
 

@@ -35,7 +35,7 @@
 #include "parity/model_shape.h"
 #include "sim/faults.h"
 #include "propertytests/property_main.h"
-#include "tools/runtime_info.h"
+#include "runtime/runtime_info.h"
 #include "zero/schedule.h"
 
 namespace zerostep {

@@ -14,15 +14,16 @@
 // command line that replays it. --simulate-scale: the shape-only scale
 // mode (scale/scale_sim.h) for model presets at large worlds.
 #include <algorithm>
-#include <filesystem>
-#include <cstring>
-#include <memory>
+#include <cerrno>
 #include <chrono>
-#include <nlohmann/json.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,82 +32,22 @@
 #include "config/config.h"
 #include "parity/fault_run.h"
 #include "parity/scenario.h"
+#include "runtime/runtime_info.h"
 #include "scale/scale_sim.h"
 #include "sim/cost_model.h"
 #include "sim/faults.h"
-#include "tools/runtime_info.h"
+#include "tools/harness_flags.h"
 
 namespace zerostep {
 namespace {
-
-constexpr const char* kUsage = R"(usage: harness [flags]
-  --stages=0,1,2,3      ZeRO stages to run
-  --world=1,2,4         simulated world sizes
-  --backwards=4         N backward() calls per step; a list (2,5,3) gives one
-                        N per step and sets --steps to its length
-  --steps=K             steps per scenario (default 3; repeats a single N)
-  --scaling=LIST        configured,per_step_count,none (default: all three)
-  --model=mlp|gpt       built-in model (default mlp)
-  --backend=sim|gloo    simulator (default) or real Gloo over loopback TCP
-  --model-scale=S       width multiplier (default 1)
-  --micro-batch=B       samples per backward per rank (default 2)
-  --clip=C              gradient_clipping (default 0 = off)
-  --dtype=LIST          fp32,bf16,fp16 training dtypes (default fp32)
-  --offload=LIST        none,cpu,nvme optimizer offload (default none; stage
-                        0 has none, so stage-0 scenarios run only with none)
-  --offload-param       stage 3: offload parameters to the same device too
-  --nvme-path=DIR       where nvme scenarios keep their swap files (default:
-                        a new directory under $TMPDIR, removed at exit)
-  --sub-group-size=E    zero_optimization.sub_group_size: elements per swap
-                        sub-group (default DeepSpeed's 1e9)
-  --overflow=W:R:B      fp16 scenarios: inject an overflow into backward B
-                        (0-based) of rank R in window W; that update must be
-                        skipped on every rank
-  --overlap-comm        zero_optimization.overlap_comm for stage >= 2
-                        scenarios (stages 0/1 run without it)
-  --reduce-bucket-size=E   elements per reduce-scatter bucket (stage 2)
-  --allgather-bucket-size=E  elements per all-gather (stage 2)
-  --persistence-threshold=E  stage3_param_persistence_threshold (default 0
-                        with the built-in config, so every block of the
-                        small built-in models is partitioned; the
-                        --config file's value otherwise)
-  --seed=S              run seed (default 1)
-  --config=FILE         a ds_config JSON as the base of every scenario
-  --threads=T           compute threads per rank (default 1)
-  --json                one JSON object per scenario per line
-  --help
-
-fault scenarios (sim only; Note [Fault contract] in parity/fault_run.h):
-  --faults=LIST         inject these faults into every scenario, e.g.
-                        crash:2@7,straggle:1@3x2:0.5,mismatch:0@4:dtype,
-                        lost:3@9,timeout:60 (sim/faults.h); each run is
-                        checked: a CommError on every rank naming the fault,
-                        no partial update, bounded virtual time
-  --swarm=N             N fault mixes per scenario, drawn from seeds
-                        --seed .. --seed+N-1 (the seed also seeds the run)
-  --managed=both|true|false  accumulation modes to run (default both)
-
-scale mode (shape-only; scale/scale_sim.h):
-  --simulate-scale      time one window of each (stage, world) for a model
-                        preset (--model=1.3B|7B|13B|70B, default 7B) with
-                        data-free collectives and symmetric ranks; prints
-                        virtual step time, exposed communication, bytes per
-                        rank (per collective with --json) and memory per rank
-  --seq-len=T           tokens per sample (default 4096); a micro-batch is
-                        --micro-batch samples (default 1 in this mode)
-  cost model (Note [Cost model] in sim/cost_model.h; defaults in brackets):
-  --alpha=S [5e-06]  --gamma=S_PER_BYTE [2.5e-12]  --ranks-per-node=R [8]
-  --intra-node-bw=BYTES_PER_S [1.5e11]  --inter-node-bw=BYTES_PER_S [2.5e10]
-  --flops=FLOP_PER_S [4e14]  --memory-bw=BYTES_PER_S [2e12]
-)";
 
 // mkdtemp under $TMPDIR (or /tmp), removed with everything in it.
 class TempDir {
  public:
   explicit TempDir(const std::string& prefix) {
     const char* tmp = std::getenv("TMPDIR");
-    std::string t = std::string(tmp && *tmp ? tmp : "/tmp") + "/" + prefix +
-                    "-XXXXXX";
+    std::string t =
+        std::string(tmp && *tmp ? tmp : "/tmp") + "/" + prefix + "-XXXXXX";
     std::vector<char> buf(t.begin(), t.end());
     buf.push_back('\0');
     if (mkdtemp(buf.data()) == nullptr)
@@ -124,87 +65,35 @@ class TempDir {
   std::string path_;
 };
 
-[[noreturn]] void usage_error(const std::string& msg) {
-  std::cerr << "harness: " << msg << "\n\n" << kUsage;
-  std::exit(2);
-}
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-std::vector<int> int_list(const std::string& flag, const std::string& v) {
-  std::vector<int> out;
-  for (const std::string& s : split(v)) {
-    char* end = nullptr;
-    long x = std::strtol(s.c_str(), &end, 10);
-    if (end == s.c_str() || *end != '\0')
-      usage_error("--" + flag + "=" + v + ": '" + s + "' is not an integer");
-    out.push_back(static_cast<int>(x));
-  }
-  if (out.empty()) usage_error("--" + flag + " needs at least one value");
-  return out;
-}
-
-double parse_double(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0')
-    usage_error("--" + flag + "=" + v + ": not a number");
-  return x;
-}
-
-uint64_t parse_u64(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
-  if (v.empty() || v[0] == '-' || *end != '\0')
-    usage_error("--" + flag + "=" + v + ": not a non-negative integer");
-  return x;
-}
-
-double parse_positive(const std::string& flag, const std::string& v) {
-  const double x = parse_double(flag, v);
-  if (!(x > 0)) usage_error("--" + flag + "=" + v + ": must be > 0");
-  return x;
-}
-
-GradAccumScaling parse_scaling(const std::string& s) {
-  if (auto mode = grad_accum_scaling_from_string(s)) return *mode;
-  usage_error("--scaling: '" + s +
-              "' is not one of configured, per_step_count, none");
-}
-
 std::string join(const std::vector<int>& v) {
   std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i)
+    s += (i ? "," : "") + std::to_string(v[i]);
   return s;
 }
 
 // --simulate-scale: one line (or JSON object) per (stage, world).
-int run_scale(const std::string& model_name, const std::vector<int>& stages,
-              const std::vector<int>& worlds, const ScaleOptions& base,
-              bool managed, bool as_json) {
+int run_scale_mode(const HarnessFlags& f) {
+  const std::string model_name = f.model_given ? f.model : "7B";
+  const ScaleOptions& base = f.scale;
+  const bool managed = f.managed_modes.front();
+  const bool as_json = f.json;
   const ModelShape model = model_preset(model_name);
   std::cerr << "zerostep harness --simulate-scale: model=" << model_name
-            << " params=" << model.numel() << " backwards="
-            << base.schedule.backwards
+            << " params=" << model.numel()
+            << " backwards=" << base.schedule.backwards
             << " tokens_per_micro_batch=" << base.tokens_per_micro_batch
             << " managed=" << (managed ? "true" : "false")
             << " overlap_comm=" << (base.schedule.overlap_comm ? "on" : "off")
             << "\n  cost: " << base.cost.to_string() << "\n";
   if (!as_json)
-    std::printf("%-5s %-6s %-12s %-12s %-12s %-12s %-10s %-14s %-12s %-12s "
-                "%s\n",
-                "stage", "world", "step_s", "compute_s", "comm_s",
-                "exposed_s", "exposed%", "bytes/rank", "mem_rest_GB",
-                "mem_peak_GB", "wall_ms");
-  for (int stage : stages) {
-    for (int w : worlds) {
+    std::printf(
+        "%-5s %-6s %-12s %-12s %-12s %-12s %-10s %-14s %-12s %-12s "
+        "%s\n",
+        "stage", "world", "step_s", "compute_s", "comm_s", "exposed_s",
+        "exposed%", "bytes/rank", "mem_rest_GB", "mem_peak_GB", "wall_ms");
+  for (int stage : f.stages) {
+    for (int w : f.worlds) {
       ScaleOptions o = base;
       o.schedule.stage = stage;
       o.schedule.world_size = w;
@@ -215,9 +104,10 @@ int run_scale(const std::string& model_name, const std::vector<int>& stages,
                                  std::chrono::steady_clock::now() - t0)
                                  .count();
       const MemoryStats& m = r.memory;
-      const double rest = static_cast<double>(m.param_bytes + m.grad_bytes +
-                                              m.optimizer_state_bytes +
-                                              m.rollback_bytes) / 1e9;
+      const double rest =
+          static_cast<double>(m.param_bytes + m.grad_bytes +
+                              m.optimizer_state_bytes + m.rollback_bytes) /
+          1e9;
       if (as_json) {
         nlohmann::json j;
         j["model"] = model_name;
@@ -240,12 +130,13 @@ int run_scale(const std::string& model_name, const std::vector<int>& stages,
         j["wall_ms"] = wall_ms;
         std::cout << j.dump() << "\n";
       } else {
-        std::printf("%-5d %-6d %-12.6g %-12.6g %-12.6g %-12.6g %-10.1f "
-                    "%-14llu %-12.3f %-12.3f %.1f\n",
-                    stage, w, r.step_s, r.compute_s, r.comm_s,
-                    r.exposed_comm_s, 100.0 * r.exposed_comm_s / r.step_s,
-                    static_cast<unsigned long long>(r.bytes_per_rank), rest,
-                    m.peak_bytes / 1e9, wall_ms);
+        std::printf(
+            "%-5d %-6d %-12.6g %-12.6g %-12.6g %-12.6g %-10.1f "
+            "%-14llu %-12.3f %-12.3f %.1f\n",
+            stage, w, r.step_s, r.compute_s, r.comm_s, r.exposed_comm_s,
+            100.0 * r.exposed_comm_s / r.step_s,
+            static_cast<unsigned long long>(r.bytes_per_rank), rest,
+            m.peak_bytes / 1e9, wall_ms);
       }
       std::cout.flush();
     }
@@ -253,11 +144,11 @@ int run_scale(const std::string& model_name, const std::vector<int>& stages,
   return 0;
 }
 
-// --faults / --swarm: every scenario with faults; exit 1 if any breaks the
-// fault contract.
-int run_faults(const std::vector<Scenario>& scenarios,
-               const std::vector<bool>& modes, const FaultOptions* fixed,
-               int swarm, bool as_json) {
+// --faults / --swarm: every scenario with faults, the `fixed` ones or
+// `swarm` mixes drawn from seeds; exit 1 if any breaks the fault contract.
+int run_fault_runs(const std::vector<Scenario>& scenarios,
+                   const std::vector<bool>& modes, const FaultOptions* fixed,
+                   int swarm, bool as_json) {
   int failed = 0, runs = 0;
   for (const Scenario& base : scenarios) {
     for (bool managed : modes) {
@@ -272,8 +163,8 @@ int run_faults(const std::vector<Scenario>& scenarios,
           f.scenario.seed = base.seed + static_cast<uint64_t>(i);
           const int64_t collectives =
               static_cast<int64_t>(baseline_schedule(f).size());
-          f.faults = draw_fault_options(f.scenario.seed, base.world_size,
-                                        collectives);
+          f.faults =
+              draw_fault_options(f.scenario.seed, base.world_size, collectives);
         }
         const FaultRunResult r = run_fault_scenario(f);
         ++runs;
@@ -329,300 +220,58 @@ int run_faults(const std::vector<Scenario>& scenarios,
   return failed == 0 ? 0 : 1;
 }
 
-int main_impl(int argc, char** argv) {
-  std::vector<int> stages = {0, 1, 2, 3}, worlds = {1, 2, 4}, backwards = {4};
-  int steps = 3;
-  bool steps_given = false;
-  std::vector<GradAccumScaling> scalings = {GradAccumScaling::kConfigured,
-                                            GradAccumScaling::kPerStepCount,
-                                            GradAccumScaling::kNone};
-  std::string model = "mlp", config_path, backend = "sim";
-  int model_scale = 1, threads = 1;
-  int64_t micro = 2;
-  double clip = 0.0;
-  std::vector<Precision> dtypes = {Precision::kFp32};
-  std::vector<int> overflow;  // window, rank, backward
-  std::vector<OffloadDevice> offloads = {OffloadDevice::kNone};
-  bool offload_param = false;
-  std::string nvme_path;
-  int64_t sub_group_size = 0;
-  uint64_t seed = 1;
-  bool as_json = false, overlap = false;
-  int64_t reduce_bucket = 0, allgather_bucket = 0, persistence = -1;
-  bool model_given = false, micro_given = false, simulate = false;
-  std::string faults_text, managed_sel = "both";
-  bool faults_given = false;
-  int swarm = 0;
-  ScaleOptions scale;
-  double seq_len = kPresetSequenceLength;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::cout << kUsage;
-      return 0;
-    }
-    if (a == "--json") {
-      as_json = true;
-      continue;
-    }
-    if (a == "--overlap-comm") {
-      overlap = true;
-      continue;
-    }
-    if (a == "--offload-param") {
-      offload_param = true;
-      continue;
-    }
-    if (a == "--simulate-scale") {
-      simulate = true;
-      continue;
-    }
-    const size_t eq = a.find('=');
-    if (a.rfind("--", 0) != 0 || eq == std::string::npos)
-      usage_error("unrecognised argument '" + a + "'");
-    const std::string key = a.substr(2, eq - 2), v = a.substr(eq + 1);
-    if (key == "stages") stages = int_list(key, v);
-    else if (key == "world") worlds = int_list(key, v);
-    else if (key == "backwards") backwards = int_list(key, v);
-    else if (key == "steps") { steps = int_list(key, v).front(); steps_given = true; }
-    else if (key == "scaling") {
-      scalings.clear();
-      for (const std::string& s : split(v)) scalings.push_back(parse_scaling(s));
-    } else if (key == "model") { model = v; model_given = true; }
-    else if (key == "faults") { faults_text = v; faults_given = true; }
-    else if (key == "swarm") swarm = int_list(key, v).front();
-    else if (key == "managed") {
-      if (v != "both" && v != "true" && v != "false")
-        usage_error("--managed=" + v + ": not one of both, true, false");
-      managed_sel = v;
-    }
-    else if (key == "seq-len") seq_len = parse_positive(key, v);
-    else if (key == "alpha") scale.cost.alpha_s = parse_positive(key, v);
-    else if (key == "gamma") scale.cost.gamma_s_per_byte = parse_positive(key, v);
-    else if (key == "ranks-per-node")
-      scale.cost.ranks_per_node = static_cast<int>(parse_positive(key, v));
-    else if (key == "intra-node-bw")
-      scale.cost.intra_node_bytes_per_s = parse_positive(key, v);
-    else if (key == "inter-node-bw")
-      scale.cost.inter_node_bytes_per_s = parse_positive(key, v);
-    else if (key == "flops") scale.cost.flops_per_s = parse_positive(key, v);
-    else if (key == "memory-bw")
-      scale.cost.memory_bytes_per_s = parse_positive(key, v);
-    else if (key == "backend") {
-      if (v != "sim" && v != "gloo")
-        usage_error("--backend=" + v + ": not one of sim, gloo");
-      backend = v;
-    }
-    else if (key == "model-scale") model_scale = int_list(key, v).front();
-    else if (key == "micro-batch") { micro = int_list(key, v).front(); micro_given = true; }
-    else if (key == "clip") clip = parse_double(key, v);
-    else if (key == "dtype") {
-      dtypes.clear();
-      for (const std::string& d : split(v)) {
-        auto p = precision_from_string(d);
-        if (!p) usage_error("--dtype: '" + d + "' is not one of fp32, bf16, fp16");
-        dtypes.push_back(*p);
-      }
-    } else if (key == "offload") {
-      offloads.clear();
-      for (const std::string& d : split(v)) {
-        if (d == "none") offloads.push_back(OffloadDevice::kNone);
-        else if (d == "cpu") offloads.push_back(OffloadDevice::kCpu);
-        else if (d == "nvme") offloads.push_back(OffloadDevice::kNvme);
-        else usage_error("--offload: '" + d + "' is not one of none, cpu, nvme");
-      }
-    } else if (key == "nvme-path") {
-      nvme_path = v;
-    } else if (key == "sub-group-size") {
-      sub_group_size = static_cast<int64_t>(parse_u64(key, v));
-      if (sub_group_size < 1) usage_error("--sub-group-size must be >= 1");
-    } else if (key == "overflow") {
-      std::string list = v;
-      std::replace(list.begin(), list.end(), ':', ',');
-      overflow = int_list(key, list);
-      if (overflow.size() != 3)
-        usage_error("--overflow=" + v + ": write WINDOW:RANK:BACKWARD, e.g. 1:0:2");
-    }
-    else if (key == "seed") seed = parse_u64(key, v);
-    else if (key == "config") config_path = v;
-    else if (key == "threads") threads = int_list(key, v).front();
-    else if (key == "reduce-bucket-size")
-      reduce_bucket = static_cast<int64_t>(parse_u64(key, v));
-    else if (key == "persistence-threshold")
-      persistence = static_cast<int64_t>(parse_u64(key, v));
-    else if (key == "allgather-bucket-size")
-      allgather_bucket = static_cast<int64_t>(parse_u64(key, v));
-    else usage_error("unknown flag --" + key);
-  }
-  for (int s : stages)
-    if (s < 0 || s > 3)
-      usage_error("--stages: stage " + std::to_string(s) +
-                  " is not a ZeRO stage (0, 1, 2, 3)");
-  for (int w : worlds)
-    if (w < 1) usage_error("--world: " + std::to_string(w) + " must be >= 1");
-  if (steps < 1) usage_error("--steps must be >= 1");
-  if (micro < 1) usage_error("--micro-batch must be >= 1");
-  if (threads < 1) usage_error("--threads must be >= 1");
-  if (clip < 0) usage_error("--clip must be >= 0 (0 = off)");
-  if (!overflow.empty() &&
-      std::find(dtypes.begin(), dtypes.end(), Precision::kFp16) == dtypes.end())
-    usage_error("--overflow needs fp16 among --dtype (only fp16 skips "
-                "overflowing windows)");
-  if (swarm < 0) usage_error("--swarm must be >= 0");
-  if (faults_given && swarm > 0)
-    usage_error("--faults and --swarm exclude each other (--swarm draws the "
-                "faults from the seed)");
-  std::vector<bool> modes;
-  if (managed_sel != "true") modes.push_back(false);
-  if (managed_sel != "false") modes.push_back(true);
-  if (simulate) {
-    if (faults_given || swarm > 0)
-      usage_error("--simulate-scale runs without faults (symmetric ranks)");
-    if (modes.size() != 1) modes = {false};
-    scale.schedule.backwards = backwards.front();
-    scale.schedule.overlap_comm = overlap;
-    if (reduce_bucket > 0) scale.schedule.reduce_bucket_size = reduce_bucket;
-    if (allgather_bucket > 0)
-      scale.schedule.allgather_bucket_size = allgather_bucket;
-    if (persistence >= 0) scale.schedule.persistence_threshold = persistence;
-    scale.tokens_per_micro_batch =
-        seq_len * static_cast<double>(micro_given ? micro : 1);
-    return run_scale(model_given ? model : "7B", stages, worlds, scale,
-                     modes.front(), as_json);
-  }
-  std::vector<int> per_step;
-  if (backwards.size() > 1) {
-    if (steps_given && steps != static_cast<int>(backwards.size()))
-      usage_error("--steps=" + std::to_string(steps) + " disagrees with the " +
-                  std::to_string(backwards.size()) + " entries of --backwards");
-    per_step = backwards;
-  } else {
-    per_step.assign(steps, backwards.front());
-  }
+// Checks that fault runs can run and says which on stderr.
+void start_fault_runs(const HarnessFlags& f) {
+  if (f.backend != "sim")
+    throw FlagError("fault scenarios run on --backend=sim");
+  std::cerr << "  fault runs: "
+            << (f.mode == HarnessMode::kFaults
+                    ? "faults=" + f.faults
+                    : "swarm=" + std::to_string(f.swarm))
+            << " managed=" << f.managed << "\n";
+}
 
-  if (!overflow.empty()) {
-    const int min_world = *std::min_element(worlds.begin(), worlds.end());
-    if (overflow[0] < 0 || overflow[0] >= static_cast<int>(per_step.size()))
-      usage_error("--overflow: window " + std::to_string(overflow[0]) +
-                  " is not one of the run's " +
-                  std::to_string(per_step.size()) + " windows (0-based)");
-    if (overflow[1] < 0 || overflow[1] >= min_world)
-      usage_error("--overflow: rank " + std::to_string(overflow[1]) +
-                  " does not exist in --world=" + std::to_string(min_world));
-    if (overflow[2] < 0 || overflow[2] >= per_step[overflow[0]])
-      usage_error("--overflow: window " + std::to_string(overflow[0]) +
-                  " has " + std::to_string(per_step[overflow[0]]) +
-                  " backward() calls; backward " + std::to_string(overflow[2]) +
-                  " is not one of them (0-based)");
-  }
+// --faults: the given faults in every scenario.
+int run_faults_mode(const HarnessFlags& f,
+                    const std::vector<Scenario>& scenarios) {
+  start_fault_runs(f);
+  const FaultOptions fixed = parse_fault_options(f.faults);
+  return run_fault_runs(scenarios, f.managed_modes, &fixed, 0, f.json);
+}
 
-  std::string base_config;
-  if (!config_path.empty()) {
-    // Validate the user's file exactly as the engine would, for every world.
-    for (int w : worlds) load_config_file(config_path, w);
-    std::ifstream in(config_path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    base_config = ss.str();
-  }
+// --swarm: f.swarm fault mixes per scenario, drawn from seeds.
+int run_swarm_mode(const HarnessFlags& f,
+                   const std::vector<Scenario>& scenarios) {
+  start_fault_runs(f);
+  return run_fault_runs(scenarios, f.managed_modes, nullptr, f.swarm, f.json);
+}
 
-  set_compute_threads(threads);
-  std::cerr << "zerostep harness: seed=" << seed << " backend=" << backend
-            << " stages=" << join(stages)
-            << " world=" << join(worlds) << " backwards=" << join(per_step)
-            << " model=" << model << " model_scale=" << model_scale
-            << " micro_batch=" << micro << " clip=" << clip << " dtype=";
-  for (size_t i = 0; i < dtypes.size(); ++i)
-    std::cerr << (i ? "," : "") << to_string(dtypes[i]);
-  if (!overflow.empty())
-    std::cerr << " overflow=" << overflow[0] << ":" << overflow[1] << ":"
-              << overflow[2];
-  std::cerr
-            << " overlap_comm=" << (overlap ? "stage>=2" : "off")
-            << " reduce_bucket_size=" << reduce_bucket
-            << " allgather_bucket_size=" << allgather_bucket
-            << " config=" << (config_path.empty() ? "(built-in)" : config_path)
-            << "\n  " << runtime_info() << "\n";
-
-  // A temporary nvme directory, removed at exit.
-  std::unique_ptr<TempDir> temp_nvme;
-  const bool any_nvme = std::find(offloads.begin(), offloads.end(),
-                                  OffloadDevice::kNvme) != offloads.end();
-  if (any_nvme && nvme_path.empty()) {
-    temp_nvme = std::make_unique<TempDir>("zerostep-nvme");
-    nvme_path = temp_nvme->path();
-  }
-  if (any_nvme) std::cerr << "  nvme_path=" << nvme_path << "\n";
-
-  std::vector<Scenario> scenarios;
-  for (OffloadDevice offload : offloads)
-  for (Precision dtype : dtypes)
-  for (int stage : stages)
-    for (int w : worlds)
-      for (GradAccumScaling sc : scalings) {
-        // Optimizer offload partitions the optimizer state: stages 1-3.
-        if (stage == 0 && offload != OffloadDevice::kNone) continue;
-        Scenario s;
-        s.dtype = dtype;
-        s.offload = offload;
-        if (stage == 3 && offload_param) s.offload_param = offload;
-        s.nvme_path = nvme_path;
-        s.sub_group_size = sub_group_size;
-        if (dtype == Precision::kFp16 && !overflow.empty()) {
-          s.overflow_window = overflow[0];
-          s.overflow_rank = overflow[1];
-          s.overflow_backward = overflow[2];
-        }
-        s.stage = stage;
-        s.world_size = w;
-        s.backwards = per_step;
-        s.scaling = sc;
-        s.model = model;
-        s.backend = backend;
-        s.model_scale = model_scale;
-        s.seed = seed;
-        s.micro_batch = micro;
-        s.gradient_clipping = clip;
-        s.overlap_comm = overlap && stage >= 2;
-        s.reduce_bucket_size = reduce_bucket;
-        s.allgather_bucket_size = allgather_bucket;
-        s.persistence_threshold =
-            persistence >= 0 ? persistence : (config_path.empty() ? 0 : -1);
-        s.base_config_json = base_config;
-        scenarios.push_back(s);
-      }
-
-  if (faults_given || swarm > 0) {
-    if (backend != "sim") usage_error("fault scenarios run on --backend=sim");
-    std::cerr << "  fault runs: "
-              << (faults_given ? "faults=" + faults_text
-                               : "swarm=" + std::to_string(swarm))
-              << " managed=" << managed_sel << "\n";
-    if (faults_given) {
-      const FaultOptions fixed = parse_fault_options(faults_text);
-      return run_faults(scenarios, modes, &fixed, 0, as_json);
-    }
-    return run_faults(scenarios, modes, nullptr, swarm, as_json);
-  }
-
+// The parity matrix: every scenario's unmanaged run, its managed twin and
+// the single-rank reference; a table (or JSON lines) on stdout, progress
+// on stderr; exit 1 if any scenario fails.
+int run_parity_mode(const HarnessFlags& f,
+                    const std::vector<Scenario>& scenarios) {
+  const bool as_json = f.json;
   if (!as_json) {
     std::printf(
         "%-7s %-5s %-5s %-5s %-15s %-7s %-12s %-12s %-14s %-14s %-11s %-11s "
         "%-16s %s\n",
-        "offload", "dtype", "stage", "world", "scaling", "bitwise", "max_abs_diff", "ref_rel_l2",
-        "bytes_managed", "bytes_unmgd", "mem_rest", "mem_peak", "digest", "ok");
+        "offload", "dtype", "stage", "world", "scaling", "bitwise",
+        "max_abs_diff", "ref_rel_l2", "bytes_managed", "bytes_unmgd",
+        "mem_rest", "mem_peak", "digest", "ok");
   }
   int failed = 0;
   for (size_t i = 0; i < scenarios.size(); ++i) {
     const Scenario& s = scenarios[i];
     auto t0 = std::chrono::steady_clock::now();
     ScenarioResult r = run_scenario(s);
-    const double secs = std::chrono::duration<double>(
-                            std::chrono::steady_clock::now() - t0)
-                            .count();
-    std::cerr << "[" << (i + 1) << "/" << scenarios.size() << "] offload="
-              << to_string(s.offload) << " " << to_string(s.dtype) << " stage="
-              << s.stage << " world=" << s.world_size
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
+    std::cerr << "[" << (i + 1) << "/" << scenarios.size()
+              << "] offload=" << to_string(s.offload) << " "
+              << to_string(s.dtype) << " stage=" << s.stage
+              << " world=" << s.world_size
               << " scaling=" << to_string(s.scaling) << " "
               << (r.ok ? "ok" : "FAILED") << " (" << secs << " s)\n";
     if (as_json) {
@@ -631,8 +280,9 @@ int main_impl(int argc, char** argv) {
       std::printf(
           "%-7s %-5s %-5d %-5d %-15s %-7s %-12.3g %-12.3g %-14llu %-14llu "
           "%-11zu %-11zu %-16s %s\n",
-          to_string(s.offload), to_string(s.dtype), s.stage, s.world_size, to_string(s.scaling),
-          r.bitwise_equal ? "yes" : "NO", r.max_abs_diff, r.ref_rel_l2_diff,
+          to_string(s.offload), to_string(s.dtype), s.stage, s.world_size,
+          to_string(s.scaling), r.bitwise_equal ? "yes" : "NO", r.max_abs_diff,
+          r.ref_rel_l2_diff,
           static_cast<unsigned long long>(r.managed.comm_bytes),
           static_cast<unsigned long long>(r.unmanaged.comm_bytes),
           r.unmanaged.memory_rest_bytes, r.unmanaged.memory_peak_bytes,
@@ -641,13 +291,128 @@ int main_impl(int argc, char** argv) {
     std::cout.flush();
     if (!r.ok) {
       ++failed;
-      for (const std::string& f : r.failures)
-        std::cerr << "    failure: " << f << "\n";
+      for (const std::string& why : r.failures)
+        std::cerr << "    failure: " << why << "\n";
     }
   }
   std::cerr << (scenarios.size() - failed) << " of " << scenarios.size()
-            << " scenarios ok (seed=" << seed << ")\n";
+            << " scenarios ok (seed=" << f.seed << ")\n";
   return failed == 0 ? 0 : 1;
+}
+
+// The --config file's text, checked exactly as the engine would check it
+// for every world size (ConfigError, IoError); "" without --config.
+std::string load_base_config(const HarnessFlags& f) {
+  if (f.config_path.empty()) return "";
+  for (int w : f.worlds) load_config_file(f.config_path, w);
+  std::ifstream in(f.config_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// seed= and every option, and what the process computes with, on stderr.
+void print_run_header(const HarnessFlags& f) {
+  std::cerr << "zerostep harness: seed=" << f.seed << " backend=" << f.backend
+            << " stages=" << join(f.stages) << " world=" << join(f.worlds)
+            << " backwards=" << join(f.per_step) << " model=" << f.model
+            << " model_scale=" << f.model_scale
+            << " micro_batch=" << f.micro_batch << " clip=" << f.clip
+            << " dtype=";
+  for (size_t i = 0; i < f.dtypes.size(); ++i)
+    std::cerr << (i ? "," : "") << to_string(f.dtypes[i]);
+  if (!f.overflow.empty())
+    std::cerr << " overflow=" << f.overflow[0] << ":" << f.overflow[1] << ":"
+              << f.overflow[2];
+  std::cerr << " overlap_comm=" << (f.overlap_comm ? "stage>=2" : "off")
+            << " reduce_bucket_size=" << f.reduce_bucket_size
+            << " allgather_bucket_size=" << f.allgather_bucket_size
+            << " config="
+            << (f.config_path.empty() ? "(built-in)" : f.config_path) << "\n  "
+            << runtime_info() << "\n";
+}
+
+// Every (offload, dtype, stage, world, scaling) scenario the flags ask for;
+// stage 0 has no optimizer offload, so it runs only with none.
+std::vector<Scenario> build_scenarios(const HarnessFlags& f,
+                                      const std::string& base_config,
+                                      const std::string& nvme_path) {
+  std::vector<Scenario> scenarios;
+  for (OffloadDevice offload : f.offloads)
+    for (Precision dtype : f.dtypes)
+      for (int stage : f.stages)
+        for (int w : f.worlds)
+          for (GradAccumScaling sc : f.scalings) {
+            // Optimizer offload partitions the optimizer state: stages 1-3.
+            if (stage == 0 && offload != OffloadDevice::kNone) continue;
+            Scenario s;
+            s.dtype = dtype;
+            s.offload = offload;
+            if (stage == 3 && f.offload_param) s.offload_param = offload;
+            s.nvme_path = nvme_path;
+            s.sub_group_size = f.sub_group_size;
+            if (dtype == Precision::kFp16 && !f.overflow.empty()) {
+              s.overflow_window = f.overflow[0];
+              s.overflow_rank = f.overflow[1];
+              s.overflow_backward = f.overflow[2];
+            }
+            s.stage = stage;
+            s.world_size = w;
+            s.backwards = f.per_step;
+            s.scaling = sc;
+            s.model = f.model;
+            s.backend = f.backend;
+            s.model_scale = f.model_scale;
+            s.seed = f.seed;
+            s.micro_batch = f.micro_batch;
+            s.gradient_clipping = f.clip;
+            s.overlap_comm = f.overlap_comm && stage >= 2;
+            s.reduce_bucket_size = f.reduce_bucket_size;
+            s.allgather_bucket_size = f.allgather_bucket_size;
+            s.persistence_threshold = f.persistence_threshold >= 0
+                                          ? f.persistence_threshold
+                                          : (f.config_path.empty() ? 0 : -1);
+            s.base_config_json = base_config;
+            scenarios.push_back(s);
+          }
+  return scenarios;
+}
+
+int main_impl(int argc, char** argv) {
+  const HarnessFlags f = parse_harness_flags(argc, argv);
+  if (f.help) {
+    std::cout << kHarnessUsage;
+    return 0;
+  }
+  if (f.mode == HarnessMode::kScale) return run_scale_mode(f);
+
+  const std::string base_config = load_base_config(f);
+  set_compute_threads(f.threads);
+  print_run_header(f);
+
+  // A temporary nvme directory, removed at exit.
+  std::string nvme_path = f.nvme_path;
+  std::unique_ptr<TempDir> temp_nvme;
+  const bool any_nvme = std::find(f.offloads.begin(), f.offloads.end(),
+                                  OffloadDevice::kNvme) != f.offloads.end();
+  if (any_nvme && nvme_path.empty()) {
+    temp_nvme = std::make_unique<TempDir>("zerostep-nvme");
+    nvme_path = temp_nvme->path();
+  }
+  if (any_nvme) std::cerr << "  nvme_path=" << nvme_path << "\n";
+
+  const std::vector<Scenario> scenarios =
+      build_scenarios(f, base_config, nvme_path);
+  switch (f.mode) {
+    case HarnessMode::kFaults:
+      return run_faults_mode(f, scenarios);
+    case HarnessMode::kSwarm:
+      return run_swarm_mode(f, scenarios);
+    case HarnessMode::kParity:
+    case HarnessMode::kScale:
+      break;
+  }
+  return run_parity_mode(f, scenarios);
 }
 
 }  // namespace
@@ -656,6 +421,9 @@ int main_impl(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return zerostep::main_impl(argc, argv);
+  } catch (const zerostep::FlagError& e) {
+    std::cerr << "harness: " << e.what() << "\n\n" << zerostep::kHarnessUsage;
+    return 2;
   } catch (const zerostep::Error& e) {
     std::cerr << "harness: " << e.what() << "\n";
     return 2;

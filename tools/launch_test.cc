@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <filesystem>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 
@@ -147,21 +149,51 @@ TEST(LaunchTest, AProgramThatCannotStartIsAFailureNotAHang) {
 namespace zerostep {
 namespace {
 
+// Reads lines from `fd` until `count` of them contain `needle`; false if
+// the stream ends or no line comes for `timeout_ms`.
+bool wait_for_lines(int fd, int count, const std::string& needle,
+                    int timeout_ms) {
+  std::string pending;
+  int seen = 0;
+  while (seen < count) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) <= 0) return false;
+    char buf[256];
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) return false;
+    pending.append(buf, static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = pending.find('\n')) != std::string::npos) {
+      if (pending.substr(0, nl).find(needle) != std::string::npos) ++seen;
+      pending.erase(0, nl + 1);
+    }
+  }
+  return true;
+}
+
 // SIGTERM to the launcher stops every rank (they run in process groups of
-// their own, so nothing else would reach them) and reports the signal.
+// their own, so nothing else would reach them) and reports the signal. The
+// signal goes out once the launcher has relayed every rank's "ready" line:
+// it relays output only after installing its signal handlers.
 TEST(LaunchTest, ASignalToTheLauncherStopsEveryRank) {
-  std::FILE* out = std::tmpfile();
+  int fds[2];
+  ASSERT_EQ(pipe2(fds, O_CLOEXEC), 0);
+  std::FILE* out = fdopen(fds[1], "w");
+  ASSERT_NE(out, nullptr);
   LaunchOptions o;
   o.nproc = 3;
   o.out = out;
   o.kill_grace = std::chrono::milliseconds(500);
-  std::thread killer([] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    kill(getpid(), SIGTERM);
+  bool ready = false;
+  std::thread killer([&] {
+    ready = wait_for_lines(fds[0], 3, "] ready", 60000);
+    if (ready) kill(getpid(), SIGTERM);
   });
-  LaunchResult r = launch({"/bin/sleep", "30"}, o);
+  LaunchResult r = launch({"/bin/sh", "-c", "echo ready; exec sleep 30"}, o);
   killer.join();
   std::fclose(out);
+  close(fds[0]);
+  ASSERT_TRUE(ready);
   EXPECT_EQ(r.exit_code, 128 + SIGTERM);
   EXPECT_NE(r.description.find("signal"), std::string::npos);
 }

@@ -1,10 +1,7 @@
-// FlatOptimizer against LibTorch's torch::optim over many steps.
-//
-// Tolerance, not bitwise: LibTorch computes the Adam denominator as
-// sqrt(v)/sqrt(bias2) + eps with tensor ops and the step size in double;
-// the flat loop multiplies by 1/sqrt(bias2) and rounds scalars to float
-// once. Both are float32 throughout, so over 200 steps the parameters agree
-// to a few ulps of their magnitude; we require 1e-5 relative.
+// FlatOptimizer against LibTorch's torch::optim over many steps, by the
+// reference run offload/fused_adam_test.cc uses for the fused kernel
+// (offload/libtorch_reference.h: tolerance, not bitwise; we require 1e-5
+// relative).
 #include "zero/optimizer.h"
 
 #include <gtest/gtest.h>
@@ -12,30 +9,18 @@
 
 #include <vector>
 
+#include "offload/libtorch_reference.h"
+
 namespace zerostep {
 namespace {
 
-double max_rel_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  return ((a - b).abs().max() / b.abs().max()).item<double>();
-}
-
 template <typename TorchOpt, typename Options>
 void run_against_torch(const OptimizerHyper& h, Options options) {
-  const int64_t n = 1000;
-  torch::manual_seed(7);
-  torch::Tensor theirs = torch::randn({n}).set_requires_grad(true);
-  std::vector<float> mine(theirs.data_ptr<float>(),
-                          theirs.data_ptr<float>() + n);
-  TorchOpt opt({theirs}, options);
-  FlatOptimizer flat(h, n);
-  for (int step = 0; step < 200; ++step) {
-    torch::Tensor g = torch::randn({n}) * (1.0 + step % 5);
-    theirs.mutable_grad() = g.clone();
-    opt.step();
-    flat.step(mine.data(), g.data_ptr<float>(), h);
-  }
-  torch::Tensor ours = torch::from_blob(mine.data(), {n}).clone();
-  EXPECT_LT(max_rel_diff(ours, theirs.detach()), 1e-5);
+  FlatOptimizer flat(h, kLibTorchReferenceNumel);
+  EXPECT_LT(max_rel_diff_from_libtorch(
+                torch_optimizer<TorchOpt>(options),
+                [&](float* p, const float* g, int64_t) { flat.step(p, g, h); }),
+            1e-5);
   EXPECT_EQ(flat.step_count(), 200);
 }
 

@@ -35,6 +35,11 @@
 // collective, so a bad one fails everywhere with a "user" error and changes
 // nothing (checked by parameter digests in tests).
 //
+// The parts: base_model.h (the served presets), model_registry.h (the
+// models and create_model), losses.h (request checks and the losses),
+// checkpoints.h (save_weights / load_weights under state_dir); this file
+// drives them (forward_backward, optim_step, get_info).
+//
 // Thread safety: execute() is called from this rank's thread only. Model
 // construction takes a process-wide lock (torch's global RNG is shared by
 // the simulator's rank threads).
@@ -47,21 +52,11 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "tools/tinker/base_model.h"  // base_models(), for the server
 #include "tools/tinker/command.h"
 
 namespace zerostep {
 namespace tinker {
-
-// A built-in base model: a byte-level TinyGpt preset.
-struct BaseModel {
-  std::string name;          // e.g. "zerostep/tiny-gpt"
-  int64_t vocab_size = 256;  // byte-level tokens
-  int64_t max_context = 64;  // tokens per datum
-  int64_t d_model = 32;
-  int64_t n_head = 2;
-  int64_t n_layer = 2;
-};
-const std::vector<BaseModel>& base_models();
 
 struct TrainerOptions {
   // A ds_config JSON document (may be empty: stage 0 defaults). The server

@@ -1,7 +1,7 @@
 // What the process computes with: the BLAS library LibTorch resolved at run
 // time and the thread counts, so every tool can print them at start.
-#ifndef ZEROSTEP_TOOLS_RUNTIME_INFO_H_
-#define ZEROSTEP_TOOLS_RUNTIME_INFO_H_
+#ifndef ZEROSTEP_RUNTIME_RUNTIME_INFO_H_
+#define ZEROSTEP_RUNTIME_RUNTIME_INFO_H_
 
 #include <string>
 
@@ -17,4 +17,4 @@ std::string runtime_info();
 
 }  // namespace zerostep
 
-#endif  // ZEROSTEP_TOOLS_RUNTIME_INFO_H_
+#endif  // ZEROSTEP_RUNTIME_RUNTIME_INFO_H_

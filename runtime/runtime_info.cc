@@ -1,4 +1,4 @@
-#include "tools/runtime_info.h"
+#include "runtime/runtime_info.h"
 
 #include <dlfcn.h>
 #include <link.h>

@@ -1,0 +1,330 @@
+#include "tools/harness_flags.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+
+namespace zerostep {
+
+const char* const kHarnessUsage = R"(usage: harness [flags]
+  --stages=0,1,2,3      ZeRO stages to run
+  --world=1,2,4         simulated world sizes
+  --backwards=4         N backward() calls per step; a list (2,5,3) gives one
+                        N per step and sets --steps to its length
+  --steps=K             steps per scenario (default 3; repeats a single N)
+  --scaling=LIST        configured,per_step_count,none (default: all three)
+  --model=mlp|gpt       built-in model (default mlp)
+  --backend=sim|gloo    simulator (default) or real Gloo over loopback TCP
+  --model-scale=S       width multiplier (default 1)
+  --micro-batch=B       samples per backward per rank (default 2)
+  --clip=C              gradient_clipping (default 0 = off)
+  --dtype=LIST          fp32,bf16,fp16 training dtypes (default fp32)
+  --offload=LIST        none,cpu,nvme optimizer offload (default none; stage
+                        0 has none, so stage-0 scenarios run only with none)
+  --offload-param       stage 3: offload parameters to the same device too
+  --nvme-path=DIR       where nvme scenarios keep their swap files (default:
+                        a new directory under $TMPDIR, removed at exit)
+  --sub-group-size=E    zero_optimization.sub_group_size: elements per swap
+                        sub-group (default DeepSpeed's 1e9)
+  --overflow=W:R:B      fp16 scenarios: inject an overflow into backward B
+                        (0-based) of rank R in window W; that update must be
+                        skipped on every rank
+  --overlap-comm        zero_optimization.overlap_comm for stage >= 2
+                        scenarios (stages 0/1 run without it)
+  --reduce-bucket-size=E   elements per reduce-scatter bucket (stage 2)
+  --allgather-bucket-size=E  elements per all-gather (stage 2)
+  --persistence-threshold=E  stage3_param_persistence_threshold (default 0
+                        with the built-in config, so every block of the
+                        small built-in models is partitioned; the
+                        --config file's value otherwise)
+  --seed=S              run seed (default 1)
+  --config=FILE         a ds_config JSON as the base of every scenario
+  --threads=T           compute threads per rank (default 1)
+  --json                one JSON object per scenario per line
+  --help
+
+fault scenarios (sim only; Note [Fault contract] in parity/fault_run.h):
+  --faults=LIST         inject these faults into every scenario, e.g.
+                        crash:2@7,straggle:1@3x2:0.5,mismatch:0@4:dtype,
+                        lost:3@9,timeout:60 (sim/faults.h); each run is
+                        checked: a CommError on every rank naming the fault,
+                        no partial update, bounded virtual time
+  --swarm=N             N fault mixes per scenario, drawn from seeds
+                        --seed .. --seed+N-1 (the seed also seeds the run)
+  --managed=both|true|false  accumulation modes to run (default both)
+
+scale mode (shape-only; scale/scale_sim.h):
+  --simulate-scale      time one window of each (stage, world) for a model
+                        preset (--model=1.3B|7B|13B|70B, default 7B) with
+                        data-free collectives and symmetric ranks; prints
+                        virtual step time, exposed communication, bytes per
+                        rank (per collective with --json) and memory per rank
+  --seq-len=T           tokens per sample (default 4096); a micro-batch is
+                        --micro-batch samples (default 1 in this mode)
+  cost model (Note [Cost model] in sim/cost_model.h; defaults in brackets):
+  --alpha=S [5e-06]  --gamma=S_PER_BYTE [2.5e-12]  --ranks-per-node=R [8]
+  --intra-node-bw=BYTES_PER_S [1.5e11]  --inter-node-bw=BYTES_PER_S [2.5e10]
+  --flops=FLOP_PER_S [4e14]  --memory-bw=BYTES_PER_S [2e12]
+)";
+
+namespace {
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::vector<int> int_list(const std::string& flag, const std::string& v) {
+  std::vector<int> out;
+  for (const std::string& s : split(v)) {
+    char* end = nullptr;
+    long x = std::strtol(s.c_str(), &end, 10);
+    if (end == s.c_str() || *end != '\0')
+      throw FlagError("--" + flag + "=" + v + ": '" + s +
+                      "' is not an integer");
+    out.push_back(static_cast<int>(x));
+  }
+  if (out.empty()) throw FlagError("--" + flag + " needs at least one value");
+  return out;
+}
+
+double parse_double(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0')
+    throw FlagError("--" + flag + "=" + v + ": not a number");
+  return x;
+}
+
+uint64_t parse_u64(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+  if (v.empty() || v[0] == '-' || *end != '\0')
+    throw FlagError("--" + flag + "=" + v + ": not a non-negative integer");
+  return x;
+}
+
+double parse_positive(const std::string& flag, const std::string& v) {
+  const double x = parse_double(flag, v);
+  if (!(x > 0)) throw FlagError("--" + flag + "=" + v + ": must be > 0");
+  return x;
+}
+
+GradAccumScaling parse_scaling(const std::string& s) {
+  if (auto mode = grad_accum_scaling_from_string(s)) return *mode;
+  throw FlagError("--scaling: '" + s +
+                  "' is not one of configured, per_step_count, none");
+}
+
+}  // namespace
+
+HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
+  HarnessFlags f;
+  bool faults_given = false, simulate = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      f.help = true;
+      return f;
+    }
+    if (a == "--json") {
+      f.json = true;
+      continue;
+    }
+    if (a == "--overlap-comm") {
+      f.overlap_comm = true;
+      continue;
+    }
+    if (a == "--offload-param") {
+      f.offload_param = true;
+      continue;
+    }
+    if (a == "--simulate-scale") {
+      simulate = true;
+      continue;
+    }
+    const size_t eq = a.find('=');
+    if (a.rfind("--", 0) != 0 || eq == std::string::npos)
+      throw FlagError("unrecognised argument '" + a + "'");
+    const std::string key = a.substr(2, eq - 2), v = a.substr(eq + 1);
+    if (key == "stages") {
+      f.stages = int_list(key, v);
+    } else if (key == "world") {
+      f.worlds = int_list(key, v);
+    } else if (key == "backwards") {
+      f.backwards = int_list(key, v);
+    } else if (key == "steps") {
+      f.steps = int_list(key, v).front();
+      f.steps_given = true;
+    } else if (key == "scaling") {
+      f.scalings.clear();
+      for (const std::string& s : split(v))
+        f.scalings.push_back(parse_scaling(s));
+    } else if (key == "model") {
+      f.model = v;
+      f.model_given = true;
+    } else if (key == "faults") {
+      f.faults = v;
+      faults_given = true;
+    } else if (key == "swarm") {
+      f.swarm = int_list(key, v).front();
+    } else if (key == "managed") {
+      if (v != "both" && v != "true" && v != "false")
+        throw FlagError("--managed=" + v + ": not one of both, true, false");
+      f.managed = v;
+    } else if (key == "seq-len") {
+      f.seq_len = parse_positive(key, v);
+    } else if (key == "alpha") {
+      f.scale.cost.alpha_s = parse_positive(key, v);
+    } else if (key == "gamma") {
+      f.scale.cost.gamma_s_per_byte = parse_positive(key, v);
+    } else if (key == "ranks-per-node") {
+      f.scale.cost.ranks_per_node = static_cast<int>(parse_positive(key, v));
+    } else if (key == "intra-node-bw") {
+      f.scale.cost.intra_node_bytes_per_s = parse_positive(key, v);
+    } else if (key == "inter-node-bw") {
+      f.scale.cost.inter_node_bytes_per_s = parse_positive(key, v);
+    } else if (key == "flops") {
+      f.scale.cost.flops_per_s = parse_positive(key, v);
+    } else if (key == "memory-bw") {
+      f.scale.cost.memory_bytes_per_s = parse_positive(key, v);
+    } else if (key == "backend") {
+      if (v != "sim" && v != "gloo")
+        throw FlagError("--backend=" + v + ": not one of sim, gloo");
+      f.backend = v;
+    } else if (key == "model-scale") {
+      f.model_scale = int_list(key, v).front();
+    } else if (key == "micro-batch") {
+      f.micro_batch = int_list(key, v).front();
+      f.micro_batch_given = true;
+    } else if (key == "clip") {
+      f.clip = parse_double(key, v);
+    } else if (key == "dtype") {
+      f.dtypes.clear();
+      for (const std::string& d : split(v)) {
+        auto p = precision_from_string(d);
+        if (!p)
+          throw FlagError("--dtype: '" + d +
+                          "' is not one of fp32, bf16, fp16");
+        f.dtypes.push_back(*p);
+      }
+    } else if (key == "offload") {
+      f.offloads.clear();
+      for (const std::string& d : split(v)) {
+        if (d == "none")
+          f.offloads.push_back(OffloadDevice::kNone);
+        else if (d == "cpu")
+          f.offloads.push_back(OffloadDevice::kCpu);
+        else if (d == "nvme")
+          f.offloads.push_back(OffloadDevice::kNvme);
+        else
+          throw FlagError("--offload: '" + d +
+                          "' is not one of none, cpu, nvme");
+      }
+    } else if (key == "nvme-path") {
+      f.nvme_path = v;
+    } else if (key == "sub-group-size") {
+      f.sub_group_size = static_cast<int64_t>(parse_u64(key, v));
+      if (f.sub_group_size < 1)
+        throw FlagError("--sub-group-size must be >= 1");
+    } else if (key == "overflow") {
+      std::string list = v;
+      std::replace(list.begin(), list.end(), ':', ',');
+      f.overflow = int_list(key, list);
+      if (f.overflow.size() != 3)
+        throw FlagError("--overflow=" + v +
+                        ": write WINDOW:RANK:BACKWARD, e.g. 1:0:2");
+    } else if (key == "seed") {
+      f.seed = parse_u64(key, v);
+    } else if (key == "config") {
+      f.config_path = v;
+    } else if (key == "threads") {
+      f.threads = int_list(key, v).front();
+    } else if (key == "reduce-bucket-size") {
+      f.reduce_bucket_size = static_cast<int64_t>(parse_u64(key, v));
+    } else if (key == "persistence-threshold") {
+      f.persistence_threshold = static_cast<int64_t>(parse_u64(key, v));
+    } else if (key == "allgather-bucket-size") {
+      f.allgather_bucket_size = static_cast<int64_t>(parse_u64(key, v));
+    } else {
+      throw FlagError("unknown flag --" + key);
+    }
+  }
+  for (int s : f.stages)
+    if (s < 0 || s > 3)
+      throw FlagError("--stages: stage " + std::to_string(s) +
+                      " is not a ZeRO stage (0, 1, 2, 3)");
+  for (int w : f.worlds)
+    if (w < 1)
+      throw FlagError("--world: " + std::to_string(w) + " must be >= 1");
+  if (f.steps < 1) throw FlagError("--steps must be >= 1");
+  if (f.micro_batch < 1) throw FlagError("--micro-batch must be >= 1");
+  if (f.threads < 1) throw FlagError("--threads must be >= 1");
+  if (f.clip < 0) throw FlagError("--clip must be >= 0 (0 = off)");
+  if (!f.overflow.empty() && std::find(f.dtypes.begin(), f.dtypes.end(),
+                                       Precision::kFp16) == f.dtypes.end())
+    throw FlagError(
+        "--overflow needs fp16 among --dtype (only fp16 skips "
+        "overflowing windows)");
+  if (f.swarm < 0) throw FlagError("--swarm must be >= 0");
+  if (faults_given && f.swarm > 0)
+    throw FlagError(
+        "--faults and --swarm exclude each other (--swarm draws "
+        "the faults from the seed)");
+  if (f.managed != "true") f.managed_modes.push_back(false);
+  if (f.managed != "false") f.managed_modes.push_back(true);
+  if (simulate) {
+    if (faults_given || f.swarm > 0)
+      throw FlagError("--simulate-scale runs without faults (symmetric ranks)");
+    f.mode = HarnessMode::kScale;
+    if (f.managed_modes.size() != 1) f.managed_modes = {false};
+    ScheduleOptions& s = f.scale.schedule;
+    s.backwards = f.backwards.front();
+    s.overlap_comm = f.overlap_comm;
+    if (f.reduce_bucket_size > 0) s.reduce_bucket_size = f.reduce_bucket_size;
+    if (f.allgather_bucket_size > 0)
+      s.allgather_bucket_size = f.allgather_bucket_size;
+    if (f.persistence_threshold >= 0)
+      s.persistence_threshold = f.persistence_threshold;
+    f.scale.tokens_per_micro_batch =
+        f.seq_len *
+        static_cast<double>(f.micro_batch_given ? f.micro_batch : 1);
+    return f;
+  }
+  if (faults_given) f.mode = HarnessMode::kFaults;
+  if (f.swarm > 0) f.mode = HarnessMode::kSwarm;
+
+  if (f.backwards.size() > 1) {
+    if (f.steps_given && f.steps != static_cast<int>(f.backwards.size()))
+      throw FlagError(
+          "--steps=" + std::to_string(f.steps) + " disagrees with the " +
+          std::to_string(f.backwards.size()) + " entries of --backwards");
+    f.per_step = f.backwards;
+  } else {
+    f.per_step.assign(f.steps, f.backwards.front());
+  }
+  if (!f.overflow.empty()) {
+    const std::vector<int>& o = f.overflow;
+    const int min_world = *std::min_element(f.worlds.begin(), f.worlds.end());
+    if (o[0] < 0 || o[0] >= static_cast<int>(f.per_step.size()))
+      throw FlagError("--overflow: window " + std::to_string(o[0]) +
+                      " is not one of the run's " +
+                      std::to_string(f.per_step.size()) + " windows (0-based)");
+    if (o[1] < 0 || o[1] >= min_world)
+      throw FlagError(
+          "--overflow: rank " + std::to_string(o[1]) +
+          " does not exist in --world=" + std::to_string(min_world));
+    if (o[2] < 0 || o[2] >= f.per_step[o[0]])
+      throw FlagError("--overflow: window " + std::to_string(o[0]) + " has " +
+                      std::to_string(f.per_step[o[0]]) +
+                      " backward() calls; backward " + std::to_string(o[2]) +
+                      " is not one of them (0-based)");
+  }
+  return f;
+}
+
+}  // namespace zerostep

@@ -1,0 +1,151 @@
+#include "tools/harness_flags.h"
+
+#include <gtest/gtest.h>
+
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+namespace zerostep {
+namespace {
+
+HarnessFlags parse(std::initializer_list<const char*> args) {
+  std::vector<const char*> argv = {"harness"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return parse_harness_flags(static_cast<int>(argv.size()), argv.data());
+}
+
+// The message of the FlagError parsing `args` throws ("" if none).
+std::string error_of(std::initializer_list<const char*> args) {
+  try {
+    parse(args);
+  } catch (const FlagError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(HarnessFlagsTest, DefaultsAreTheParityMatrix) {
+  const HarnessFlags f = parse({});
+  EXPECT_FALSE(f.help);
+  EXPECT_EQ(f.mode, HarnessMode::kParity);
+  EXPECT_EQ(f.stages, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(f.worlds, (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(f.per_step, (std::vector<int>{4, 4, 4}));
+  EXPECT_EQ(f.scalings.size(), 3u);
+  EXPECT_EQ(f.dtypes, (std::vector<Precision>{Precision::kFp32}));
+  EXPECT_EQ(f.offloads, (std::vector<OffloadDevice>{OffloadDevice::kNone}));
+  EXPECT_EQ(f.managed_modes, (std::vector<bool>{false, true}));
+  EXPECT_EQ(f.model, "mlp");
+  EXPECT_EQ(f.backend, "sim");
+  EXPECT_EQ(f.micro_batch, 2);
+  EXPECT_EQ(f.seed, 1u);
+  EXPECT_EQ(f.persistence_threshold, -1);
+}
+
+TEST(HarnessFlagsTest, ListsAndValues) {
+  const HarnessFlags f =
+      parse({"--json", "--stages=0,1", "--world=2,4", "--backwards=2,5,3",
+             "--scaling=per_step_count", "--dtype=fp32,fp16",
+             "--overflow=1:1:3", "--offload=cpu,nvme", "--offload-param",
+             "--seed=7", "--reduce-bucket-size=4096"});
+  EXPECT_TRUE(f.json);
+  EXPECT_EQ(f.stages, (std::vector<int>{0, 1}));
+  EXPECT_EQ(f.per_step, (std::vector<int>{2, 5, 3}));
+  EXPECT_EQ(f.scalings,
+            (std::vector<GradAccumScaling>{GradAccumScaling::kPerStepCount}));
+  EXPECT_EQ(f.dtypes,
+            (std::vector<Precision>{Precision::kFp32, Precision::kFp16}));
+  EXPECT_EQ(f.overflow, (std::vector<int>{1, 1, 3}));
+  EXPECT_EQ(f.offloads, (std::vector<OffloadDevice>{OffloadDevice::kCpu,
+                                                    OffloadDevice::kNvme}));
+  EXPECT_TRUE(f.offload_param);
+  EXPECT_EQ(f.seed, 7u);
+  EXPECT_EQ(f.reduce_bucket_size, 4096);
+}
+
+TEST(HarnessFlagsTest, OneBackwardsValueRepeatsForEveryStep) {
+  EXPECT_EQ(parse({"--backwards=2", "--steps=5"}).per_step,
+            (std::vector<int>{2, 2, 2, 2, 2}));
+}
+
+TEST(HarnessFlagsTest, ModesFromFaultsSwarmAndScale) {
+  const HarnessFlags faults = parse({"--faults=crash:2@7", "--managed=true"});
+  EXPECT_EQ(faults.mode, HarnessMode::kFaults);
+  EXPECT_EQ(faults.faults, "crash:2@7");
+  EXPECT_EQ(faults.managed_modes, (std::vector<bool>{true}));
+  EXPECT_EQ(parse({"--faults="}).mode, HarnessMode::kFaults);  // given, empty
+  EXPECT_EQ(parse({"--swarm=3"}).mode, HarnessMode::kSwarm);
+  EXPECT_EQ(parse({"--swarm=0"}).mode, HarnessMode::kParity);
+
+  const HarnessFlags scale =
+      parse({"--simulate-scale", "--backwards=2,9", "--seq-len=1000",
+             "--micro-batch=3", "--overlap-comm", "--alpha=1e-6"});
+  EXPECT_EQ(scale.mode, HarnessMode::kScale);
+  EXPECT_EQ(scale.scale.schedule.backwards, 2);
+  EXPECT_TRUE(scale.scale.schedule.overlap_comm);
+  EXPECT_EQ(scale.scale.tokens_per_micro_batch, 3000.0);
+  EXPECT_EQ(scale.scale.cost.alpha_s, 1e-6);
+  EXPECT_EQ(scale.managed_modes, (std::vector<bool>{false}));  // both → one
+  EXPECT_TRUE(scale.per_step.empty());  // scale mode has no steps
+  EXPECT_EQ(parse({"--simulate-scale"}).scale.tokens_per_micro_batch,
+            kPresetSequenceLength);  // one sample per micro-batch
+}
+
+TEST(HarnessFlagsTest, HelpStopsParsing) {
+  EXPECT_TRUE(parse({"--stages=1", "--help", "--nonsense=1"}).help);
+  EXPECT_TRUE(parse({"-h"}).help);
+  EXPECT_EQ(error_of({"--nonsense=1", "--help"}), "unknown flag --nonsense");
+}
+
+TEST(HarnessFlagsTest, ErrorsNameTheFlagAndTheRule) {
+  EXPECT_EQ(error_of({"stages"}), "unrecognised argument 'stages'");
+  EXPECT_EQ(error_of({"--stages=1,x"}), "--stages=1,x: 'x' is not an integer");
+  EXPECT_EQ(error_of({"--stages="}), "--stages needs at least one value");
+  EXPECT_EQ(error_of({"--stages=4"}),
+            "--stages: stage 4 is not a ZeRO stage (0, 1, 2, 3)");
+  EXPECT_EQ(error_of({"--world=0"}), "--world: 0 must be >= 1");
+  EXPECT_EQ(error_of({"--scaling=sum"}),
+            "--scaling: 'sum' is not one of configured, per_step_count, none");
+  EXPECT_EQ(error_of({"--dtype=fp8"}),
+            "--dtype: 'fp8' is not one of fp32, bf16, fp16");
+  EXPECT_EQ(error_of({"--offload=disk"}),
+            "--offload: 'disk' is not one of none, cpu, nvme");
+  EXPECT_EQ(error_of({"--backend=nccl"}),
+            "--backend=nccl: not one of sim, gloo");
+  EXPECT_EQ(error_of({"--managed=yes"}),
+            "--managed=yes: not one of both, true, false");
+  EXPECT_EQ(error_of({"--seed=-1"}), "--seed=-1: not a non-negative integer");
+  EXPECT_EQ(error_of({"--alpha=0"}), "--alpha=0: must be > 0");
+  EXPECT_EQ(error_of({"--clip=x"}), "--clip=x: not a number");
+  EXPECT_EQ(error_of({"--clip=-1"}), "--clip must be >= 0 (0 = off)");
+  EXPECT_EQ(error_of({"--sub-group-size=0"}), "--sub-group-size must be >= 1");
+  EXPECT_EQ(error_of({"--swarm=-1"}), "--swarm must be >= 0");
+  EXPECT_EQ(error_of({"--faults=crash:0@1", "--swarm=2"}),
+            "--faults and --swarm exclude each other (--swarm draws the "
+            "faults from the seed)");
+  EXPECT_EQ(error_of({"--simulate-scale", "--swarm=2"}),
+            "--simulate-scale runs without faults (symmetric ranks)");
+  EXPECT_EQ(error_of({"--backwards=2,5", "--steps=3"}),
+            "--steps=3 disagrees with the 2 entries of --backwards");
+}
+
+TEST(HarnessFlagsTest, OverflowIsCheckedAgainstTheRun) {
+  EXPECT_EQ(error_of({"--overflow=1:0"}),
+            "--overflow=1:0: write WINDOW:RANK:BACKWARD, e.g. 1:0:2");
+  EXPECT_EQ(error_of({"--overflow=0:0:0"}),
+            "--overflow needs fp16 among --dtype (only fp16 skips overflowing "
+            "windows)");
+  EXPECT_EQ(error_of({"--dtype=fp16", "--overflow=3:0:0"}),
+            "--overflow: window 3 is not one of the run's 3 windows (0-based)");
+  EXPECT_EQ(error_of({"--dtype=fp16", "--world=2,4", "--overflow=0:2:0"}),
+            "--overflow: rank 2 does not exist in --world=2");
+  EXPECT_EQ(error_of({"--dtype=fp16", "--backwards=2,5", "--overflow=0:0:2"}),
+            "--overflow: window 0 has 2 backward() calls; backward 2 is not "
+            "one of them (0-based)");
+  EXPECT_EQ(error_of({"--dtype=fp16", "--backwards=2,5", "--overflow=1:0:4"}),
+            "");
+}
+
+}  // namespace
+}  // namespace zerostep

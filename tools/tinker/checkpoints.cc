@@ -1,0 +1,163 @@
+#include "tools/tinker/checkpoints.h"
+
+#include <cctype>
+#include <fstream>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "common/errors.h"
+#include "engine/checkpoint_io.h"
+#include "tools/tinker/request_fields.h"
+
+namespace zerostep {
+namespace tinker {
+namespace {
+
+LoraOptions lora_of(const nlohmann::json& meta) {
+  const nlohmann::json& l = meta.at("lora");
+  LoraOptions o;
+  o.rank = l.at("rank").get<int64_t>();
+  o.alpha = l.at("alpha").get<double>();
+  o.seed = l.at("seed").get<uint64_t>();
+  o.attn = l.at("train_attn").get<bool>();
+  o.mlp = l.at("train_mlp").get<bool>();
+  o.unembed = l.at("train_unembed").get<bool>();
+  return o;
+}
+
+}  // namespace
+
+bool safe_checkpoint_name(const std::string& s) {
+  if (s.empty() || s.size() > 128 || s == "latest" || s == "." || s == "..")
+    return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ||
+          c == '.'))
+      return false;
+  return true;
+}
+
+std::string model_folder(const std::string& model_id) {
+  std::string f = model_id;
+  for (char& c : f)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.'))
+      c = '_';
+  return f;
+}
+
+CheckpointStore::CheckpointStore(Communicator* comm, std::string state_dir)
+    : comm_(comm), state_dir_(std::move(state_dir)) {}
+
+std::string CheckpointStore::run_folder(const std::string& model_id) const {
+  return state_dir_ + "/" + model_folder(model_id);
+}
+
+bool CheckpointStore::agree(bool mine) {
+  int64_t v = mine ? 1 : 0;
+  comm_->broadcast(Buffer::of(&v, 1), {0, Phase::kSetup});
+  return v != 0;
+}
+
+nlohmann::json CheckpointStore::save_weights(ModelRegistry& models,
+                                             const nlohmann::json& a) {
+  Model& m = models.get(require_string(a, "model_id"));
+  const std::string name = get_or<std::string>(a, "path", "");
+  if (!safe_checkpoint_name(name))
+    throw UsageError("save_weights name '" + name +
+                     "' must be 1-128 "
+                     "characters of [A-Za-z0-9._-] (and not 'latest')");
+  const std::string dir = run_folder(m.id);
+  const bool exists =
+      agree(std::ifstream(dir + "/" + name + "/manifest.json").good());
+  if (exists && !get_or<bool>(a, "overwrite", false))
+    throw UsageError("checkpoint '" + name + "' of " + m.id +
+                     " exists. Fix: "
+                     "pass overwrite=True or choose another name");
+  m.engine->save_checkpoint(dir, name);
+  if (comm_->rank() == 0) {
+    nlohmann::json meta = {{"base_model", m.base.name},
+                           {"model_id", m.id},
+                           {"lora",
+                            {{"rank", m.lora.rank},
+                             {"alpha", m.lora.alpha},
+                             {"seed", m.lora.seed},
+                             {"train_attn", m.lora.attn},
+                             {"train_mlp", m.lora.mlp},
+                             {"train_unembed", m.lora.unembed}}}};
+    atomic_write_file(dir + "/" + name + "/tinker_meta.json", meta.dump(1));
+  }
+  return {{"path", "tinker://" + m.id + "/weights/" + name},
+          {"type", "save_weights"}};
+}
+
+CheckpointStore::CheckpointRef CheckpointStore::resolve(
+    const std::string& path) {
+  const std::string prefix = "tinker://";
+  std::vector<std::string> parts;
+  if (path.rfind(prefix, 0) == 0) {
+    std::string rest = path.substr(prefix.size());
+    size_t at = 0;
+    while (true) {
+      size_t slash = rest.find('/', at);
+      parts.push_back(rest.substr(at, slash - at));
+      if (slash == std::string::npos) break;
+      at = slash + 1;
+    }
+  }
+  if (parts.size() != 3 || parts[1] != "weights" || parts[0].empty() ||
+      !safe_checkpoint_name(parts[2]))
+    throw UsageError(
+        "path '" + path +
+        "' is not a training checkpoint of "
+        "this server: expected tinker://<model id>/weights/<name>");
+  CheckpointRef ref{run_folder(parts[0]), parts[2], {}};
+  std::string meta;
+  std::string error;
+  try {
+    meta = read_file(ref.dir + "/" + ref.name + "/tinker_meta.json");
+    ref.meta = nlohmann::json::parse(meta);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (!agree(error.empty()))
+    throw UsageError("checkpoint '" + path + "' cannot be read" +
+                     (error.empty() ? "" : ": " + error));
+  return ref;
+}
+
+nlohmann::json CheckpointStore::load_weights(ModelRegistry& models,
+                                             const nlohmann::json& a) {
+  const std::string path = require_string(a, "path");
+  const std::string id = require_string(a, "model_id");
+  CheckpointRef ref = resolve(path);
+  const std::string base_name = ref.meta.at("base_model").get<std::string>();
+  const LoraOptions lora = lora_of(ref.meta);
+  std::unique_ptr<Model> created;
+  Model* m = nullptr;
+  if (get_or<bool>(a, "create", false)) {
+    if (models.contains(id))
+      throw UsageError("model '" + id + "' exists already");
+    created = models.build(id, find_base_model(base_name), lora);
+    m = created.get();
+  } else {
+    m = &models.get(id);
+    if (m->base.name != base_name || m->lora.rank != lora.rank ||
+        m->lora.attn != lora.attn || m->lora.mlp != lora.mlp ||
+        m->lora.unembed != lora.unembed)
+      throw UsageError("checkpoint '" + path + "' holds " + base_name +
+                       " with LoRA rank " + std::to_string(lora.rank) +
+                       "; model " + id + " is " + m->base.name +
+                       " with LoRA rank " + std::to_string(m->lora.rank) +
+                       ". Nothing was changed");
+  }
+  LoadOptions lo;
+  lo.allow_reshard = true;
+  lo.load_optimizer_states = get_or<bool>(a, "optimizer", false);
+  m->engine->load_checkpoint(ref.dir, ref.name, lo);
+  if (created) models.add(std::move(created));
+  return {{"path", path}, {"model_id", id}, {"type", "load_weights"}};
+}
+
+}  // namespace tinker
+}  // namespace zerostep

@@ -1,0 +1,112 @@
+#include "tools/tinker/model_registry.h"
+
+#include <torch/torch.h>
+
+#include <mutex>
+#include <utility>
+
+#include "common/errors.h"
+#include "tools/tinker/request_fields.h"
+
+namespace zerostep {
+namespace tinker {
+namespace {
+
+std::mutex g_construction_mu;  // torch's global RNG, shared by rank threads
+
+}  // namespace
+
+ModelRegistry::ModelRegistry(Communicator* comm, const Config& config,
+                             uint64_t base_seed)
+    : comm_(comm), config_(config), base_seed_(base_seed) {}
+
+Model& ModelRegistry::get(const std::string& id) {
+  auto it = models_.find(id);
+  if (it != models_.end()) return *it->second;
+  std::string names;
+  for (const auto& kv : models_)
+    names += (names.empty() ? "" : ", ") + kv.first;
+  throw UsageError("unknown model_id '" + id + "' (models on this server: " +
+                   (names.empty() ? "none" : names) +
+                   "). Fix: create_model first");
+}
+
+bool ModelRegistry::contains(const std::string& id) const {
+  return models_.count(id) != 0;
+}
+
+std::unique_ptr<Model> ModelRegistry::build(const std::string& id,
+                                            const BaseModel& base,
+                                            const LoraOptions& lora) {
+  auto m = std::make_unique<Model>();
+  m->id = id;
+  m->base = base;
+  m->lora = lora;
+  TinyGptOptions o;
+  o.vocab_size = base.vocab_size;
+  o.block_size = base.max_context;
+  o.d_model = base.d_model;
+  o.n_head = base.n_head;
+  o.n_layer = base.n_layer;
+  o.lora = lora;
+  {
+    std::lock_guard<std::mutex> lock(g_construction_mu);
+    torch::manual_seed(base_seed_);
+    m->net = TinyGpt(o);
+  }
+  if (lora.rank > 0) freeze_all_but_lora(*m->net);
+  // Frozen weights are not the engine's: make rank 0's values everyone's
+  // (they are equal by construction; this keeps real multi-process runs
+  // honest whatever the ranks' torch builds).
+  for (torch::Tensor& p : m->net->parameters()) {
+    if (p.requires_grad()) continue;
+    comm_->broadcast(
+        Buffer::of(p.data_ptr<float>(), static_cast<size_t>(p.numel())),
+        {0, Phase::kSetup});
+  }
+  m->engine = std::make_unique<Engine>(m->net.ptr(), config_, comm_);
+  return m;
+}
+
+void ModelRegistry::add(std::unique_ptr<Model> model) {
+  ZS_CHECK(model != nullptr);
+  ZS_CHECK(!contains(model->id));
+  const std::string id = model->id;
+  models_[id] = std::move(model);
+}
+
+nlohmann::json ModelRegistry::create_model(const nlohmann::json& a) {
+  const std::string id = require_string(a, "model_id");
+  if (contains(id)) throw UsageError("model '" + id + "' exists already");
+  const BaseModel& base = find_base_model(require_string(a, "base_model"));
+  if (a.contains("optimizer_config") && a["optimizer_config"].is_object()) {
+    const std::string t =
+        get_or<std::string>(a["optimizer_config"], "type", "adamw");
+    if (t != "adamw")
+      throw UsageError("optimizer_config.type '" + t +
+                       "' is not served: "
+                       "this server trains with decoupled AdamW ('adamw')");
+  }
+  LoraOptions lora;
+  if (a.contains("lora_config") && a["lora_config"].is_object()) {
+    const nlohmann::json& l = a["lora_config"];
+    lora.rank = get_or<int64_t>(l, "rank", 0);
+    if (lora.rank < 1 || lora.rank > base.d_model)
+      throw UsageError("lora_config.rank = " + std::to_string(lora.rank) +
+                       " must be in [1, " + std::to_string(base.d_model) +
+                       "] for " + base.name);
+    lora.seed = get_or<uint64_t>(l, "seed", 0);
+    lora.attn = get_or<bool>(l, "train_attn", true);
+    lora.mlp = get_or<bool>(l, "train_mlp", true);
+    lora.unembed = get_or<bool>(l, "train_unembed", true);
+    if (!lora.attn && !lora.mlp && !lora.unembed)
+      throw UsageError(
+          "lora_config trains nothing: set one of train_attn, "
+          "train_mlp, train_unembed");
+  }
+  add(build(id, base, lora));
+  return {{"model_id", id}, {"type", "create_model"}};
+}
+
+}  // namespace tinker
+}  // namespace zerostep
