@@ -92,7 +92,7 @@ struct LoadOptions {
 // Effects an Engine may be given instead of the ones it makes itself.
 struct EngineOptions {
   // offload_optimizer.device = "nvme": the device holding this rank's
-  // optimizer state (e.g. a sim/faulty_block_device.h in tests). nullptr:
+  // optimizer state (e.g. a offload/faulty_block_device.h in tests). nullptr:
   // the engine opens <nvme_path>/zerostep_rank<r>_optimizer.swap itself
   // (offload/posix_block_device.h). Must outlive the engine.
   BlockDevice* optimizer_device = nullptr;

@@ -15,8 +15,8 @@
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
 #include "models/task.h"
-#include "sim/faulty_block_device.h"
-#include "sim/memory_block_device.h"
+#include "offload/faulty_block_device.h"
+#include "offload/memory_block_device.h"
 #include "sim/sim_world.h"
 
 namespace zerostep {

@@ -19,8 +19,8 @@
 #include "sim/sim_world.h"
 #include "models/task.h"
 #include "offload/swap_store.h"
-#include "sim/faulty_block_device.h"
-#include "sim/memory_block_device.h"
+#include "offload/faulty_block_device.h"
+#include "offload/memory_block_device.h"
 
 namespace zerostep {
 namespace {

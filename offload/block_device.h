@@ -3,8 +3,8 @@
 // errors that name the device. It is the only way the NVMe swap layer
 // (offload/swap_store.h) touches storage, so the same store runs on a real
 // file (offload/posix_block_device.h: io_uring, O_DIRECT), on memory
-// (sim/memory_block_device.h) and under fault injection
-// (sim/faulty_block_device.h).
+// (offload/memory_block_device.h) and under fault injection
+// (offload/faulty_block_device.h).
 //
 // Contract shared by every implementation:
 //  * Alignment: every offset, size and buffer address is a multiple of

@@ -45,7 +45,7 @@
 // record fails its CRC and is ignored. After step 5, record g + 1 is
 // durable and names slots made durable in step 3. So whichever operation
 // fails or wherever the process or machine dies, the device holds the old
-// state or the new one, never a mix (tested with sim/faulty_block_device.h:
+// state or the new one, never a mix (tested with offload/faulty_block_device.h:
 // every fault at every operation index, crash and reopen).
 //
 // A failed pass throws (IoError, or the caller's own exception) after

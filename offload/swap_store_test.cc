@@ -18,8 +18,8 @@
 #include "offload/block_device.h"
 #include "offload/fused_adam.h"
 #include "offload/posix_block_device.h"
-#include "sim/faulty_block_device.h"
-#include "sim/memory_block_device.h"
+#include "offload/faulty_block_device.h"
+#include "offload/memory_block_device.h"
 
 namespace zerostep {
 namespace {

@@ -9,8 +9,8 @@
 
 #include "common/errors.h"
 #include "offload/swap_store.h"
-#include "sim/faulty_block_device.h"
-#include "sim/memory_block_device.h"
+#include "offload/faulty_block_device.h"
+#include "offload/memory_block_device.h"
 #include "zero/optimizer.h"
 
 namespace zerostep {

@@ -1,4 +1,4 @@
-#include "sim/faulty_block_device.h"
+#include "offload/faulty_block_device.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 
 #include "common/errors.h"
 #include "offload/block_device.h"
-#include "sim/memory_block_device.h"
+#include "offload/memory_block_device.h"
 
 namespace zerostep {
 namespace {

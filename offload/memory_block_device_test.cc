@@ -1,4 +1,4 @@
-#include "sim/memory_block_device.h"
+#include "offload/memory_block_device.h"
 
 #include <gtest/gtest.h>
 

@@ -40,8 +40,8 @@
 //
 // Thread safety and lifetime: as BlockDevice; *inner must outlive the
 // decorator, and is only used through it while the decorator exists.
-#ifndef ZEROSTEP_SIM_FAULTY_BLOCK_DEVICE_H_
-#define ZEROSTEP_SIM_FAULTY_BLOCK_DEVICE_H_
+#ifndef ZEROSTEP_OFFLOAD_FAULTY_BLOCK_DEVICE_H_
+#define ZEROSTEP_OFFLOAD_FAULTY_BLOCK_DEVICE_H_
 
 #include <cstdint>
 #include <exception>
@@ -175,4 +175,4 @@ class FaultyBlockDevice final : public BlockDevice {
 
 }  // namespace zerostep
 
-#endif  // ZEROSTEP_SIM_FAULTY_BLOCK_DEVICE_H_
+#endif  // ZEROSTEP_OFFLOAD_FAULTY_BLOCK_DEVICE_H_

@@ -1,4 +1,4 @@
-#include "sim/faulty_block_device.h"
+#include "offload/faulty_block_device.h"
 
 #include <algorithm>
 #include <cerrno>

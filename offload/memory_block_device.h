@@ -1,6 +1,6 @@
 // MemoryBlockDevice: a BlockDevice (offload/block_device.h) whose medium is
 // a byte vector. The simulator's storage: the NVMe swap store runs on it in
-// tests and simulated runs, and sim/faulty_block_device.h decorates it.
+// tests and simulated runs, and offload/faulty_block_device.h decorates it.
 //
 // Deterministic, deferred completion: an operation does nothing when it is
 // submitted; it executes (copies its bytes) when wait() or flush() reaches
@@ -17,8 +17,8 @@
 // Thread safety and lifetime: as BlockDevice. The medium lives as long as
 // the object; tests reopen a store on the same device to simulate a
 // restart.
-#ifndef ZEROSTEP_SIM_MEMORY_BLOCK_DEVICE_H_
-#define ZEROSTEP_SIM_MEMORY_BLOCK_DEVICE_H_
+#ifndef ZEROSTEP_OFFLOAD_MEMORY_BLOCK_DEVICE_H_
+#define ZEROSTEP_OFFLOAD_MEMORY_BLOCK_DEVICE_H_
 
 #include <cstdint>
 #include <limits>
@@ -81,4 +81,4 @@ class MemoryBlockDevice final : public BlockDevice {
 
 }  // namespace zerostep
 
-#endif  // ZEROSTEP_SIM_MEMORY_BLOCK_DEVICE_H_
+#endif  // ZEROSTEP_OFFLOAD_MEMORY_BLOCK_DEVICE_H_
