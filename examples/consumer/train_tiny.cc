@@ -1,4 +1,5 @@
-// train_tiny: trains zerostep's "mlp" task on 2 simulated ranks with the
+// train_tiny: trains zerostep's "mlp" task on 2 ranks (threads of this
+// process talking Gloo over loopback TCP) with the
 // caller owning the gradient-accumulation boundary
 // (managed_gradient_accumulation = false): each step is 3 backward() calls
 // followed by one step(). Prints the loss per step and the engine's counters;
@@ -13,11 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "comm/gloo_world.h"
 #include "common/errors.h"
 #include "config/config.h"
 #include "engine/engine.h"
 #include "models/task.h"
-#include "sim/sim_world.h"
 
 namespace {
 
@@ -65,7 +66,7 @@ int run() {
   std::vector<int64_t> steps(kWorld), samples(kWorld), applied(kWorld);
   std::vector<std::vector<float>> finals(kWorld);
 
-  zerostep::SimWorld world({kWorld, kSeed});
+  zerostep::GlooLocalWorld world(kWorld);
   world.run([&](int r) {
     torch::nn::Module& model = *models[r];
     zerostep::Engine engine(models[r], config, &world.comm(r));
