@@ -189,7 +189,7 @@ void Engine::setup_flat(const EngineOptions& options) {
   // Every replica starts from rank 0's values.
   comm_->broadcast(
       Buffer::of(flat_params_.data_ptr<float>(), layout_.padded_numel),
-      {0, Phase::kSetup});
+      {0, phase::kSetup});
   sync_model_params();
   StageOptions so;
   so.stage = config_.zero.stage;
@@ -274,7 +274,7 @@ void Engine::setup_stage3(const EngineOptions& options) {
       // Every replica starts from rank 0's values.
       comm_->broadcast(
           Buffer::of(master.data_ptr<float>(), static_cast<size_t>(padded)),
-          {0, Phase::kSetup});
+          {0, phase::kSetup});
       if (bf16) group_params_.back().copy_(master);
       initial.push_back(master.data_ptr<float>());
     }
@@ -385,7 +385,7 @@ bool Engine::enter(torch::nn::Module& block) {
   if (it == block_group_.end()) return false;
   require_working_comm("a ZeRO-3 block's forward");
   try {
-    stage3_->gather(it->second, Phase::kForward);
+    stage3_->gather(it->second, phase::kForward);
   } catch (const CommError& e) {
     comm_failed(e, "the forward of a ZeRO-3 block (group " +
                        std::to_string(it->second) + ")",
@@ -412,7 +412,7 @@ torch::Tensor Engine::full_parameters() {
   torch::Tensor out =
       torch::empty({static_cast<int64_t>(layout_.numel)}, torch::kFloat32);
   if (stage3_ != nullptr) {
-    stage3_->full_parameters(out.data_ptr<float>(), Phase::kSetup);
+    stage3_->full_parameters(out.data_ptr<float>(), phase::kSetup);
     return out;
   }
   out.copy_(flat_params_.narrow(0, 0, static_cast<int64_t>(layout_.numel)));
@@ -500,7 +500,7 @@ void Engine::backward(const torch::Tensor& loss, bool scale_wrt_gas) {
       for (size_t i = 0; i < params_.size(); ++i) fold_grad(i);
     stage_->end_backward();
     if (plan.reduce_window) {
-      stage_->reduce_window(index, boundary_.global_steps(), Phase::kBackward);
+      stage_->reduce_window(index, boundary_.global_steps(), phase::kBackward);
     }
   } catch (const CommError& e) {
     comm_failed(e, "backward() number " + std::to_string(index) +
@@ -576,7 +576,7 @@ void Engine::step(const StepOverrides& overrides) {
     if (plan.apply_update) {
       if (plan.reduce_window_first) {
         stage_->reduce_window(plan.window_backwards, boundary_.global_steps(),
-                              Phase::kStep);
+                              phase::kStep);
       }
       double divisor = config_.gradient_accumulation_scaling ==
                                GradAccumScaling::kPerStepCount
@@ -713,7 +713,7 @@ void Engine::require_between_windows(const char* what) {
   int64_t mine = boundary_.window_backwards();
   std::vector<int64_t> all(world_size());
   comm_->all_gather(Buffer::of(&mine, 1), Buffer::of(all.data(), all.size()),
-                    {Phase::kSetup});
+                    {phase::kSetup});
   for (int r = 0; r < world_size(); ++r)
     if (all[r] != 0)
       throw UsageError(std::string(what) + " inside an open accumulation "
@@ -751,7 +751,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
                      static_cast<int64_t>(checksum)};
   std::vector<int64_t> all(3 * world_size());
   comm_->all_gather(Buffer::of(mine, 3), Buffer::of(all.data(), all.size()),
-                    {Phase::kSetup});
+                    {phase::kSetup});
   for (int r = 0; r < world_size(); ++r)
     if (all[3 * r] != 0)
       throw IoError("save_checkpoint('" + folder + "') failed on rank " +
@@ -799,7 +799,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
       manifest_error = e.what();
     }
   }
-  comm_->broadcast(Buffer::of(&manifest_failed, 1), {0, Phase::kSetup});
+  comm_->broadcast(Buffer::of(&manifest_failed, 1), {0, phase::kSetup});
   if (manifest_failed != 0)
     throw IoError("save_checkpoint('" + folder + "') could not write its "
                   "manifest on rank 0" +

@@ -15,7 +15,7 @@ struct SimWorld::Arrival {
   Buffer input;
   Buffer output;
   int root = 0;
-  Phase phase = Phase::kSetup;
+  const char* label = kBarrierLabel;
   bool async = false;
 };
 
@@ -89,9 +89,9 @@ uint64_t payload_bytes(CollectiveKind k, Buffer in, Buffer out) {
   }
 }
 
-std::string where(int64_t seq, CollectiveKind k, Phase phase) {
+std::string where(int64_t seq, CollectiveKind k, const char* label) {
   return "collective #" + std::to_string(seq) + " (" + to_string(k) +
-         ", phase " + to_string(phase) + ")";
+         ", phase " + label + ")";
 }
 
 std::string seconds(double s) {
@@ -169,7 +169,7 @@ class SimWorld::RankComm final : public Communicator {
     a.op = opts.op;
     a.input = buf;
     a.output = buf;
-    a.phase = opts.phase;
+    a.label = opts.label;
     world_->collective(rank_, a);
   }
   void reduce_scatter(Buffer input, Buffer output,
@@ -192,7 +192,7 @@ class SimWorld::RankComm final : public Communicator {
     a.kind = CollectiveKind::kAllGather;
     a.input = input;
     a.output = output;
-    a.phase = opts.phase;
+    a.label = opts.label;
     world_->collective(rank_, a);
   }
   void broadcast(Buffer buf, const BroadcastOptions& opts) override {
@@ -202,7 +202,7 @@ class SimWorld::RankComm final : public Communicator {
     a.input = buf;
     a.output = buf;
     a.root = opts.root;
-    a.phase = opts.phase;
+    a.label = opts.label;
     world_->collective(rank_, a);
   }
   void barrier() override {
@@ -220,7 +220,7 @@ class SimWorld::RankComm final : public Communicator {
     a.op = opts.op;
     a.input = input;
     a.output = output;
-    a.phase = opts.phase;
+    a.label = opts.label;
     return a;
   }
 
@@ -348,7 +348,7 @@ double SimWorld::collective(int rank, Arrival arrival) {
   CollectiveTiming t;
   t.seq = seq;
   t.kind = arrival.kind;
-  t.phase = arrival.phase;
+  t.label = arrival.label;
   t.bytes = payload_bytes(arrival.kind, arrival.input, arrival.output);
   t.async = arrival.async;
   t.issue_s = clock.now_s;
@@ -375,7 +375,7 @@ double SimWorld::collective(int rank, Arrival arrival) {
         // they give up waiting (kPeerMissing).
         const std::string what =
             "rank " + std::to_string(rank) + " crashed on entering its " +
-            where(seq, t.kind, t.phase) + " at " + seconds(ready) +
+            where(seq, t.kind, t.label) + " at " + seconds(ready) +
             " [injected fault " + f.to_string() + "]";
         clock.now_s = ready;
         t.start_s = t.end_s = ready;
@@ -418,7 +418,7 @@ double SimWorld::collective(int rank, Arrival arrival) {
     for (int r = 0; r < world_size(); ++r) {
       if (!slot.arrived[r] && exited_[r]) {
         fail_slot(slot, kPeerMissing,
-                  where(seq, arrival.kind, arrival.phase) +
+                  where(seq, arrival.kind, arrival.label) +
                       " cannot complete: rank " + std::to_string(r) +
                       " left the world before joining it (" +
                       exit_reason_[r] + "); the ranks waiting for it gave " +
@@ -481,7 +481,7 @@ bool SimWorld::check_same(Slot& slot, const std::vector<Arrival>& arrivals,
   for (int r = 0; r < w; ++r) {
     const Arrival& ar = arrivals[r];
     calls[r] = zerostep::describe(ar.kind, ar.op, ar.input, ar.output, ar.root) +
-               " in phase " + to_string(ar.phase);
+               " in phase " + ar.label;
   }
   bool same = true;
   for (int r = 1; r < w; ++r) {
@@ -536,7 +536,7 @@ void SimWorld::execute(Slot& slot) {
   for (int r = 0; r < w; ++r) {
     if (!slot.lost[r]) continue;
     fail_slot(slot, kPeerMissing,
-              where(slot.seq, slot.arrivals[r].kind, slot.arrivals[r].phase) +
+              where(slot.seq, slot.arrivals[r].kind, slot.arrivals[r].label) +
                   " never completed: rank " + std::to_string(r) +
                   "'s part of it was lost (an unreachable peer); every rank "
                   "gave up after the timeout of " +
@@ -546,7 +546,7 @@ void SimWorld::execute(Slot& slot) {
   if (last - first > timeout) {
     std::ostringstream os;
     os << where(slot.seq, slot.arrivals[last_rank].kind,
-                slot.arrivals[last_rank].phase)
+                slot.arrivals[last_rank].label)
        << " timed out at " << seconds(first + timeout) << ": rank "
        << last_rank << " arrived at " << seconds(last) << ", "
        << (last - first) << " virtual seconds after rank " << first_rank

@@ -86,7 +86,7 @@ struct SimClock {
 struct CollectiveTiming {
   int64_t seq = 0;
   CollectiveKind kind = CollectiveKind::kBarrier;
-  Phase phase = Phase::kSetup;
+  const char* label = kBarrierLabel;  // the options' label
   uint64_t bytes = 0;  // payload, as the ledger counts it
   bool async = false;
   double issue_s = 0.0;  // `now` when the rank issued it

@@ -19,6 +19,7 @@
 #include "models/lora.h"
 #include "models/tiny_gpt.h"
 #include "tools/tinker/protocol.h"
+#include "zero/phase.h"
 
 namespace zerostep {
 namespace tinker {
@@ -222,7 +223,7 @@ struct RankTrainer::Impl {
       if (p.requires_grad()) continue;
       comm->broadcast(Buffer::of(p.data_ptr<float>(),
                                  static_cast<size_t>(p.numel())),
-                      {0, Phase::kSetup});
+                      {0, phase::kSetup});
     }
     m->engine = std::make_unique<Engine>(m->net.ptr(), config, comm);
     return m;
@@ -442,9 +443,9 @@ struct RankTrainer::Impl {
       packed.insert(packed.end(), el_all.begin(), el_all.end());
       if (!packed.empty())
         comm->all_reduce(Buffer::of(packed.data(), packed.size()),
-                         {ReduceOp::kSum, Phase::kForward});
+                         {ReduceOp::kSum, phase::kForward});
       comm->all_reduce(Buffer::of(loss_all.data(), loss_all.size()),
-                       {ReduceOp::kSum, Phase::kForward});
+                       {ReduceOp::kSum, phase::kForward});
       std::copy(packed.begin(), packed.begin() + total, lp_all.begin());
       std::copy(packed.begin() + total, packed.end(), el_all.begin());
     }
@@ -503,7 +504,7 @@ struct RankTrainer::Impl {
   // Rank 0's answer, everyone's (file systems may differ between machines).
   bool agree(bool mine) {
     int64_t v = mine ? 1 : 0;
-    comm->broadcast(Buffer::of(&v, 1), {0, Phase::kSetup});
+    comm->broadcast(Buffer::of(&v, 1), {0, phase::kSetup});
     return v != 0;
   }
 
