@@ -49,7 +49,10 @@ struct SimWorld::Slot {
   double end_s = 0.0;
   double cost_s = 0.0;   // the cost model's charge (success)
   double abort_s = 0.0;  // kTimedOut: when the first rank gave up
-  std::string injected;  // "; injected fault ..." for every fault that hit
+  // Per rank: "; injected fault ..." for every fault that hit it. An error
+  // lists them in rank order, not arrival order, which depends on thread
+  // timing.
+  std::vector<std::string> injected;
 };
 
 // What the faults that hit one rank's collective do to it.
@@ -424,6 +427,7 @@ SimWorld::Slot& SimWorld::arrive(int rank, int64_t seq, const Call& described,
     slot_ptr->arrived.assign(world_size(), false);
     slot_ptr->lost.assign(world_size(), false);
     slot_ptr->ready.assign(world_size(), 0.0);
+    slot_ptr->injected.assign(world_size(), "");
   }
   Slot& slot = *slot_ptr;
   slot.described[rank] = described;
@@ -431,7 +435,7 @@ SimWorld::Slot& SimWorld::arrive(int rank, int64_t seq, const Call& described,
   slot.arrived[rank] = true;
   slot.lost[rank] = lost;
   slot.ready[rank] = ready;
-  slot.injected += injected;
+  slot.injected[rank] = injected;
   ++slot.num_arrived;
   if (!slot.done && slot.num_arrived == world_size()) {
     meet(slot);
@@ -470,7 +474,8 @@ void SimWorld::meet(Slot& slot) {
 
 void SimWorld::fail_slot(Slot& slot, int failure, const std::string& error) {
   slot.failure = failure;
-  slot.error = error + slot.injected;
+  slot.error = error;
+  for (const std::string& text : slot.injected) slot.error += text;
   slot.done = true;
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "comm/conformance.h"
 #include "common/errors.h"
@@ -344,6 +345,27 @@ TEST(SimFaultTest, StragglerBeyondTheTimeoutTimesOutEveryRank) {
   }
   EXPECT_DOUBLE_EQ(world.clock(0).now_s, 2.0);
   EXPECT_DOUBLE_EQ(world.clock(2).now_s, 3.0);
+}
+
+// The faults named in an error come in rank order, whatever order the
+// ranks arrived in (found by the harness swarm: a message that changed from
+// run to run). Here rank 2 arrives before rank 0 as a rule.
+TEST(SimFaultTest, AnErrorListsTheInjectedFaultsInRankOrder) {
+  SimWorld world(with_faults(3, "mismatch:2@0:count,mismatch:0@0:op"));
+  std::atomic<bool> rank2_called{false};
+  auto errors = world.run_collect([&](int r) {
+    if (r == 2) rank2_called = true;
+    if (r == 0)
+      while (!rank2_called) std::this_thread::yield();
+    three_all_reduces(world, r);
+  });
+  for (int r = 0; r < 3; ++r) {
+    const std::string m = what(errors[r]);
+    EXPECT_NE(m.find("; injected fault mismatch:0@0:op; injected fault "
+                     "mismatch:2@0:count"),
+              std::string::npos)
+        << m;
+  }
 }
 
 TEST(SimFaultTest, FaultsBeyondTheRunNeverFire) {
