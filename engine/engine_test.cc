@@ -373,8 +373,8 @@ TEST(EngineTest, UnmanagedBoundaryFlagIsTrueOnlyWhileStepRuns) {
         EXPECT_FALSE(e.is_gradient_accumulation_boundary());
       }
       ASSERT_FALSE(spy.seen.empty());
-      for (auto [phase, flag] : spy.seen) {
-        EXPECT_EQ(phase, phase::kStep);
+      for (auto [label, flag] : spy.seen) {
+        EXPECT_EQ(label, phase::kStep);
         EXPECT_TRUE(flag);
       }
     });
