@@ -63,7 +63,7 @@ void BM_AllReduceVsMemcpy(benchmark::State& state) {
       comm.barrier();
       const Clock::time_point t0 = Clock::now();
       comm.all_reduce(Buffer::of(bufs[r].data(), numel),
-                      {ReduceOp::kAvg, Phase::kStep});
+                      {ReduceOp::kAvg, "step"});
       const Clock::time_point t1 = Clock::now();
       if (r == 0) elapsed = seconds(t0, t1);
     });

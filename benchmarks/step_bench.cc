@@ -51,6 +51,7 @@
 #include "models/task.h"
 #include "runtime/runtime_info.h"
 #include "sim/sim_world.h"
+#include "zero/phase.h"
 
 namespace zerostep {
 namespace {
@@ -209,7 +210,7 @@ void BM_Window(benchmark::State& state) {
   state.counters["bytes_per_rank_per_window_unmanaged"] =
       static_cast<double>(unmanaged->ledger0().total_bytes()) / windows;
   state.counters["backward_bytes_per_window_unmanaged"] =
-      static_cast<double>(unmanaged->ledger0().bytes_in(Phase::kBackward)) /
+      static_cast<double>(unmanaged->ledger0().bytes_in(phase::kBackward)) /
       windows;
   state.counters["params"] = static_cast<double>(managed->params());
   // Ring wire bytes one rank sends per window, against the alpha-beta
@@ -233,7 +234,7 @@ void BM_Window(benchmark::State& state) {
   // of runs that differ in traffic would not be a like-for-like ratio.
   if (managed->ledger0().total_bytes() != unmanaged->ledger0().total_bytes())
     state.SkipWithError("managed and unmanaged moved different bytes");
-  else if (stage < 2 && unmanaged->ledger0().bytes_in(Phase::kBackward) != 0)
+  else if (stage < 2 && unmanaged->ledger0().bytes_in(phase::kBackward) != 0)
     state.SkipWithError("stage 0/1 unmanaged communicated during backward");
 }
 

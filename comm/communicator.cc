@@ -44,20 +44,6 @@ const char* to_string(ReduceOp op) {
   return "?";
 }
 
-const char* to_string(Phase phase) {
-  switch (phase) {
-    case Phase::kSetup:
-      return "setup";
-    case Phase::kForward:
-      return "forward";
-    case Phase::kBackward:
-      return "backward";
-    case Phase::kStep:
-      return "step";
-  }
-  return "?";
-}
-
 void check_reduce_scatter_args(int rank, int world_size, Buffer input,
                                Buffer output) {
   if (input.numel != output.numel * static_cast<size_t>(world_size) ||

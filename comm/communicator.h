@@ -1,6 +1,8 @@
 // Communicator: the collectives zerostep's ZeRO stages need, over flat
 // host buffers, behind one small interface. Backends: sim (SimWorld, the
-// deterministic in-process simulator), gloo (later), nccl (later).
+// deterministic in-process simulator), gloo (comm/gloo_world.h, c10d's
+// ProcessGroupGloo) and nccl (comm/nccl_communicator.h, built with
+// --config=cuda).
 //
 // Contract for every backend (checked by //comm:conformance):
 //   - Collectives are matched across ranks by call order: the k-th
@@ -59,30 +61,35 @@ struct Buffer {
 enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin };
 const char* to_string(ReduceOp op);
 
-// The part of a training step a collective belongs to. Recorded by the
-// traffic ledger so that tests can assert, for example, that stage 0/1 in
-// unmanaged mode moves nothing during backward. kForward: stage 3's
-// parameter gathers before a block's forward.
-enum class Phase : uint8_t { kSetup, kForward, kBackward, kStep };
-const char* to_string(Phase phase);
+// Every options struct carries a `label`: an opaque name that a backend
+// passes along and the traffic ledger records (comm/ledger.h), so that
+// callers can group their collectives; the engine labels each with its
+// training phase (zero/phase.h). Backends never match labels across ranks
+// (ranks may label one collective differently); sim names them in its error
+// messages. A label must be non-null and point to a NUL-terminated string
+// with static storage duration (a string literal or a constexpr array):
+// ledgers and timelines keep the pointer, not a copy. The defaults keep the
+// texts these fields had when they were training phases: "step", and
+// "setup" for broadcast and for barrier (kBarrierLabel).
+inline constexpr const char kBarrierLabel[] = "setup";
 
 struct AllReduceOptions {
   ReduceOp op = ReduceOp::kSum;
-  Phase phase = Phase::kStep;
+  const char* label = "step";
 };
 
 struct ReduceScatterOptions {
   ReduceOp op = ReduceOp::kSum;
-  Phase phase = Phase::kStep;
+  const char* label = "step";
 };
 
 struct AllGatherOptions {
-  Phase phase = Phase::kStep;
+  const char* label = "step";
 };
 
 struct BroadcastOptions {
   int root = 0;
-  Phase phase = Phase::kSetup;
+  const char* label = "setup";
 };
 
 // The handle of an asynchronous collective.

@@ -21,7 +21,7 @@ void check_all_reduce(Communicator& c, ReduceOp op) {
   const size_t n = 37;  // not a multiple of common world sizes
   std::vector<T> buf(n);
   for (size_t i = 0; i < n; ++i) buf[i] = value_at<T>(c.rank(), i);
-  c.all_reduce(Buffer::of(buf.data(), n), {op, Phase::kStep});
+  c.all_reduce(Buffer::of(buf.data(), n), {op});
   for (size_t i = 0; i < n; ++i) {
     T expect = value_at<T>(0, i);
     for (int r = 1; r < w; ++r) {
@@ -52,8 +52,7 @@ void reduce_scatter_gives_each_rank_its_chunk(Communicator& c) {
   for (size_t i = 0; i < in.size(); ++i) in[i] = value_at<float>(c.rank(), i);
   std::vector<float> out(chunk, -1.0f);
   c.reduce_scatter(Buffer::of(in.data(), in.size()),
-                   Buffer::of(out.data(), chunk), {ReduceOp::kSum,
-                                                   Phase::kBackward});
+                   Buffer::of(out.data(), chunk), {ReduceOp::kSum});
   for (size_t i = 0; i < chunk; ++i) {
     const size_t g = c.rank() * chunk + i;
     float expect = 0;
@@ -73,7 +72,7 @@ void async_reduce_scatters_match_in_issue_order(Communicator& c) {
       ins[k][i] = static_cast<float>(k * 1000 + c.rank() * 10 + i % 5);
     works.push_back(c.reduce_scatter_async(
         Buffer::of(ins[k].data(), ins[k].size()),
-        Buffer::of(outs[k].data(), chunk), {ReduceOp::kSum, Phase::kBackward}));
+        Buffer::of(outs[k].data(), chunk), {ReduceOp::kSum}));
   }
   // A blocking collective issued while async ones may be in flight.
   float x = 1.0f;
@@ -99,7 +98,7 @@ void all_gather_concatenates_in_rank_order(Communicator& c) {
   for (size_t i = 0; i < chunk; ++i) in[i] = c.rank() * 100.0 + i;
   std::vector<double> out(chunk * w, -1.0);
   c.all_gather(Buffer::of(in.data(), chunk), Buffer::of(out.data(), out.size()),
-               {Phase::kStep});
+               {});
   for (int r = 0; r < w; ++r)
     for (size_t i = 0; i < chunk; ++i)
       ASSERT_EQ(out[r * chunk + i], r * 100.0 + i) << "rank " << c.rank();
@@ -112,7 +111,7 @@ void all_gather_in_place_from_own_slice(Communicator& c) {
   for (size_t i = 0; i < chunk; ++i)
     buf[c.rank() * chunk + i] = static_cast<float>(c.rank() * 10 + i);
   c.all_gather(Buffer::of(buf.data() + c.rank() * chunk, chunk),
-               Buffer::of(buf.data(), buf.size()), {Phase::kStep});
+               Buffer::of(buf.data(), buf.size()), {});
   for (int r = 0; r < w; ++r)
     for (size_t i = 0; i < chunk; ++i)
       ASSERT_EQ(buf[r * chunk + i], static_cast<float>(r * 10 + i));
@@ -121,7 +120,7 @@ void all_gather_in_place_from_own_slice(Communicator& c) {
 void broadcast_from_every_root(Communicator& c) {
   for (int root = 0; root < c.world_size(); ++root) {
     std::vector<int64_t> buf(6, c.rank() == root ? 1000 + root : -1);
-    c.broadcast(Buffer::of(buf.data(), buf.size()), {root, Phase::kSetup});
+    c.broadcast(Buffer::of(buf.data(), buf.size()), {root});
     for (int64_t v : buf) ASSERT_EQ(v, 1000 + root) << "root " << root;
   }
 }
@@ -136,7 +135,7 @@ void long_mixed_sequence_stays_matched(Communicator& c) {
   const int w = c.world_size();
   for (int k = 0; k < 50; ++k) {
     float x = static_cast<float>(c.rank() + k);
-    c.all_reduce(Buffer::of(&x, 1), {ReduceOp::kSum, Phase::kStep});
+    c.all_reduce(Buffer::of(&x, 1), {ReduceOp::kSum});
     float expect = 0;
     for (int r = 0; r < w; ++r) expect += static_cast<float>(r + k);
     ASSERT_EQ(x, expect) << "iteration " << k;

@@ -9,6 +9,9 @@
 //   all_reduce 2(W-1)/W·n, reduce_scatter and all_gather (W-1)/W·n,
 //   broadcast n (root) — the β terms of the cost model in docs/architecture.md.
 //
+// Each entry keeps the call's label (comm/communicator.h): the ledger only
+// records it; bytes_in() and count_in() group by its text.
+//
 // Thread safety: a Ledger is written by its rank's thread only; read it
 // after the run (SimWorld::run joins every rank before returning).
 #ifndef ZEROSTEP_COMM_LEDGER_H_
@@ -17,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -39,7 +43,7 @@ struct LedgerEntry {
   size_t numel = 0;   // elements of the payload as defined above
   uint64_t bytes = 0;
   uint64_t wire_bytes = 0;
-  Phase phase = Phase::kSetup;
+  const char* label = kBarrierLabel;  // the options' label, never null
   int world_size = 1;
 };
 
@@ -51,8 +55,9 @@ class Ledger {
 
   uint64_t total_bytes() const;
   uint64_t total_wire_bytes() const;
-  uint64_t bytes_in(Phase phase) const;
-  size_t count_in(Phase phase) const;
+  // Payload bytes and number of the entries whose label reads `label`.
+  uint64_t bytes_in(std::string_view label) const;
+  size_t count_in(std::string_view label) const;
 
  private:
   std::vector<LedgerEntry> entries_;
@@ -81,7 +86,7 @@ class RecordingCommunicator final : public Communicator {
   void barrier() override;
 
  private:
-  void add(CollectiveKind kind, DType dtype, size_t numel, Phase phase);
+  void add(CollectiveKind kind, DType dtype, size_t numel, const char* label);
 
   Communicator* inner_;
   Ledger* ledger_;

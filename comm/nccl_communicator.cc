@@ -188,7 +188,7 @@ void NcclCommunicator::broadcast(Buffer buf, const BroadcastOptions& opts) {
 
 void NcclCommunicator::barrier() {
   float x = 0.0f;
-  all_reduce(Buffer::of(&x, 1), {ReduceOp::kSum, Phase::kSetup});
+  all_reduce(Buffer::of(&x, 1), {ReduceOp::kSum, kBarrierLabel});
 }
 
 }  // namespace zerostep

@@ -5,6 +5,7 @@
 
 #include "blocks/zero3_block.h"
 #include "common/errors.h"
+#include "zero/phase.h"
 #include "zero/precision.h"
 
 namespace zerostep {
@@ -175,7 +176,7 @@ void Engine::backward(const torch::Tensor& loss, bool scale_wrt_gas) {
     binding_->end_backward();
     stage_->end_backward();
     if (plan.reduce_window) {
-      stage_->reduce_window(index, boundary_.global_steps(), Phase::kBackward);
+      stage_->reduce_window(index, boundary_.global_steps(), phase::kBackward);
     }
   } catch (const CommError& e) {
     latch_.comm_failed(e,
@@ -198,7 +199,7 @@ void Engine::step(const StepOverrides& overrides) {
     if (plan.apply_update) {
       if (plan.reduce_window_first) {
         stage_->reduce_window(plan.window_backwards, boundary_.global_steps(),
-                              Phase::kStep);
+                              phase::kStep);
       }
       double divisor = config_.gradient_accumulation_scaling ==
                                GradAccumScaling::kPerStepCount

@@ -9,6 +9,7 @@
 #include "engine/engine_test_util.h"
 #include "models/task.h"
 #include "sim/sim_world.h"
+#include "zero/phase.h"
 
 namespace zerostep {
 namespace {
@@ -129,26 +130,26 @@ class BoundarySpy final : public Communicator {
  public:
   BoundarySpy(Communicator* inner) : inner_(inner) {}
   const Engine* engine = nullptr;
-  std::vector<std::pair<Phase, bool>> seen;
+  std::vector<std::pair<std::string, bool>> seen;  // label, flag
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
   std::string backend_name() const override { return "spy"; }
   void all_reduce(Buffer b, const AllReduceOptions& o) override {
-    note(o.phase);
+    note(o.label);
     inner_->all_reduce(b, o);
   }
   void reduce_scatter(Buffer i, Buffer out,
                       const ReduceScatterOptions& o) override {
-    note(o.phase);
+    note(o.label);
     inner_->reduce_scatter(i, out, o);
   }
   std::shared_ptr<Work> reduce_scatter_async(
       Buffer i, Buffer out, const ReduceScatterOptions& o) override {
-    note(o.phase);
+    note(o.label);
     return inner_->reduce_scatter_async(i, out, o);
   }
   void all_gather(Buffer i, Buffer out, const AllGatherOptions& o) override {
-    note(o.phase);
+    note(o.label);
     inner_->all_gather(i, out, o);
   }
   void broadcast(Buffer b, const BroadcastOptions& o) override {
@@ -157,9 +158,9 @@ class BoundarySpy final : public Communicator {
   void barrier() override { inner_->barrier(); }
 
  private:
-  void note(Phase p) {
+  void note(const char* label) {
     if (engine)
-      seen.push_back({p, engine->is_gradient_accumulation_boundary()});
+      seen.push_back({label, engine->is_gradient_accumulation_boundary()});
   }
   Communicator* inner_;
 };
@@ -356,13 +357,13 @@ TEST(EngineTest, UnmanagedBoundaryFlagIsTrueOnlyWhileStepRuns) {
         EXPECT_FALSE(e.is_gradient_accumulation_boundary());
       }
       ASSERT_FALSE(spy.seen.empty());
-      for (auto [phase, flag] : spy.seen) {
-        EXPECT_EQ(phase, Phase::kStep);
+      for (auto [label, flag] : spy.seen) {
+        EXPECT_EQ(label, phase::kStep);
         EXPECT_TRUE(flag);
       }
     });
     // Stage 0/1 unmanaged: nothing moves during backward.
-    EXPECT_EQ(fx.world->ledger(0).bytes_in(Phase::kBackward), 0u);
+    EXPECT_EQ(fx.world->ledger(0).bytes_in(phase::kBackward), 0u);
   }
 }
 
@@ -379,7 +380,7 @@ TEST(EngineTest, ManagedReducesInTheBoundaryBackward) {
     EXPECT_EQ(e.global_samples(), 2 * 8);
     EXPECT_EQ(e.micro_steps(), 4);
   });
-  EXPECT_GT(fx.world->ledger(0).bytes_in(Phase::kBackward), 0u);
+  EXPECT_GT(fx.world->ledger(0).bytes_in(phase::kBackward), 0u);
 }
 
 TEST(EngineTest, ManagedSecondBackwardAfterTheBoundaryIsRejected) {

@@ -8,6 +8,7 @@
 #include "common/errors.h"
 #include "zero/agreement.h"
 #include "zero/grouping.h"
+#include "zero/phase.h"
 
 namespace zerostep {
 namespace {
@@ -178,7 +179,7 @@ bool Stage3Binding::enter(torch::nn::Module& block) {
   if (it == block_group_.end()) return false;
   latch_->require_working("a ZeRO-3 block's forward");
   try {
-    stage3_->gather(it->second, Phase::kForward);
+    stage3_->gather(it->second, phase::kForward);
   } catch (const CommError& e) {
     latch_->comm_failed(e,
                         "the forward of a ZeRO-3 block (group " +
@@ -204,7 +205,7 @@ void Stage3Binding::abandon(torch::nn::Module& block) {
 torch::Tensor Stage3Binding::full_parameters() {
   torch::Tensor out =
       torch::empty({static_cast<int64_t>(numel_)}, torch::kFloat32);
-  stage3_->full_parameters(out.data_ptr<float>(), Phase::kSetup);
+  stage3_->full_parameters(out.data_ptr<float>(), phase::kSetup);
   return out;
 }
 

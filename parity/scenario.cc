@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "comm/gloo_world.h"
 #include "sim/sim_world.h"
+#include "zero/phase.h"
 
 namespace zerostep {
 namespace {
@@ -132,9 +133,9 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
     }
     // Training's traffic, before the (stage 3: collective) read-back.
     comm_bytes[r] = world.ledger(r).total_bytes();
-    backward_bytes[r] = world.ledger(r).bytes_in(Phase::kBackward);
-    forward_bytes[r] = world.ledger(r).bytes_in(Phase::kForward);
-    step_bytes[r] = world.ledger(r).bytes_in(Phase::kStep);
+    backward_bytes[r] = world.ledger(r).bytes_in(phase::kBackward);
+    forward_bytes[r] = world.ledger(r).bytes_in(phase::kForward);
+    step_bytes[r] = world.ledger(r).bytes_in(phase::kStep);
     memory[r] = engine.memory();
     finals[r] = to_vector(engine.full_parameters());
     samples[r] = engine.global_samples();

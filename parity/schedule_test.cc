@@ -11,19 +11,20 @@
 #include "parity/model_shape.h"
 #include "scale/scale_sim.h"
 #include "sim/sim_world.h"
+#include "zero/phase.h"
 
 namespace zerostep {
 namespace {
 
-using Key = std::tuple<CollectiveKind, Phase, uint64_t>;  // op, phase, bytes
+// op, phase, bytes
+using Key = std::tuple<CollectiveKind, std::string, uint64_t>;
 using Multiset = std::map<Key, int>;
 
 std::string show(const Multiset& m) {
   std::string s;
   for (const auto& [k, n] : m)
-    s += std::string(to_string(std::get<0>(k))) + "/" +
-         to_string(std::get<1>(k)) + "/" + std::to_string(std::get<2>(k)) +
-         " x" + std::to_string(n) + "\n";
+    s += std::string(to_string(std::get<0>(k))) + "/" + std::get<1>(k) + "/" +
+         std::to_string(std::get<2>(k)) + " x" + std::to_string(n) + "\n";
   return s;
 }
 
@@ -59,7 +60,7 @@ TEST(ScheduleTest, PlannedCollectivesAreTheLedgerOfARealRun) {
             f.managed = managed;
             Multiset real;
             for (const CollectiveTiming& c : baseline_schedule(f))
-              ++real[{c.kind, c.phase, c.bytes}];
+              ++real[{c.kind, c.label, c.bytes}];
             ScheduleOptions o;
             o.stage = stage;
             o.world_size = w;
@@ -102,7 +103,7 @@ TEST(ScheduleTest, ScaleModeBytesEqualTheValuedRunsLedger) {
       f.scenario.persistence_threshold = 0;
       uint64_t real = 0;
       for (const CollectiveTiming& c : baseline_schedule(f))
-        if (c.phase != Phase::kSetup) real += c.bytes;
+        if (std::string_view(c.label) != phase::kSetup) real += c.bytes;
       ScaleOptions o;
       o.schedule.stage = stage;
       o.schedule.world_size = w;

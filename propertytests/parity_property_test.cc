@@ -44,6 +44,7 @@
 #include "sim/sim_world.h"
 #include "propertytests/property_main.h"
 #include "runtime/runtime_info.h"
+#include "zero/phase.h"
 
 namespace zerostep {
 namespace {
@@ -398,7 +399,7 @@ RC_GTEST_PROP(UnmanagedInvariants, RandomBackwardStepSequences, ()) {
   for (int r = 0; r < world; ++r) {
     RC_LOG() << "rank " << r << " final " << show(final_counters[r])
              << ", backward-phase bytes "
-             << sim.ledger(r).bytes_in(Phase::kBackward) << "\n";
+             << sim.ledger(r).bytes_in(phase::kBackward) << "\n";
   }
   RC_ASSERT(v.log_all() == 0u);
   for (int r = 0; r < world; ++r) {
@@ -411,10 +412,10 @@ RC_GTEST_PROP(UnmanagedInvariants, RandomBackwardStepSequences, ()) {
     // Stage 0/1 unmanaged: backward() never communicates. Stage 2
     // reduce-scatters in every backward (agreement + buckets).
     if (stage < 2) {
-      RC_ASSERT(sim.ledger(r).bytes_in(Phase::kBackward) == 0u);
-      RC_ASSERT(sim.ledger(r).count_in(Phase::kBackward) == 0u);
+      RC_ASSERT(sim.ledger(r).bytes_in(phase::kBackward) == 0u);
+      RC_ASSERT(sim.ledger(r).count_in(phase::kBackward) == 0u);
     } else {
-      RC_ASSERT(sim.ledger(r).count_in(Phase::kBackward) >=
+      RC_ASSERT(sim.ledger(r).count_in(phase::kBackward) >=
                 2 * static_cast<size_t>(backwards));
     }
     RC_ASSERT(torch::equal(final_params[r], final_params[0]));

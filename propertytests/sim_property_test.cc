@@ -129,7 +129,7 @@ RC_GTEST_PROP(FaultSwarm, EveryFaultMixKeepsTheFaultContract, ()) {
   RC_ASSERT(r.ok);
 }
 
-using Key = std::tuple<CollectiveKind, Phase, uint64_t>;
+using Key = std::tuple<CollectiveKind, std::string, uint64_t>;
 
 RC_GTEST_PROP(ShapeOnlySchedule, MatchesTheLedger, ()) {
   FaultScenario f;
@@ -138,7 +138,7 @@ RC_GTEST_PROP(ShapeOnlySchedule, MatchesTheLedger, ()) {
   const Scenario& s = f.scenario;
   std::map<Key, int> real, plan;
   for (const CollectiveTiming& c : baseline_schedule(f))
-    ++real[{c.kind, c.phase, c.bytes}];
+    ++real[{c.kind, c.label, c.bytes}];
   const ModelShape shape =
       model_shape(*make_task(s.model)->make_model(1), s.model);
   ScheduleOptions o;

@@ -136,8 +136,8 @@ ScaleReport simulate_scale(const ModelShape& model,
   r.bytes_per_rank = ledger.total_bytes();
   r.wire_bytes_per_rank = ledger.total_wire_bytes();
   for (const LedgerEntry& e : r.ledger)
-    r.bytes_by_collective[std::string(to_string(e.kind)) + "/" +
-                          to_string(e.phase)] += e.bytes;
+    r.bytes_by_collective[std::string(to_string(e.kind)) + "/" + e.label] +=
+        e.bytes;
   r.memory = planned_memory(model, so);
   return r;
 }

@@ -43,11 +43,11 @@ ShapeOnlyCommunicator::ShapeOnlyCommunicator(int world_size,
 }
 
 double ShapeOnlyCommunicator::charge(CollectiveKind kind, uint64_t bytes,
-                                     Phase phase, bool async) {
+                                     const char* label, bool async) {
   CollectiveTiming t;
   t.seq = seq_++;
   t.kind = kind;
-  t.phase = phase;
+  t.label = label;
   t.bytes = bytes;
   t.async = async;
   t.issue_s = clock_.now_s;
@@ -66,37 +66,37 @@ double ShapeOnlyCommunicator::charge(CollectiveKind kind, uint64_t bytes,
 
 void ShapeOnlyCommunicator::all_reduce(Buffer buf,
                                        const AllReduceOptions& opts) {
-  charge(CollectiveKind::kAllReduce, buf.bytes(), opts.phase, false);
+  charge(CollectiveKind::kAllReduce, buf.bytes(), opts.label, false);
 }
 
 void ShapeOnlyCommunicator::reduce_scatter(Buffer input, Buffer output,
                                            const ReduceScatterOptions& opts) {
   check_multiple("reduce_scatter", input.numel, output.numel, world_size_);
-  charge(CollectiveKind::kReduceScatter, input.bytes(), opts.phase, false);
+  charge(CollectiveKind::kReduceScatter, input.bytes(), opts.label, false);
 }
 
 std::shared_ptr<Work> ShapeOnlyCommunicator::reduce_scatter_async(
     Buffer input, Buffer output, const ReduceScatterOptions& opts) {
   check_multiple("reduce_scatter", input.numel, output.numel, world_size_);
   const double end =
-      charge(CollectiveKind::kReduceScatter, input.bytes(), opts.phase, true);
+      charge(CollectiveKind::kReduceScatter, input.bytes(), opts.label, true);
   return std::make_shared<ShapeWork>(this, end);
 }
 
 void ShapeOnlyCommunicator::all_gather(Buffer input, Buffer output,
                                        const AllGatherOptions& opts) {
   check_multiple("all_gather", output.numel, input.numel, world_size_);
-  charge(CollectiveKind::kAllGather, output.bytes(), opts.phase, false);
+  charge(CollectiveKind::kAllGather, output.bytes(), opts.label, false);
 }
 
 void ShapeOnlyCommunicator::broadcast(Buffer buf,
                                       const BroadcastOptions& opts) {
   check_broadcast_root(opts.root, world_size_);
-  charge(CollectiveKind::kBroadcast, buf.bytes(), opts.phase, false);
+  charge(CollectiveKind::kBroadcast, buf.bytes(), opts.label, false);
 }
 
 void ShapeOnlyCommunicator::barrier() {
-  charge(CollectiveKind::kBarrier, 0, Phase::kSetup, false);
+  charge(CollectiveKind::kBarrier, 0, kBarrierLabel, false);
 }
 
 void ShapeOnlyCommunicator::compute(double seconds) {

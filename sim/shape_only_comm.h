@@ -64,7 +64,8 @@ class ShapeOnlyCommunicator final : public Communicator {
  private:
   class ShapeWork;
   // Charges one collective; returns its end.
-  double charge(CollectiveKind kind, uint64_t bytes, Phase phase, bool async);
+  double charge(CollectiveKind kind, uint64_t bytes, const char* label,
+                bool async);
 
   int world_size_;
   CostModel cost_;

@@ -20,18 +20,18 @@ void sequence(Communicator& c, const std::function<void(double)>& compute,
                   DType::kFloat32};
   };
   compute(1e-4);
-  c.broadcast(B(big, 4096 * w), {0, Phase::kSetup});
+  c.broadcast(B(big, 4096 * w), {0, "setup"});
   auto w1 = c.reduce_scatter_async(B(big, 4096 * w), B(part, 4096),
-                                   {ReduceOp::kSum, Phase::kBackward});
+                                   {ReduceOp::kSum, "backward"});
   compute(3e-6);
   auto w2 = c.reduce_scatter_async(B(big, 4096 * w), B(part, 4096),
-                                   {ReduceOp::kSum, Phase::kBackward});
+                                   {ReduceOp::kSum, "backward"});
   compute(2e-3);
   w1->wait();
   w2->wait();
-  c.all_reduce(B(big, 4096 * w), {ReduceOp::kAvg, Phase::kStep});
+  c.all_reduce(B(big, 4096 * w), {ReduceOp::kAvg, "step"});
   compute(5e-5);
-  c.all_gather(B(part, 4096), B(big, 4096 * w), {Phase::kStep});
+  c.all_gather(B(part, 4096), B(big, 4096 * w), {"step"});
   c.barrier();
 }
 
@@ -65,7 +65,7 @@ TEST(ShapeOnlyCommTest, ClockEqualsSimWorldsOnTheSameSequence) {
       EXPECT_EQ(a.kind, b.kind);
       EXPECT_EQ(a.bytes, b.bytes);
       EXPECT_EQ(a.wire_bytes, b.wire_bytes);
-      EXPECT_EQ(a.phase, b.phase);
+      EXPECT_STREQ(a.label, b.label);
     }
   }
 }

@@ -1,21 +1,22 @@
 #include "sim/sim_world.h"
 
 #include <algorithm>
-#include <cstring>
 #include <sstream>
 #include <thread>
 
 #include "common/errors.h"
+#include "sim/reduction.h"
 
 namespace zerostep {
 
-struct SimWorld::Arrival {
+// One rank's call of a collective.
+struct SimWorld::Call {
   CollectiveKind kind = CollectiveKind::kBarrier;
   ReduceOp op = ReduceOp::kSum;
   Buffer input;
   Buffer output;
   int root = 0;
-  Phase phase = Phase::kSetup;
+  const char* label = kBarrierLabel;
   bool async = false;
 };
 
@@ -27,14 +28,15 @@ enum SlotFailure : int {
   kTimedOut      // a straggler came too late: the collective aborted
 };
 
+// Where the ranks meet for one collective (Note [Sim collective]).
 struct SimWorld::Slot {
   int64_t seq = 0;
   // What each rank called, as the mismatch check sees it (an injected
-  // mismatch changes it), and what it really passed (what execute() moves:
-  // a mismatch that every rank shares is no mismatch, and the real buffers
-  // are moved).
-  std::vector<Arrival> arrivals;
-  std::vector<Arrival> actual;
+  // mismatch changes it), and what it really passed (what the reduction
+  // moves: a mismatch that every rank shares is no mismatch, and the real
+  // buffers are moved).
+  std::vector<Call> described;
+  std::vector<Call> actual;
   std::vector<bool> arrived;
   std::vector<bool> lost;      // injected lost peer: arrived, never delivered
   std::vector<double> ready;   // virtual time the rank was ready
@@ -47,7 +49,18 @@ struct SimWorld::Slot {
   double end_s = 0.0;
   double cost_s = 0.0;   // the cost model's charge (success)
   double abort_s = 0.0;  // kTimedOut: when the first rank gave up
-  std::string injected;  // "; injected fault ..." for every fault that hit
+  // Per rank: "; injected fault ..." for every fault that hit it. An error
+  // lists them in rank order, not arrival order, which depends on thread
+  // timing.
+  std::vector<std::string> injected;
+};
+
+// What the faults that hit one rank's collective do to it.
+struct SimWorld::Injection {
+  int fired = 0;                 // faults that hit, a crash included
+  bool lost = false;             // its part is never delivered
+  const Fault* crash = nullptr;  // the rank dies on entering
+  std::string text;              // "; injected fault ..." for each
 };
 
 namespace {
@@ -89,48 +102,17 @@ uint64_t payload_bytes(CollectiveKind k, Buffer in, Buffer out) {
   }
 }
 
-std::string where(int64_t seq, CollectiveKind k, Phase phase) {
+// The messages name a collective's label as its phase: the engine's labels
+// are its training phases (zero/phase.h).
+std::string where(int64_t seq, CollectiveKind k, const char* label) {
   return "collective #" + std::to_string(seq) + " (" + to_string(k) +
-         ", phase " + to_string(phase) + ")";
+         ", phase " + label + ")";
 }
 
 std::string seconds(double s) {
   std::ostringstream os;
   os << "t=" << s << " s";
   return os.str();
-}
-
-// acc[i] = op(acc[i], x[i]); the op is chosen once per call, not per
-// element, so each loop is a plain elementwise pass.
-template <typename T>
-void fold(T* __restrict acc, const T* __restrict x, size_t n, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      for (size_t i = 0; i < n; ++i) acc[i] = acc[i] + x[i];
-      return;
-    case ReduceOp::kMax:
-      for (size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], x[i]);
-      return;
-    case ReduceOp::kMin:
-      for (size_t i = 0; i < n; ++i) acc[i] = std::min(acc[i], x[i]);
-      return;
-  }
-}
-
-// Reduces `count` elements at element offset `offset` of every rank's
-// input, in rank order (Note [Reduction order]), into `out`, which must not
-// overlap any input.
-template <typename T>
-void reduce_rank_order(const std::vector<const T*>& inputs, size_t offset,
-                       size_t count, ReduceOp op, T* out) {
-  const size_t world = inputs.size();
-  std::memcpy(out, inputs[0] + offset, count * sizeof(T));
-  for (size_t r = 1; r < world; ++r) fold(out, inputs[r] + offset, count, op);
-  if (op == ReduceOp::kAvg) {
-    const T w = static_cast<T>(world);
-    for (size_t i = 0; i < count; ++i) out[i] = out[i] / w;
-  }
 }
 
 }  // namespace
@@ -155,7 +137,7 @@ class SimWorld::SimWork final : public Work {
   bool waited_ = false;
 };
 
-// Rank r's raw endpoint: forwards each call to the world's rendezvous.
+// Rank r's raw endpoint: forwards each call to the world's collective().
 class SimWorld::RankComm final : public Communicator {
  public:
   RankComm(SimWorld* world, int rank) : world_(world), rank_(rank) {}
@@ -164,64 +146,64 @@ class SimWorld::RankComm final : public Communicator {
   std::string backend_name() const override { return "sim"; }
 
   void all_reduce(Buffer buf, const AllReduceOptions& opts) override {
-    Arrival a;
-    a.kind = CollectiveKind::kAllReduce;
-    a.op = opts.op;
-    a.input = buf;
-    a.output = buf;
-    a.phase = opts.phase;
-    world_->collective(rank_, a);
+    Call c;
+    c.kind = CollectiveKind::kAllReduce;
+    c.op = opts.op;
+    c.input = buf;
+    c.output = buf;
+    c.label = opts.label;
+    world_->collective(rank_, c);
   }
   void reduce_scatter(Buffer input, Buffer output,
                       const ReduceScatterOptions& opts) override {
-    world_->collective(rank_, reduce_scatter_arrival(input, output, opts));
+    world_->collective(rank_, reduce_scatter_call(input, output, opts));
   }
   // The data moves inside the call (Note [Reduction order] needs every
   // rank's input at once anyway); the virtual clock models the overlap.
   std::shared_ptr<Work> reduce_scatter_async(
       Buffer input, Buffer output, const ReduceScatterOptions& opts) override {
-    Arrival a = reduce_scatter_arrival(input, output, opts);
-    a.async = true;
-    const double end_s = world_->collective(rank_, a);
+    Call c = reduce_scatter_call(input, output, opts);
+    c.async = true;
+    const double end_s = world_->collective(rank_, c);
     return std::make_shared<SimWork>(world_, rank_, end_s);
   }
   void all_gather(Buffer input, Buffer output,
                   const AllGatherOptions& opts) override {
     check_all_gather_args(rank_, world_size(), input, output);
-    Arrival a;
-    a.kind = CollectiveKind::kAllGather;
-    a.input = input;
-    a.output = output;
-    a.phase = opts.phase;
-    world_->collective(rank_, a);
+    Call c;
+    c.kind = CollectiveKind::kAllGather;
+    c.input = input;
+    c.output = output;
+    c.label = opts.label;
+    world_->collective(rank_, c);
   }
   void broadcast(Buffer buf, const BroadcastOptions& opts) override {
     check_broadcast_root(opts.root, world_size());
-    Arrival a;
-    a.kind = CollectiveKind::kBroadcast;
-    a.input = buf;
-    a.output = buf;
-    a.root = opts.root;
-    a.phase = opts.phase;
-    world_->collective(rank_, a);
+    Call c;
+    c.kind = CollectiveKind::kBroadcast;
+    c.input = buf;
+    c.output = buf;
+    c.root = opts.root;
+    c.label = opts.label;
+    world_->collective(rank_, c);
   }
   void barrier() override {
-    Arrival a;
-    a.kind = CollectiveKind::kBarrier;
-    world_->collective(rank_, a);
+    Call c;
+    c.kind = CollectiveKind::kBarrier;
+    world_->collective(rank_, c);
   }
 
  private:
-  Arrival reduce_scatter_arrival(Buffer input, Buffer output,
-                                 const ReduceScatterOptions& opts) {
+  Call reduce_scatter_call(Buffer input, Buffer output,
+                           const ReduceScatterOptions& opts) {
     check_reduce_scatter_args(rank_, world_size(), input, output);
-    Arrival a;
-    a.kind = CollectiveKind::kReduceScatter;
-    a.op = opts.op;
-    a.input = input;
-    a.output = output;
-    a.phase = opts.phase;
-    return a;
+    Call c;
+    c.kind = CollectiveKind::kReduceScatter;
+    c.op = opts.op;
+    c.input = input;
+    c.output = output;
+    c.label = opts.label;
+    return c;
   }
 
   SimWorld* world_;
@@ -306,14 +288,31 @@ void SimWorld::reset_clocks() {
   for (auto& t : timeline_) t.clear();
 }
 
-void SimWorld::wait_until(int rank, double end_s) {
-  std::lock_guard<std::mutex> lock(mu_);
-  SimClock& c = clocks_[rank];
-  if (end_s > c.now_s) {
-    c.exposed_comm_s += end_s - c.now_s;
-    c.now_s = end_s;
+// ----- One collective: Note [Sim collective] ---------------------------------
+
+double SimWorld::collective(int rank, Call call) {
+  ZS_CHECK(call.label != nullptr);
+  std::unique_lock<std::mutex> lock(mu_);
+  // Numbering: the rank's k-th call of the run is collective #k.
+  const int64_t seq = next_seq_[rank]++;
+  CollectiveTiming t = issue(rank, seq, call);
+  double ready = ready_time(rank);
+  const Call actual = call;
+  const Injection faults = inject(rank, seq, &call, &ready);
+  for (int i = 0; i < faults.fired; ++i) fired_.push_back({seq, rank});
+  if (faults.crash != nullptr) crash(rank, ready, *faults.crash, t);
+  Slot& slot = arrive(rank, seq, call, actual, ready, faults.lost, faults.text);
+  await(lock, slot, call);
+  const std::string error = slot.error;
+  const double end = leave(rank, slot, ready, &t);
+  depart(slot);
+  if (!error.empty()) {
+    throw CommError("rank " + std::to_string(rank) + ": " + error);
   }
+  return end;
 }
+
+// ----- Faults: sim/faults.h, Note [Fault model] ------------------------------
 
 namespace {
 
@@ -340,163 +339,172 @@ void mutate(CollectiveKind* kind, Buffer* in, Buffer* out, MismatchField f) {
 
 }  // namespace
 
-double SimWorld::collective(int rank, Arrival arrival) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const int64_t seq = next_seq_[rank]++;
-  const double timeout = options_.faults.timeout_s;
-  SimClock& clock = clocks_[rank];
-  CollectiveTiming t;
-  t.seq = seq;
-  t.kind = arrival.kind;
-  t.phase = arrival.phase;
-  t.bytes = payload_bytes(arrival.kind, arrival.input, arrival.output);
-  t.async = arrival.async;
-  t.issue_s = clock.now_s;
-  double ready = std::max(clock.now_s, comm_free_[rank]);
-  bool lost = false;
-  std::string injected;
-  const Arrival actual = arrival;
+SimWorld::Injection SimWorld::inject(int rank, int64_t seq, Call* described,
+                                     double* ready) const {
+  Injection in;
   for (const Fault& f : options_.faults.faults) {
     if (!f.hits(rank, seq)) continue;
-    injected += "; injected fault " + f.to_string();
-    fired_.push_back({seq, rank});
+    in.text += "; injected fault " + f.to_string();
+    ++in.fired;
     switch (f.kind) {
       case FaultKind::kStraggle:
-        ready += f.delay_s;
+        *ready += f.delay_s;
         break;
       case FaultKind::kLostPeer:
-        lost = true;
+        in.lost = true;
         break;
       case FaultKind::kMismatch:
-        mutate(&arrival.kind, &arrival.input, &arrival.output, f.field);
+        mutate(&described->kind, &described->input, &described->output,
+               f.field);
         break;
-      case FaultKind::kCrash: {
-        // The rank dies here: it never joins, and its peers find out when
-        // they give up waiting (kPeerMissing).
-        const std::string what =
-            "rank " + std::to_string(rank) + " crashed on entering its " +
-            where(seq, t.kind, t.phase) + " at " + seconds(ready) +
-            " [injected fault " + f.to_string() + "]";
-        clock.now_s = ready;
-        t.start_s = t.end_s = ready;
-        t.failed = true;
-        timeline_[rank].push_back(t);
-        exited_[rank] = true;
-        exit_reason_[rank] = what;
-        cv_.notify_all();
-        throw CommError(what);
-      }
+      case FaultKind::kCrash:
+        in.crash = &f;
+        return in;
     }
   }
+  return in;
+}
+
+void SimWorld::crash(int rank, double ready, const Fault& fault,
+                     CollectiveTiming t) {
+  const std::string what =
+      "rank " + std::to_string(rank) + " crashed on entering its " +
+      where(t.seq, t.kind, t.label) + " at " + seconds(ready) +
+      " [injected fault " + fault.to_string() + "]";
+  // Its clock stops where it was ready.
+  clocks_[rank].now_s = ready;
+  t.start_s = t.end_s = ready;
+  t.failed = true;
+  timeline_[rank].push_back(t);
+  // It never joins; its peers find out when they give up waiting
+  // (kPeerMissing).
+  exited_[rank] = true;
+  exit_reason_[rank] = what;
+  cv_.notify_all();
+  throw CommError(what);
+}
+
+bool SimWorld::survives_faults(Slot& slot, double first, int first_rank,
+                               double last, int last_rank) {
+  const int w = world_size();
+  const double timeout = options_.faults.timeout_s;
+  for (int r = 0; r < w; ++r) {
+    if (!slot.lost[r]) continue;
+    fail_slot(slot, kPeerMissing,
+              where(slot.seq, slot.described[r].kind, slot.described[r].label) +
+                  " never completed: rank " + std::to_string(r) +
+                  "'s part of it was lost (an unreachable peer); every rank "
+                  "gave up after the timeout of " +
+                  seconds(timeout).substr(2) + " of virtual time");
+    return false;
+  }
+  if (last - first > timeout) {
+    std::ostringstream os;
+    os << where(slot.seq, slot.described[last_rank].kind,
+                slot.described[last_rank].label)
+       << " timed out at " << seconds(first + timeout) << ": rank "
+       << last_rank << " arrived at " << seconds(last) << ", "
+       << (last - first) << " virtual seconds after rank " << first_rank
+       << " (a straggler), beyond the timeout of " << timeout << " s";
+    slot.abort_s = first + timeout;
+    fail_slot(slot, kTimedOut, os.str());
+    return false;
+  }
+  return true;
+}
+
+// ----- Rendezvous ------------------------------------------------------------
+
+SimWorld::Slot& SimWorld::arrive(int rank, int64_t seq, const Call& described,
+                                 const Call& actual, double ready, bool lost,
+                                 const std::string& injected) {
   auto& slot_ptr = slots_[seq];
   if (!slot_ptr) {
     slot_ptr = std::make_unique<Slot>();
     slot_ptr->seq = seq;
-    slot_ptr->arrivals.resize(world_size());
+    slot_ptr->described.resize(world_size());
     slot_ptr->actual.resize(world_size());
     slot_ptr->arrived.assign(world_size(), false);
     slot_ptr->lost.assign(world_size(), false);
     slot_ptr->ready.assign(world_size(), 0.0);
+    slot_ptr->injected.assign(world_size(), "");
   }
   Slot& slot = *slot_ptr;
-  slot.arrivals[rank] = arrival;
+  slot.described[rank] = described;
   slot.actual[rank] = actual;
   slot.arrived[rank] = true;
   slot.lost[rank] = lost;
   slot.ready[rank] = ready;
-  slot.injected += injected;
+  slot.injected[rank] = injected;
   ++slot.num_arrived;
   if (!slot.done && slot.num_arrived == world_size()) {
-    execute(slot);
+    meet(slot);
     slot.done = true;
     cv_.notify_all();
   }
-  // Wait until the slot completes, or until a rank it still needs can never
-  // arrive (it exited).
-  cv_.wait(lock, [&] {
-    if (slot.done) return true;
-    for (int r = 0; r < world_size(); ++r) {
-      if (!slot.arrived[r] && exited_[r]) {
-        fail_slot(slot, kPeerMissing,
-                  where(seq, arrival.kind, arrival.phase) +
-                      " cannot complete: rank " + std::to_string(r) +
-                      " left the world before joining it (" +
-                      exit_reason_[r] + "); the ranks waiting for it gave " +
-                      "up after the timeout of " + seconds(timeout).substr(2) +
-                      " of virtual time");
-        cv_.notify_all();
-        return true;
-      }
-    }
-    return false;
-  });
-  const std::string error = slot.error;
-  double end = slot.end_s;
-  if (!error.empty()) {
-    switch (slot.failure) {
-      case kMet:
-        end = std::max(ready, slot.start_s);
-        break;
-      case kPeerMissing:
-        end = ready + timeout;
-        break;
-      default:
-        end = std::max(ready, slot.abort_s);
-        break;
-    }
-    t.start_s = t.end_s = end;
-    t.failed = true;
-  } else {
-    t.start_s = slot.start_s;
-    t.end_s = slot.end_s;
-    clock.comm_s += slot.cost_s;
+  return slot;
+}
+
+void SimWorld::meet(Slot& slot) {
+  const int w = world_size();
+  double first = slot.ready[0], last = slot.ready[0];
+  int first_rank = 0, last_rank = 0;
+  for (int r = 1; r < w; ++r) {
+    if (slot.ready[r] < first) first = slot.ready[r], first_rank = r;
+    if (slot.ready[r] > last) last = slot.ready[r], last_rank = r;
   }
-  if (!arrival.async || !error.empty()) {
-    clock.exposed_comm_s += end - clock.now_s;
-    clock.now_s = end;
+  slot.start_s = last;
+  if (!survives_faults(slot, first, first_rank, last, last_rank)) return;
+  // Every rank must have called the same collective: first as described
+  // (with injected mismatches), then as really passed, which is what moves.
+  for (const std::vector<Call>* calls : {&slot.described, &slot.actual}) {
+    if (!check_same(slot, *calls, last)) return;
   }
-  comm_free_[rank] = end;
-  timeline_[rank].push_back(t);
-  if (++slot.num_left == world_size()) slots_.erase(seq);
-  if (!error.empty()) {
-    throw CommError("rank " + std::to_string(rank) + ": " + error);
+  const Call& a0 = slot.actual[0];
+  slot.cost_s = options_.cost.collective_seconds(
+      a0.kind, payload_bytes(a0.kind, a0.input, a0.output), w);
+  slot.end_s = last + slot.cost_s;
+  std::vector<Buffer> inputs(w), outputs(w);
+  for (int r = 0; r < w; ++r) {
+    inputs[r] = slot.actual[r].input;
+    outputs[r] = slot.actual[r].output;
   }
-  return end;
+  move_collective_data(a0.kind, a0.op, a0.root, inputs, outputs, &scratch_);
 }
 
 void SimWorld::fail_slot(Slot& slot, int failure, const std::string& error) {
   slot.failure = failure;
-  slot.error = error + slot.injected;
+  slot.error = error;
+  for (const std::string& text : slot.injected) slot.error += text;
   slot.done = true;
 }
 
 // Whether every rank called the same collective; if not, fails the slot
 // (kMet) with the calls grouped by what they were, the smallest group (the
-// odd one out) first.
-bool SimWorld::check_same(Slot& slot, const std::vector<Arrival>& arrivals,
+// odd one out) first. The labels are named, not compared.
+bool SimWorld::check_same(Slot& slot, const std::vector<Call>& calls,
                           double last) {
   const int w = world_size();
-  const Arrival& a0 = arrivals[0];
-  std::vector<std::string> calls(w);
+  const Call& a0 = calls[0];
+  std::vector<std::string> text(w);
   for (int r = 0; r < w; ++r) {
-    const Arrival& ar = arrivals[r];
-    calls[r] = zerostep::describe(ar.kind, ar.op, ar.input, ar.output, ar.root) +
-               " in phase " + to_string(ar.phase);
+    const Call& c = calls[r];
+    text[r] = zerostep::describe(c.kind, c.op, c.input, c.output, c.root) +
+              " in phase " + c.label;
   }
   bool same = true;
   for (int r = 1; r < w; ++r) {
-    const Arrival& ar = arrivals[r];
-    same = same && ar.kind == a0.kind && ar.op == a0.op &&
-           ar.input.dtype == a0.input.dtype &&
-           ar.input.numel == a0.input.numel &&
-           ar.output.numel == a0.output.numel && ar.root == a0.root;
+    const Call& c = calls[r];
+    same = same && c.kind == a0.kind && c.op == a0.op &&
+           c.input.dtype == a0.input.dtype && c.input.numel == a0.input.numel &&
+           c.output.numel == a0.output.numel && c.root == a0.root;
   }
   if (!same) {
     std::vector<std::pair<std::string, std::vector<int>>> groups;
     for (int r = 0; r < w; ++r) {
       auto it = std::find_if(groups.begin(), groups.end(),
-                             [&](const auto& g) { return g.first == calls[r]; });
-      if (it == groups.end()) groups.push_back({calls[r], {r}});
+                             [&](const auto& g) { return g.first == text[r]; });
+      if (it == groups.end()) groups.push_back({text[r], {r}});
       else it->second.push_back(r);
     }
     std::stable_sort(groups.begin(), groups.end(),
@@ -522,105 +530,93 @@ bool SimWorld::check_same(Slot& slot, const std::vector<Arrival>& arrivals,
   return true;
 }
 
-void SimWorld::execute(Slot& slot) {
-  const int w = world_size();
+void SimWorld::await(std::unique_lock<std::mutex>& lock, Slot& slot,
+                     const Call& described) {
   const double timeout = options_.faults.timeout_s;
-  const Arrival& a0 = slot.arrivals[0];
-  double first = slot.ready[0], last = slot.ready[0];
-  int first_rank = 0, last_rank = 0;
-  for (int r = 1; r < w; ++r) {
-    if (slot.ready[r] < first) first = slot.ready[r], first_rank = r;
-    if (slot.ready[r] > last) last = slot.ready[r], last_rank = r;
-  }
-  slot.start_s = last;
-  for (int r = 0; r < w; ++r) {
-    if (!slot.lost[r]) continue;
-    fail_slot(slot, kPeerMissing,
-              where(slot.seq, slot.arrivals[r].kind, slot.arrivals[r].phase) +
-                  " never completed: rank " + std::to_string(r) +
-                  "'s part of it was lost (an unreachable peer); every rank "
-                  "gave up after the timeout of " +
-                  seconds(timeout).substr(2) + " of virtual time");
-    return;
-  }
-  if (last - first > timeout) {
-    std::ostringstream os;
-    os << where(slot.seq, slot.arrivals[last_rank].kind,
-                slot.arrivals[last_rank].phase)
-       << " timed out at " << seconds(first + timeout) << ": rank "
-       << last_rank << " arrived at " << seconds(last) << ", "
-       << (last - first) << " virtual seconds after rank " << first_rank
-       << " (a straggler), beyond the timeout of " << timeout << " s";
-    slot.abort_s = first + timeout;
-    fail_slot(slot, kTimedOut, os.str());
-    return;
-  }
-  // Every rank must have called the same collective: first as described
-  // (with injected mismatches), then as really passed, which is what moves.
-  for (std::vector<Arrival>* calls_of : {&slot.arrivals, &slot.actual}) {
-    if (!check_same(slot, *calls_of, last)) return;
-  }
-  for (int r = 0; r < w; ++r) slot.arrivals[r] = slot.actual[r];
-  slot.cost_s = options_.cost.collective_seconds(
-      a0.kind, payload_bytes(a0.kind, a0.input, a0.output), w);
-  slot.end_s = last + slot.cost_s;
-  auto run = [&](auto tag) {
-    using T = decltype(tag);
-    std::vector<const T*> inputs(w);
-    for (int r = 0; r < w; ++r)
-      inputs[r] = static_cast<const T*>(slot.arrivals[r].input.data);
-    switch (a0.kind) {
-      case CollectiveKind::kAllReduce: {
-        // In place: reduce into reused scratch, then copy to every rank.
-        const size_t n = a0.input.numel;
-        T* result = scratch<T>(n);
-        reduce_rank_order<T>(inputs, 0, n, a0.op, result);
-        for (int r = 0; r < w; ++r)
-          std::memcpy(slot.arrivals[r].output.data, result, n * sizeof(T));
-        break;
+  cv_.wait(lock, [&] {
+    if (slot.done) return true;
+    for (int r = 0; r < world_size(); ++r) {
+      if (!slot.arrived[r] && exited_[r]) {
+        fail_slot(slot, kPeerMissing,
+                  where(slot.seq, described.kind, described.label) +
+                      " cannot complete: rank " + std::to_string(r) +
+                      " left the world before joining it (" +
+                      exit_reason_[r] + "); the ranks waiting for it gave " +
+                      "up after the timeout of " + seconds(timeout).substr(2) +
+                      " of virtual time");
+        cv_.notify_all();
+        return true;
       }
-      case CollectiveKind::kReduceScatter: {
-        const size_t n = a0.output.numel;
-        for (int r = 0; r < w; ++r)
-          reduce_rank_order<T>(inputs, static_cast<size_t>(r) * n, n, a0.op,
-                               static_cast<T*>(slot.arrivals[r].output.data));
+    }
+    return false;
+  });
+}
+
+void SimWorld::depart(Slot& slot) {
+  if (++slot.num_left == world_size()) slots_.erase(slot.seq);
+}
+
+// ----- Clock: Note [Virtual clock] -------------------------------------------
+
+CollectiveTiming SimWorld::issue(int rank, int64_t seq,
+                                 const Call& call) const {
+  CollectiveTiming t;
+  t.seq = seq;
+  t.kind = call.kind;
+  t.label = call.label;
+  t.bytes = payload_bytes(call.kind, call.input, call.output);
+  t.async = call.async;
+  t.issue_s = clocks_[rank].now_s;
+  return t;
+}
+
+double SimWorld::ready_time(int rank) const {
+  return std::max(clocks_[rank].now_s, comm_free_[rank]);
+}
+
+double SimWorld::leave(int rank, const Slot& slot, double ready,
+                       CollectiveTiming* t) {
+  const double timeout = options_.faults.timeout_s;
+  SimClock& clock = clocks_[rank];
+  double end = slot.end_s;
+  if (!slot.error.empty()) {
+    switch (slot.failure) {
+      case kMet:
+        end = std::max(ready, slot.start_s);
         break;
-      }
-      case CollectiveKind::kAllGather: {
-        const size_t n = a0.input.numel;
-        // Stage first: an input may be a slice of its rank's output.
-        T* staged = scratch<T>(n * w);
-        for (int q = 0; q < w; ++q)
-          std::memcpy(staged + q * n, inputs[q], n * sizeof(T));
-        for (int r = 0; r < w; ++r)
-          std::memcpy(slot.arrivals[r].output.data, staged,
-                      n * w * sizeof(T));
+      case kPeerMissing:
+        end = ready + timeout;
         break;
-      }
-      case CollectiveKind::kBroadcast: {
-        const size_t n = a0.input.numel;
-        for (int r = 0; r < w; ++r)
-          if (r != a0.root)
-            std::memcpy(slot.arrivals[r].output.data, inputs[a0.root],
-                        n * sizeof(T));
-        break;
-      }
-      case CollectiveKind::kBarrier:
+      default:
+        end = std::max(ready, slot.abort_s);
         break;
     }
-  };
-  switch (a0.input.dtype) {
-    case DType::kFloat32:
-      run(float{});
-      break;
-    case DType::kFloat64:
-      run(double{});
-      break;
-    case DType::kInt64:
-      run(int64_t{});
-      break;
+    t->start_s = t->end_s = end;
+    t->failed = true;
+  } else {
+    t->start_s = slot.start_s;
+    t->end_s = slot.end_s;
+    clock.comm_s += slot.cost_s;
+  }
+  if (!t->async || !slot.error.empty()) {
+    clock.exposed_comm_s += end - clock.now_s;
+    clock.now_s = end;
+  }
+  comm_free_[rank] = end;
+  timeline_[rank].push_back(*t);
+  return end;
+}
+
+void SimWorld::wait_until(int rank, double end_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  SimClock& c = clocks_[rank];
+  if (end_s > c.now_s) {
+    c.exposed_comm_s += end_s - c.now_s;
+    c.now_s = end_s;
   }
 }
+
+// ----- Ranks -----------------------------------------------------------------
 
 void SimWorld::mark_exited(int rank, const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);

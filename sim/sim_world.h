@@ -8,14 +8,14 @@
 //
 // Note [Reduction order]
 // ~~~~~~~~~~~~~~~~~~~~~~
-// Every reduction is computed by one thread, once all ranks have arrived,
-// elementwise in rank order: acc = x[0]; acc = acc (op) x[1]; ...;
-// acc = acc (op) x[W-1], in the buffer's dtype. kAvg is the kSum result
-// divided by W (a true division, not a multiplication by 1/W). All ranks
-// receive the same bits. Real backends (ring, tree) sum in other orders, so
-// their float results may differ from sim's in the last bits; zerostep's
-// managed/unmanaged parity does not depend on the order, only on it being
-// the same for both modes.
+// Every reduction is computed by one thread, once all ranks have arrived
+// (by the pure functions of sim/reduction.h), elementwise in rank order:
+// acc = x[0]; acc = acc (op) x[1]; ...; acc = acc (op) x[W-1], in the
+// buffer's dtype. kAvg is the kSum result divided by W (a true division,
+// not a multiplication by 1/W). All ranks receive the same bits. Real
+// backends (ring, tree) sum in other orders, so their float results may
+// differ from sim's in the last bits; zerostep's managed/unmanaged parity
+// does not depend on the order, only on it being the same for both modes.
 //
 // Note [Virtual clock]
 // ~~~~~~~~~~~~~~~~~~~~
@@ -32,13 +32,29 @@
 // waits: the part of communication that compute did not hide. The clock
 // is a function of the call sequence alone, never of wall time.
 //
+// Note [Sim collective]
+// ~~~~~~~~~~~~~~~~~~~~~
+// One rank's call of a collective passes four parts, each in one place in
+// sim_world.cc:
+//   numbering   collective(): the rank's k-th call of the run is #k;
+//   clock       issue() and ready_time() when the rank calls, leave() when
+//               it leaves (Note [Virtual clock]);
+//   faults      inject(): the seeded faults at (rank, #k) delay the rank,
+//               lose its part, change the call its peers see, or crash it;
+//               survives_faults() at the meeting turns a lost part or a
+//               straggler beyond the timeout into the collective's error;
+//   rendezvous  arrive(), meet(), await(), depart(): the calls of #k meet
+//               in one slot; the last rank to arrive checks that they match
+//               and moves the data with sim/reduction.h, under the world's
+//               one mutex, so the result is independent of thread timing.
+//
 // Failure model: if a rank's function throws, the rank is marked exited and
 // every other rank blocked in (or later entering) a collective that needs it
 // gets CommError naming that rank and its error. Ranks that issue mismatched
-// collectives (op, reduce op, dtype, count or root) all get CommError
-// describing the calls. Injected faults (sim/faults.h, Note [Fault model])
-// end the same way, within SimOptions::faults.timeout_s of virtual time.
-// Nothing hangs.
+// collectives (op, reduce op, dtype, count or root; labels are named in the
+// message, not compared) all get CommError describing the calls. Injected
+// faults (sim/faults.h, Note [Fault model]) end the same way, within
+// SimOptions::faults.timeout_s of virtual time. Nothing hangs.
 //
 // Collective numbers (the ledger's seq, a fault's K) count from 0 at the
 // start of every run()/run_collect(); clocks and timelines carry on across
@@ -86,7 +102,7 @@ struct SimClock {
 struct CollectiveTiming {
   int64_t seq = 0;
   CollectiveKind kind = CollectiveKind::kBarrier;
-  Phase phase = Phase::kSetup;
+  const char* label = kBarrierLabel;  // the options' label
   uint64_t bytes = 0;  // payload, as the ledger counts it
   bool async = false;
   double issue_s = 0.0;  // `now` when the rank issued it
@@ -136,25 +152,50 @@ class SimWorld final : public LocalWorld {
  private:
   class RankComm;
   class SimWork;
-  struct Arrival;
+  struct Call;
   struct Slot;
+  struct Injection;
 
-  // Runs rank `rank`'s part of its next collective; returns the virtual
-  // time it ends (for an async one: when wait() may return).
-  double collective(int rank, Arrival arrival);
-  void execute(Slot& slot);
-  bool check_same(Slot& slot, const std::vector<Arrival>& arrivals,
-                  double last);
-  void fail_slot(Slot& slot, int kind, const std::string& error);
+  // Runs rank `rank`'s part of its next collective (Note [Sim collective]);
+  // returns the virtual time it ends (for an async one: when wait() may
+  // return).
+  double collective(int rank, Call call);
+
+  // Faults. What the faults that hit (rank, seq) do, applied in order:
+  // a straggle adds to *ready, a mismatch changes *described; stops at a
+  // crash.
+  Injection inject(int rank, int64_t seq, Call* described,
+                   double* ready) const;
+  // The rank dies entering collective t.seq: throws CommError.
+  [[noreturn]] void crash(int rank, double ready, const Fault& fault,
+                          CollectiveTiming t);
+  // At the meeting: fails the slot if a rank's part was lost or a straggler
+  // came more than timeout_s after the first rank; returns whether not.
+  bool survives_faults(Slot& slot, double first, int first_rank, double last,
+                       int last_rank);
+
+  // Rendezvous. The rank's call joins slot `seq`; the last to arrive
+  // meets: checks and moves the data.
+  Slot& arrive(int rank, int64_t seq, const Call& described,
+               const Call& actual, double ready, bool lost,
+               const std::string& injected);
+  void meet(Slot& slot);
+  bool check_same(Slot& slot, const std::vector<Call>& calls, double last);
+  void fail_slot(Slot& slot, int failure, const std::string& error);
+  // Until the slot is done, or a rank it still needs has exited.
+  void await(std::unique_lock<std::mutex>& lock, Slot& slot,
+             const Call& described);
+  // The last rank to leave frees the slot.
+  void depart(Slot& slot);
+
+  // Clock (Note [Virtual clock]).
+  CollectiveTiming issue(int rank, int64_t seq, const Call& call) const;
+  double ready_time(int rank) const;
+  // Charges the rank's clock for leaving `slot`; returns when it leaves.
+  double leave(int rank, const Slot& slot, double ready, CollectiveTiming* t);
   void wait_until(int rank, double end_s);
+
   void mark_exited(int rank, const std::string& reason);
-  // `n` elements of reusable scratch (grown, never shrunk), so collectives
-  // do not allocate and first-touch fresh pages on every call.
-  template <typename T>
-  T* scratch(size_t n) {
-    if (scratch_.size() < n * sizeof(T)) scratch_.resize(n * sizeof(T));
-    return reinterpret_cast<T*>(scratch_.data());
-  }
 
   SimOptions options_;
   std::vector<std::unique_ptr<RankComm>> raw_comms_;
@@ -173,6 +214,7 @@ class SimWorld final : public LocalWorld {
   std::vector<double> comm_free_;                   // GUARDED_BY(mu_)
   std::vector<SimClock> clocks_;                    // GUARDED_BY(mu_)
   std::vector<std::vector<CollectiveTiming>> timeline_;  // GUARDED_BY(mu_)
+  // The reductions' working memory (sim/reduction.h), reused.
   std::vector<unsigned char> scratch_;              // GUARDED_BY(mu_)
 };
 

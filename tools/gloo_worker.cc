@@ -34,6 +34,7 @@
 #include "engine/engine.h"
 #include "models/task.h"
 #include "parity/scenario.h"
+#include "zero/phase.h"
 
 namespace zerostep {
 namespace {
@@ -146,7 +147,7 @@ int main_impl(int argc, char** argv) {
   int64_t mine = static_cast<int64_t>(std::stoull(digest, nullptr, 16) >> 1);
   std::vector<int64_t> all(w);
   comm.all_gather(Buffer::of(&mine, 1), Buffer::of(all.data(), all.size()),
-                  {Phase::kSetup});
+                  {phase::kSetup});
   bool same = true;
   for (int64_t d : all) same = same && d == all[0];
   if (!bitwise || !same) {

@@ -1,11 +1,12 @@
 #include "zero/agreement.h"
 
 #include "common/errors.h"
+#include "zero/phase.h"
 
 namespace zerostep {
 
 void broadcast_initial_parameters(Communicator& comm, float* data, size_t n) {
-  comm.broadcast(Buffer::of(data, n), {0, Phase::kSetup});
+  comm.broadcast(Buffer::of(data, n), {0, phase::kSetup});
 }
 
 void agree_between_windows(Communicator& comm, int64_t window_backwards,
@@ -13,7 +14,7 @@ void agree_between_windows(Communicator& comm, int64_t window_backwards,
   const int world = comm.world_size();
   std::vector<int64_t> all(static_cast<size_t>(world));
   comm.all_gather(Buffer::of(&window_backwards, 1),
-                  Buffer::of(all.data(), all.size()), {Phase::kSetup});
+                  Buffer::of(all.data(), all.size()), {phase::kSetup});
   for (int r = 0; r < world; ++r)
     if (all[r] != 0)
       throw UsageError(what +
@@ -32,7 +33,7 @@ std::vector<RankOutcome> share_outcomes(Communicator& comm,
                        static_cast<int64_t>(mine.checksum)};
   std::vector<int64_t> all(3 * world);
   comm.all_gather(Buffer::of(packed, 3), Buffer::of(all.data(), all.size()),
-                  {Phase::kSetup});
+                  {phase::kSetup});
   std::vector<RankOutcome> out(world);
   for (size_t r = 0; r < world; ++r) {
     out[r].failed = all[3 * r] != 0;
@@ -44,7 +45,7 @@ std::vector<RankOutcome> share_outcomes(Communicator& comm,
 
 bool root_failed(Communicator& comm, bool failed) {
   int64_t flag = failed ? 1 : 0;
-  comm.broadcast(Buffer::of(&flag, 1), {0, Phase::kSetup});
+  comm.broadcast(Buffer::of(&flag, 1), {0, phase::kSetup});
   return flag != 0;
 }
 

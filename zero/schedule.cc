@@ -11,8 +11,9 @@ namespace {
 
 using Event = ScheduleEvent;
 
-Event collective(CollectiveKind kind, DType dtype, size_t numel, Phase phase,
-                 ReduceOp op = ReduceOp::kSum, bool async = false) {
+Event collective(CollectiveKind kind, DType dtype, size_t numel,
+                 const char* phase, ReduceOp op = ReduceOp::kSum,
+                 bool async = false) {
   Event e;
   e.type = Event::Type::kCollective;
   e.kind = kind;
@@ -33,7 +34,7 @@ Event compute(Event::Work work, double params) {
 }
 
 // Note [Window agreement]: three int64 per rank, all-gathered.
-Event agreement(int world, Phase phase) {
+Event agreement(int world, const char* phase) {
   return collective(CollectiveKind::kAllGather, DType::kInt64,
                     3 * static_cast<size_t>(world), phase);
 }
@@ -41,7 +42,7 @@ Event agreement(int world, Phase phase) {
 // The global-norm all-reduce of a partitioned gradient.
 Event norm() {
   return collective(CollectiveKind::kAllReduce, DType::kFloat64, 1,
-                    Phase::kStep);
+                    phase::kStep);
 }
 
 void check(const ModelShape& m, const ScheduleOptions& o) {
@@ -66,12 +67,12 @@ void stage2_gathers(const FlatLayout& layout, const ScheduleOptions& o,
     const size_t chunk = b.numel / w;
     if (chunk <= piece) {
       out->push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
-                                b.numel, Phase::kStep));
+                                b.numel, phase::kStep));
       continue;
     }
     for (size_t at = 0; at < chunk; at += piece)
       out->push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
-                                std::min(piece, chunk - at) * w, Phase::kStep));
+                                std::min(piece, chunk - at) * w, phase::kStep));
   }
 }
 
@@ -84,13 +85,13 @@ std::vector<ScheduleEvent> setup_schedule(const ModelShape& m,
   if (o.stage < 3) {
     const FlatLayout layout = FlatLayout::make(m.numels, o.world_size);
     out.push_back(collective(CollectiveKind::kBroadcast, DType::kFloat32,
-                             layout.padded_numel, Phase::kSetup));
+                             layout.padded_numel, phase::kSetup));
     return out;
   }
   for (const Stage3Group& g : stage3_groups(m, o.persistence_threshold))
     out.push_back(collective(CollectiveKind::kBroadcast, DType::kFloat32,
                              padded_numel(g.numel, o.world_size),
-                             Phase::kSetup));
+                             phase::kSetup));
   return out;
 }
 
@@ -100,7 +101,7 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
   const int w = o.world_size;
   const double total = static_cast<double>(m.numel());
   std::vector<Event> out;
-  const Phase reduce_phase = o.managed ? Phase::kBackward : Phase::kStep;
+  const char* const reduce_phase = o.managed ? phase::kBackward : phase::kStep;
   if (o.stage <= 2) {
     const FlatLayout layout = FlatLayout::make(m.numels, w);
     const size_t padded = layout.padded_numel;
@@ -109,7 +110,7 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
     for (int k = 1; k <= o.backwards; ++k) {
       out.push_back(compute(Event::Work::kForward, total));
       if (o.stage == 2) {
-        out.push_back(agreement(w, Phase::kBackward));
+        out.push_back(agreement(w, phase::kBackward));
         std::vector<size_t> launched;  // event indices, in launch order
         std::vector<bool> done(buckets.size(), false);
         auto launch = [&](size_t b) {
@@ -117,7 +118,7 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
           launched.push_back(out.size());
           out.push_back(collective(CollectiveKind::kReduceScatter,
                                    DType::kFloat32, buckets[b].numel,
-                                   Phase::kBackward, ReduceOp::kSum, true));
+                                   phase::kBackward, ReduceOp::kSum, true));
         };
         if (o.overlap_comm) {
           // Autograd finishes parameters in reverse registration order; a
@@ -157,7 +158,7 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
       }
       // Managed mode: the boundary backward agrees and reduces (stage 0/1).
       if (o.managed && k == o.backwards) {
-        out.push_back(agreement(w, Phase::kStep));
+        out.push_back(agreement(w, phase::kStep));
         if (o.stage == 0)
           out.push_back(collective(CollectiveKind::kAllReduce, DType::kFloat32,
                                    padded, reduce_phase, ReduceOp::kAvg));
@@ -169,7 +170,7 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
     }
     // step()
     if (!o.managed) {
-      out.push_back(agreement(w, Phase::kStep));
+      out.push_back(agreement(w, phase::kStep));
       if (o.stage == 0)
         out.push_back(collective(CollectiveKind::kAllReduce, DType::kFloat32,
                                  padded, reduce_phase, ReduceOp::kAvg));
@@ -184,7 +185,7 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
                 static_cast<double>(o.stage == 0 ? padded : padded / w)));
     if (o.stage == 1)
       out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
-                               padded, Phase::kStep));
+                               padded, phase::kStep));
     if (o.stage == 2) stage2_gathers(layout, o, &out);
     return out;
   }
@@ -201,39 +202,39 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
         continue;
       }
       out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
-                               padded_numel(g.numel, w), Phase::kForward));
+                               padded_numel(g.numel, w), phase::kForward));
       out.push_back(
           compute(Event::Work::kForward, static_cast<double>(g.numel)));
     }
     out.push_back(compute(Event::Work::kForward, persistent_params));
-    out.push_back(agreement(w, Phase::kBackward));
+    out.push_back(agreement(w, phase::kBackward));
     for (size_t i = groups.size(); i-- > 0;) {
       const Stage3Group& g = groups[i];
       if (g.persistent) continue;
       const size_t padded = padded_numel(g.numel, w);
       out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
-                               padded, Phase::kBackward));
+                               padded, phase::kBackward));
       out.push_back(
           compute(Event::Work::kBackward, static_cast<double>(g.numel)));
       out.push_back(collective(CollectiveKind::kReduceScatter, DType::kFloat32,
-                               padded, Phase::kBackward));
+                               padded, phase::kBackward));
     }
     out.push_back(compute(Event::Work::kBackward, persistent_params));
     for (const Stage3Group& g : groups)
       if (g.persistent)
         out.push_back(collective(CollectiveKind::kReduceScatter,
                                  DType::kFloat32, padded_numel(g.numel, w),
-                                 Phase::kBackward));
+                                 phase::kBackward));
     if (o.managed && k == o.backwards)
-      out.push_back(agreement(w, Phase::kStep));
+      out.push_back(agreement(w, phase::kStep));
   }
-  if (!o.managed) out.push_back(agreement(w, Phase::kStep));
+  if (!o.managed) out.push_back(agreement(w, phase::kStep));
   out.push_back(norm());
   out.push_back(compute(Event::Work::kOptimizer, static_cast<double>(owned)));
   for (const Stage3Group& g : groups)
     if (g.persistent)
       out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
-                               padded_numel(g.numel, w), Phase::kStep));
+                               padded_numel(g.numel, w), phase::kStep));
   return out;
 }
 

@@ -47,6 +47,7 @@
 
 #include "comm/communicator.h"
 #include "comm/ledger.h"
+#include "zero/phase.h"
 #include "zero/stage.h"
 #include "zero/grouping.h"
 #include "zero/stage3.h"
@@ -77,7 +78,7 @@ struct ScheduleEvent {
   ReduceOp op = ReduceOp::kSum;
   DType dtype = DType::kFloat32;
   size_t numel = 0;
-  Phase phase = Phase::kStep;
+  const char* phase = phase::kStep;  // zero/phase.h: the ledger's label
   bool async = false;
   // kCompute: forward or backward over `params` parameters (per token),
   // or the optimizer over `params` owned elements.

@@ -204,7 +204,7 @@ void step_and_agree(Communicator& comm, bool swapped,
   int64_t flag = mine ? 1 : 0;
   std::vector<int64_t> all(w);
   comm.all_gather(Buffer::of(&flag, 1), Buffer::of(all.data(), all.size()),
-                  {Phase::kStep});
+                  {phase::kStep});
   if (mine) std::rethrow_exception(mine);
   std::string failed;
   for (int r = 0; r < w; ++r)
@@ -221,8 +221,8 @@ void agree_on_window(Communicator& comm, WindowEvent event, int64_t count,
   int64_t mine[3] = {static_cast<int64_t>(event), count, global_steps};
   std::vector<int64_t> all(3 * w);
   comm.all_gather(Buffer::of(mine, 3), Buffer::of(all.data(), all.size()),
-                  {event == WindowEvent::kStep ? Phase::kStep
-                                               : Phase::kBackward});
+                  {event == WindowEvent::kStep ? phase::kStep
+                                               : phase::kBackward});
   bool agree = true;
   for (int r = 1; r < w; ++r)
     for (int i = 0; i < 3; ++i) agree = agree && all[3 * r + i] == all[i];
@@ -256,7 +256,7 @@ GradStats finalize_gradient(Communicator* partition_comm, float* grad,
   // not (one 8-byte all-reduce per step, in both modes).
   if (partition_comm != nullptr)
     partition_comm->all_reduce(Buffer::of(&sq, 1),
-                               {ReduceOp::kSum, Phase::kStep});
+                               {ReduceOp::kSum, phase::kStep});
   stats.global_norm = std::sqrt(sq);
   const float coef = clip_coefficient(stats.global_norm, clip);
   if (coef < 1.0f) {

@@ -92,6 +92,7 @@
 #include "comm/communicator.h"
 #include "zero/flat_layout.h"
 #include "zero/optimizer.h"
+#include "zero/phase.h"
 #include "zero/precision.h"
 
 namespace zerostep {
@@ -182,10 +183,11 @@ class Stage {
   virtual void end_backward() = 0;
   // Whether on_grad_ready() does anything (the engine then installs hooks).
   virtual bool wants_grad_ready() const = 0;
-  // Throws UsageError (Note [Window agreement]) or CommError; the gradient
-  // buffers are unchanged on error.
+  // `phase` (zero/phase.h) labels the reduce's collectives. Throws
+  // UsageError (Note [Window agreement]) or CommError; the gradient buffers
+  // are unchanged on error.
   virtual void reduce_window(int64_t window_backwards, int64_t global_steps,
-                             Phase phase) = 0;
+                             const char* phase) = 0;
   // `divisor` >= 1 divides the reduced gradient (per_step_count scaling);
   // `clip` > 0 clips to that global L2 norm.
   virtual GradStats finalize(double divisor, double clip) = 0;

@@ -10,7 +10,7 @@ Stage0::Stage0(const StageOptions& options, FlatBuffers buffers,
 }
 
 void Stage0::reduce_window(int64_t window_backwards, int64_t global_steps,
-                           Phase phase) {
+                           const char* phase) {
   internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
                             window_backwards, global_steps);
   comm_->all_reduce(Buffer::of(buf_.grads, layout_.padded_numel),

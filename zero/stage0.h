@@ -16,7 +16,7 @@ class Stage0 final : public FlatStage {
 
   int stage() const override { return 0; }
   void reduce_window(int64_t window_backwards, int64_t global_steps,
-                     Phase phase) override;
+                     const char* phase) override;
   void apply_update(const OptimizerHyper& hyper) override;
 };
 

@@ -12,7 +12,7 @@ Stage1::Stage1(const StageOptions& options, FlatBuffers buffers,
 }
 
 void Stage1::reduce_window(int64_t window_backwards, int64_t global_steps,
-                           Phase phase) {
+                           const char* phase) {
   internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
                             window_backwards, global_steps);
   comm_->reduce_scatter(Buffer::of(buf_.grads, layout_.padded_numel),
@@ -25,7 +25,7 @@ void Stage1::apply_update(const OptimizerHyper& hyper) {
   staged_update(hyper, [&](float* staged) {
     comm_->all_gather(Buffer::of(staged + owned_[0].offset, owned_numel_),
                       Buffer::of(staged, layout_.padded_numel),
-                      {Phase::kStep});
+                      {phase::kStep});
   });
 }
 

@@ -102,7 +102,7 @@ void Stage2::launch(size_t k) {
   works_.push_back(comm_->reduce_scatter_async(
       Buffer::of(buf_.grads + b.offset, b.numel),
       Buffer::of(reduce_scratch_.data() + scratch_offset_[k], owned_[k].numel),
-      {ReduceOp::kSum, Phase::kBackward}));
+      {ReduceOp::kSum, phase::kBackward}));
 }
 
 void Stage2::on_grad_ready(size_t param_index) {
@@ -129,7 +129,7 @@ void Stage2::end_backward() {
 }
 
 void Stage2::reduce_window(int64_t window_backwards, int64_t global_steps,
-                           Phase) {
+                           const char*) {
   // Every backward already reduced its gradient into the partitions.
   internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
                             window_backwards, global_steps);
@@ -152,7 +152,7 @@ void Stage2::apply_update(const OptimizerHyper& hyper) {
       if (chunk <= allgather_piece_) {
         comm_->all_gather(Buffer::of(staged + owned_[k].offset, chunk),
                           Buffer::of(staged + b.offset, b.numel),
-                          {Phase::kStep});
+                          {phase::kStep});
         continue;
       }
       // The bucket is larger than one all-gather: gather it piece by piece
@@ -161,7 +161,7 @@ void Stage2::apply_update(const OptimizerHyper& hyper) {
         const size_t piece = std::min(allgather_piece_, chunk - at);
         comm_->all_gather(Buffer::of(staged + b.offset + r * chunk + at, piece),
                           Buffer::of(gather_staging_.data(), piece * w),
-                          {Phase::kStep});
+                          {phase::kStep});
         for (size_t q = 0; q < w; ++q)
           std::memcpy(staged + b.offset + q * chunk + at,
                       gather_staging_.data() + q * piece,

@@ -50,7 +50,7 @@ class Stage2 final : public FlatStage {
   void end_backward() override;
   bool wants_grad_ready() const override { return overlap_comm_; }
   void reduce_window(int64_t window_backwards, int64_t global_steps,
-                     Phase phase) override;
+                     const char* phase) override;
   GradStats finalize(double divisor, double clip) override;
   void apply_update(const OptimizerHyper& hyper) override;
   MemoryStats memory() const override;

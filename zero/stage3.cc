@@ -159,7 +159,7 @@ float* Stage3::partition_of(size_t g) {
   return part_scratch_.data();
 }
 
-void Stage3::gather(size_t g, Phase phase) {
+void Stage3::gather(size_t g, const char* phase) {
   ZS_CHECK(g < groups_.size());
   if (refs_[g] > 0 || full_params_[g] != nullptr) {
     ++refs_[g];
@@ -185,7 +185,7 @@ void Stage3::release(size_t g) {
 }
 
 void Stage3::gather_for_backward(size_t g) {
-  gather(g, Phase::kBackward);
+  gather(g, phase::kBackward);
   if (full_grads_[g] == nullptr) {
     full_grads_[g] = storage_->materialize_grads(g);
     note_memory();
@@ -206,7 +206,7 @@ void Stage3::reduce_group(size_t g) {
   storage_->grads_ready(g);
   comm_->reduce_scatter(Buffer::of(full_grads_[g], padded_[g]),
                         Buffer::of(scratch_.data(), partition_[g]),
-                        {ReduceOp::kSum, Phase::kBackward});
+                        {ReduceOp::kSum, phase::kBackward});
   accumulate(part_grads_.data() + part_offset_[g], scratch_.data(),
              partition_[g], Precision::kFp32, grad_accum_);
   reduced_[g] = true;
@@ -244,7 +244,7 @@ void Stage3::end_backward() {
 }
 
 void Stage3::reduce_window(int64_t window_backwards, int64_t global_steps,
-                           Phase) {
+                           const char*) {
   internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
                             window_backwards, global_steps);
 }
@@ -278,7 +278,7 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
       ZS_CHECK(full_grads_[g] != nullptr);
       comm_->all_gather(
           Buffer::of(part_params_.data() + part_offset_[g], partition_[g]),
-          Buffer::of(full_grads_[g], padded_[g]), {Phase::kStep});
+          Buffer::of(full_grads_[g], padded_[g]), {phase::kStep});
     }
     optimizer_.commit();  // NVMe: the new moments count from here
   } catch (...) {
@@ -322,7 +322,7 @@ void Stage3::apply_update_offloaded(const OptimizerHyper& hyper) {
       ZS_CHECK(full_grads_[g] != nullptr);
       comm_->all_gather(
           Buffer::of(step_params_.data() + part_offset_[g], partition_[g]),
-          Buffer::of(full_grads_[g], padded_[g]), {Phase::kStep});
+          Buffer::of(full_grads_[g], padded_[g]), {phase::kStep});
     }
     // The commits: old partitions and moments or new ones, never a mix
     // (but for the indeterminate commit of zero/optimizer.h).
@@ -412,7 +412,7 @@ void Stage3::load_state(const std::vector<float>& params,
   }
 }
 
-void Stage3::full_parameters(float* out, Phase phase) {
+void Stage3::full_parameters(float* out, const char* phase) {
   std::vector<float> staging;
   for (size_t g = 0; g < groups_.size(); ++g) {
     staging.assign(padded_[g], 0.0f);

@@ -109,7 +109,7 @@ class Stage3 final : public Stage {
   void end_backward() override;
   bool wants_grad_ready() const override { return true; }
   void reduce_window(int64_t window_backwards, int64_t global_steps,
-                     Phase phase) override;
+                     const char* phase) override;
   GradStats finalize(double divisor, double clip) override;
   void apply_update(const OptimizerHyper& hyper) override;
   void zero_grad() override;
@@ -125,7 +125,7 @@ class Stage3 final : public Stage {
                   int64_t optimizer_steps) override;
 
   // Forward: makes group g's full parameters available (reference counted).
-  void gather(size_t group, Phase phase);
+  void gather(size_t group, const char* phase);
   // Forward: drops one reference; frees the storage at zero (persistent
   // groups stay).
   void release(size_t group);
@@ -134,7 +134,7 @@ class Stage3 final : public Stage {
   void gather_for_backward(size_t group);
   // Every rank calls it: all-gathers every group into `out` (the
   // parameters in registration order, param_numels concatenated).
-  void full_parameters(float* out, Phase phase);
+  void full_parameters(float* out, const char* phase);
   void reset_peak() { peak_bytes_ = current_bytes(); }
 
   size_t num_groups() const { return groups_.size(); }

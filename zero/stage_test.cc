@@ -47,7 +47,7 @@ std::vector<std::vector<float>> train(int stage, int world, int windows,
         for (size_t i = 0; i < layout.numel; ++i) s.grads[i] += nd(rng);
         st->end_backward();
       }
-      st->reduce_window(backwards, k, Phase::kStep);
+      st->reduce_window(backwards, k, phase::kStep);
       st->finalize(backwards, clip);
       st->apply_update(opts.optimizer);
       st->zero_grad();
@@ -157,7 +157,7 @@ TEST(StageTest, DisagreeingWindowIsAnErrorOnEveryRankAndReducesNothing) {
       s.grads.assign(layout.padded_numel, static_cast<float>(r + 1));
       auto st =
           make_stage(opts, {s.params.data(), s.grads.data()}, &sim.comm(r));
-      st->reduce_window(/*window_backwards=*/r == 0 ? 4 : 5, 0, Phase::kStep);
+      st->reduce_window(/*window_backwards=*/r == 0 ? 4 : 5, 0, phase::kStep);
     });
     for (int r = 0; r < 2; ++r) {
       ASSERT_TRUE(errors[r]) << "rank " << r;
@@ -193,7 +193,7 @@ TEST(StageTest, Stage2ExtraBackwardMeetsTheOthersStepWithAClearError) {
       st->begin_backward(b, 0);
       st->end_backward();
     }
-    st->reduce_window(n, 0, Phase::kStep);
+    st->reduce_window(n, 0, phase::kStep);
   });
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(errors[r]) << r;

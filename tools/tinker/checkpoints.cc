@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "zero/phase.h"
 #include "engine/checkpoint_io.h"
 #include "tools/tinker/request_fields.h"
 
@@ -55,7 +56,7 @@ std::string CheckpointStore::run_folder(const std::string& model_id) const {
 
 bool CheckpointStore::agree(bool mine) {
   int64_t v = mine ? 1 : 0;
-  comm_->broadcast(Buffer::of(&v, 1), {0, Phase::kSetup});
+  comm_->broadcast(Buffer::of(&v, 1), {0, phase::kSetup});
   return v != 0;
 }
 

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "zero/phase.h"
 
 namespace zerostep {
 namespace tinker {
@@ -49,11 +50,11 @@ Command decode_command(const std::string& bytes) {
 
 void broadcast_bytes(Communicator& comm, std::string* bytes) {
   int64_t size = static_cast<int64_t>(bytes->size());
-  comm.broadcast(Buffer::of(&size, 1), {0, Phase::kSetup});
+  comm.broadcast(Buffer::of(&size, 1), {0, phase::kSetup});
   std::vector<int64_t> words(static_cast<size_t>((size + 7) / 8), 0);
   if (comm.rank() == 0 && size > 0) std::memcpy(words.data(), bytes->data(), bytes->size());
   if (!words.empty())
-    comm.broadcast(Buffer::of(words.data(), words.size()), {0, Phase::kSetup});
+    comm.broadcast(Buffer::of(words.data(), words.size()), {0, phase::kSetup});
   if (comm.rank() != 0) {
     bytes->assign(reinterpret_cast<const char*>(words.data()),
                   static_cast<size_t>(size));

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/errors.h"
+#include "zero/phase.h"
 #include "tools/tinker/request_fields.h"
 
 namespace zerostep {
@@ -62,7 +63,7 @@ std::unique_ptr<Model> ModelRegistry::build(const std::string& id,
     if (p.requires_grad()) continue;
     comm_->broadcast(
         Buffer::of(p.data_ptr<float>(), static_cast<size_t>(p.numel())),
-        {0, Phase::kSetup});
+        {0, phase::kSetup});
   }
   m->engine = std::make_unique<Engine>(m->net.ptr(), config_, comm_);
   return m;

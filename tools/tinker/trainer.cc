@@ -17,6 +17,7 @@
 #include "tools/tinker/model_registry.h"
 #include "tools/tinker/protocol.h"
 #include "tools/tinker/request_fields.h"
+#include "zero/phase.h"
 
 namespace zerostep {
 namespace tinker {
@@ -166,9 +167,9 @@ struct RankTrainer::Impl {
       packed.insert(packed.end(), el_all.begin(), el_all.end());
       if (!packed.empty())
         comm->all_reduce(Buffer::of(packed.data(), packed.size()),
-                         {ReduceOp::kSum, Phase::kForward});
+                         {ReduceOp::kSum, phase::kForward});
       comm->all_reduce(Buffer::of(loss_all.data(), loss_all.size()),
-                       {ReduceOp::kSum, Phase::kForward});
+                       {ReduceOp::kSum, phase::kForward});
       std::copy(packed.begin(), packed.begin() + total, lp_all.begin());
       std::copy(packed.begin() + total, packed.end(), el_all.begin());
     }

@@ -1,0 +1,175 @@
+#include "sim/reduction.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace zerostep {
+namespace {
+
+// One vector per rank, and the Buffers that borrow them.
+template <typename T>
+std::vector<Buffer> buffers(std::vector<std::vector<T>>& ranks) {
+  std::vector<Buffer> b;
+  for (std::vector<T>& v : ranks) b.push_back(Buffer::of(v.data(), v.size()));
+  return b;
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
+
+// Note [Reduction order]: float addition is not associative; rank order
+// ((x0 + x1) + x2) gives 0 here, every other order gives 1.
+TEST(ReductionTest, AllReduceSumsInRankOrder) {
+  std::vector<std::vector<float>> ranks = {{1e8f}, {1.0f}, {-1e8f}};
+  std::vector<unsigned char> scratch;
+  all_reduce_in_rank_order(buffers(ranks), ReduceOp::kSum, &scratch);
+  for (const std::vector<float>& v : ranks) EXPECT_EQ(v[0], 0.0f);
+
+  std::vector<std::vector<float>> reordered = {{1e8f}, {-1e8f}, {1.0f}};
+  all_reduce_in_rank_order(buffers(reordered), ReduceOp::kSum, &scratch);
+  for (const std::vector<float>& v : reordered) EXPECT_EQ(v[0], 1.0f);
+}
+
+// Bit for bit the sequential fold acc = x0; acc += x1; ...; acc /= W (a
+// division, not a multiplication by 1/W), on every rank.
+TEST(ReductionTest, AllReduceIsTheSequentialFoldBitForBit) {
+  const int w = 3;
+  const size_t n = 1000;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1e3f);
+  std::vector<std::vector<float>> ranks(w, std::vector<float>(n));
+  for (auto& v : ranks)
+    for (float& x : v) x = dist(rng);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+    std::vector<std::vector<float>> got = ranks;
+    std::vector<unsigned char> scratch;
+    all_reduce_in_rank_order(buffers(got), op, &scratch);
+    int differs_from_reciprocal = 0;
+    for (size_t i = 0; i < n; ++i) {
+      float sum = ranks[0][i];
+      for (int r = 1; r < w; ++r) sum = sum + ranks[r][i];
+      const float expect = op == ReduceOp::kAvg ? sum / 3.0f : sum;
+      differs_from_reciprocal += !same_bits(sum / 3.0f, sum * (1.0f / 3.0f));
+      for (int r = 0; r < w; ++r)
+        ASSERT_TRUE(same_bits(got[r][i], expect))
+            << to_string(op) << " rank " << r << " element " << i;
+    }
+    // The data tells the division from a multiplication by 1/3.
+    EXPECT_GT(differs_from_reciprocal, 0);
+  }
+}
+
+TEST(ReductionTest, AllReduceMaxAndMinOverIntegersAndDoubles) {
+  std::vector<std::vector<int64_t>> ints = {{3, -7}, {9, -2}, {-4, 5}};
+  std::vector<unsigned char> scratch;
+  all_reduce_in_rank_order(buffers(ints), ReduceOp::kMax, &scratch);
+  for (const auto& v : ints) EXPECT_EQ(v, (std::vector<int64_t>{9, 5}));
+  std::vector<std::vector<double>> dbl = {{0.5, 2.0}, {-1.5, 4.0}};
+  all_reduce_in_rank_order(buffers(dbl), ReduceOp::kMin, &scratch);
+  for (const auto& v : dbl) EXPECT_EQ(v, (std::vector<double>{-1.5, 2.0}));
+}
+
+// Scratch grows to the largest call and is reused after it.
+TEST(ReductionTest, ScratchGrowsAndIsNotShrunk) {
+  std::vector<unsigned char> scratch;
+  std::vector<std::vector<double>> big(2, std::vector<double>(64, 1.0));
+  all_reduce_in_rank_order(buffers(big), ReduceOp::kSum, &scratch);
+  EXPECT_EQ(scratch.size(), 64 * sizeof(double));
+  std::vector<std::vector<double>> small = {{1.0}, {2.0}};
+  all_reduce_in_rank_order(buffers(small), ReduceOp::kSum, &scratch);
+  EXPECT_EQ(scratch.size(), 64 * sizeof(double));
+  EXPECT_EQ(small[0][0], 3.0);
+  EXPECT_EQ(small[1][0], 3.0);
+}
+
+// Rank r receives chunk r reduced over the ranks, in rank order.
+TEST(ReductionTest, ReduceScatterGivesEachRankItsChunkInRankOrder) {
+  // Chunk 0 is the order-sensitive sum above; chunk 1..2 small integers.
+  std::vector<std::vector<float>> in = {
+      {1e8f, 1, 2}, {1.0f, 10, 20}, {-1e8f, 100, 200}};
+  std::vector<std::vector<float>> out(3, std::vector<float>(1, -1.0f));
+  reduce_scatter_in_rank_order(buffers(in), buffers(out), ReduceOp::kSum);
+  EXPECT_EQ(out[0][0], 0.0f);
+  EXPECT_EQ(out[1][0], 111.0f);
+  EXPECT_EQ(out[2][0], 222.0f);
+  // The inputs are read, not written.
+  EXPECT_EQ(in[1], (std::vector<float>{1.0f, 10, 20}));
+
+  std::vector<std::vector<float>> avg = {{2, 4}, {4, 8}};
+  std::vector<std::vector<float>> half(2, std::vector<float>(1));
+  reduce_scatter_in_rank_order(buffers(avg), buffers(half), ReduceOp::kAvg);
+  EXPECT_EQ(half[0][0], 3.0f);
+  EXPECT_EQ(half[1][0], 6.0f);
+}
+
+TEST(ReductionTest, AllGatherConcatenatesInRankOrder) {
+  std::vector<std::vector<int64_t>> in = {{1, 2}, {3, 4}, {5, 6}};
+  std::vector<std::vector<int64_t>> out(3, std::vector<int64_t>(6, -1));
+  std::vector<unsigned char> scratch;
+  all_gather_in_rank_order(buffers(in), buffers(out), &scratch);
+  for (const auto& v : out)
+    EXPECT_EQ(v, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+}
+
+// Each rank's input is its own chunk of its output: the staging keeps
+// every rank's chunk intact while the outputs are written.
+TEST(ReductionTest, AllGatherFromEachRanksOwnSlice) {
+  const int w = 3;
+  const size_t n = 2;
+  std::vector<std::vector<double>> bufs(w, std::vector<double>(n * w, -1.0));
+  std::vector<Buffer> in, out;
+  for (int r = 0; r < w; ++r) {
+    for (size_t i = 0; i < n; ++i) bufs[r][r * n + i] = 10.0 * r + i;
+    in.push_back(Buffer::of(bufs[r].data() + r * n, n));
+    out.push_back(Buffer::of(bufs[r].data(), n * w));
+  }
+  std::vector<unsigned char> scratch;
+  all_gather_in_rank_order(in, out, &scratch);
+  for (int r = 0; r < w; ++r)
+    EXPECT_EQ(bufs[r], (std::vector<double>{0, 1, 10, 11, 20, 21}))
+        << "rank " << r;
+}
+
+TEST(ReductionTest, BroadcastCopiesTheRootsBuffer) {
+  std::vector<std::vector<float>> bufs = {{1, 2}, {3, 4}, {5, 6}};
+  broadcast_from_root(buffers(bufs), 1);
+  for (const auto& v : bufs) EXPECT_EQ(v, (std::vector<float>{3, 4}));
+}
+
+// The dispatch: all_reduce and broadcast in place on the inputs, the others
+// into the outputs, a barrier touches nothing.
+TEST(ReductionTest, MoveCollectiveDataDispatchesByKind) {
+  std::vector<unsigned char> scratch;
+  std::vector<std::vector<float>> a = {{1}, {2}};
+  move_collective_data(CollectiveKind::kAllReduce, ReduceOp::kSum, 0,
+                       buffers(a), buffers(a), &scratch);
+  EXPECT_EQ(a, (std::vector<std::vector<float>>{{3}, {3}}));
+
+  std::vector<std::vector<float>> rs_in = {{1, 2}, {3, 4}};
+  std::vector<std::vector<float>> rs_out(2, std::vector<float>(1));
+  move_collective_data(CollectiveKind::kReduceScatter, ReduceOp::kMax, 0,
+                       buffers(rs_in), buffers(rs_out), &scratch);
+  EXPECT_EQ(rs_out, (std::vector<std::vector<float>>{{3}, {4}}));
+
+  std::vector<std::vector<float>> ag_in = {{7}, {8}};
+  std::vector<std::vector<float>> ag_out(2, std::vector<float>(2));
+  move_collective_data(CollectiveKind::kAllGather, ReduceOp::kSum, 0,
+                       buffers(ag_in), buffers(ag_out), &scratch);
+  EXPECT_EQ(ag_out, (std::vector<std::vector<float>>{{7, 8}, {7, 8}}));
+
+  std::vector<std::vector<int64_t>> b = {{5}, {6}};
+  move_collective_data(CollectiveKind::kBroadcast, ReduceOp::kSum, 1,
+                       buffers(b), buffers(b), &scratch);
+  EXPECT_EQ(b, (std::vector<std::vector<int64_t>>{{6}, {6}}));
+
+  std::vector<std::vector<float>> untouched = {{1}, {2}};
+  move_collective_data(CollectiveKind::kBarrier, ReduceOp::kSum, 0,
+                       buffers(untouched), buffers(untouched), &scratch);
+  EXPECT_EQ(untouched, (std::vector<std::vector<float>>{{1}, {2}}));
+}
+
+}  // namespace
+}  // namespace zerostep
