@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "comm/local_world.h"
-#include "engine/config.h"
+#include "config/config.h"
 #include "engine/engine.h"
 #include "models/task.h"
 
