@@ -8,7 +8,8 @@ not testonly) and its direct dependencies, folds them into packages and
 draws one box per package, in rows: a package sits one row above the
 highest package it depends on, so every arrow points down. Test targets,
 testonly helpers and third_party/ are left out: the picture is what a
-binary links. It prints the package edges and exits non-zero if the
+binary links; an arrow is drawn only where no longer path implies it. It
+prints every package edge and exits non-zero if the
 packages form a cycle, or if an edge points into //sim from a package
 outside the ones allowed to use the simulator (the rule the BUILD files'
 visibility enforces).
@@ -76,17 +77,54 @@ def layers(nodes, edges):
 
     for p in nodes:
         depth(p)
+    # Then raise every package to just below its lowest user, so that an
+    # arrow spans as few rows as possible.
+    users = defaultdict(set)
+    for a, b in edges:
+        users[b].add(a)
+    for p in sorted(nodes, key=lambda q: -level[q]):
+        if users[p]:
+            level[p] = min(level[u] for u in users[p]) - 1
     return level
+
+
+def reduce_transitively(edges):
+    """The edges not implied by a longer path (the picture draws these)."""
+    deps = defaultdict(set)
+    for a, b in edges:
+        deps[a].add(b)
+
+    def reachable(src, skip):
+        seen, todo = set(), [d for d in deps[src] if d != skip]
+        while todo:
+            p = todo.pop()
+            if p not in seen:
+                seen.add(p)
+                todo.extend(deps[p])
+        return seen
+
+    return {(a, b) for a, b in edges if b not in reachable(a, b)}
 
 
 def svg(nodes, edges, level):
     rows = defaultdict(list)
     for p in sorted(nodes):
         rows[level[p]].append(p)
+    # Order each row by the mean position of its neighbours (a few sweeps
+    # down and up), which keeps most arrows from crossing boxes.
+    near = defaultdict(set)
+    for a, b in edges:
+        near[a].add(b)
+        near[b].add(a)
+    for _ in range(4):
+        for lv in sorted(rows, reverse=True) + sorted(rows):
+            index = {p: i for r in rows.values() for i, p in enumerate(r)}
+            rows[lv].sort(key=lambda p: sum(index[q] for q in near[p]) /
+                          max(1, len(near[p])))
     bw, bh, gx, gy = 120, 34, 28, 70
     width = max(len(r) for r in rows.values()) * (bw + gx) + gx
     top = max(rows)
-    height = (top + 1) * (bh + gy) + gy
+    height = (top + 1) * (bh + gy)
     pos = {}
     for lv, ps in rows.items():
         span = len(ps) * (bw + gx) - gx
@@ -100,11 +138,16 @@ def svg(nodes, edges, level):
            'markerWidth="7" markerHeight="7" orient="auto">'
            '<path d="M0,0 L10,5 L0,10 z" fill="#777"/></marker></defs>',
            '<rect width="100%" height="100%" fill="white"/>']
-    for a, b in sorted(edges):
+    for a, b in sorted(reduce_transitively(edges)):
         (xa, ya), (xb, yb) = pos[a], pos[b]
-        out.append('<line x1="%.0f" y1="%.0f" x2="%.0f" y2="%.0f" '
-                   'stroke="#999" marker-end="url(#a)"/>' %
-                   (xa + bw / 2, ya + bh, xb + bw / 2, yb))
+        x1, y1, x2, y2 = xa + bw / 2, ya + bh, xb + bw / 2, yb
+        # An arrow that skips rows is dashed: it passes behind the boxes
+        # between.
+        dash = ' stroke-dasharray="5,4"' if level[a] - level[b] > 1 else ""
+        out.append('<path d="M%.0f,%.0f C%.0f,%.0f %.0f,%.0f %.0f,%.0f" '
+                   'fill="none" stroke="#888"%s marker-end="url(#a)"/>' %
+                   (x1, y1, x1, y1 + gy * 0.8, x2, y2 - gy * 0.8, x2, y2,
+                    dash))
     for p, (x, y) in sorted(pos.items()):
         fill = "#fde8c8" if p == "sim" else "#dce9f7"
         out.append('<rect x="%.0f" y="%.0f" width="%d" height="%d" rx="5" '
