@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "offload/adam_test_vectors.h"
 #include "offload/libtorch_reference.h"
 
 namespace zerostep {
@@ -35,54 +36,17 @@ AdamStepParams params_for(AdamStepParams h, int64_t step) {
   return h;
 }
 
-std::vector<float> normal(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> out(n);
-  for (float& x : out) x = dist(rng);
-  return out;
-}
-
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0.0, mag = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    mag = std::max(mag, std::fabs(static_cast<double>(b[i])));
-  }
-  return mag == 0.0 ? diff : diff / mag;
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         (a.empty() ||
-          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-
-// The state of one fused run: parameters and both moments.
-struct State {
-  std::vector<float> p, m, v;
-  explicit State(size_t n, uint32_t seed)
-      : p(normal(n, seed)), m(n, 0.0f), v(n, 0.0f) {}
-};
-
-// `steps` fused steps from State(n, 1) with gradients normal(n, 100 + s)
+// `steps` fused steps from AdamState(n, 1) with gradients normal(n, 100 + s)
 // scaled by 1 + s % 5 (so the moments see changing magnitudes).
-State run_fused(const AdamStepParams& h, size_t n, int steps,
+AdamState run_fused(const AdamStepParams& h, size_t n, int steps,
                 const FusedAdamOptions& options) {
-  State s(n, 1);
+  AdamState s(n, 1);
   for (int step = 0; step < steps; ++step) {
     const std::vector<float> g = normal(n, 100 + step, 1.0f + step % 5);
     fused_adam_step(s.p.data(), g.data(), s.m.data(), s.v.data(), n,
                     params_for(h, step + 1), options);
   }
   return s;
-}
-
-std::vector<Isa> available_isas() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
-    if (fused_adam_isa_supported(isa)) out.push_back(isa);
-  return out;
 }
 
 template <typename TorchOpt, typename Options>
@@ -126,10 +90,10 @@ TEST(FusedAdamTest, BitwiseIdenticalAcrossThreadCounts) {
     AdamStepParams h;
     h.decoupled = decoupled;
     h.weight_decay = 0.02;
-    const State one = run_fused(h, n, 4, FusedAdamOptions{1, Isa::kAuto});
+    const AdamState one = run_fused(h, n, 4, FusedAdamOptions{1, Isa::kAuto});
     for (int threads : {2, 3, 7}) {
       SCOPED_TRACE(threads);
-      const State many =
+      const AdamState many =
           run_fused(h, n, 4, FusedAdamOptions{threads, Isa::kAuto});
       EXPECT_TRUE(bitwise_equal(many.p, one.p));
       EXPECT_TRUE(bitwise_equal(many.m, one.m));
@@ -158,9 +122,9 @@ void check_isa_matches_scalar(Isa isa) {
       h.weight_decay = wd;
       for (size_t n : sizes) {
         SCOPED_TRACE(testing::Message() << "n=" << n << " wd=" << wd);
-        const State scalar =
+        const AdamState scalar =
             run_fused(h, n, 20, FusedAdamOptions{1, Isa::kScalar});
-        const State vec = run_fused(h, n, 20, FusedAdamOptions{3, isa});
+        const AdamState vec = run_fused(h, n, 20, FusedAdamOptions{3, isa});
         ASSERT_TRUE(bitwise_equal(vec.p, scalar.p));
         ASSERT_TRUE(bitwise_equal(vec.m, scalar.m));
         ASSERT_TRUE(bitwise_equal(vec.v, scalar.v));

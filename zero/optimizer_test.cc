@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "offload/adam_test_vectors.h"
 #include "offload/fused_adam.h"
 #include "offload/libtorch_reference.h"
 
@@ -141,43 +142,6 @@ AdamStepParams params_for(const OptimizerHyper& h, int64_t step) {
   return a;
 }
 
-std::vector<float> normal(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> out(n);
-  for (float& x : out) x = dist(rng);
-  return out;
-}
-
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0.0, mag = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    mag = std::max(mag, std::fabs(static_cast<double>(b[i])));
-  }
-  return mag == 0.0 ? diff : diff / mag;
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         (a.empty() ||
-          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-
-// The state of one fused run: parameters and both moments.
-struct State {
-  std::vector<float> p, m, v;
-  explicit State(size_t n, uint32_t seed)
-      : p(normal(n, seed)), m(n, 0.0f), v(n, 0.0f) {}
-};
-
-std::vector<Isa> available_isas() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
-    if (fused_adam_isa_supported(isa)) out.push_back(isa);
-  return out;
-}
-
 // Same data, same steps, FlatOptimizer against the fused kernel on every
 // available ISA. The lr changes per step, as a scheduler would change it.
 void check_against_flat(OptimizerHyper h, size_t n) {
@@ -186,7 +150,7 @@ void check_against_flat(OptimizerHyper h, size_t n) {
     SCOPED_TRACE(fused_adam_isa_name(isa));
     FlatOptimizer flat(h, n, AdamKernel::kReference);
     std::vector<float> flat_p = normal(n, 1);
-    State s(n, 1);
+    AdamState s(n, 1);
     const double base_lr = h.lr;
     for (int step = 0; step < kSteps; ++step) {
       h.lr = base_lr * (1.0 + 0.5 * std::cos(step * 0.1));
