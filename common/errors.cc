@@ -1,7 +1,26 @@
 #include "common/errors.h"
 
 namespace zerostep {
+
+std::string elide(const std::string& s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return s;
+  size_t cut = max_bytes;
+  // Back off over UTF-8 continuation bytes (10xxxxxx).
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return s.substr(0, cut) + "... (" + std::to_string(s.size()) + " bytes)";
+}
+
 namespace {
+
+std::vector<ConfigProblem> bounded(std::vector<ConfigProblem> problems) {
+  for (ConfigProblem& p : problems) {
+    p.key = elide(p.key, kConfigProblemFieldBytes);
+    p.value = elide(p.value, kConfigProblemFieldBytes);
+    p.rule = elide(p.rule, 4096);
+    p.fix = elide(p.fix, 4096);
+  }
+  return problems;
+}
 
 std::string format_problems(const std::vector<ConfigProblem>& problems,
                             const std::string& source) {
@@ -22,11 +41,12 @@ std::string format_problems(const std::vector<ConfigProblem>& problems,
 }  // namespace
 
 ConfigError::ConfigError(std::vector<ConfigProblem> problems)
-    : Error(format_problems(problems, "")), problems_(std::move(problems)) {}
+    : ConfigError(std::move(problems), "") {}
 
 ConfigError::ConfigError(std::vector<ConfigProblem> problems,
                          const std::string& source)
-    : Error(format_problems(problems, source)),
+    : Error(format_problems(problems = bounded(std::move(problems)),
+                            elide(source, 4096))),
       problems_(std::move(problems)) {}
 
 namespace internal {
@@ -34,8 +54,7 @@ namespace internal {
 void check_failed(const char* file, int line, const char* cond,
                   const std::string& detail) {
   std::ostringstream os;
-  os << "internal invariant failed at " << file << ":" << line << ": "
-     << cond;
+  os << "internal invariant failed at " << file << ":" << line << ": " << cond;
   if (!detail.empty()) os << " (" << detail << ")";
   os << ". This is a zerostep bug; please report it with the run's seed.";
   throw InternalError(os.str());

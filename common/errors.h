@@ -31,6 +31,14 @@ class Error : public std::runtime_error {
 };
 
 // One problem in a config: which key, what value, which rule, how to fix it.
+// `s` whole when it has at most `max_bytes` bytes; otherwise its first
+// bytes (cut at a UTF-8 character boundary) followed by "... (N bytes)", so
+// that an error message never echoes an unbounded input.
+std::string elide(const std::string& s, size_t max_bytes);
+
+// The longest key and value a ConfigProblem keeps (elide()).
+inline constexpr size_t kConfigProblemFieldBytes = 200;
+
 struct ConfigProblem {
   std::string key;    // dotted path, e.g. "zero_optimization.stage"
   std::string value;  // the offending value as JSON text ("" if absent)
@@ -40,6 +48,8 @@ struct ConfigProblem {
 
 class ConfigError : public Error {
  public:
+  // Keys and values longer than kConfigProblemFieldBytes are elided (in
+  // problems() too), rules and fixes beyond 4 KiB.
   explicit ConfigError(std::vector<ConfigProblem> problems);
   // Same problems, message naming where the config came from:
   // "invalid ds_config '<source>': N problems ...".

@@ -18,6 +18,24 @@ TEST(ConfigErrorTest, ListsEveryProblemWithKeyValueRuleAndFix) {
   EXPECT_EQ(e.problems().size(), 2u);
 }
 
+TEST(ElideTest, KeepsShortTextAndCutsLongTextAtACharacterBoundary) {
+  EXPECT_EQ(elide("abc", 3), "abc");
+  EXPECT_EQ(elide("abcdef", 3), "abc... (6 bytes)");
+  // "é" is two bytes (C3 A9): a cut inside it backs off to before it.
+  EXPECT_EQ(elide("ab\xC3\xA9z", 3), "ab... (5 bytes)");
+}
+
+TEST(ConfigErrorTest, LongKeysAndValuesAreCutInTheMessageAndTheProblems) {
+  const std::string huge(1 << 20, 'v');
+  ConfigError e({{std::string(5000, 'k'), huge, "is not a key", "remove it"}});
+  const std::string what = e.what();
+  EXPECT_LT(what.size(), 1000u) << what.substr(0, 200);
+  EXPECT_NE(what.find("... (1048576 bytes)"), std::string::npos);
+  EXPECT_NE(what.find("... (5000 bytes)"), std::string::npos);
+  EXPECT_LE(e.problems()[0].value.size(), kConfigProblemFieldBytes + 32);
+  EXPECT_NE(what.find("Fix: remove it"), std::string::npos);
+}
+
 TEST(CheckTest, FailingCheckThrowsInternalErrorNamingTheCondition) {
   int x = 3;
   try {

@@ -43,6 +43,18 @@ class Parser {
                   "pass the number of ranks in the run, e.g. 1 for one "
                   "process");
     }
+    // The JSON library parses iteratively, but copying, printing and
+    // walking a value recurse: refuse what could overflow the stack.
+    const size_t depth = config_text::nesting_depth(text);
+    if (depth > kMaxNestingDepth) {
+      report_.add("<document>", "",
+                  "arrays and objects nest " + std::to_string(depth) +
+                      " levels deep; at most " +
+                      std::to_string(kMaxNestingDepth) +
+                      " are accepted (a ds_config needs fewer than 10)",
+                  "remove the deeply nested value");
+      throw ConfigError(std::move(problems_));
+    }
     Json doc;
     try {
       doc = Json::parse(text);

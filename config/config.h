@@ -29,6 +29,7 @@
 #ifndef ZEROSTEP_CONFIG_CONFIG_H_
 #define ZEROSTEP_CONFIG_CONFIG_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -69,8 +70,15 @@ struct Config {
   std::vector<std::string> ignored_keys;
 };
 
+// Arrays and objects may nest at most this deep: deeper documents are
+// refused before they are parsed (copying or printing them would recurse
+// that deep), whatever section they sit in.
+inline constexpr size_t kMaxNestingDepth = 100;
+
 // Parses and validates `json_text` for a run of `world_size` ranks.
-// Throws ConfigError listing every problem found.
+// Throws ConfigError listing every problem found; keys and values are cut
+// to kConfigProblemFieldBytes in its message (common/errors.h), so the
+// message stays short whatever the input.
 Config parse_config(const std::string& json_text, int world_size);
 
 // Reads `path` and parses it. Throws IoError naming the path if it cannot be

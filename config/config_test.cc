@@ -186,6 +186,53 @@ TEST(ParseConfigTest, DocumentMustBeAnObject) {
   EXPECT_HAS(p.rule, "JSON object");
 }
 
+// Nesting deep enough to overflow the stack of anything that copies or
+// prints the value, inside a section zerostep ignores: refused before
+// parsing, in a short message.
+TEST(ParseConfigTest, DeepNestingIsRefusedBeforeParsing) {
+  const size_t deep = 200000;
+  const std::string text = R"({"train_micro_batch_size_per_gpu": 2,
+      "tensorboard": {"enabled": false, "x": )" +
+                           std::string(deep, '[') + std::string(deep, ']') +
+                           "}}";
+  try {
+    parse_config(text, 1);
+    FAIL() << "accepted";
+  } catch (const ConfigError& e) {
+    ASSERT_EQ(e.problems().size(), 1u);
+    EXPECT_EQ(e.problems()[0].key, "<document>");
+    EXPECT_HAS(e.problems()[0].rule, "nest 200002 levels deep; at most 100");
+    EXPECT_LT(std::string(e.what()).size(), 400u);
+  }
+  // At the limit (two objects and 98 arrays) it parses; one level more is
+  // refused.
+  auto nested = [](size_t arrays) {
+    return R"({"train_micro_batch_size_per_gpu": 2,
+        "tensorboard": {"enabled": false, "x": )" +
+           std::string(arrays, '[') + std::string(arrays, ']') + "}}";
+  };
+  EXPECT_NO_THROW(parse_config(nested(kMaxNestingDepth - 2), 1));
+  EXPECT_THROW(parse_config(nested(kMaxNestingDepth - 1), 1), ConfigError);
+}
+
+// A 50 MB value under an unknown key: the message names the key and cuts
+// the value.
+TEST(ParseConfigTest, HugeValuesAndKeysAreCutInTheMessage) {
+  const std::string text = R"({"train_micro_batch_size_per_gpu": 2, "junk": ")" +
+                           std::string(50u << 20, 'v') + R"(", ")" +
+                           std::string(1u << 20, 'k') + R"(": 1})";
+  try {
+    parse_config(text, 1);
+    FAIL() << "accepted";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_LT(what.size(), 2000u) << what.substr(0, 300);
+    EXPECT_HAS(what, "junk");
+    EXPECT_HAS(what, "bytes)");
+    ASSERT_EQ(e.problems().size(), 2u);
+  }
+}
+
 TEST(ParseConfigTest, EveryProblemIsReportedAtOnce) {
   try {
     parse_config(

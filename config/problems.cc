@@ -31,7 +31,8 @@ void ProblemReporter::add(std::string key, std::string value, std::string rule,
 
 void ProblemReporter::ignore(const std::string& key) {
   ZS_CHECK_MSG(ignored_keys_ != nullptr, "no list for ignored key " << key);
-  if (!contains(*ignored_keys_, key)) ignored_keys_->push_back(key);
+  const std::string bounded = elide(key, kConfigProblemFieldBytes);
+  if (!contains(*ignored_keys_, bounded)) ignored_keys_->push_back(bounded);
 }
 
 void ProblemReporter::unknown_key(const std::string& key, const ConfigJson& v,

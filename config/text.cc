@@ -34,6 +34,7 @@ size_t levenshtein(const std::string& a, const std::string& b) {
 std::string closest(
     const std::string& word,
     std::initializer_list<const std::vector<std::string>*> candidate_lists) {
+  if (word.size() > 100) return "";
   const std::string w = lower(word);
   const size_t limit = std::max<size_t>(2, w.size() / 3);
   std::string best;
@@ -48,6 +49,31 @@ std::string closest(
     }
   }
   return best;
+}
+
+size_t nesting_depth(const std::string& text) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
 }
 
 bool looks_numeric(const std::string& s) {

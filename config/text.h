@@ -19,10 +19,15 @@ bool contains(const std::vector<std::string>& v, const std::string& s);
 size_t levenshtein(const std::string& a, const std::string& b);
 // The closest candidate of all the lists (case-insensitive) within
 // max(2, len/3) edits, or "" when none is close enough to be a plausible
-// typo.
+// typo (always "" for words over 100 bytes: no key is that long, and the
+// edit distance costs len × candidate length).
 std::string closest(
     const std::string& word,
     std::initializer_list<const std::vector<std::string>*> candidate_lists);
+// The deepest nesting of arrays and objects in a JSON text (brackets inside
+// strings do not count); a linear scan that needs no parse, so a document
+// too deep to parse safely can be refused before parsing.
+size_t nesting_depth(const std::string& json_text);
 // True when `s` is, in full, a number a user meant to write without quotes.
 bool looks_numeric(const std::string& s);
 

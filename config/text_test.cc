@@ -11,6 +11,7 @@ namespace {
 using config_text::closest;
 using config_text::levenshtein;
 using config_text::looks_numeric;
+using config_text::nesting_depth;
 using config_text::lower;
 
 TEST(ConfigTextTest, LowerFoldsAsciiOnly) {
@@ -44,6 +45,21 @@ TEST(ConfigTextTest, ClosestPrefersTheFirstOfEquallyCloseCandidates) {
   const std::vector<std::string> second = {"abce"};
   EXPECT_EQ(closest("abcf", {&first, &second}), "abcd");
   EXPECT_EQ(closest("abcf", {&second, &first}), "abce");
+}
+
+TEST(ConfigTextTest, NestingDepthCountsBracketsOutsideStrings) {
+  EXPECT_EQ(nesting_depth("1"), 0u);
+  EXPECT_EQ(nesting_depth("{}"), 1u);
+  EXPECT_EQ(nesting_depth(R"({"a": [1, {"b": []}], "c": {}})"), 4u);
+  EXPECT_EQ(nesting_depth(R"({"a": "[[[{{{", "b": "\"[[["})"), 1u);
+  EXPECT_EQ(nesting_depth(std::string(100000, '[')), 100000u);
+}
+
+TEST(ConfigTextTest, ClosestSkipsWordsLongerThanAnyKey) {
+  // One edit from a 100-letter key: suggested at 100 letters, not at 101.
+  const std::vector<std::string> keys = {std::string(100, 'a')};
+  EXPECT_EQ(closest(std::string(99, 'a') + "b", {&keys}), keys[0]);
+  EXPECT_EQ(closest(std::string(101, 'a'), {&keys}), "");
 }
 
 TEST(ConfigTextTest, LooksNumericOnlyForWholeJsonLikeNumbers) {

@@ -80,13 +80,6 @@ GradAccumScaling scaling_from(const std::string& name) {
   return grad_accum_scaling_from_string(name).value();
 }
 
-std::string join(const std::vector<int>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i)
-    s += (i ? "," : "") + std::to_string(v[i]);
-  return s;
-}
-
 // One directory for the nvme scenarios of this process (each run uses its
 // own files in it, one after another), removed at exit.
 const std::string& nvme_dir() {
