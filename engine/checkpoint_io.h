@@ -1,5 +1,5 @@
 // Checkpoint files: the on-disk format and atomic file writes. Torch-free;
-// the Engine (engine.cc) decides what goes in them.
+// the Engine (engine/checkpoint.cc) decides what goes in them.
 //
 // A checkpoint is a folder <dir>/<tag>/ holding one file per rank,
 // rank_<r>.bin, and manifest.json, written last by rank 0; <dir>/latest

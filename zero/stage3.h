@@ -26,7 +26,8 @@
 //               partitions, all-gather of the persistent group; all or
 //               nothing (Note [Transactional update] in zero/stage.h:
 //               12 bytes per owned element kept to undo it).
-// Memory: the GroupStorage the engine provides allocates and frees the full
+// Memory: the GroupStorage the engine's stage 3 binding provides
+// (engine/stage3_binding.h) allocates and frees the full
 // storages; memory() reports what is resident now and the peak since the
 // last reset_peak().
 //
