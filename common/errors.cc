@@ -4,10 +4,12 @@ namespace zerostep {
 
 std::string elide(const std::string& s, size_t max_bytes) {
   if (s.size() <= max_bytes) return s;
-  size_t cut = max_bytes;
+  const std::string suffix = "... (" + std::to_string(s.size()) + " bytes)";
+  // The result fits in max_bytes, so eliding it again changes nothing.
+  size_t cut = max_bytes > suffix.size() ? max_bytes - suffix.size() : 0;
   // Back off over UTF-8 continuation bytes (10xxxxxx).
   while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
-  return s.substr(0, cut) + "... (" + std::to_string(s.size()) + " bytes)";
+  return s.substr(0, cut) + suffix;
 }
 
 namespace {

@@ -32,8 +32,10 @@ class Error : public std::runtime_error {
 
 // One problem in a config: which key, what value, which rule, how to fix it.
 // `s` whole when it has at most `max_bytes` bytes; otherwise its first
-// bytes (cut at a UTF-8 character boundary) followed by "... (N bytes)", so
-// that an error message never echoes an unbounded input.
+// bytes (cut at a UTF-8 character boundary) followed by "... (N bytes)",
+// N being s's size, in max_bytes at most (for max_bytes >= 32), so that an
+// error message never echoes an unbounded input and eliding twice changes
+// nothing.
 std::string elide(const std::string& s, size_t max_bytes);
 
 // The longest key and value a ConfigProblem keeps (elide()).

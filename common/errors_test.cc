@@ -20,9 +20,14 @@ TEST(ConfigErrorTest, ListsEveryProblemWithKeyValueRuleAndFix) {
 
 TEST(ElideTest, KeepsShortTextAndCutsLongTextAtACharacterBoundary) {
   EXPECT_EQ(elide("abc", 3), "abc");
-  EXPECT_EQ(elide("abcdef", 3), "abc... (6 bytes)");
-  // "é" is two bytes (C3 A9): a cut inside it backs off to before it.
-  EXPECT_EQ(elide("ab\xC3\xA9z", 3), "ab... (5 bytes)");
+  const std::string x(100, 'x');
+  EXPECT_EQ(elide(x, 30), std::string(15, 'x') + "... (100 bytes)");
+  // "é" is two bytes (C3 A9); a cut between them backs off before it.
+  const std::string accented =
+      std::string(13, 'a') + "\xC3\xA9" + std::string(20, 'z');
+  EXPECT_EQ(elide(accented, 28), std::string(13, 'a') + "... (35 bytes)");
+  // Eliding again keeps the original size.
+  EXPECT_EQ(elide(elide(x, 30), 30), elide(x, 30));
 }
 
 TEST(ConfigErrorTest, LongKeysAndValuesAreCutInTheMessageAndTheProblems) {
@@ -32,8 +37,11 @@ TEST(ConfigErrorTest, LongKeysAndValuesAreCutInTheMessageAndTheProblems) {
   EXPECT_LT(what.size(), 1000u) << what.substr(0, 200);
   EXPECT_NE(what.find("... (1048576 bytes)"), std::string::npos);
   EXPECT_NE(what.find("... (5000 bytes)"), std::string::npos);
-  EXPECT_LE(e.problems()[0].value.size(), kConfigProblemFieldBytes + 32);
+  EXPECT_LE(e.problems()[0].value.size(), kConfigProblemFieldBytes);
   EXPECT_NE(what.find("Fix: remove it"), std::string::npos);
+  // Rethrown with a source (as load_config_file does): the sizes stay true.
+  const std::string again = ConfigError(e.problems(), "f.json").what();
+  EXPECT_NE(again.find("... (1048576 bytes)"), std::string::npos);
 }
 
 TEST(CheckTest, FailingCheckThrowsInternalErrorNamingTheCondition) {
