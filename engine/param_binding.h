@@ -90,9 +90,11 @@ struct BindingOptions {
 };
 
 // `params` are the model's trainable parameters (trainable_parameters() in
-// blocks/zero3_block.h), `layout` their flat layout over comm's world.
-// Moves the parameters into the binding's storage, broadcasts rank 0's
-// values to every rank (a collective), builds the stage. `latch` (outlives
+// blocks/zero3_block.h) and options.stage.layout their flat layout over
+// comm's world. Moves the parameters into the binding's storage, broadcasts
+// rank 0's values to every rank (a collective), builds the stage (stage 3
+// when options.stage.stage is 3, otherwise FlatBinding's make_stage(), which
+// throws UsageError for a stage outside 0-3). `latch` (outlives
 // the binding) guards the collectives stage 3 runs in a block's forward.
 std::unique_ptr<ParamBinding> make_param_binding(
     std::shared_ptr<torch::nn::Module> model, std::vector<torch::Tensor> params,
