@@ -143,12 +143,40 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
                      " Nothing was changed");
   };
   const auto numels = m.at("param_numels").get<std::vector<size_t>>();
-  if (numels != layout_.numels)
+  if (numels != layout_.numels) {
+    // Name the first parameter that differs: the totals may well agree.
+    size_t i = 0;
+    while (i < numels.size() && i < layout_.numels.size() &&
+           numels[i] == layout_.numels[i])
+      ++i;
+    std::string first;
+    if (i < layout_.numels.size()) {
+      size_t k = 0;
+      for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+        if (!item.value().requires_grad()) continue;
+        if (k++ != i) continue;
+        std::string shape;
+        for (int64_t d : item.value().sizes())
+          shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+        first = "parameter " + std::to_string(i) + " ('" + item.key() +
+                "', shape [" + shape + "], " +
+                std::to_string(layout_.numels[i]) + " elements) has " +
+                (i < numels.size() ? std::to_string(numels[i]) + " elements"
+                                   : std::string("no counterpart")) +
+                " in the checkpoint";
+        break;
+      }
+    } else {
+      first = "the checkpoint has " + std::to_string(numels.size() - i) +
+              " parameter(s) more, from parameter " + std::to_string(i);
+    }
     mismatch("a model of " + std::to_string(numels.size()) + " parameters",
              "(" + std::to_string(m.at("numel").get<size_t>()) + " elements)",
              std::to_string(layout_.numels.size()) + " (" +
-                 std::to_string(layout_.numel) + " elements)",
+                 std::to_string(layout_.numel) + " elements); the first "
+                 "difference: " + first,
              "Load it into the same model.");
+  }
   if (m.at("optimizer").get<std::string>() != to_string(config_.optimizer.type))
     mismatch("optimizer", m.at("optimizer").get<std::string>(),
              to_string(config_.optimizer.type), "Use the same optimizer.");

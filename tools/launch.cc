@@ -14,6 +14,26 @@
 #include "common/errors.h"
 #include "tools/launcher.h"
 
+namespace {
+
+constexpr const char kUsage[] =
+    "usage: launch --nproc=N [--master-port=P] -- <program> [args...]\n";
+
+constexpr const char kHelp[] =
+    "\n"
+    "Starts N copies of <program> on this machine, like torchrun --standalone,\n"
+    "each with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR\n"
+    "(127.0.0.1) and MASTER_PORT set, so GlooCommunicator::from_environment()\n"
+    "connects them. Output lines are prefixed with the rank. The first rank to\n"
+    "fail stops the others; launch then exits with its status and names it.\n"
+    "SIGINT, SIGTERM and SIGHUP stop every rank.\n"
+    "\n"
+    "  --nproc=N          ranks to start (>= 1; default 1)\n"
+    "  --master-port=P    the rendezvous port (default: a free one)\n"
+    "  --help             this text\n";
+
+}  // namespace
+
 int main(int argc, char** argv) {
   zerostep::LaunchOptions options;
   std::vector<std::string> program;
@@ -24,15 +44,18 @@ int main(int argc, char** argv) {
       ++i;
       break;
     }
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      std::fputs(kHelp, stdout);
+      return 0;
+    }
     if (a.rfind("--nproc=", 0) == 0) {
       options.nproc = std::atoi(a.c_str() + 8);
     } else if (a.rfind("--master-port=", 0) == 0) {
       options.master_port = std::atoi(a.c_str() + 14);
     } else {
-      std::fprintf(stderr,
-                   "launch: unknown argument '%s'\nusage: launch --nproc=N "
-                   "[--master-port=P] -- <program> [args...]\n",
-                   a.c_str());
+      std::fprintf(stderr, "launch: unknown argument '%s'\n%s", a.c_str(),
+                   kUsage);
       return 2;
     }
   }
