@@ -173,8 +173,10 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
     mismatch("a model of " + std::to_string(numels.size()) + " parameters",
              "(" + std::to_string(m.at("numel").get<size_t>()) + " elements)",
              std::to_string(layout_.numels.size()) + " (" +
-                 std::to_string(layout_.numel) + " elements); the first "
-                 "difference: " + first,
+                 std::to_string(layout_.numel) +
+                 " elements); the first "
+                 "difference: " +
+                 first,
              "Load it into the same model.");
   }
   if (m.at("optimizer").get<std::string>() != to_string(config_.optimizer.type))
