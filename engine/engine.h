@@ -107,6 +107,9 @@ class Engine final {
  public:
   // IoError if offload_optimizer.nvme_path or offload_param.nvme_path
   // cannot hold the state (missing, not a directory, not writable, full).
+  // The files are opened before any collective, so a path that cannot be
+  // opened fails before communicating; a full drive is found when the
+  // stage reserves the space, after the initial broadcast.
   Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
          Communicator* comm, const EngineOptions& options = {});
   ~Engine();

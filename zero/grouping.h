@@ -3,12 +3,12 @@
 //
 // Note [Stage 3 grouping rule]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Each Zero3Block (blocks/zero3_block.h) whose parameters of at least
-// `persistence_threshold` elements are not all smaller forms one group, in
-// block order (blocks numbered in module order; a parameter belongs to the
-// innermost block holding it). Every other trainable parameter (outside
-// every block, or below the threshold) joins one persistent group, placed
-// last when it is not empty. Blocks left without a parameter form no group.
+// The parameters of each Zero3Block (blocks/zero3_block.h) that have at
+// least `persistence_threshold` elements form one group, in block order
+// (blocks numbered in module order; a parameter belongs to the innermost
+// block holding it). Every other trainable parameter (outside every block,
+// or below the threshold) joins one persistent group, placed last when it
+// is not empty. A block left without such a parameter forms no group.
 // The engine's stage 3 binding, the shape-only schedule (zero/schedule.h)
 // and the parity harness's model shapes all call stage3_groups(); the
 // padding of each group follows Note [Padding rule] (zero/flat_layout.h).
