@@ -229,4 +229,14 @@ Config load_config_file(const std::string& path, int world_size) {
   }
 }
 
+std::string ignored_keys_note(const Config& config) {
+  if (config.ignored_keys.empty()) return "";
+  std::string s =
+      "ds_config keys accepted without effect (DeepSpeed keys zerostep does "
+      "not act on; see docs/config.md): ";
+  for (size_t i = 0; i < config.ignored_keys.size(); ++i)
+    s += (i ? ", " : "") + config.ignored_keys[i];
+  return s;
+}
+
 }  // namespace zerostep

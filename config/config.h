@@ -86,6 +86,13 @@ Config parse_config(const std::string& json_text, int world_size);
 // if it is invalid.
 Config load_config_file(const std::string& path, int world_size);
 
+// One line naming the keys in `config.ignored_keys` ("ds_config keys
+// accepted without effect (DeepSpeed keys zerostep does not act on; see
+// docs/config.md): tensorboard, zero_optimization.round_robin_gradients"),
+// or "" when there are none. The Engine logs it at construction (rank 0,
+// common/log.h); the harness prints it.
+std::string ignored_keys_note(const Config& config);
+
 }  // namespace zerostep
 
 #endif  // ZEROSTEP_CONFIG_CONFIG_H_

@@ -5,6 +5,7 @@
 
 #include "blocks/zero3_block.h"
 #include "common/errors.h"
+#include "common/log.h"
 #include "zero/phase.h"
 #include "zero/precision.h"
 
@@ -122,6 +123,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   bo.persistence_threshold = config_.zero.stage3_param_persistence_threshold;
   binding_ = make_param_binding(model_, params_, bo, comm_, &latch_);
   stage_ = &binding_->stage();
+  // Once per run, not once per rank.
+  const std::string ignored = ignored_keys_note(config_);
+  if (comm_->rank() == 0 && !ignored.empty())
+    log_message(LogLevel::kInfo, ignored);
 }
 
 Engine::~Engine() = default;

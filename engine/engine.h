@@ -22,7 +22,9 @@
 // communicated. The Engine issues no collective itself: the stages and
 // zero/agreement.h do.
 //
-// At construction rank 0's parameter values are broadcast to every rank.
+// At construction rank 0's parameter values are broadcast to every rank,
+// and rank 0 logs the ds_config keys accepted without effect
+// (Config::ignored_keys) through the log hook (common/log.h), once.
 //
 // Errors: UsageError for calls not allowed in the current state (the call
 // changes nothing), ConfigError is raised earlier by parse_config, CommError
@@ -49,9 +51,9 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
-#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"

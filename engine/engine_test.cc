@@ -3,9 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/errors.h"
+#include "common/log.h"
 #include "engine/engine_test_util.h"
 #include "models/task.h"
 #include "sim/sim_world.h"
@@ -471,6 +475,38 @@ TEST(EngineTest, Stage3TrainsAModelWithoutBlocks) {
   EXPECT_TRUE(torch::equal(finals[0], finals[1]));
 }
 
+TEST(EngineTest, IgnoredKeysAreLoggedOnceByRankZero) {
+  std::vector<std::pair<LogLevel, std::string>> seen;
+  std::mutex m;
+  LogSink previous = set_log_sink([&](LogLevel l, const std::string& msg) {
+    std::lock_guard<std::mutex> lock(m);
+    seen.emplace_back(l, msg);
+  });
+  const int w = 3;
+  MlpWorld fx(w, parse_config(config_json(2, false, 4,
+                                          ", \"tensorboard\": {}, "
+                                          "\"wall_clock_breakdown\": true"),
+                              w));
+  fx.make_engines();
+  set_log_sink(previous);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].first, LogLevel::kInfo);
+  EXPECT_EQ(seen[0].second,
+            "ds_config keys accepted without effect (DeepSpeed keys zerostep "
+            "does not act on; see docs/config.md): tensorboard, "
+            "wall_clock_breakdown");
+}
+
+TEST(EngineTest, NothingIsLoggedWithoutIgnoredKeys) {
+  int calls = 0;
+  LogSink previous =
+      set_log_sink([&](LogLevel, const std::string&) { ++calls; });
+  MlpWorld fx(2, parse_config(config_json(1, true, 2), 2));
+  fx.make_engines();
+  set_log_sink(previous);
+  EXPECT_EQ(calls, 0);
+}
+
 TEST(EngineTest, ConfigForAnotherWorldSizeIsRejected) {
   Fixture fx(2, 0, false);
   Config one = parse_config(config_json(0, false, 4), 1);
@@ -550,8 +586,7 @@ TEST(EngineStepOverridesTest, BadValuesAreAUsageErrorThatChangesNothing) {
     EXPECT_NE(msg.find("lr = -1.000000 must be a finite number >= 0"),
               std::string::npos)
         << msg;
-    EXPECT_NE(msg.find("beta2 = 1.000000 must be in [0, 1)"),
-              std::string::npos)
+    EXPECT_NE(msg.find("beta2 = 1.000000 must be in [0, 1)"), std::string::npos)
         << msg;
     EXPECT_TRUE(torch::equal(before, e.flat_parameters()));
     EXPECT_EQ(e.window_backwards(), 1);
@@ -576,12 +611,11 @@ TEST(EngineScheduleTest, AdvancesOnAppliedUpdatesAndFeedsTheOptimizer) {
           "warmup_max_lr": 0.01, "warmup_num_steps": 4,
           "warmup_type": "linear"}})";
   auto make_cfg = [&](bool with_schedule) {
-    return parse_config(
-        std::string(R"({"train_micro_batch_size_per_gpu": 2,
+    return parse_config(std::string(R"({"train_micro_batch_size_per_gpu": 2,
             "gradient_accumulation_steps": 2,
             "optimizer": {"type": "AdamW", "params": {"lr": 0.005}})") +
-            (with_schedule ? ", " + sched : "") + "}",
-        1);
+                            (with_schedule ? ", " + sched : "") + "}",
+                        1);
   };
   std::vector<double> lrs_seen;
   torch::Tensor scheduled, overridden;
