@@ -199,7 +199,8 @@ std::string harness_flags(const Scenario& s) {
     os << " --overflow=" << s.overflow_window << ":" << s.overflow_rank << ":"
        << s.overflow_backward;
   if (!s.base_config_json.empty())
-    os << " --config=<a file holding: " << s.base_config_json << ">";
+    os << " --config=<a file holding: " << elide(s.base_config_json, 2000)
+       << ">";
   if (s.overlap_comm) os << " --overlap-comm";
   if (s.reduce_bucket_size > 0)
     os << " --reduce-bucket-size=" << s.reduce_bucket_size;
@@ -248,34 +249,54 @@ Config scenario_config(const Scenario& s, bool managed) {
   json& zero = j["zero_optimization"];
   zero["stage"] = s.stage;
   if (s.overlap_comm) zero["overlap_comm"] = true;
-  if (s.reduce_bucket_size > 0) zero["reduce_bucket_size"] = s.reduce_bucket_size;
+  if (s.reduce_bucket_size > 0)
+    zero["reduce_bucket_size"] = s.reduce_bucket_size;
   if (s.allgather_bucket_size > 0)
     zero["allgather_bucket_size"] = s.allgather_bucket_size;
   if (s.persistence_threshold >= 0)
     zero["stage3_param_persistence_threshold"] = s.persistence_threshold;
   if (s.gradient_clipping > 0.0) j["gradient_clipping"] = s.gradient_clipping;
-  if (s.offload != OffloadDevice::kNone) {
-    json o = {{"device", to_string(s.offload)}};
-    if (s.offload == OffloadDevice::kNvme) o["nvme_path"] = s.nvme_path;
-    zero["offload_optimizer"] = o;
-  }
-  if (s.offload_param != OffloadDevice::kNone) {
-    json o = {{"device", to_string(s.offload_param)}};
-    if (s.offload_param == OffloadDevice::kNvme) o["nvme_path"] = s.nvme_path;
-    zero["offload_param"] = o;
-  }
+  // The scenario's offload and dtype replace the file's: a section the
+  // scenario turns off is removed (so the stage-0 reference and the
+  // in-memory twin of an offload file run), one it turns on keeps the
+  // file's other keys (pin_memory, buffer_count, loss scaling, ...).
+  for (const char* old_key :
+       {"cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory"})
+    zero.erase(old_key);
+  auto set_offload = [&](const char* key, OffloadDevice device) {
+    if (device == OffloadDevice::kNone) {
+      zero.erase(key);
+      return;
+    }
+    if (!zero.contains(key) || !zero[key].is_object())
+      zero[key] = json::object();
+    zero[key]["device"] = to_string(device);
+    if (device == OffloadDevice::kNvme)
+      zero[key]["nvme_path"] = s.nvme_path;
+    else
+      zero[key].erase("nvme_path");
+  };
+  set_offload("offload_optimizer", s.offload);
+  set_offload("offload_param", s.offload_param);
   if (s.sub_group_size > 0) zero["sub_group_size"] = s.sub_group_size;
-  if (s.dtype == Precision::kBf16) {
-    if (!j.contains("bf16") || !j["bf16"].is_object()) j["bf16"] = json::object();
-    j["bf16"]["enabled"] = true;
-  } else if (s.dtype == Precision::kFp16) {
-    if (!j.contains("fp16") || !j["fp16"].is_object())
-      j["fp16"] = {{"loss_scale", 0},
-                   {"initial_scale_power", 8},
-                   {"loss_scale_window", 2},
-                   {"hysteresis", 2}};
-    j["fp16"]["enabled"] = true;
+  // bfloat16 is DeepSpeed's other name for bf16: one section, one name.
+  if (j.contains("bfloat16")) {
+    if (!j.contains("bf16")) j["bf16"] = j["bfloat16"];
+    j.erase("bfloat16");
   }
+  auto enable = [&](const char* key, bool on) {
+    if (!on && !j.contains(key)) return;
+    if (!j.contains(key) || !j[key].is_object()) j[key] = json::object();
+    j[key]["enabled"] = on;
+  };
+  if (s.dtype == Precision::kFp16 &&
+      (!j.contains("fp16") || !j["fp16"].is_object()))
+    j["fp16"] = {{"loss_scale", 0},
+                 {"initial_scale_power", 8},
+                 {"loss_scale_window", 2},
+                 {"hysteresis", 2}};
+  enable("fp16", s.dtype == Precision::kFp16);
+  enable("bf16", s.dtype == Precision::kBf16);
   if (!j.contains("optimizer"))
     j["optimizer"] = {{"type", "AdamW"},
                       {"params", {{"lr", 1e-3}, {"weight_decay", 0.01}}}};
@@ -334,6 +355,7 @@ ScenarioResult run_scenario(const Scenario& s) {
   ref_s.backwards = {1};
   Run reference{scenario_config(ref_s, true), 1, false, true};
 
+  res.ignored_keys = unmanaged.config.ignored_keys;
   res.unmanaged = train(s, *task, data, unmanaged);
   res.managed = train(s, *task, data, managed);
   res.reference = train(s, *task, data, reference);
@@ -488,6 +510,7 @@ std::string to_json_line(const ScenarioResult& r) {
   j["param_digest_reference"] = r.reference.digest;
   j["losses_unmanaged"] = r.unmanaged.losses;
   j["losses_managed"] = r.managed.losses;
+  j["ignored_keys"] = r.ignored_keys;
   j["ok"] = r.ok;
   j["failures"] = r.failures;
   return j.dump();

@@ -26,8 +26,8 @@
 // is largest where scaled gradients fall into fp16's subnormal range and
 // Adam normalises them), checked against kReferenceToleranceBf16 = 1e-2 and
 // kReferenceToleranceFp16 = 2e-3; a lost micro-batch or a wrong scale
-// moves them by orders of magnitude more. The loss-scale trajectory and the set of
-// skipped steps must agree exactly across all three runs.
+// moves them by orders of magnitude more. The loss-scale trajectory and the set
+// of skipped steps must agree exactly across all three runs.
 //
 // Note [Parity claims]
 // ~~~~~~~~~~~~~~~~~~~~
@@ -131,8 +131,11 @@ struct Scenario {
   std::string nvme_path;
   int64_t sub_group_size = 0;
   // A user's ds_config JSON to start from ("" = built-in defaults). The
-  // scenario overrides the batch keys, the stage, the accumulation mode and
-  // the scaling; everything else (optimizer, clipping, ...) is kept.
+  // scenario overrides the batch keys, the stage, the accumulation mode,
+  // the scaling, the dtype (fp16 / bf16 / bfloat16 sections enabled or
+  // disabled, their other keys kept) and the offload devices (sections the
+  // scenario turns off are removed, nvme_path replaced); everything else
+  // (optimizer, clipping, scheduler, ...) is kept.
   std::string base_config_json;
 };
 
@@ -183,6 +186,9 @@ struct ScenarioResult {
   // same tolerance.
   double ref_grad_norm_rel_diff = 0.0;
   int64_t expected_global_samples = 0;
+  // The scenario config's ds_config keys accepted without effect
+  // (Config::ignored_keys).
+  std::vector<std::string> ignored_keys;
   bool ok = false;
   std::vector<std::string> failures;  // why not ok, one line each
 };
@@ -198,7 +204,8 @@ std::string fnv1a_hex(const void* data, size_t bytes);
 
 // The tools/harness flags that run `s` again (" --stages=... --seed=...",
 // with a leading space): replay lines of property tests and fault runs.
-// A base_config_json is shown inline, as "--config=<a file holding: ...>".
+// A base_config_json is shown inline, as "--config=<a file holding: ...>"
+// (cut to 2000 bytes).
 std::string harness_flags(const Scenario& s);
 
 // One JSON object on one line: the harness's --json record.

@@ -135,6 +135,57 @@ TEST(ScenarioTest, UserConfigIsTheBase) {
 // Under SGD the update is proportional to the gradient, so the reference
 // check sees a wrong scale. The run of one scaling mode must be ok against
 // its own reference and far outside tolerance against another mode's.
+TEST(ScenarioTest, TheScenarioDtypeReplacesTheFilesWithoutConflict) {
+  // DeepSpeed's other spelling of bf16, with a setting of its own.
+  Scenario s = base(1, 2);
+  s.base_config_json = R"({"bfloat16": {"enabled": true}})";
+  s.dtype = Precision::kBf16;
+  EXPECT_EQ(scenario_config(s, true).precision.dtype, Precision::kBf16);
+  s.dtype = Precision::kFp16;
+  EXPECT_EQ(scenario_config(s, true).precision.dtype, Precision::kFp16);
+  s.dtype = Precision::kFp32;
+  EXPECT_EQ(scenario_config(s, true).precision.dtype, Precision::kFp32);
+  // An fp16 file keeps its loss scaling when the scenario trains in fp16,
+  // and trains in fp32 when the scenario says so.
+  s.base_config_json =
+      R"({"fp16": {"enabled": true, "initial_scale_power": 5}})";
+  s.dtype = Precision::kFp16;
+  Config c = scenario_config(s, true);
+  EXPECT_EQ(c.precision.dtype, Precision::kFp16);
+  EXPECT_EQ(c.precision.initial_scale_power, 5);
+  s.dtype = Precision::kFp32;
+  EXPECT_EQ(scenario_config(s, true).precision.dtype, Precision::kFp32);
+}
+
+TEST(ScenarioTest, AnOffloadFileRunsAndItsReferenceRunsWithoutOffload) {
+  Scenario s = base(2, 2);
+  s.backwards = {2, 3};
+  s.base_config_json =
+      R"({"zero_optimization": {"stage": 2, "offload_optimizer": )"
+      R"({"device": "cpu", "pin_memory": true}}})";
+  // Without offload in the scenario the file's section is dropped (the
+  // reference is built at stage 0 this way); with it, kept.
+  EXPECT_EQ(scenario_config(s, true).zero.offload_optimizer.device,
+            OffloadDevice::kNone);
+  s.offload = OffloadDevice::kCpu;
+  Config c = scenario_config(s, true);
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_TRUE(c.zero.offload_optimizer.pin_memory);
+  ScenarioResult r = run_scenario(s);
+  EXPECT_TRUE(r.ok) << ::testing::PrintToString(r.failures);
+  EXPECT_TRUE(r.offload_bitwise_equal);
+}
+
+TEST(ScenarioTest, IgnoredKeysOfTheFileAreReported) {
+  Scenario s = base(0, 1);
+  s.backwards = {1};
+  s.base_config_json = R"({"tensorboard": {"enabled": false}})";
+  ScenarioResult r = run_scenario(s);
+  EXPECT_EQ(r.ignored_keys, std::vector<std::string>{"tensorboard"});
+  EXPECT_NE(to_json_line(r).find("\"ignored_keys\":[\"tensorboard\"]"),
+            std::string::npos);
+}
+
 TEST(ScenarioTest, ReferenceCheckCatchesAWrongScaleUnderSgd) {
   Scenario s = base(1, 2);
   s.base_config_json =

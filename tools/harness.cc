@@ -24,11 +24,13 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/errors.h"
+#include "common/log.h"
 #include "config/config.h"
 #include "parity/fault_run.h"
 #include "parity/scenario.h"
@@ -63,6 +65,19 @@ class TempDir {
 
  private:
   std::string path_;
+};
+
+// Installs a log sink for its lifetime.
+class LogSinkGuard {
+ public:
+  explicit LogSinkGuard(LogSink sink)
+      : previous_(set_log_sink(std::move(sink))) {}
+  ~LogSinkGuard() { set_log_sink(std::move(previous_)); }
+  LogSinkGuard(const LogSinkGuard&) = delete;
+  LogSinkGuard& operator=(const LogSinkGuard&) = delete;
+
+ private:
+  LogSink previous_;
 };
 
 std::string join(const std::vector<int>& v) {
@@ -246,6 +261,63 @@ int run_swarm_mode(const HarnessFlags& f,
   return run_fault_runs(scenarios, f.managed_modes, nullptr, f.swarm, f.json);
 }
 
+// The --config file: its text and what it says, checked exactly as the
+// engine would check it for every world size (ConfigError, IoError).
+struct BaseConfig {
+  std::string text;  // "" without --config
+  Config config;     // parsed for the first world size
+};
+
+BaseConfig load_base_config(const HarnessFlags& f) {
+  BaseConfig b;
+  if (f.config_path.empty()) return b;
+  for (size_t i = 0; i < f.worlds.size(); ++i) {
+    Config c = load_config_file(f.config_path, f.worlds[i]);
+    if (i == 0) b.config = std::move(c);
+  }
+  std::ifstream in(f.config_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  b.text = ss.str();
+  return b;
+}
+
+// What the --config file says, for every matrix flag the command line left
+// out: the file's stage, dtype, clipping and optimizer offload.
+HarnessFlags with_file_defaults(HarnessFlags f, const BaseConfig& base) {
+  if (f.config_path.empty()) return f;
+  const Config& c = base.config;
+  if (!f.stages_given) f.stages = {c.zero.stage};
+  if (!f.dtypes_given) f.dtypes = {c.precision.dtype};
+  if (!f.clip_given) f.clip = c.gradient_clipping;
+  if (!f.offloads_given) f.offloads = {c.zero.offload_optimizer.device};
+  if (!f.overflow.empty() && std::find(f.dtypes.begin(), f.dtypes.end(),
+                                       Precision::kFp16) == f.dtypes.end())
+    throw FlagError("--overflow needs fp16, and " + f.config_path +
+                    " trains in " + to_string(c.precision.dtype) +
+                    ": add --dtype=fp16");
+  return f;
+}
+
+// One scenario; a config the harness's changes made invalid names the file
+// and what the harness changed.
+ScenarioResult run_named(const Scenario& s, const std::string& config_path) {
+  try {
+    return run_scenario(s);
+  } catch (const ConfigError& e) {
+    if (config_path.empty()) throw;
+    // The file was checked for every world before the first scenario, so
+    // what fails here is a flag's change to it.
+    throw UsageError(
+        "'" + config_path +
+        "' is valid, but not with the harness's changes for "
+        "this scenario (stage " +
+        std::to_string(s.stage) + ", world " + std::to_string(s.world_size) +
+        ", dtype " + to_string(s.dtype) + ", offload " + to_string(s.offload) +
+        "): " + e.what() + "\n  replay: harness" + harness_flags(s));
+  }
+}
+
 // The parity matrix: every scenario's unmanaged run, its managed twin and
 // the single-rank reference; a table (or JSON lines) on stdout, progress
 // on stderr; exit 1 if any scenario fails.
@@ -264,7 +336,7 @@ int run_parity_mode(const HarnessFlags& f,
   for (size_t i = 0; i < scenarios.size(); ++i) {
     const Scenario& s = scenarios[i];
     auto t0 = std::chrono::steady_clock::now();
-    ScenarioResult r = run_scenario(s);
+    ScenarioResult r = run_named(s, f.config_path);
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
             .count();
@@ -300,55 +372,72 @@ int run_parity_mode(const HarnessFlags& f,
   return failed == 0 ? 0 : 1;
 }
 
-// The --config file's text, checked exactly as the engine would check it
-// for every world size (ConfigError, IoError); "" without --config.
-std::string load_base_config(const HarnessFlags& f) {
-  if (f.config_path.empty()) return "";
-  for (int w : f.worlds) load_config_file(f.config_path, w);
-  std::ifstream in(f.config_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+// seed= and every option, and what the process computes with, on stderr.
+void print_run_header(const HarnessFlags& f, bool plan) {
+  std::cerr << "zerostep harness: seed=" << f.seed << " backend=" << f.backend
+            << " model=" << f.model << " model_scale=" << f.model_scale
+            << " micro_batch=" << f.micro_batch;
+  if (plan) {
+    std::cerr << " matrix=default plan (accumulation, clipping, fp16, "
+                 "offload: Note [Default plan] in tools/harness.cc; any "
+                 "matrix flag runs that matrix instead)";
+  } else {
+    std::cerr << " stages=" << join(f.stages) << " world=" << join(f.worlds)
+              << " backwards=" << join(f.per_step) << " clip=" << f.clip
+              << " dtype=";
+    for (size_t i = 0; i < f.dtypes.size(); ++i)
+      std::cerr << (i ? "," : "") << to_string(f.dtypes[i]);
+    if (!f.overflow.empty())
+      std::cerr << " overflow=" << f.overflow[0] << ":" << f.overflow[1] << ":"
+                << f.overflow[2];
+    std::cerr << " overlap_comm=" << (f.overlap_comm ? "stage>=2" : "off")
+              << " reduce_bucket_size=" << f.reduce_bucket_size
+              << " allgather_bucket_size=" << f.allgather_bucket_size
+              << " config="
+              << (f.config_path.empty() ? "(built-in)" : f.config_path);
+  }
+  std::cerr << "\n  " << runtime_info() << "\n";
 }
 
-// seed= and every option, and what the process computes with, on stderr.
-void print_run_header(const HarnessFlags& f) {
-  std::cerr << "zerostep harness: seed=" << f.seed << " backend=" << f.backend
-            << " stages=" << join(f.stages) << " world=" << join(f.worlds)
-            << " backwards=" << join(f.per_step) << " model=" << f.model
-            << " model_scale=" << f.model_scale
-            << " micro_batch=" << f.micro_batch << " clip=" << f.clip
-            << " dtype=";
-  for (size_t i = 0; i < f.dtypes.size(); ++i)
-    std::cerr << (i ? "," : "") << to_string(f.dtypes[i]);
-  if (!f.overflow.empty())
-    std::cerr << " overflow=" << f.overflow[0] << ":" << f.overflow[1] << ":"
-              << f.overflow[2];
-  std::cerr << " overlap_comm=" << (f.overlap_comm ? "stage>=2" : "off")
-            << " reduce_bucket_size=" << f.reduce_bucket_size
-            << " allgather_bucket_size=" << f.allgather_bucket_size
-            << " config="
-            << (f.config_path.empty() ? "(built-in)" : f.config_path) << "\n  "
-            << runtime_info() << "\n";
+// The fields every scenario takes from the flags, whatever the matrix.
+Scenario flag_scenario(const HarnessFlags& f) {
+  Scenario s;
+  s.model = f.model;
+  s.backend = f.backend;
+  s.model_scale = f.model_scale;
+  s.seed = f.seed;
+  s.micro_batch = f.micro_batch;
+  return s;
 }
 
 // Every (offload, dtype, stage, world, scaling) scenario the flags ask for;
 // stage 0 has no optimizer offload, so it runs only with none.
 std::vector<Scenario> build_scenarios(const HarnessFlags& f,
-                                      const std::string& base_config,
+                                      const BaseConfig& base,
                                       const std::string& nvme_path) {
   std::vector<Scenario> scenarios;
+  // Without --offload the file's own offload_param device applies (stage 3).
+  const OffloadDevice file_param = f.config_path.empty() || f.offloads_given
+                                       ? OffloadDevice::kNone
+                                       : base.config.zero.offload_param.device;
   for (OffloadDevice offload : f.offloads)
     for (Precision dtype : f.dtypes)
       for (int stage : f.stages)
         for (int w : f.worlds)
           for (GradAccumScaling sc : f.scalings) {
             // Optimizer offload partitions the optimizer state: stages 1-3.
-            if (stage == 0 && offload != OffloadDevice::kNone) continue;
-            Scenario s;
+            // --offload skips stage 0; a file's offload section does not
+            // apply there (as in DeepSpeed, where stage 0 has no
+            // partitioned optimizer state to offload).
+            if (stage == 0 && offload != OffloadDevice::kNone &&
+                f.offloads_given)
+              continue;
+            Scenario s = flag_scenario(f);
             s.dtype = dtype;
-            s.offload = offload;
+            s.offload = stage == 0 ? OffloadDevice::kNone : offload;
             if (stage == 3 && f.offload_param) s.offload_param = offload;
+            if (stage == 3 && file_param != OffloadDevice::kNone)
+              s.offload_param = file_param;
             s.nvme_path = nvme_path;
             s.sub_group_size = f.sub_group_size;
             if (dtype == Precision::kFp16 && !f.overflow.empty()) {
@@ -360,11 +449,6 @@ std::vector<Scenario> build_scenarios(const HarnessFlags& f,
             s.world_size = w;
             s.backwards = f.per_step;
             s.scaling = sc;
-            s.model = f.model;
-            s.backend = f.backend;
-            s.model_scale = f.model_scale;
-            s.seed = f.seed;
-            s.micro_batch = f.micro_batch;
             s.gradient_clipping = f.clip;
             s.overlap_comm = f.overlap_comm && stage >= 2;
             s.reduce_bucket_size = f.reduce_bucket_size;
@@ -372,29 +456,142 @@ std::vector<Scenario> build_scenarios(const HarnessFlags& f,
             s.persistence_threshold = f.persistence_threshold >= 0
                                           ? f.persistence_threshold
                                           : (f.config_path.empty() ? 0 : -1);
-            s.base_config_json = base_config;
+            s.base_config_json = base.text;
             scenarios.push_back(s);
           }
   return scenarios;
 }
 
+// Note [Default plan]
+// ~~~~~~~~~~~~~~~~~~~
+// `harness` with no matrix flag runs four groups, chosen so that each knob
+// a bug could hide behind is exercised where the check would see it:
+//   accumulation  stages 0-3 x worlds 1-4 (3 is odd) x every scaling, with
+//                 N = 3,5,2 per window against a configured GAS of 3 (a
+//                 wrong-N scale moves the result off the reference); stage
+//                 2 with 256-element buckets (several buckets per backward,
+//                 so a missed flush loses gradient), stage 3 partitioning
+//                 every block;
+//   clipping      SGD (which, unlike Adam, shows a wrong gradient scale in
+//                 the parameters) with gradient_clipping 0.45, which
+//                 clips some windows and not others, at worlds 2 and 3 (a
+//                 rank clipping by its own partition's norm differs from
+//                 the reference),
+//                 stage 2 with overlap_comm and small buckets;
+//   fp16          dynamic loss scaling with a WarmupLR schedule, an inf in
+//                 one gradient element of one rank in window 1 (every rank
+//                 must skip it; the lr must not move across it), and bf16;
+//   offload       optimizer offload to cpu at stages 1-3 (stage 3 with its
+//                 parameters too) and to nvme at stages 2 and 3: bitwise
+//                 equal to the same run in memory.
+// About 80 scenarios; a few seconds on the built-in mlp.
+std::vector<Scenario> default_plan(const HarnessFlags& f,
+                                   const std::string& nvme_path) {
+  const std::vector<int> n = {3, 5, 2};
+  std::vector<Scenario> out;
+  auto add = [&](Scenario s) {
+    s.backwards = n;
+    s.nvme_path = nvme_path;
+    if (s.persistence_threshold < 0) s.persistence_threshold = 0;
+    if (s.stage == 2 && s.reduce_bucket_size == 0) {
+      s.reduce_bucket_size = 256;
+      s.allgather_bucket_size = 256;
+    }
+    out.push_back(s);
+  };
+  for (int stage : {0, 1, 2, 3})
+    for (int w : {1, 2, 3, 4})
+      for (GradAccumScaling sc :
+           {GradAccumScaling::kConfigured, GradAccumScaling::kPerStepCount,
+            GradAccumScaling::kNone}) {
+        Scenario s = flag_scenario(f);
+        s.stage = stage;
+        s.world_size = w;
+        s.scaling = sc;
+        add(s);
+      }
+  for (int stage : {0, 1, 2, 3})
+    for (int w : {2, 3})
+      for (GradAccumScaling sc :
+           {GradAccumScaling::kConfigured, GradAccumScaling::kNone}) {
+        Scenario s = flag_scenario(f);
+        s.stage = stage;
+        s.world_size = w;
+        s.scaling = sc;
+        s.gradient_clipping = 0.45;
+        s.overlap_comm = stage >= 2;
+        s.base_config_json =
+            R"({"optimizer": {"type": "SGD", "params": {"lr": 0.05}}})";
+        add(s);
+      }
+  for (int stage : {0, 1, 2, 3})
+    for (int w : {2, 3}) {
+      Scenario s = flag_scenario(f);
+      s.stage = stage;
+      s.world_size = w;
+      s.dtype = Precision::kFp16;
+      s.overflow_window = 1;
+      s.overflow_rank = 1;
+      s.overflow_backward = 2;
+      s.base_config_json = R"({"scheduler": {"type": "WarmupLR", "params": )"
+                           R"({"warmup_min_lr": 0, "warmup_max_lr": 0.001, )"
+                           R"("warmup_num_steps": 3}}})";
+      add(s);
+    }
+  for (int stage : {0, 1, 2, 3}) {
+    Scenario s = flag_scenario(f);
+    s.stage = stage;
+    s.world_size = 3;
+    s.dtype = Precision::kBf16;
+    add(s);
+  }
+  for (int stage : {1, 2, 3})
+    for (int w : {2, 3}) {
+      Scenario s = flag_scenario(f);
+      s.stage = stage;
+      s.world_size = w;
+      s.offload = OffloadDevice::kCpu;
+      if (stage == 3) s.offload_param = OffloadDevice::kCpu;
+      add(s);
+    }
+  for (int stage : {2, 3}) {
+    Scenario s = flag_scenario(f);
+    s.stage = stage;
+    s.world_size = 3;
+    s.offload = OffloadDevice::kNvme;
+    if (stage == 3) s.offload_param = OffloadDevice::kNvme;
+    add(s);
+  }
+  return out;
+}
+
 int main_impl(int argc, char** argv) {
-  const HarnessFlags f = parse_harness_flags(argc, argv);
-  if (f.help) {
+  const HarnessFlags parsed = parse_harness_flags(argc, argv);
+  if (parsed.help) {
     std::cout << kHarnessUsage;
     return 0;
   }
-  if (f.mode == HarnessMode::kScale) return run_scale_mode(f);
+  if (parsed.mode == HarnessMode::kScale) return run_scale_mode(parsed);
 
-  const std::string base_config = load_base_config(f);
+  const BaseConfig base = load_base_config(parsed);
+  const HarnessFlags f = with_file_defaults(parsed, base);
+  const bool plan = f.default_matrix && f.mode == HarnessMode::kParity;
   set_compute_threads(f.threads);
-  print_run_header(f);
+  print_run_header(f, plan);
+  // Each distinct library message once (every run's Engine would repeat
+  // the ignored-keys note); --json also records them per scenario.
+  std::set<std::string> logged;
+  const LogSinkGuard sink([&logged](LogLevel level, const std::string& m) {
+    if (logged.insert(m).second)
+      std::cerr << "  zerostep " << to_string(level) << ": " << m << "\n";
+  });
 
   // A temporary nvme directory, removed at exit.
   std::string nvme_path = f.nvme_path;
   std::unique_ptr<TempDir> temp_nvme;
-  const bool any_nvme = std::find(f.offloads.begin(), f.offloads.end(),
-                                  OffloadDevice::kNvme) != f.offloads.end();
+  const bool any_nvme =
+      plan || std::find(f.offloads.begin(), f.offloads.end(),
+                        OffloadDevice::kNvme) != f.offloads.end();
   if (any_nvme && nvme_path.empty()) {
     temp_nvme = std::make_unique<TempDir>("zerostep-nvme");
     nvme_path = temp_nvme->path();
@@ -402,7 +599,12 @@ int main_impl(int argc, char** argv) {
   if (any_nvme) std::cerr << "  nvme_path=" << nvme_path << "\n";
 
   const std::vector<Scenario> scenarios =
-      build_scenarios(f, base_config, nvme_path);
+      plan ? default_plan(f, nvme_path) : build_scenarios(f, base, nvme_path);
+  if (scenarios.empty())
+    throw FlagError(
+        "the flags leave no scenario to run: --offload skips stage 0, "
+        "which has no optimizer state to offload; add stages 1-3 to "
+        "--stages or none to --offload");
   switch (f.mode) {
     case HarnessMode::kFaults:
       return run_faults_mode(f, scenarios);

@@ -137,10 +137,12 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
     }
     if (a == "--overlap-comm") {
       f.overlap_comm = true;
+      f.default_matrix = false;
       continue;
     }
     if (a == "--offload-param") {
       f.offload_param = true;
+      f.default_matrix = false;
       continue;
     }
     if (a == "--simulate-scale") {
@@ -151,8 +153,16 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
     if (a.rfind("--", 0) != 0 || eq == std::string::npos)
       throw FlagError("unrecognised argument '" + a + "'");
     const std::string key = a.substr(2, eq - 2), v = a.substr(eq + 1);
+    static const char* const kMatrixFree[] = {
+        "json",    "seed",        "threads",   "model",
+        "backend", "model-scale", "nvme-path", "managed"};
+    if (std::find_if(std::begin(kMatrixFree), std::end(kMatrixFree),
+                     [&](const char* k) { return key == k; }) ==
+        std::end(kMatrixFree))
+      f.default_matrix = false;
     if (key == "stages") {
       f.stages = int_list(key, v);
+      f.stages_given = true;
     } else if (key == "world") {
       f.worlds = int_list(key, v);
     } else if (key == "backwards") {
@@ -203,7 +213,9 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
       f.micro_batch_given = true;
     } else if (key == "clip") {
       f.clip = parse_double(key, v);
+      f.clip_given = true;
     } else if (key == "dtype") {
+      f.dtypes_given = true;
       f.dtypes.clear();
       for (const std::string& d : split(v)) {
         auto p = precision_from_string(d);
@@ -213,6 +225,7 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
         f.dtypes.push_back(*p);
       }
     } else if (key == "offload") {
+      f.offloads_given = true;
       f.offloads.clear();
       for (const std::string& d : split(v)) {
         if (d == "none")
@@ -265,8 +278,11 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
   if (f.micro_batch < 1) throw FlagError("--micro-batch must be >= 1");
   if (f.threads < 1) throw FlagError("--threads must be >= 1");
   if (f.clip < 0) throw FlagError("--clip must be >= 0 (0 = off)");
-  if (!f.overflow.empty() && std::find(f.dtypes.begin(), f.dtypes.end(),
-                                       Precision::kFp16) == f.dtypes.end())
+  // With --config and no --dtype the file's dtype decides (checked again by
+  // the harness once the file is read).
+  if (!f.overflow.empty() && (f.dtypes_given || f.config_path.empty()) &&
+      std::find(f.dtypes.begin(), f.dtypes.end(), Precision::kFp16) ==
+          f.dtypes.end())
     throw FlagError(
         "--overflow needs fp16 among --dtype (only fp16 skips "
         "overflowing windows)");

@@ -42,8 +42,17 @@ struct HarnessFlags {
   // Set by --faults, --swarm (> 0) or --simulate-scale. Default kParity.
   HarnessMode mode = HarnessMode::kParity;
 
-  // --stages: ZeRO stages to run, each in 0..3. Default 0,1,2,3.
+  // True when no flag that shapes the parity matrix was given (only
+  // --json, --seed, --threads, --model, --model-scale, --backend,
+  // --nvme-path, --managed): the parity mode then runs the built-in default
+  // plan (tools/harness.cc, default_plan) instead of the cross product of
+  // the fields below.
+  bool default_matrix = true;
+
+  // --stages: ZeRO stages to run, each in 0..3. Default 0,1,2,3 (with
+  // --config: the file's stage).
   std::vector<int> stages = {0, 1, 2, 3};
+  bool stages_given = false;
   // --world: simulated world sizes, each >= 1. Default 1,2,4.
   std::vector<int> worlds = {1, 2, 4};
   // --backwards: backward() calls per step as given. Default 4.
@@ -72,18 +81,24 @@ struct HarnessFlags {
   // scale mode when not given: micro_batch_given).
   int64_t micro_batch = 2;
   bool micro_batch_given = false;
-  // --clip: gradient_clipping, >= 0. Default 0 (off).
+  // --clip: gradient_clipping, >= 0. Default 0 (off; with --config: the
+  // file's).
   double clip = 0.0;
-  // --dtype: training dtypes. Default fp32.
+  bool clip_given = false;
+  // --dtype: training dtypes. Default fp32 (with --config: the file's).
   std::vector<Precision> dtypes = {Precision::kFp32};
+  bool dtypes_given = false;
   // --overflow=W:R:B: empty, or {window, rank, backward} of an injected
   // fp16 overflow (needs fp16 among dtypes; checked against per_step and
   // the smallest world). Default empty.
   std::vector<int> overflow;
-  // --offload: optimizer offload devices. Default none.
+  // --offload: optimizer offload devices. Default none (with --config: the
+  // file's offload_optimizer.device).
   std::vector<OffloadDevice> offloads = {OffloadDevice::kNone};
+  bool offloads_given = false;
   // --offload-param: stage 3 offloads parameters to the same device too.
-  // Default false.
+  // Default false (with --config and without --offload: the file's
+  // offload_param.device at stage 3).
   bool offload_param = false;
   // --nvme-path: where nvme scenarios keep their swap files. Default ""
   // (a temporary directory, removed at exit).
