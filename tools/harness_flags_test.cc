@@ -25,6 +25,39 @@ std::string error_of(std::initializer_list<const char*> args) {
   return "";
 }
 
+TEST(HarnessFlagsTest, OnlyMatrixFreeFlagsKeepTheDefaultPlan) {
+  EXPECT_TRUE(parse({}).default_matrix);
+  EXPECT_TRUE(parse({"--json", "--seed=7", "--threads=2", "--model=gpt",
+                     "--model-scale=2", "--backend=gloo", "--nvme-path=/x",
+                     "--managed=both"})
+                  .default_matrix);
+  for (const char* flag :
+       {"--stages=1", "--world=2", "--backwards=3", "--steps=2",
+        "--scaling=none", "--clip=1", "--dtype=bf16", "--offload=cpu",
+        "--offload-param", "--overlap-comm", "--micro-batch=3",
+        "--reduce-bucket-size=8", "--allgather-bucket-size=8",
+        "--persistence-threshold=0", "--sub-group-size=4", "--config=f.json"})
+    EXPECT_FALSE(parse({flag}).default_matrix) << flag;
+}
+
+TEST(HarnessFlagsTest, GivenFlagsAreTold) {
+  const HarnessFlags none = parse({});
+  EXPECT_FALSE(none.stages_given || none.dtypes_given || none.offloads_given ||
+               none.clip_given);
+  const HarnessFlags all =
+      parse({"--stages=2", "--dtype=fp16", "--offload=none", "--clip=0"});
+  EXPECT_TRUE(all.stages_given && all.dtypes_given && all.offloads_given &&
+              all.clip_given);
+}
+
+TEST(HarnessFlagsTest, OverflowWithAConfigFileLeavesTheDtypeToTheFile) {
+  // The file may train in fp16: the harness checks once it has read it.
+  EXPECT_EQ(error_of({"--config=f.json", "--overflow=0:0:0"}), "");
+  EXPECT_NE(error_of({"--config=f.json", "--dtype=bf16", "--overflow=0:0:0"})
+                .find("--overflow needs fp16"),
+            std::string::npos);
+}
+
 TEST(HarnessFlagsTest, DefaultsAreTheParityMatrix) {
   const HarnessFlags f = parse({});
   EXPECT_FALSE(f.help);
