@@ -13,6 +13,11 @@
 // Who logs what (the complete list; keep it in step with the code):
 //   kInfo     Engine constructor, rank 0: the ds_config keys accepted
 //             without effect (Config::ignored_keys), once, in one message.
+//   kWarning  Engine constructor at stage 3, rank 0: more than half of the
+//             model's elements stay whole on every rank (outside every
+//             Zero3Block or below the persistence threshold), with the
+//             counts and the fix (stage3_whole_model_warning in
+//             zero/grouping.h).
 //
 // Thread safety: set_log_sink and log_message may be called from any
 // thread; the sink is called under a lock, so it need not be reentrant but

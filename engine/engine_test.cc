@@ -436,6 +436,12 @@ TEST(EngineTest, FrozenParametersStayOutOfTheFlatBufferAndUnchanged) {
 // arithmetic per element): bitwise equal final parameters.
 TEST(EngineTest, Stage3TrainsAModelWithoutBlocks) {
   std::vector<torch::Tensor> finals;
+  std::vector<std::pair<LogLevel, std::string>> logged;
+  std::mutex m;
+  LogSink previous = set_log_sink([&](LogLevel l, const std::string& msg) {
+    std::lock_guard<std::mutex> lock(m);
+    logged.emplace_back(l, msg);
+  });
   for (int stage : {2, 3}) {
     SimWorld world({2, 11});
     Config cfg = parse_config(
@@ -472,7 +478,16 @@ TEST(EngineTest, Stage3TrainsAModelWithoutBlocks) {
     });
     finals.push_back(final);
   }
+  set_log_sink(previous);
   EXPECT_TRUE(torch::equal(finals[0], finals[1]));
+  // The user is told, once, that stage 3 partitions nothing here.
+  ASSERT_EQ(logged.size(), 1u);
+  EXPECT_EQ(logged[0].first, LogLevel::kWarning);
+  EXPECT_NE(logged[0].second.find("4 of 4 trainable parameters (81 of 81 "
+                                  "elements, 100%) stay whole on every rank "
+                                  "(4 outside every Zero3Block)"),
+            std::string::npos)
+      << logged[0].second;
 }
 
 TEST(EngineTest, IgnoredKeysAreLoggedOnceByRankZero) {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/errors.h"
+#include "common/log.h"
 #include "zero/agreement.h"
 #include "zero/grouping.h"
 #include "zero/phase.h"
@@ -70,6 +71,11 @@ Stage3Binding::Stage3Binding(std::shared_ptr<torch::nn::Module> model,
   shape.num_blocks = static_cast<int>(map.blocks.size());
   const std::vector<Stage3Group> groups =
       stage3_groups(shape, options.persistence_threshold);
+  if (comm->rank() == 0) {
+    const std::string warning =
+        stage3_whole_model_warning(shape, options.persistence_threshold);
+    if (!warning.empty()) log_message(LogLevel::kWarning, warning);
+  }
   const int world = comm->world_size();
   std::vector<float*> initial;
   {

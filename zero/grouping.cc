@@ -40,4 +40,31 @@ std::vector<Stage3Group> stage3_groups(const ModelShape& m, int64_t threshold) {
   return used;
 }
 
+std::string stage3_whole_model_warning(const ModelShape& m, int64_t threshold) {
+  const std::vector<Stage3Group> groups = stage3_groups(m, threshold);
+  const size_t total = m.numel();
+  if (groups.empty() || !groups.back().persistent || total == 0) return "";
+  const Stage3Group& whole = groups.back();
+  if (2 * whole.numel <= total) return "";
+  size_t outside = 0, small = 0;
+  for (size_t i : whole.params) (m.block[i] < 0 ? outside : small) += 1;
+  std::string why;
+  if (outside > 0) why = std::to_string(outside) + " outside every Zero3Block";
+  if (small > 0)
+    why += std::string(why.empty() ? "" : ", ") + std::to_string(small) +
+           " in a block but below stage3_param_persistence_threshold = " +
+           std::to_string(threshold) + " elements";
+  const int percent = static_cast<int>(100.0 * whole.numel / total + 0.5);
+  return "zero_optimization.stage 3: " + std::to_string(whole.params.size()) +
+         " of " + std::to_string(m.numels.size()) + " trainable parameters (" +
+         std::to_string(whole.numel) + " of " + std::to_string(total) +
+         " elements, " + std::to_string(percent) +
+         "%) stay whole on every rank (" + why +
+         "): their parameters and gradients are not partitioned, so this "
+         "run holds at least as much memory per rank as stage 1 would. "
+         "Fix: derive each repeated layer of the model from zerostep::"
+         "Zero3Block (blocks/zero3_block.h), or lower "
+         "stage3_param_persistence_threshold";
+}
+
 }  // namespace zerostep

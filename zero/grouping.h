@@ -47,6 +47,17 @@ struct Stage3Group {
 std::vector<Stage3Group> stage3_groups(const ModelShape& model,
                                        int64_t persistence_threshold);
 
+// What a user should be told when most of the model stays whole at stage
+// 3: "" when the persistent group (Note [Stage 3 grouping rule]) holds at
+// most half of the trainable elements, else one line naming how many
+// parameters and elements stay whole on every rank, why (outside every
+// Zero3Block, or below stage3_param_persistence_threshold = `threshold`),
+// what that costs (stage 3 then partitions little beyond what stage 1
+// does, and holds more), and the fix. The Engine logs it on rank 0
+// (common/log.h).
+std::string stage3_whole_model_warning(const ModelShape& model,
+                                       int64_t threshold);
+
 }  // namespace zerostep
 
 #endif  // ZEROSTEP_ZERO_GROUPING_H_

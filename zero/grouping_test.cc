@@ -68,5 +68,39 @@ TEST(PaddingRuleTest, RoundsUpToTheQuantumAndNeverBelowOne) {
   EXPECT_EQ(FlatLayout::make({}, 2).padded_numel, padded_numel(0, 2));
 }
 
+TEST(GroupingTest, APlainModelAtStage3IsWarnedWithCountsAndTheFix) {
+  // No blocks at all: everything stays whole.
+  const ModelShape plain = shape({100, 300, 50}, {-1, -1, -1}, 0);
+  EXPECT_EQ(stage3_whole_model_warning(plain, 0),
+            "zero_optimization.stage 3: 3 of 3 trainable parameters (450 of "
+            "450 elements, 100%) stay whole on every rank (3 outside every "
+            "Zero3Block): their parameters and gradients are not "
+            "partitioned, so this run holds at least as much memory per rank "
+            "as stage 1 would. Fix: derive each repeated layer of the model "
+            "from zerostep::Zero3Block (blocks/zero3_block.h), or lower "
+            "stage3_param_persistence_threshold");
+}
+
+TEST(GroupingTest, BlocksBelowTheThresholdAreNamedAsTheReason) {
+  const ModelShape m = shape({10, 300, 200}, {-1, 0, 1}, 2);
+  const std::string w = stage3_whole_model_warning(m, 100000);
+  EXPECT_NE(w.find("3 of 3 trainable parameters (510 of 510 elements"),
+            std::string::npos)
+      << w;
+  EXPECT_NE(w.find("1 outside every Zero3Block, 2 in a block but below "
+                   "stage3_param_persistence_threshold = 100000 elements"),
+            std::string::npos)
+      << w;
+}
+
+TEST(GroupingTest, NoWarningWhenMostElementsArePartitioned) {
+  // 100 + 50 whole of 650: under half.
+  const ModelShape m = shape({100, 500, 50}, {-1, 0, -1}, 1);
+  EXPECT_EQ(stage3_whole_model_warning(m, 0), "");
+  // Exactly half whole: no warning either.
+  EXPECT_EQ(stage3_whole_model_warning(shape({300, 300}, {-1, 0}, 1), 0), "");
+  EXPECT_NE(stage3_whole_model_warning(shape({301, 300}, {-1, 0}, 1), 0), "");
+}
+
 }  // namespace
 }  // namespace zerostep
