@@ -2,17 +2,18 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
 
+#include "comm/gloo_world.h"
 #include "common/errors.h"
 #include "engine/engine.h"
-#include "comm/gloo_world.h"
 #include "sim/sim_world.h"
 #include "zero/phase.h"
 
@@ -30,6 +31,42 @@ std::vector<float> to_vector(const torch::Tensor& t) {
   torch::Tensor c = t.contiguous();
   return std::vector<float>(c.data_ptr<float>(),
                             c.data_ptr<float>() + c.numel());
+}
+
+// Note [Overflow in one element]: while alive, element 0 of `param`'s
+// gradient is +inf in every backward that reaches the parameter.
+class InfInFirstElement {
+ public:
+  explicit InfInFirstElement(const torch::Tensor& param) : param_(param) {
+    hook_ = param_.register_hook([this](const torch::Tensor& grad) {
+      ++fired_;
+      torch::Tensor g = grad.clone(torch::MemoryFormat::Contiguous);
+      g.view({-1})[0].fill_(std::numeric_limits<float>::infinity());
+      return g;
+    });
+  }
+  ~InfInFirstElement() { param_.remove_hook(hook_); }
+  InfInFirstElement(const InfInFirstElement&) = delete;
+  InfInFirstElement& operator=(const InfInFirstElement&) = delete;
+  int fired() const { return fired_; }
+
+ private:
+  torch::Tensor param_;
+  unsigned hook_ = 0;
+  int fired_ = 0;
+};
+
+// One backward() of `engine`, with the element overflow of Note [Overflow
+// in one element] when `inject`; the hook must have reached the parameter.
+void backward_maybe_inf(Engine& engine, const torch::Tensor& loss, bool inject,
+                        bool scale_wrt_gas = true) {
+  if (!inject) {
+    engine.backward(loss, scale_wrt_gas);
+    return;
+  }
+  InfInFirstElement inf(engine.parameters().front());
+  engine.backward(loss, scale_wrt_gas);
+  ZS_CHECK(inf.fired() == 1);
 }
 
 struct Run {
@@ -80,6 +117,7 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
   world.run([&](int r) {
     torch::nn::Module& model = *models[r];
     Engine engine(models[r], run.config, &world.comm(r));
+    const bool element = s.overflow_kind == OverflowKind::kElement;
     int64_t base = 0;
     for (int k = 0; k < steps; ++k) {
       const int n = s.backwards[k];
@@ -88,13 +126,15 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
         charge(r, window_samples(s, k));
         const int64_t count = window_samples(s, k);
         torch::Tensor loss = task.loss(model, slice(data, base, count));
-        double factor = k == s.overflow_window ? kOverflowLossFactor : 1.0;
+        const bool inject = k == s.overflow_window;
+        double factor = inject && !element ? kOverflowLossFactor : 1.0;
         if (s.scaling == GradAccumScaling::kConfigured)
           factor *= static_cast<double>(n) /
                     static_cast<double>(s.backwards.front());
         if (s.scaling == GradAccumScaling::kNone) factor *= n;
         losses[r][k] = loss.item<double>();
-        engine.backward(loss * factor, /*scale_wrt_gas=*/false);
+        backward_maybe_inf(engine, loss * factor, inject && element,
+                           /*scale_wrt_gas=*/false);
         engine.step();
         applied[r] += engine.was_step_applied();
         scales[r].push_back(engine.loss_scale());
@@ -109,12 +149,12 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
           torch::Tensor loss =
               task.loss(model, slice(data, first, s.micro_batch));
           sum += loss.item<double>();
-          if (k == s.overflow_window && r == s.overflow_rank &&
-              i == s.overflow_backward)
-            loss = loss * kOverflowLossFactor;
+          const bool inject = k == s.overflow_window && r == s.overflow_rank &&
+                              i == s.overflow_backward;
+          if (inject && !element) loss = loss * kOverflowLossFactor;
           if (run.drive_override)
             engine.set_gradient_accumulation_boundary(i == n - 1);
-          engine.backward(loss);
+          backward_maybe_inf(engine, loss, inject && element);
           if (run.config.managed_gradient_accumulation) {
             engine.step();
             applied[r] += engine.was_step_applied();
@@ -195,9 +235,12 @@ std::string harness_flags(const Scenario& s) {
     os << " --offload=" << to_string(s.offload);
   if (s.offload_param != OffloadDevice::kNone) os << " --offload-param";
   if (s.sub_group_size > 0) os << " --sub-group-size=" << s.sub_group_size;
-  if (s.overflow_window >= 0)
+  if (s.overflow_window >= 0) {
     os << " --overflow=" << s.overflow_window << ":" << s.overflow_rank << ":"
        << s.overflow_backward;
+    if (s.overflow_kind != OverflowKind::kLoss)
+      os << ":" << to_string(s.overflow_kind);
+  }
   if (!s.base_config_json.empty())
     os << " --config=<a file holding: " << s.base_config_json << ">";
   if (s.overlap_comm) os << " --overlap-comm";
@@ -208,6 +251,16 @@ std::string harness_flags(const Scenario& s) {
   if (s.persistence_threshold >= 0)
     os << " --persistence-threshold=" << s.persistence_threshold;
   return os.str();
+}
+
+const char* to_string(OverflowKind k) {
+  switch (k) {
+    case OverflowKind::kLoss:
+      return "loss";
+    case OverflowKind::kElement:
+      return "element";
+  }
+  return "?";
 }
 
 double reference_tolerance(Precision dtype) {
@@ -452,7 +505,8 @@ std::string to_json_line(const ScenarioResult& r) {
   if (s.overflow_window >= 0)
     j["overflow"] = {{"window", s.overflow_window},
                      {"rank", s.overflow_rank},
-                     {"backward", s.overflow_backward}};
+                     {"backward", s.overflow_backward},
+                     {"kind", to_string(s.overflow_kind)}};
   j["skipped_steps"] = r.unmanaged.skipped_steps;
   j["loss_scales_unmanaged"] = r.unmanaged.loss_scales;
   j["model"] = s.model;

@@ -89,6 +89,34 @@ double reference_tolerance(Precision dtype);
 // this: its gradient exceeds fp16's range at any loss scale >= 1.
 inline constexpr double kOverflowLossFactor = 1e30;
 
+// Note [Overflow in one element]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A whole-loss overflow (kLoss) makes every gradient element of every rank
+// inf after the reduction, so a rank that decided "overflow" from its own
+// gradient partition alone would still agree with the others. kElement
+// sets one gradient element to +inf instead: element 0 of the first
+// trainable parameter (Engine::parameters().front(), canonical index 0), on
+// the injecting rank only, by a tensor hook on that parameter registered
+// just before the chosen backward and removed after it. Tensor hooks run
+// inside AccumulateGrad, before the gradient is accumulated and before the
+// engine's post-hooks (engine/param_binding.cc), so the inf reaches the
+// stage's buffers at every stage. Why that element: at stages 1-3 rank 0
+// alone owns it (stage 1: partition 0 starts at flat offset 0; stage 2:
+// rank 0's chunk of bucket 0; stage 3: the parameter is the first of its
+// group, whose partition 0 is rank 0's), so with world >= 2 every other
+// rank's own partition stays finite: only the global agreement (the norm
+// over all partitions, Engine::step) makes them skip. With an injecting
+// rank other than 0, the rank that sees the inf before the reduction is
+// not the one that owns it, so a decision from each rank's unreduced
+// gradient would split the ranks too. The reference run sets the same
+// element of its one backward in that window to +inf, so it skips too.
+enum class OverflowKind {
+  kLoss,     // the micro-batch's loss times kOverflowLossFactor
+  kElement,  // one gradient element on one rank: Note [Overflow in one element]
+};
+// "loss" or "element" (the harness's --overflow=W:R:B[:KIND] spelling).
+const char* to_string(OverflowKind k);
+
 struct Scenario {
   int stage = 0;
   int world_size = 1;
@@ -116,12 +144,15 @@ struct Scenario {
   Precision dtype = Precision::kFp32;
   // fp16 only: inject an overflow into backward `overflow_backward`
   // (0-based) of rank `overflow_rank` in window `overflow_window` (-1 =
-  // none) by multiplying that micro-batch's loss by kOverflowLossFactor;
-  // the reference multiplies that whole window. Every run must skip
-  // exactly that window's update.
+  // none). kLoss (the default) multiplies that micro-batch's loss by
+  // kOverflowLossFactor, and the reference multiplies that whole window;
+  // kElement makes one gradient element +inf on that rank and in the
+  // reference's window (Note [Overflow in one element]). Every run must
+  // skip exactly that window's update.
   int overflow_window = -1;
   int overflow_rank = 0;
   int overflow_backward = 0;
+  OverflowKind overflow_kind = OverflowKind::kLoss;
   // zero_optimization.offload_optimizer.device (stages 1-3) and, at stage
   // 3, offload_param.device. "nvme" needs nvme_path (an existing
   // directory; each run uses its own files in it). sub_group_size > 0 sets

@@ -1,10 +1,11 @@
 #include "parity/scenario.h"
 
 #include <gtest/gtest.h>
-
 #include <stdlib.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "common/errors.h"
 
@@ -190,6 +191,46 @@ TEST(ScenarioTest, InjectedFp16OverflowSkipsThatWindowInEveryRun) {
     EXPECT_EQ(r.unmanaged.loss_scales, r.managed.loss_scales);
     EXPECT_EQ(r.unmanaged.loss_scales.size(), 3u);
   }
+}
+
+// Note [Overflow in one element]: one gradient element of one rank, owned
+// by rank 0 alone at stages 1-3, and injected here on another rank.
+TEST(ScenarioTest, InjectedFp16OverflowInOneElementSkipsThatWindowInEveryRun) {
+  for (int world : {2, 3})
+    for (int stage : {0, 1, 2, 3}) {
+      Scenario s = base(stage, world);
+      s.dtype = Precision::kFp16;
+      s.persistence_threshold = 0;
+      s.overflow_window = 1;
+      s.overflow_rank = world - 1;
+      s.overflow_backward = 2;
+      s.overflow_kind = OverflowKind::kElement;
+      ScenarioResult r = run_scenario(s);
+      EXPECT_TRUE(r.ok) << "world " << world << " stage " << stage << ": "
+                        << ::testing::PrintToString(r.failures);
+      EXPECT_EQ(r.unmanaged.skipped_steps, 1);
+      EXPECT_EQ(r.managed.skipped_steps, 1);
+      EXPECT_EQ(r.reference.skipped_steps, 1);
+      EXPECT_EQ(r.unmanaged.steps_applied, 2);
+      EXPECT_EQ(r.unmanaged.loss_scales, r.reference.loss_scales);
+      EXPECT_NE(harness_flags(s).find(" --overflow=1:" +
+                                      std::to_string(world - 1) + ":2:element"),
+                std::string::npos);
+      EXPECT_NE(to_json_line(r).find("\"kind\":\"element\""),
+                std::string::npos);
+    }
+}
+
+TEST(ScenarioTest, OverflowKindLossIsTheDefaultAndReplaysAsBefore) {
+  Scenario s = base(1, 2);
+  s.dtype = Precision::kFp16;
+  s.overflow_window = 0;
+  EXPECT_EQ(s.overflow_kind, OverflowKind::kLoss);
+  const std::string flags = harness_flags(s);
+  EXPECT_NE(flags.find(" --overflow=0:0:0"), std::string::npos);
+  EXPECT_EQ(flags.find(" --overflow=0:0:0:"), std::string::npos);
+  EXPECT_NE(to_json_line(run_scenario(s)).find("\"kind\":\"loss\""),
+            std::string::npos);
 }
 
 TEST(ScenarioTest, InjectedOverflowNeedsFp16AndAPlaceInTheRun) {

@@ -323,7 +323,7 @@ void print_run_header(const HarnessFlags& f) {
     std::cerr << (i ? "," : "") << to_string(f.dtypes[i]);
   if (!f.overflow.empty())
     std::cerr << " overflow=" << f.overflow[0] << ":" << f.overflow[1] << ":"
-              << f.overflow[2];
+              << f.overflow[2] << (f.overflow_element ? ":element" : ":loss");
   std::cerr << " overlap_comm=" << (f.overlap_comm ? "stage>=2" : "off")
             << " reduce_bucket_size=" << f.reduce_bucket_size
             << " allgather_bucket_size=" << f.allgather_bucket_size
@@ -355,6 +355,7 @@ std::vector<Scenario> build_scenarios(const HarnessFlags& f,
               s.overflow_window = f.overflow[0];
               s.overflow_rank = f.overflow[1];
               s.overflow_backward = f.overflow[2];
+              if (f.overflow_element) s.overflow_kind = OverflowKind::kElement;
             }
             s.stage = stage;
             s.world_size = w;

@@ -76,10 +76,15 @@ struct HarnessFlags {
   double clip = 0.0;
   // --dtype: training dtypes. Default fp32.
   std::vector<Precision> dtypes = {Precision::kFp32};
-  // --overflow=W:R:B: empty, or {window, rank, backward} of an injected
-  // fp16 overflow (needs fp16 among dtypes; checked against per_step and
-  // the smallest world). Default empty.
+  // --overflow=W:R:B[:KIND]: empty, or {window, rank, backward} of an
+  // injected fp16 overflow (needs fp16 among dtypes; checked against
+  // per_step and the smallest world). Default empty.
   std::vector<int> overflow;
+  // KIND: "loss" (false, the default: that micro-batch's loss is scaled
+  // until every gradient overflows) or "element" (true: one gradient
+  // element on that rank only; Note [Overflow in one element] in
+  // parity/scenario.h).
+  bool overflow_element = false;
   // --offload: optimizer offload devices. Default none.
   std::vector<OffloadDevice> offloads = {OffloadDevice::kNone};
   // --offload-param: stage 3 offloads parameters to the same device too.
