@@ -69,6 +69,10 @@ void backward_maybe_inf(Engine& engine, const torch::Tensor& loss, bool inject,
   ZS_CHECK(inf.fired() == 1);
 }
 
+size_t rest_bytes(const MemoryStats& m) {
+  return m.param_bytes + m.grad_bytes + m.optimizer_state_bytes;
+}
+
 struct Run {
   Config config;
   int world_size = 1;
@@ -92,7 +96,9 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
   std::vector<int64_t> samples(run.world_size), applied(run.world_size),
       skipped(run.world_size);
   std::vector<std::vector<double>> scales(run.world_size),
-      norms(run.world_size);
+      norms(run.world_size), lrs(run.world_size);
+  std::vector<double> lr_initial(run.world_size);
+  std::vector<std::vector<size_t>> rest(run.world_size);
   std::vector<uint64_t> comm_bytes(run.world_size),
       backward_bytes(run.world_size), forward_bytes(run.world_size),
       step_bytes(run.world_size);
@@ -117,6 +123,7 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
   world.run([&](int r) {
     torch::nn::Module& model = *models[r];
     Engine engine(models[r], run.config, &world.comm(r));
+    lr_initial[r] = engine.get_lr();
     const bool element = s.overflow_kind == OverflowKind::kElement;
     int64_t base = 0;
     for (int k = 0; k < steps; ++k) {
@@ -168,6 +175,8 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
         norms[r].push_back(engine.get_global_grad_norm());
         losses[r][k] = sum / n;
       }
+      lrs[r].push_back(engine.get_lr());
+      rest[r].push_back(rest_bytes(engine.memory()));
       window_s[r].push_back(now(r) - window_start);
       base += window_samples(s, k);
     }
@@ -193,13 +202,19 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
   d.backward_comm_bytes = backward_bytes[0];
   d.forward_comm_bytes = forward_bytes[0];
   d.step_comm_bytes = step_bytes[0];
-  d.memory_rest_bytes = memory[0].param_bytes + memory[0].grad_bytes +
-                        memory[0].optimizer_state_bytes;
+  d.memory_rest_bytes = rest_bytes(memory[0]);
+  for (int k = 0; k < steps; ++k) {
+    d.memory_rest_by_window.emplace_back();
+    for (int r = 0; r < run.world_size; ++r)
+      d.memory_rest_by_window.back().push_back(rest[r][k]);
+  }
   d.memory_peak_bytes = memory[0].peak_bytes;
   d.global_samples = samples[0];
   d.steps_applied = applied[0];
   d.skipped_steps = skipped[0];
   d.loss_scales = scales[0];
+  d.lr_initial = lr_initial[0];
+  d.lrs = lrs[0];
   d.grad_norms = norms[0];
   if (sim != nullptr) {
     d.virtual_step_s = window_s[0];
@@ -333,6 +348,51 @@ Config scenario_config(const Scenario& s, bool managed) {
     j["optimizer"] = {{"type", "AdamW"},
                       {"params", {{"lr", 1e-3}, {"weight_decay", 0.01}}}};
   return parse_config(j.dump(), s.world_size);
+}
+
+std::vector<std::string> lr_failures(const ScenarioResult& r) {
+  const Scenario& s = r.scenario;
+  std::vector<std::string> failures;
+  const int w = s.overflow_window;
+  for (const auto& [name, d] : {std::pair{"unmanaged", &r.unmanaged},
+                                {"managed", &r.managed},
+                                {"reference", &r.reference}}) {
+    if (w < 0 || w >= static_cast<int>(d->lrs.size())) continue;
+    const double before = w == 0 ? d->lr_initial : d->lrs[w - 1];
+    if (d->lrs[w] != before) {
+      std::ostringstream os;
+      os << name << ": the lr moved across the skipped window " << w << " ("
+         << before << " before it, " << d->lrs[w] << " after)";
+      failures.push_back(os.str());
+    }
+  }
+  // The schedule advances once per applied update, in every run alike.
+  if (r.unmanaged.lrs != r.managed.lrs)
+    failures.push_back("unmanaged and managed lr trajectories differ");
+  if (r.unmanaged.lrs != r.reference.lrs)
+    failures.push_back("the lr trajectory differs from the reference's");
+  return failures;
+}
+
+std::vector<std::string> rest_memory_failures(const ScenarioResult& r) {
+  std::vector<std::string> failures;
+  for (const auto& [name, d] : {std::pair{"unmanaged", &r.unmanaged},
+                                {"managed", &r.managed},
+                                {"reference", &r.reference}}) {
+    const auto& by_window = d->memory_rest_by_window;
+    bool same = true;
+    for (size_t k = 1; k < by_window.size() && same; ++k)
+      for (size_t rank = 0; rank < by_window[k].size() && same; ++rank) {
+        if (by_window[k][rank] == by_window[0][rank]) continue;
+        same = false;
+        failures.push_back(
+            std::string(name) + ": rank " + std::to_string(rank) + " holds " +
+            std::to_string(by_window[k][rank]) +
+            " bytes at rest after window " + std::to_string(k) + ", " +
+            std::to_string(by_window[0][rank]) + " after window 0");
+      }
+  }
+  return failures;
 }
 
 ScenarioResult run_scenario(const Scenario& s) {
@@ -486,6 +546,13 @@ ScenarioResult run_scenario(const Scenario& s) {
           "differs from the single-rank reference by " +
               std::to_string(res.ref_rel_l2_diff) +
               " (relative L2; tolerance " + std::to_string(tol) + ")");
+  for (const std::string& f : lr_failures(res)) require(false, f);
+  // Rest memory: stage 3 must release every full storage it gathered for
+  // forward and backward by the end of step(). Stages 0-2 allocate all of
+  // it up front (FlatStage::memory) and the optimizer state is allocated at
+  // construction (zero/optimizer.h), so they hold it too: every stage is
+  // checked.
+  for (const std::string& f : rest_memory_failures(res)) require(false, f);
   res.ok = res.failures.empty();
   return res;
 }
@@ -509,6 +576,10 @@ std::string to_json_line(const ScenarioResult& r) {
                      {"kind", to_string(s.overflow_kind)}};
   j["skipped_steps"] = r.unmanaged.skipped_steps;
   j["loss_scales_unmanaged"] = r.unmanaged.loss_scales;
+  j["lr_initial"] = r.unmanaged.lr_initial;
+  j["lrs_unmanaged"] = r.unmanaged.lrs;
+  j["lrs_managed"] = r.managed.lrs;
+  j["lrs_reference"] = r.reference.lrs;
   j["model"] = s.model;
   j["backwards"] = s.backwards;
   j["scaling"] = to_string(s.scaling);
@@ -534,6 +605,8 @@ std::string to_json_line(const ScenarioResult& r) {
   j["step_comm_bytes_unmanaged"] = r.unmanaged.step_comm_bytes;
   j["memory_rest_bytes"] = r.unmanaged.memory_rest_bytes;
   j["memory_peak_bytes"] = r.unmanaged.memory_peak_bytes;
+  j["memory_rest_by_window_unmanaged"] = r.unmanaged.memory_rest_by_window;
+  j["memory_rest_by_window_managed"] = r.managed.memory_rest_by_window;
   j["global_samples"] = r.unmanaged.global_samples;
   j["expected_global_samples"] = r.expected_global_samples;
   j["steps_applied"] = r.unmanaged.steps_applied;

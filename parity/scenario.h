@@ -178,6 +178,12 @@ struct RunDigest {
   int64_t steps_applied = 0;
   int64_t skipped_steps = 0;
   std::vector<double> loss_scales;  // rank 0's, after each window's step
+  // rank 0's Engine::get_lr() before the first window and after each
+  // window's step: the rate of the next applied update, which a skipped
+  // window must not move (Note [DeepSpeed's step index] in
+  // engine/lr_schedule.h).
+  double lr_initial = 0.0;
+  std::vector<double> lrs;
   // rank 0's get_global_grad_norm() after each window's step (a skipped
   // window repeats the previous value).
   std::vector<double> grad_norms;
@@ -193,6 +199,10 @@ struct RunDigest {
   // peak during the run (Engine::memory()).
   size_t memory_rest_bytes = 0;
   size_t memory_peak_bytes = 0;
+  // The same rest bytes after each window's step, on every rank
+  // ([window][rank]); they must not change from window to window
+  // (rest_memory_failures()).
+  std::vector<std::vector<size_t>> memory_rest_by_window;
 };
 
 struct ScenarioResult {
@@ -221,6 +231,20 @@ struct ScenarioResult {
 // Throws ConfigError if the scenario's config is invalid, UsageError for a
 // bad scenario (e.g. an empty N list).
 ScenarioResult run_scenario(const Scenario& scenario);
+
+// Two of run_scenario()'s checks, over a result's digests: one failure line
+// per broken rule, none when they hold (exposed so that tests can show that
+// each fails on digests that break it).
+//
+// lr_failures: in each run, the lr after the skipped window equals the lr
+// before it (the previous window's, or lr_initial for window 0): a skipped
+// update does not advance the schedule; and the three runs' lr
+// trajectories are equal (one advance per applied update in each).
+std::vector<std::string> lr_failures(const ScenarioResult& r);
+// rest_memory_failures: in each run, every rank holds the same params +
+// grads + optimizer bytes after every window's step as after the first
+// (memory_rest_by_window).
+std::vector<std::string> rest_memory_failures(const ScenarioResult& r);
 
 // The config a scenario runs with (exposed for tests and tools).
 Config scenario_config(const Scenario& s, bool managed);
