@@ -230,6 +230,13 @@ class Engine final {
   std::vector<float> owned_parameters() const {
     return stage_->owned_parameters();
   }
+  // Where the owned state sits in canonical order (the trainable
+  // parameters concatenated in registration order, no padding): at stages
+  // 1-3 each canonical element is in exactly one rank's segments, at stage
+  // 0 in every rank's.
+  std::vector<Segment> owned_segments() const {
+    return stage_->owned_segments();
+  }
   // The stage's resident bytes plus, under mixed precision, the model's
   // bf16 weights and one-backward gradients (at stage 3: those of the
   // groups resident now; stage 3's peak_bytes counts float32 storage only).

@@ -2,8 +2,10 @@
 // overflow skip, on the simulator (zero/precision.h, engine/loss_scaler.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -93,6 +95,117 @@ TEST(MixedPrecisionTest, Fp16OverflowInOneRankSkipsTheUpdateEverywhere) {
         EXPECT_FALSE(same_bits(e.full_parameters(), before));
         EXPECT_TRUE(std::isfinite(e.get_global_grad_norm()));
       });
+    }
+  }
+}
+
+// Note [Overflow in one element] (parity/scenario.h) in the engine: an inf
+// in ONE gradient element on ONE rank makes every rank skip the window.
+// The element is element 0 of the first parameter; at stages 1-3 exactly
+// one rank owns it (checked below through owned_segments()), and the inf
+// goes in on the last rank, which does not. Were overflow decided per rank,
+// the ranks would split: from each rank's own reduced partition, only the
+// owner would see the inf and skip; from each rank's own gradient before
+// the reduction, only the injecting rank would. Either way some rank would
+// apply the update while another skips, and the test fails (tried with
+// finalize_gradient in zero/stage.cc deciding from the local partition's
+// norm: the updating rank's all-gather meets the skipping rank's next
+// collective, a CommError at world 2, stage 1).
+// (Stage 0 replicates the reduced gradient, so there even a per-rank
+// decision would agree; it is here for completeness.)
+TEST(MixedPrecisionTest, Fp16InfInOneElementOfOneRankSkipsOnEveryRank) {
+  // Hysteresis 1: the overflow halves the scale at once.
+  const std::string fp16 =
+      "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 8, "
+      "\"loss_scale_window\": 2, \"hysteresis\": 1}";
+  for (int world : {2, 3, 4}) {
+    for (int stage : {0, 1, 2, 3}) {
+      for (bool managed : {false, true}) {
+        SCOPED_TRACE("world " + std::to_string(world) + " stage " +
+                     std::to_string(stage) +
+                     (managed ? " managed" : " unmanaged"));
+        Fixture fx(world, config_json(stage, managed, 2, fp16));
+        const int injector = world - 1;
+        std::vector<int> owns(world, 0), fired(world, 0), local_inf(world, 0),
+            applied(world, 0), applied_next(world, 0);
+        std::vector<int64_t> skipped(world, 0);
+        std::vector<double> scale_before(world), scale(world), lr_before(world),
+            lr(world);
+        std::vector<torch::Tensor> before(world), after(world), next(world);
+        fx.world->run([&](int r) {
+          Engine e(fx.models[r], fx.config, &fx.world->comm(r));
+          for (const Segment& seg : e.owned_segments())
+            if (seg.canonical_offset == 0 && seg.numel > 0) owns[r] = 1;
+          auto window = [&](int k, bool inject) {
+            for (int i = 0; i < 2; ++i) {
+              const bool here = inject && r == injector && i == 1;
+              const torch::Tensor& p = e.parameters().front();
+              unsigned hook = 0;
+              if (here)
+                hook = p.register_hook([&](const torch::Tensor& grad) {
+                  ++fired[r];
+                  torch::Tensor g = grad.clone(torch::MemoryFormat::Contiguous);
+                  g.view({-1})[0].fill_(std::numeric_limits<float>::infinity());
+                  return g;
+                });
+              e.backward(fx.loss(r, 2 * k + i));
+              if (here) p.remove_hook(hook);
+              if (managed) e.step();
+            }
+            if (!managed) {
+              // Stages 0/1 unmanaged: the flat gradient is still this
+              // rank's own, unreduced.
+              if (inject && stage <= 1)
+                local_inf[r] =
+                    !torch::isfinite(e.flat_gradients()).all().item<bool>();
+              e.step();
+            }
+          };
+          window(0, false);
+          ASSERT_TRUE(e.was_step_applied());
+          before[r] = e.full_parameters();
+          scale_before[r] = e.loss_scale();
+          lr_before[r] = e.get_lr();
+          window(1, true);
+          applied[r] = e.was_step_applied();
+          skipped[r] = e.skipped_steps();
+          scale[r] = e.loss_scale();
+          lr[r] = e.get_lr();
+          after[r] = e.full_parameters();
+          window(2, false);
+          applied_next[r] = e.was_step_applied();
+          next[r] = e.full_parameters();
+        });
+        // Where the inf is: one rank's gradient, one rank's partition.
+        const int owners =
+            static_cast<int>(std::count(owns.begin(), owns.end(), 1));
+        if (stage == 0) {
+          EXPECT_EQ(owners, world);
+        } else {
+          EXPECT_EQ(owners, 1);
+          EXPECT_EQ(owns[injector], 0);
+        }
+        for (int r = 0; r < world; ++r) {
+          SCOPED_TRACE("rank " + std::to_string(r));
+          EXPECT_EQ(fired[r], r == injector ? 1 : 0);
+          if (!managed && stage <= 1) {
+            EXPECT_EQ(local_inf[r], r == injector ? 1 : 0);
+          }
+          // Every rank skips, identically.
+          EXPECT_FALSE(applied[r]);
+          EXPECT_EQ(skipped[r], 1);
+          EXPECT_TRUE(same_bits(after[r], before[r]));
+          EXPECT_TRUE(same_bits(after[r], after[0]));
+          EXPECT_EQ(scale_before[r], 256.0);
+          EXPECT_EQ(scale[r], 128.0);
+          EXPECT_EQ(lr[r], lr_before[r]);
+          // And trains on together: no inf left behind anywhere.
+          EXPECT_TRUE(applied_next[r]);
+          EXPECT_TRUE(torch::isfinite(next[r]).all().item<bool>());
+          EXPECT_FALSE(same_bits(next[r], before[r]));
+          EXPECT_TRUE(same_bits(next[r], next[0]));
+        }
+      }
     }
   }
 }

@@ -2,17 +2,18 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
 
+#include "comm/gloo_world.h"
 #include "common/errors.h"
 #include "engine/engine.h"
-#include "comm/gloo_world.h"
 #include "sim/sim_world.h"
 #include "zero/phase.h"
 
@@ -30,6 +31,46 @@ std::vector<float> to_vector(const torch::Tensor& t) {
   torch::Tensor c = t.contiguous();
   return std::vector<float>(c.data_ptr<float>(),
                             c.data_ptr<float>() + c.numel());
+}
+
+// Note [Overflow in one element]: while alive, element 0 of `param`'s
+// gradient is +inf in every backward that reaches the parameter.
+class InfInFirstElement {
+ public:
+  explicit InfInFirstElement(const torch::Tensor& param) : param_(param) {
+    hook_ = param_.register_hook([this](const torch::Tensor& grad) {
+      ++fired_;
+      torch::Tensor g = grad.clone(torch::MemoryFormat::Contiguous);
+      g.view({-1})[0].fill_(std::numeric_limits<float>::infinity());
+      return g;
+    });
+  }
+  ~InfInFirstElement() { param_.remove_hook(hook_); }
+  InfInFirstElement(const InfInFirstElement&) = delete;
+  InfInFirstElement& operator=(const InfInFirstElement&) = delete;
+  int fired() const { return fired_; }
+
+ private:
+  torch::Tensor param_;
+  unsigned hook_ = 0;
+  int fired_ = 0;
+};
+
+// One backward() of `engine`, with the element overflow of Note [Overflow
+// in one element] when `inject`; the hook must have reached the parameter.
+void backward_maybe_inf(Engine& engine, const torch::Tensor& loss, bool inject,
+                        bool scale_wrt_gas = true) {
+  if (!inject) {
+    engine.backward(loss, scale_wrt_gas);
+    return;
+  }
+  InfInFirstElement inf(engine.parameters().front());
+  engine.backward(loss, scale_wrt_gas);
+  ZS_CHECK(inf.fired() == 1);
+}
+
+size_t rest_bytes(const MemoryStats& m) {
+  return m.param_bytes + m.grad_bytes + m.optimizer_state_bytes;
 }
 
 struct Run {
@@ -55,7 +96,9 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
   std::vector<int64_t> samples(run.world_size), applied(run.world_size),
       skipped(run.world_size);
   std::vector<std::vector<double>> scales(run.world_size),
-      norms(run.world_size);
+      norms(run.world_size), lrs(run.world_size);
+  std::vector<double> lr_initial(run.world_size);
+  std::vector<std::vector<size_t>> rest(run.world_size);
   std::vector<uint64_t> comm_bytes(run.world_size),
       backward_bytes(run.world_size), forward_bytes(run.world_size),
       step_bytes(run.world_size);
@@ -80,6 +123,8 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
   world.run([&](int r) {
     torch::nn::Module& model = *models[r];
     Engine engine(models[r], run.config, &world.comm(r));
+    lr_initial[r] = engine.get_lr();
+    const bool element = s.overflow_kind == OverflowKind::kElement;
     int64_t base = 0;
     for (int k = 0; k < steps; ++k) {
       const int n = s.backwards[k];
@@ -88,13 +133,15 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
         charge(r, window_samples(s, k));
         const int64_t count = window_samples(s, k);
         torch::Tensor loss = task.loss(model, slice(data, base, count));
-        double factor = k == s.overflow_window ? kOverflowLossFactor : 1.0;
+        const bool inject = k == s.overflow_window;
+        double factor = inject && !element ? kOverflowLossFactor : 1.0;
         if (s.scaling == GradAccumScaling::kConfigured)
           factor *= static_cast<double>(n) /
                     static_cast<double>(s.backwards.front());
         if (s.scaling == GradAccumScaling::kNone) factor *= n;
         losses[r][k] = loss.item<double>();
-        engine.backward(loss * factor, /*scale_wrt_gas=*/false);
+        backward_maybe_inf(engine, loss * factor, inject && element,
+                           /*scale_wrt_gas=*/false);
         engine.step();
         applied[r] += engine.was_step_applied();
         scales[r].push_back(engine.loss_scale());
@@ -109,12 +156,12 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
           torch::Tensor loss =
               task.loss(model, slice(data, first, s.micro_batch));
           sum += loss.item<double>();
-          if (k == s.overflow_window && r == s.overflow_rank &&
-              i == s.overflow_backward)
-            loss = loss * kOverflowLossFactor;
+          const bool inject = k == s.overflow_window && r == s.overflow_rank &&
+                              i == s.overflow_backward;
+          if (inject && !element) loss = loss * kOverflowLossFactor;
           if (run.drive_override)
             engine.set_gradient_accumulation_boundary(i == n - 1);
-          engine.backward(loss);
+          backward_maybe_inf(engine, loss, inject && element);
           if (run.config.managed_gradient_accumulation) {
             engine.step();
             applied[r] += engine.was_step_applied();
@@ -128,6 +175,8 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
         norms[r].push_back(engine.get_global_grad_norm());
         losses[r][k] = sum / n;
       }
+      lrs[r].push_back(engine.get_lr());
+      rest[r].push_back(rest_bytes(engine.memory()));
       window_s[r].push_back(now(r) - window_start);
       base += window_samples(s, k);
     }
@@ -153,13 +202,19 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
   d.backward_comm_bytes = backward_bytes[0];
   d.forward_comm_bytes = forward_bytes[0];
   d.step_comm_bytes = step_bytes[0];
-  d.memory_rest_bytes = memory[0].param_bytes + memory[0].grad_bytes +
-                        memory[0].optimizer_state_bytes;
+  d.memory_rest_bytes = rest_bytes(memory[0]);
+  for (int k = 0; k < steps; ++k) {
+    d.memory_rest_by_window.emplace_back();
+    for (int r = 0; r < run.world_size; ++r)
+      d.memory_rest_by_window.back().push_back(rest[r][k]);
+  }
   d.memory_peak_bytes = memory[0].peak_bytes;
   d.global_samples = samples[0];
   d.steps_applied = applied[0];
   d.skipped_steps = skipped[0];
   d.loss_scales = scales[0];
+  d.lr_initial = lr_initial[0];
+  d.lrs = lrs[0];
   d.grad_norms = norms[0];
   if (sim != nullptr) {
     d.virtual_step_s = window_s[0];
@@ -195,9 +250,12 @@ std::string harness_flags(const Scenario& s) {
     os << " --offload=" << to_string(s.offload);
   if (s.offload_param != OffloadDevice::kNone) os << " --offload-param";
   if (s.sub_group_size > 0) os << " --sub-group-size=" << s.sub_group_size;
-  if (s.overflow_window >= 0)
+  if (s.overflow_window >= 0) {
     os << " --overflow=" << s.overflow_window << ":" << s.overflow_rank << ":"
        << s.overflow_backward;
+    if (s.overflow_kind != OverflowKind::kLoss)
+      os << ":" << to_string(s.overflow_kind);
+  }
   if (!s.base_config_json.empty())
     os << " --config=<a file holding: " << elide(s.base_config_json, 2000)
        << ">";
@@ -209,6 +267,16 @@ std::string harness_flags(const Scenario& s) {
   if (s.persistence_threshold >= 0)
     os << " --persistence-threshold=" << s.persistence_threshold;
   return os.str();
+}
+
+const char* to_string(OverflowKind k) {
+  switch (k) {
+    case OverflowKind::kLoss:
+      return "loss";
+    case OverflowKind::kElement:
+      return "element";
+  }
+  return "?";
 }
 
 double reference_tolerance(Precision dtype) {
@@ -301,6 +369,51 @@ Config scenario_config(const Scenario& s, bool managed) {
     j["optimizer"] = {{"type", "AdamW"},
                       {"params", {{"lr", 1e-3}, {"weight_decay", 0.01}}}};
   return parse_config(j.dump(), s.world_size);
+}
+
+std::vector<std::string> lr_failures(const ScenarioResult& r) {
+  const Scenario& s = r.scenario;
+  std::vector<std::string> failures;
+  const int w = s.overflow_window;
+  for (const auto& [name, d] : {std::pair{"unmanaged", &r.unmanaged},
+                                {"managed", &r.managed},
+                                {"reference", &r.reference}}) {
+    if (w < 0 || w >= static_cast<int>(d->lrs.size())) continue;
+    const double before = w == 0 ? d->lr_initial : d->lrs[w - 1];
+    if (d->lrs[w] != before) {
+      std::ostringstream os;
+      os << name << ": the lr moved across the skipped window " << w << " ("
+         << before << " before it, " << d->lrs[w] << " after)";
+      failures.push_back(os.str());
+    }
+  }
+  // The schedule advances once per applied update, in every run alike.
+  if (r.unmanaged.lrs != r.managed.lrs)
+    failures.push_back("unmanaged and managed lr trajectories differ");
+  if (r.unmanaged.lrs != r.reference.lrs)
+    failures.push_back("the lr trajectory differs from the reference's");
+  return failures;
+}
+
+std::vector<std::string> rest_memory_failures(const ScenarioResult& r) {
+  std::vector<std::string> failures;
+  for (const auto& [name, d] : {std::pair{"unmanaged", &r.unmanaged},
+                                {"managed", &r.managed},
+                                {"reference", &r.reference}}) {
+    const auto& by_window = d->memory_rest_by_window;
+    bool same = true;
+    for (size_t k = 1; k < by_window.size() && same; ++k)
+      for (size_t rank = 0; rank < by_window[k].size() && same; ++rank) {
+        if (by_window[k][rank] == by_window[0][rank]) continue;
+        same = false;
+        failures.push_back(
+            std::string(name) + ": rank " + std::to_string(rank) + " holds " +
+            std::to_string(by_window[k][rank]) +
+            " bytes at rest after window " + std::to_string(k) + ", " +
+            std::to_string(by_window[0][rank]) + " after window 0");
+      }
+  }
+  return failures;
 }
 
 ScenarioResult run_scenario(const Scenario& s) {
@@ -455,6 +568,13 @@ ScenarioResult run_scenario(const Scenario& s) {
           "differs from the single-rank reference by " +
               std::to_string(res.ref_rel_l2_diff) +
               " (relative L2; tolerance " + std::to_string(tol) + ")");
+  for (const std::string& f : lr_failures(res)) require(false, f);
+  // Rest memory: stage 3 must release every full storage it gathered for
+  // forward and backward by the end of step(). Stages 0-2 allocate all of
+  // it up front (FlatStage::memory) and the optimizer state is allocated at
+  // construction (zero/optimizer.h), so they hold it too: every stage is
+  // checked.
+  for (const std::string& f : rest_memory_failures(res)) require(false, f);
   res.ok = res.failures.empty();
   return res;
 }
@@ -474,9 +594,14 @@ std::string to_json_line(const ScenarioResult& r) {
   if (s.overflow_window >= 0)
     j["overflow"] = {{"window", s.overflow_window},
                      {"rank", s.overflow_rank},
-                     {"backward", s.overflow_backward}};
+                     {"backward", s.overflow_backward},
+                     {"kind", to_string(s.overflow_kind)}};
   j["skipped_steps"] = r.unmanaged.skipped_steps;
   j["loss_scales_unmanaged"] = r.unmanaged.loss_scales;
+  j["lr_initial"] = r.unmanaged.lr_initial;
+  j["lrs_unmanaged"] = r.unmanaged.lrs;
+  j["lrs_managed"] = r.managed.lrs;
+  j["lrs_reference"] = r.reference.lrs;
   j["model"] = s.model;
   j["backwards"] = s.backwards;
   j["scaling"] = to_string(s.scaling);
@@ -502,6 +627,8 @@ std::string to_json_line(const ScenarioResult& r) {
   j["step_comm_bytes_unmanaged"] = r.unmanaged.step_comm_bytes;
   j["memory_rest_bytes"] = r.unmanaged.memory_rest_bytes;
   j["memory_peak_bytes"] = r.unmanaged.memory_peak_bytes;
+  j["memory_rest_by_window_unmanaged"] = r.unmanaged.memory_rest_by_window;
+  j["memory_rest_by_window_managed"] = r.managed.memory_rest_by_window;
   j["global_samples"] = r.unmanaged.global_samples;
   j["expected_global_samples"] = r.expected_global_samples;
   j["steps_applied"] = r.unmanaged.steps_applied;

@@ -89,6 +89,34 @@ double reference_tolerance(Precision dtype);
 // this: its gradient exceeds fp16's range at any loss scale >= 1.
 inline constexpr double kOverflowLossFactor = 1e30;
 
+// Note [Overflow in one element]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A whole-loss overflow (kLoss) makes every gradient element of every rank
+// inf after the reduction, so a rank that decided "overflow" from its own
+// gradient partition alone would still agree with the others. kElement
+// sets one gradient element to +inf instead: element 0 of the first
+// trainable parameter (Engine::parameters().front(), canonical index 0), on
+// the injecting rank only, by a tensor hook on that parameter registered
+// just before the chosen backward and removed after it. Tensor hooks run
+// inside AccumulateGrad, before the gradient is accumulated and before the
+// engine's post-hooks (engine/param_binding.cc), so the inf reaches the
+// stage's buffers at every stage. Why that element: at stages 1-3 rank 0
+// alone owns it (stage 1: partition 0 starts at flat offset 0; stage 2:
+// rank 0's chunk of bucket 0; stage 3: the parameter is the first of its
+// group, whose partition 0 is rank 0's), so with world >= 2 every other
+// rank's own partition stays finite: only the global agreement (the norm
+// over all partitions, Engine::step) makes them skip. With an injecting
+// rank other than 0, the rank that sees the inf before the reduction is
+// not the one that owns it, so a decision from each rank's unreduced
+// gradient would split the ranks too. The reference run sets the same
+// element of its one backward in that window to +inf, so it skips too.
+enum class OverflowKind {
+  kLoss,     // the micro-batch's loss times kOverflowLossFactor
+  kElement,  // one gradient element on one rank: Note [Overflow in one element]
+};
+// "loss" or "element" (the harness's --overflow=W:R:B[:KIND] spelling).
+const char* to_string(OverflowKind k);
+
 struct Scenario {
   int stage = 0;
   int world_size = 1;
@@ -116,12 +144,15 @@ struct Scenario {
   Precision dtype = Precision::kFp32;
   // fp16 only: inject an overflow into backward `overflow_backward`
   // (0-based) of rank `overflow_rank` in window `overflow_window` (-1 =
-  // none) by multiplying that micro-batch's loss by kOverflowLossFactor;
-  // the reference multiplies that whole window. Every run must skip
-  // exactly that window's update.
+  // none). kLoss (the default) multiplies that micro-batch's loss by
+  // kOverflowLossFactor, and the reference multiplies that whole window;
+  // kElement makes one gradient element +inf on that rank and in the
+  // reference's window (Note [Overflow in one element]). Every run must
+  // skip exactly that window's update.
   int overflow_window = -1;
   int overflow_rank = 0;
   int overflow_backward = 0;
+  OverflowKind overflow_kind = OverflowKind::kLoss;
   // zero_optimization.offload_optimizer.device (stages 1-3) and, at stage
   // 3, offload_param.device. "nvme" needs nvme_path (an existing
   // directory; each run uses its own files in it). sub_group_size > 0 sets
@@ -150,6 +181,12 @@ struct RunDigest {
   int64_t steps_applied = 0;
   int64_t skipped_steps = 0;
   std::vector<double> loss_scales;  // rank 0's, after each window's step
+  // rank 0's Engine::get_lr() before the first window and after each
+  // window's step: the rate of the next applied update, which a skipped
+  // window must not move (Note [DeepSpeed's step index] in
+  // engine/lr_schedule.h).
+  double lr_initial = 0.0;
+  std::vector<double> lrs;
   // rank 0's get_global_grad_norm() after each window's step (a skipped
   // window repeats the previous value).
   std::vector<double> grad_norms;
@@ -165,6 +202,10 @@ struct RunDigest {
   // peak during the run (Engine::memory()).
   size_t memory_rest_bytes = 0;
   size_t memory_peak_bytes = 0;
+  // The same rest bytes after each window's step, on every rank
+  // ([window][rank]); they must not change from window to window
+  // (rest_memory_failures()).
+  std::vector<std::vector<size_t>> memory_rest_by_window;
 };
 
 struct ScenarioResult {
@@ -196,6 +237,20 @@ struct ScenarioResult {
 // Throws ConfigError if the scenario's config is invalid, UsageError for a
 // bad scenario (e.g. an empty N list).
 ScenarioResult run_scenario(const Scenario& scenario);
+
+// Two of run_scenario()'s checks, over a result's digests: one failure line
+// per broken rule, none when they hold (exposed so that tests can show that
+// each fails on digests that break it).
+//
+// lr_failures: in each run, the lr after the skipped window equals the lr
+// before it (the previous window's, or lr_initial for window 0): a skipped
+// update does not advance the schedule; and the three runs' lr
+// trajectories are equal (one advance per applied update in each).
+std::vector<std::string> lr_failures(const ScenarioResult& r);
+// rest_memory_failures: in each run, every rank holds the same params +
+// grads + optimizer bytes after every window's step as after the first
+// (memory_rest_by_window).
+std::vector<std::string> rest_memory_failures(const ScenarioResult& r);
 
 // The config a scenario runs with (exposed for tests and tools).
 Config scenario_config(const Scenario& s, bool managed);

@@ -1,10 +1,11 @@
 #include "parity/scenario.h"
 
 #include <gtest/gtest.h>
-
 #include <stdlib.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "common/errors.h"
 
@@ -241,6 +242,151 @@ TEST(ScenarioTest, InjectedFp16OverflowSkipsThatWindowInEveryRun) {
     EXPECT_EQ(r.unmanaged.loss_scales, r.managed.loss_scales);
     EXPECT_EQ(r.unmanaged.loss_scales.size(), 3u);
   }
+}
+
+// Note [Overflow in one element]: one gradient element of one rank, owned
+// by rank 0 alone at stages 1-3, and injected here on another rank.
+TEST(ScenarioTest, InjectedFp16OverflowInOneElementSkipsThatWindowInEveryRun) {
+  for (int world : {2, 3})
+    for (int stage : {0, 1, 2, 3}) {
+      Scenario s = base(stage, world);
+      s.dtype = Precision::kFp16;
+      s.persistence_threshold = 0;
+      s.overflow_window = 1;
+      s.overflow_rank = world - 1;
+      s.overflow_backward = 2;
+      s.overflow_kind = OverflowKind::kElement;
+      ScenarioResult r = run_scenario(s);
+      EXPECT_TRUE(r.ok) << "world " << world << " stage " << stage << ": "
+                        << ::testing::PrintToString(r.failures);
+      EXPECT_EQ(r.unmanaged.skipped_steps, 1);
+      EXPECT_EQ(r.managed.skipped_steps, 1);
+      EXPECT_EQ(r.reference.skipped_steps, 1);
+      EXPECT_EQ(r.unmanaged.steps_applied, 2);
+      EXPECT_EQ(r.unmanaged.loss_scales, r.reference.loss_scales);
+      EXPECT_NE(harness_flags(s).find(" --overflow=1:" +
+                                      std::to_string(world - 1) + ":2:element"),
+                std::string::npos);
+      EXPECT_NE(to_json_line(r).find("\"kind\":\"element\""),
+                std::string::npos);
+    }
+}
+
+TEST(ScenarioTest, OverflowKindLossIsTheDefaultAndReplaysAsBefore) {
+  Scenario s = base(1, 2);
+  s.dtype = Precision::kFp16;
+  s.overflow_window = 0;
+  EXPECT_EQ(s.overflow_kind, OverflowKind::kLoss);
+  const std::string flags = harness_flags(s);
+  EXPECT_NE(flags.find(" --overflow=0:0:0"), std::string::npos);
+  EXPECT_EQ(flags.find(" --overflow=0:0:0:"), std::string::npos);
+  EXPECT_NE(to_json_line(run_scenario(s)).find("\"kind\":\"loss\""),
+            std::string::npos);
+}
+
+// A schedule whose lr changes with every applied update (linear warmup
+// from 0.001 to 0.003 over 4 updates), so a skipped window that advanced
+// it would show.
+Scenario warmup_with_overflow(OverflowKind kind) {
+  Scenario s = base(1, 2);
+  s.backwards = {2, 3, 2, 2};
+  s.dtype = Precision::kFp16;
+  s.overflow_window = 2;
+  s.overflow_rank = 1;
+  s.overflow_backward = 1;
+  s.overflow_kind = kind;
+  s.base_config_json = R"({"optimizer": {"type": "AdamW",
+      "params": {"lr": 0.002}}, "scheduler": {"type": "WarmupLR",
+      "params": {"warmup_num_steps": 4, "warmup_min_lr": 0.001,
+                 "warmup_max_lr": 0.003, "warmup_type": "linear"}}})";
+  return s;
+}
+
+TEST(ScenarioTest, TheLrDoesNotMoveAcrossASkippedWindow) {
+  for (OverflowKind kind : {OverflowKind::kLoss, OverflowKind::kElement}) {
+    SCOPED_TRACE(to_string(kind));
+    const ScenarioResult r = run_scenario(warmup_with_overflow(kind));
+    EXPECT_TRUE(r.ok) << ::testing::PrintToString(r.failures);
+    EXPECT_TRUE(lr_failures(r).empty());
+    const std::vector<double>& lr = r.unmanaged.lrs;
+    ASSERT_EQ(lr.size(), 4u);
+    // lr(-1) = lr(0) = warmup_min_lr (Note [DeepSpeed's step index]); then
+    // one warmup step per applied update, none for the skipped window 2.
+    EXPECT_EQ(r.unmanaged.lr_initial, 0.001);
+    EXPECT_EQ(lr[0], 0.001);
+    EXPECT_DOUBLE_EQ(lr[1], 0.0015);
+    EXPECT_EQ(lr[2], lr[1]);
+    EXPECT_DOUBLE_EQ(lr[3], 0.002);
+    EXPECT_EQ(r.managed.lrs, lr);
+    EXPECT_EQ(r.reference.lrs, lr);
+    EXPECT_NE(to_json_line(r).find("\"lrs_unmanaged\":["), std::string::npos);
+  }
+}
+
+// The check itself: digests as an engine that advanced the schedule on a
+// skipped window would leave them.
+TEST(ScenarioTest, LrCheckFailsWhenASkippedWindowAdvancesTheSchedule) {
+  ScenarioResult r = run_scenario(warmup_with_overflow(OverflowKind::kElement));
+  ASSERT_TRUE(lr_failures(r).empty());
+  ScenarioResult advanced = r;
+  advanced.unmanaged.lrs = {0.001, 0.0015, 0.002, 0.0025};
+  EXPECT_EQ(lr_failures(advanced),
+            (std::vector<std::string>{
+                "unmanaged: the lr moved across the skipped window 2 (0.0015 "
+                "before it, 0.002 after)",
+                "unmanaged and managed lr trajectories differ",
+                "the lr trajectory differs from the reference's"}));
+  // Every run advanced alike: the window check alone still catches it.
+  advanced.managed.lrs = advanced.reference.lrs = advanced.unmanaged.lrs;
+  EXPECT_EQ(lr_failures(advanced).size(), 3u);
+  // Window 0 skipped: compared with the lr before the first window.
+  ScenarioResult first = r;
+  first.scenario.overflow_window = 0;
+  first.unmanaged.lr_initial = 0.0005;
+  EXPECT_EQ(lr_failures(first),
+            (std::vector<std::string>{
+                "unmanaged: the lr moved across the skipped window 0 (0.0005 "
+                "before it, 0.001 after)"}));
+}
+
+// Memory at rest (params + grads + optimizer state) is allocated once:
+// every window's step ends at the same level, on every rank, at every
+// stage (stage 3 releases the full storages it gathered).
+TEST(ScenarioTest, RestMemoryIsTheSameAfterEveryWindow) {
+  for (int stage : {0, 1, 2, 3}) {
+    Scenario s = base(stage, 3);
+    s.persistence_threshold = 0;
+    const ScenarioResult r = run_scenario(s);
+    EXPECT_TRUE(r.ok) << "stage " << stage << ": "
+                      << ::testing::PrintToString(r.failures);
+    const auto& by_window = r.unmanaged.memory_rest_by_window;
+    ASSERT_EQ(by_window.size(), 3u);
+    for (const auto& ranks : by_window) {
+      ASSERT_EQ(ranks.size(), 3u);
+      EXPECT_EQ(ranks, by_window[0]);
+    }
+    EXPECT_EQ(by_window.back()[0], r.unmanaged.memory_rest_bytes);
+    EXPECT_EQ(r.managed.memory_rest_by_window, by_window);
+    if (stage == 3) {
+      // Partitioned at rest: a third of stage 0's, give or take padding
+      // and the persistent group.
+      EXPECT_LT(by_window[0][0], r.reference.memory_rest_bytes);
+    }
+  }
+}
+
+TEST(ScenarioTest, RestMemoryCheckFailsWhenAWindowEndsAtAnotherLevel) {
+  Scenario s = base(3, 2);
+  s.persistence_threshold = 0;
+  ScenarioResult r = run_scenario(s);
+  ASSERT_TRUE(rest_memory_failures(r).empty());
+  const size_t rest = r.managed.memory_rest_by_window[2][1];
+  r.managed.memory_rest_by_window[2][1] += 1024;  // a group left gathered
+  EXPECT_EQ(rest_memory_failures(r),
+            (std::vector<std::string>{
+                "managed: rank 1 holds " + std::to_string(rest + 1024) +
+                " bytes at rest after window 2, " + std::to_string(rest) +
+                " after window 0"}));
 }
 
 TEST(ScenarioTest, InjectedOverflowNeedsFp16AndAPlaceInTheRun) {

@@ -389,7 +389,7 @@ void print_run_header(const HarnessFlags& f, bool plan) {
       std::cerr << (i ? "," : "") << to_string(f.dtypes[i]);
     if (!f.overflow.empty())
       std::cerr << " overflow=" << f.overflow[0] << ":" << f.overflow[1] << ":"
-                << f.overflow[2];
+                << f.overflow[2] << (f.overflow_element ? ":element" : ":loss");
     std::cerr << " overlap_comm=" << (f.overlap_comm ? "stage>=2" : "off")
               << " reduce_bucket_size=" << f.reduce_bucket_size
               << " allgather_bucket_size=" << f.allgather_bucket_size
@@ -444,6 +444,7 @@ std::vector<Scenario> build_scenarios(const HarnessFlags& f,
               s.overflow_window = f.overflow[0];
               s.overflow_rank = f.overflow[1];
               s.overflow_backward = f.overflow[2];
+              if (f.overflow_element) s.overflow_kind = OverflowKind::kElement;
             }
             s.stage = stage;
             s.world_size = w;
@@ -533,6 +534,7 @@ std::vector<Scenario> default_plan(const HarnessFlags& f,
       s.overflow_window = 1;
       s.overflow_rank = 1;
       s.overflow_backward = 2;
+      s.overflow_kind = OverflowKind::kElement;
       s.base_config_json = R"({"scheduler": {"type": "WarmupLR", "params": )"
                            R"({"warmup_min_lr": 0, "warmup_max_lr": 0.001, )"
                            R"("warmup_num_steps": 3}}})";

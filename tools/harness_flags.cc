@@ -26,9 +26,12 @@ const char* const kHarnessUsage = R"(usage: harness [flags]
                         a new directory under $TMPDIR, removed at exit)
   --sub-group-size=E    zero_optimization.sub_group_size: elements per swap
                         sub-group (default DeepSpeed's 1e9)
-  --overflow=W:R:B      fp16 scenarios: inject an overflow into backward B
-                        (0-based) of rank R in window W; that update must be
-                        skipped on every rank
+  --overflow=W:R:B[:KIND]  fp16 scenarios: inject an overflow into backward
+                        B (0-based) of rank R in window W; that update must
+                        be skipped on every rank. KIND loss (the default):
+                        that micro-batch's loss overflows, so every gradient
+                        does; element: one gradient element on rank R only
+                        (Note [Overflow in one element], parity/scenario.h)
   --overlap-comm        zero_optimization.overlap_comm for stage >= 2
                         scenarios (stages 0/1 run without it)
   --reduce-bucket-size=E   elements per reduce-scatter bucket (stage 2)
@@ -245,12 +248,34 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
       if (f.sub_group_size < 1)
         throw FlagError("--sub-group-size must be >= 1");
     } else if (key == "overflow") {
-      std::string list = v;
-      std::replace(list.begin(), list.end(), ':', ',');
-      f.overflow = int_list(key, list);
-      if (f.overflow.size() != 3)
+      std::vector<std::string> parts;
+      for (size_t from = 0;;) {
+        const size_t at = v.find(':', from);
+        parts.push_back(v.substr(from, at - from));
+        if (at == std::string::npos) break;
+        from = at + 1;
+      }
+      f.overflow_element = false;
+      if (parts.size() == 4) {
+        if (parts[3] != "loss" && parts[3] != "element")
+          throw FlagError("--overflow=" + v + ": '" + parts[3] +
+                          "' is not one of loss, element");
+        f.overflow_element = parts[3] == "element";
+        parts.pop_back();
+      }
+      if (parts.size() != 3)
         throw FlagError("--overflow=" + v +
-                        ": write WINDOW:RANK:BACKWARD, e.g. 1:0:2");
+                        ": write WINDOW:RANK:BACKWARD[:KIND], e.g. 1:0:2 or "
+                        "1:0:2:element");
+      f.overflow.clear();
+      for (const std::string& part : parts) {
+        char* end = nullptr;
+        const long x = std::strtol(part.c_str(), &end, 10);
+        if (part.empty() || *end != '\0')
+          throw FlagError("--overflow=" + v + ": '" + part +
+                          "' is not an integer");
+        f.overflow.push_back(static_cast<int>(x));
+      }
     } else if (key == "seed") {
       f.seed = parse_u64(key, v);
     } else if (key == "config") {

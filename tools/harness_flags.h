@@ -88,10 +88,15 @@ struct HarnessFlags {
   // --dtype: training dtypes. Default fp32 (with --config: the file's).
   std::vector<Precision> dtypes = {Precision::kFp32};
   bool dtypes_given = false;
-  // --overflow=W:R:B: empty, or {window, rank, backward} of an injected
-  // fp16 overflow (needs fp16 among dtypes; checked against per_step and
-  // the smallest world). Default empty.
+  // --overflow=W:R:B[:KIND]: empty, or {window, rank, backward} of an
+  // injected fp16 overflow (needs fp16 among dtypes; checked against
+  // per_step and the smallest world). Default empty.
   std::vector<int> overflow;
+  // KIND: "loss" (false, the default: that micro-batch's loss is scaled
+  // until every gradient overflows) or "element" (true: one gradient
+  // element on that rank only; Note [Overflow in one element] in
+  // parity/scenario.h).
+  bool overflow_element = false;
   // --offload: optimizer offload devices. Default none (with --config: the
   // file's offload_optimizer.device).
   std::vector<OffloadDevice> offloads = {OffloadDevice::kNone};

@@ -90,6 +90,7 @@ TEST(HarnessFlagsTest, ListsAndValues) {
   EXPECT_EQ(f.dtypes,
             (std::vector<Precision>{Precision::kFp32, Precision::kFp16}));
   EXPECT_EQ(f.overflow, (std::vector<int>{1, 1, 3}));
+  EXPECT_FALSE(f.overflow_element);  // W:R:B alone: the whole loss
   EXPECT_EQ(f.offloads, (std::vector<OffloadDevice>{OffloadDevice::kCpu,
                                                     OffloadDevice::kNvme}));
   EXPECT_TRUE(f.offload_param);
@@ -163,9 +164,40 @@ TEST(HarnessFlagsTest, ErrorsNameTheFlagAndTheRule) {
             "--steps=3 disagrees with the 2 entries of --backwards");
 }
 
+// A fourth field says what overflows: "loss" (as without it) or "element".
+TEST(HarnessFlagsTest, OverflowKindIsLossOrElement) {
+  const HarnessFlags element =
+      parse({"--dtype=fp16", "--world=2,3", "--overflow=1:1:2:element"});
+  EXPECT_EQ(element.overflow, (std::vector<int>{1, 1, 2}));
+  EXPECT_TRUE(element.overflow_element);
+  const HarnessFlags loss = parse({"--dtype=fp16", "--overflow=0:0:3:loss"});
+  EXPECT_EQ(loss.overflow, (std::vector<int>{0, 0, 3}));
+  EXPECT_FALSE(loss.overflow_element);
+  // The last --overflow wins, kind included.
+  EXPECT_FALSE(
+      parse({"--dtype=fp16", "--overflow=0:0:0:element", "--overflow=0:0:1"})
+          .overflow_element);
+  EXPECT_EQ(error_of({"--dtype=fp16", "--overflow=1:1:2:elem"}),
+            "--overflow=1:1:2:elem: 'elem' is not one of loss, element");
+  EXPECT_EQ(error_of({"--dtype=fp16", "--overflow=1:1:element"}),
+            "--overflow=1:1:element: 'element' is not an integer");
+  EXPECT_EQ(error_of({"--dtype=fp16", "--overflow=1:1:2:element:0"}),
+            "--overflow=1:1:2:element:0: write WINDOW:RANK:BACKWARD[:KIND], "
+            "e.g. 1:0:2 or 1:0:2:element");
+  // The kind changes nothing about where the overflow may go.
+  EXPECT_EQ(error_of({"--dtype=fp16", "--world=2", "--overflow=0:2:0:element"}),
+            "--overflow: rank 2 does not exist in --world=2");
+  EXPECT_EQ(error_of({"--overflow=0:0:0:element"}),
+            "--overflow needs fp16 among --dtype (only fp16 skips overflowing "
+            "windows)");
+}
+
 TEST(HarnessFlagsTest, OverflowIsCheckedAgainstTheRun) {
   EXPECT_EQ(error_of({"--overflow=1:0"}),
-            "--overflow=1:0: write WINDOW:RANK:BACKWARD, e.g. 1:0:2");
+            "--overflow=1:0: write WINDOW:RANK:BACKWARD[:KIND], e.g. 1:0:2 "
+            "or 1:0:2:element");
+  EXPECT_EQ(error_of({"--overflow=1::2"}),
+            "--overflow=1::2: '' is not an integer");
   EXPECT_EQ(error_of({"--overflow=0:0:0"}),
             "--overflow needs fp16 among --dtype (only fp16 skips overflowing "
             "windows)");
