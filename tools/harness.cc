@@ -336,7 +336,16 @@ int run_parity_mode(const HarnessFlags& f,
   for (size_t i = 0; i < scenarios.size(); ++i) {
     const Scenario& s = scenarios[i];
     auto t0 = std::chrono::steady_clock::now();
-    ScenarioResult r = run_named(s, f.config_path);
+    ScenarioResult r;
+    try {
+      r = run_named(s, f.config_path);
+    } catch (const CommError& e) {
+      // A collective that failed without injected faults is a broken
+      // engine (ranks that disagree, e.g. on skipping a window): this
+      // scenario fails, the others still run.
+      r.scenario = s;
+      r.failures.push_back(std::string("a collective failed: ") + e.what());
+    }
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
             .count();
@@ -365,6 +374,7 @@ int run_parity_mode(const HarnessFlags& f,
       ++failed;
       for (const std::string& why : r.failures)
         std::cerr << "    failure: " << why << "\n";
+      std::cerr << "    replay: harness" << harness_flags(s) << "\n";
     }
   }
   std::cerr << (scenarios.size() - failed) << " of " << scenarios.size()
