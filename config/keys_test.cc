@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -218,6 +221,37 @@ TEST(ConfigKeysTest, SynonymsAreCaseInsensitiveAndNameRealKeys) {
     }
     EXPECT_EQ(find_key(path), nullptr) << path;  // not a DeepSpeed key
   }
+}
+
+std::string read_runfile(const std::string& path) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  std::string full = path;
+  if (srcdir != nullptr && workspace != nullptr)
+    full = std::string(srcdir) + "/" + workspace + "/" + path;
+  std::ifstream in(full);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// docs/config.md prints the table between two markers, generated from it;
+// on a mismatch the expected text is in the failure message.
+TEST(ConfigKeysTest, DocsTableIsTheKeyTable) {
+  const std::string doc = read_runfile("docs/config.md");
+  ASSERT_FALSE(doc.empty()) << "docs/config.md not found in the runfiles";
+  const std::string begin = "<!-- key table: begin (config/keys.cc) -->\n";
+  const std::string end = "<!-- key table: end -->";
+  const size_t b = doc.find(begin);
+  ASSERT_NE(b, std::string::npos) << begin;
+  const size_t e = doc.find(end, b);
+  ASSERT_NE(e, std::string::npos) << end;
+  const std::string printed =
+      doc.substr(b + begin.size(), e - b - begin.size());
+  const std::string header = "| key | zerostep | why |\n|---|---|---|\n";
+  EXPECT_EQ(printed, header + markdown_table())
+      << "replace docs/config.md's table with:\n"
+      << header << markdown_table();
 }
 
 }  // namespace
