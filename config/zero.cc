@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/errors.h"
 #include "config/keys.h"
 #include "config/text.h"
 
@@ -75,11 +76,12 @@ void ZeroSection::parse(const Json& v) {
         settings.emplace(setting_of(key), std::pair(key, &p));
     if (!inserted && !same_value(*first->second.second, p)) {
       const std::string& other = first->second.first;
-      report_->add(key, p.dump(),
-                   "names the same DeepSpeed setting as " + other +
-                       " (= " + first->second.second->dump() +
-                       ") but gives it another value",
-                   "keep one of " + other + " and " + key);
+      report_->add(
+          key, p.dump(),
+          "names the same DeepSpeed setting as " + other + " (= " +
+              elide(first->second.second->dump(), kConfigProblemFieldBytes) +
+              ") but gives it another value",
+          "keep one of " + other + " and " + key);
       continue;
     }
     if (name == "stage") {

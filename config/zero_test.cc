@@ -225,6 +225,18 @@ TEST(ParseConfigTest, TwoNamesOfOneSettingWithDifferentValuesAreAnError) {
              "zero_optimization.stage3_gather_16bit_weights_on_model_save");
 }
 
+// The other name's value is quoted in the rule, cut like every value.
+TEST(ParseConfigTest, AConflictQuotesTheOtherValueBounded) {
+  const std::string big(1 << 20, 'x');
+  ConfigProblem p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "zero_optimization": {"max_live_parameters": ")" +
+      big + R"(", "stage3_max_live_parameters": 1}})");
+  EXPECT_EQ(p.key, "zero_optimization.stage3_max_live_parameters");
+  EXPECT_LT(p.rule.size(), 400u);
+  EXPECT_HAS(p.rule, "bytes)");
+}
+
 TEST(ParseConfigTest, DeprecatedCpuOffloadParamMeansParameterOffloadToCpu) {
   Config c = parse_config(
       R"({"train_micro_batch_size_per_gpu": 1,
