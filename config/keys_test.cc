@@ -34,7 +34,9 @@ TEST(ConfigKeysTest, EveryRowSaysWhyAndEveryRejectionHowToFixIt) {
     EXPECT_EQ(k.harmless_when != nullptr, when);
     const bool can_reject = when || k.treatment == Treatment::kRejected;
     EXPECT_EQ(k.fix != nullptr, can_reject);
-    if (!can_reject) EXPECT_EQ(k.rule, nullptr);
+    if (!can_reject) {
+      EXPECT_EQ(k.rule, nullptr);
+    }
     // The table is printed as Markdown.
     EXPECT_EQ(std::string(k.why).find('|'), std::string::npos);
   }
