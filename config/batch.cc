@@ -156,6 +156,8 @@ std::optional<BatchTriple> resolve_batch(const BatchInput& t,
 }  // namespace
 
 void BatchSection::parse_size(const std::string& key, const Json& v) {
+  // null: DeepSpeed's default (None), which is what an absent key means.
+  if (v.is_null()) return;
   Key& b = keys_[key == "train_batch_size"                 ? 0
                  : key == "train_micro_batch_size_per_gpu" ? 1
                                                            : 2];
@@ -179,6 +181,15 @@ void BatchSection::parse_size(const std::string& key, const Json& v) {
 }
 
 void BatchSection::parse_managed(const Json& v) {
+  if (v.is_null()) {
+    // DeepSpeed tests `not managed_gradient_accumulation()`: None is false.
+    report_->add("managed_gradient_accumulation", "null",
+                 "null is not the default here: DeepSpeed reads it as false "
+                 "(the caller owns the accumulation boundary), while an "
+                 "absent key means true",
+                 "write true or false, or remove it for true");
+    return;
+  }
   if (auto b = report_->read_bool("managed_gradient_accumulation", v)) {
     managed_ = *b;
   }

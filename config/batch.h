@@ -54,9 +54,11 @@ class BatchSection {
   explicit BatchSection(ProblemReporter* report) : report_(report) {}
 
   // One of train_batch_size, train_micro_batch_size_per_gpu,
-  // gradient_accumulation_steps: must be a positive whole number.
+  // gradient_accumulation_steps: must be a positive whole number; null is
+  // as absent (DeepSpeed's default, None).
   void parse_size(const std::string& key, const ConfigJson& v);
-  // managed_gradient_accumulation: a JSON boolean.
+  // managed_gradient_accumulation: a JSON boolean (null, which DeepSpeed
+  // reads as false, is rejected).
   void parse_managed(const ConfigJson& v);
   // gradient_accumulation_scaling: a mode name (did you mean for a typo).
   void parse_scaling(const ConfigJson& v);

@@ -181,6 +181,34 @@ TEST(ParseConfigTest, ManagedFlagAndScalingModesParse) {
   EXPECT_EQ(c.gradient_accumulation_scaling, GradAccumScaling::kConfigured);
 }
 
+// --- null (issue 14 item 2) ---
+
+// DeepSpeed's batch keys default to None: null is as absent.
+TEST(ParseConfigTest, NullBatchKeysAreAbsent) {
+  Config c = parse_config(
+      R"({"train_batch_size": null, "train_micro_batch_size_per_gpu": 4,
+          "gradient_accumulation_steps": null})",
+      2);
+  EXPECT_EQ(c.train_batch_size, 8);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  EXPECT_TRUE(c.ignored_keys.empty());
+  ConfigProblem p = only_problem(R"({"train_micro_batch_size_per_gpu": null})");
+  EXPECT_EQ(p.key, "train_batch_size");
+  EXPECT_HAS(p.rule, "no batch size given");
+}
+
+// DeepSpeed tests `not managed_gradient_accumulation()`: None would quietly
+// hand the boundary to the caller.
+TEST(ParseConfigTest, NullManagedFlagIsRejected) {
+  ConfigProblem p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "managed_gradient_accumulation": null})");
+  EXPECT_EQ(p.key, "managed_gradient_accumulation");
+  EXPECT_EQ(p.value, "null");
+  EXPECT_HAS(p.rule, "DeepSpeed reads it as false");
+  EXPECT_EQ(p.fix, "write true or false, or remove it for true");
+}
+
 TEST(ParseConfigTest, QuotedBooleanNamesTheExpectedType) {
   ConfigProblem p = only_problem(
       R"({"train_micro_batch_size_per_gpu": 1,

@@ -18,11 +18,8 @@
 namespace zerostep {
 namespace {
 
-using config_keys::kTopIgnored;
-using config_keys::kTopRejected;
-using config_keys::kTopSupported;
+using config_keys::names_under;
 using config_text::closest;
-using config_text::contains;
 
 using Json = ConfigJson;
 
@@ -77,6 +74,8 @@ class Parser {
                   "write the settings as { \"key\": value, ... }");
       throw ConfigError(std::move(problems_));
     }
+    auto zero = doc.find("zero_optimization");
+    zero_is_flag_ = zero != doc.end() && zero->is_boolean();
     for (auto it = doc.begin(); it != doc.end(); ++it) {
       parse_top(it.key(), it.value());
     }
@@ -107,6 +106,8 @@ class Parser {
     } else if (key == "optimizer") {
       optimizer_.parse(v);
     } else if (key == "gradient_clipping") {
+      // null: DeepSpeed compares None with 0.0 and fails, so it is no
+      // default here either (the type error below).
       if (auto d = report_.read_number(
               key, v, "a number >= 0 (0 turns clipping off)")) {
         if (*d < 0) {
@@ -118,6 +119,7 @@ class Parser {
         }
       }
     } else if (key == "steps_per_print") {
+      if (v.is_null()) return;  // DeepSpeed's default (None).
       if (auto n = report_.read_whole(key, v, "an integer >= 1, e.g. 10")) {
         if (*n < 1) {
           report_.add(key, v.dump(), "must be an integer >= 1",
@@ -128,6 +130,14 @@ class Parser {
       }
     } else if (key == "zero_optimization") {
       zero_.parse(v);
+    } else if (key == "allgather_size") {
+      // DeepSpeed reads it only with the deprecated boolean
+      // zero_optimization.
+      if (zero_is_flag_) {
+        zero_.parse_allgather_size(v);
+      } else {
+        report_.ignore(key);
+      }
     } else if (key == "scheduler") {
       parse_lr_schedule(v, &cfg_.scheduler, &problems_);
     } else if (key == "pipeline" || key == "pipeline_parallel_size") {
@@ -142,16 +152,11 @@ class Parser {
       precision_.parse_fp16(v);
     } else if (key == "bf16" || key == "bfloat16") {
       precision_.parse_bf16(key, v);
-    } else if (key == "amp") {
-      precision_.parse_amp(v);
     } else if (key == "data_types") {
       precision_.parse_data_types(v);
-    } else if (contains(kTopIgnored, key)) {
-      report_.ignore(key);
-    } else {
-      report_.unknown_key(
-          key, v, "ds_config",
-          closest(key, {&kTopSupported, &kTopIgnored, &kTopRejected}));
+    } else if (!report_.unimplemented(key, v)) {
+      static const std::vector<std::string> kNames = names_under("");
+      report_.unknown_key(key, v, "ds_config", closest(key, {&kNames}));
     }
   }
 
@@ -194,6 +199,8 @@ class Parser {
   PrecisionSection precision_{&cfg_.precision, &report_};
   std::string pipeline_key_;
   std::string pipeline_dump_;
+  // "zero_optimization" is DeepSpeed's deprecated boolean.
+  bool zero_is_flag_ = false;
 };
 
 }  // namespace

@@ -4,8 +4,14 @@
 // throws one ConfigError that lists every problem (key, value, rule, fix):
 //   - unknown keys get "did you mean" (a misspelt managed_gradient_accumulation
 //     must never silently keep managed mode);
-//   - keys DeepSpeed knows but zerostep does not implement (flops_profiler,
-//     tensorboard, ...) are accepted and listed once in Config::ignored_keys;
+//   - keys DeepSpeed knows but zerostep does not implement are decided by
+//     one table (config/keys.h Note [Key decisions]): harmless ones
+//     (flops_profiler, tensorboard, ...) are accepted and listed once in
+//     Config::ignored_keys; ones that change training (elasticity,
+//     prescale_gradients, ...) only at their no-op value, else rejected;
+//   - DeepSpeed's other names of a setting (stage3_ aliases, deprecated
+//     spellings) mean what they mean there; two names with different values
+//     are an error; null is the default where DeepSpeed takes it so;
 //   - "auto" (left by Hugging Face integrations) is rejected with the number
 //     to write instead where it can be derived;
 //   - train_batch_size = train_micro_batch_size_per_gpu *
@@ -13,6 +19,8 @@
 //     keys determine the third; a mismatch is an error.
 //   - fp16 and bf16 turn mixed precision on (one of them at most);
 //     data_types.grad_accum_dtype picks the accumulation format.
+//   - other frameworks' names (max_grad_norm, ...) get "did you mean" with
+//     the ds_config key;
 //   - unmanaged mode (managed_gradient_accumulation = false) rejects
 //     pipeline sections and overlap_comm with stage 0/1, each with its own
 //     message.
@@ -65,8 +73,10 @@ struct Config {
 
   // DeepSpeed keys present in the document that zerostep accepts but does
   // not act on, once each, in document order: top-level names
-  // ("tensorboard"), nested ones dotted ("zero_optimization.sub_group_size",
-  // "optimizer.params.torch_adam").
+  // ("tensorboard"), nested ones dotted
+  // ("zero_optimization.stage3_max_live_parameters",
+  // "optimizer.params.torch_adam"); offload_param below stage 3 as
+  // "zero_optimization.offload_param".
   std::vector<std::string> ignored_keys;
 };
 

@@ -2,13 +2,19 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/errors.h"
 #include "config/config_test_util.h"
+#include "config/keys.h"
 
 namespace zerostep {
 namespace {
@@ -218,9 +224,10 @@ TEST(ParseConfigTest, DeepNestingIsRefusedBeforeParsing) {
 // A 50 MB value under an unknown key: the message names the key and cuts
 // the value.
 TEST(ParseConfigTest, HugeValuesAndKeysAreCutInTheMessage) {
-  const std::string text = R"({"train_micro_batch_size_per_gpu": 2, "junk": ")" +
-                           std::string(50u << 20, 'v') + R"(", ")" +
-                           std::string(1u << 20, 'k') + R"(": 1})";
+  const std::string text =
+      R"({"train_micro_batch_size_per_gpu": 2, "junk": ")" +
+      std::string(50u << 20, 'v') + R"(", ")" + std::string(1u << 20, 'k') +
+      R"(": 1})";
   try {
     parse_config(text, 1);
     FAIL() << "accepted";
@@ -300,6 +307,242 @@ TEST(ParseConfigTest, RealisticDeepSpeedConfigLoadsAndListsIgnoredKeysOnce) {
                                       "zero_optimization.reduce_scatter",
                                       "zero_optimization.round_robin_gradients",
                                       "activation_checkpointing", "wandb"}));
+}
+
+// --- null at the top level (issue 14 item 2) ---
+
+// DeepSpeed reads top-level keys with dict.get(): null is its default
+// (None) where its code treats None as absent, and an error where its
+// arithmetic then fails.
+TEST(ParseConfigTest, NullAtTheTopLevelIsTheDefaultWhereDeepSpeedTakesIt) {
+  Config c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1, "steps_per_print": null,
+          "communication_data_type": null, "sparse_gradients": null,
+          "prescale_gradients": null})",
+      1);
+  EXPECT_EQ(c.steps_per_print, 10);
+  EXPECT_EQ(c.ignored_keys, (std::vector<std::string>{"communication_data_type",
+                                                      "sparse_gradients",
+                                                      "prescale_gradients"}));
+  std::vector<ConfigProblem> ps = problems_of(
+      R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": null,
+          "gradient_predivide_factor": null, "gradient_allreduce_op": null})");
+  ASSERT_EQ(ps.size(), 3u);
+  EXPECT_EQ(ps[0].key, "gradient_clipping");
+  EXPECT_HAS(ps[0].rule, "must be a JSON number");
+  EXPECT_EQ(ps[1].key, "gradient_predivide_factor");
+  EXPECT_EQ(ps[1].fix, "remove it or set it to 1.0");
+  EXPECT_EQ(ps[2].key, "gradient_allreduce_op");
+  for (const ConfigProblem& p : ps) EXPECT_EQ(p.value, "null");
+}
+
+// --- other frameworks' names (issue 14 item 6) ---
+
+TEST(ParseConfigTest, OtherFrameworksNamesGetTheDeepSpeedName) {
+  std::vector<ConfigProblem> ps = problems_of(
+      R"({"train_micro_batch_size_per_gpu": 1, "max_grad_norm": 1.0,
+          "zero_stage": 2, "learning_rate": 1e-4,
+          "zero_optimization": {"comm_overlap": true}})");
+  ASSERT_EQ(ps.size(), 4u);
+  EXPECT_EQ(ps[0].key, "max_grad_norm");
+  EXPECT_EQ(ps[0].rule, "is not a ds_config key zerostep knows");
+  EXPECT_EQ(ps[0].fix, "did you mean \"gradient_clipping\"?");
+  EXPECT_EQ(ps[1].fix, "did you mean \"zero_optimization.stage\"?");
+  EXPECT_EQ(ps[2].fix, "did you mean \"optimizer.params.lr\"?");
+  EXPECT_EQ(ps[3].key, "zero_optimization.comm_overlap");
+  EXPECT_EQ(ps[3].fix, "did you mean \"overlap_comm\"?");
+}
+
+// --- harmless keys, and the same keys switched on (issue 14 item 7) ---
+
+TEST(ParseConfigTest, LoggingAndSwitchedOffFeaturesAreIgnored) {
+  Config c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "comms_logger": {"enabled": true, "verbose": false},
+          "comms_config": {}, "monitor_config": {},
+          "cuda_visible_devices": "0,1",
+          "compile": {"deepcompile": false, "offload_activation": false},
+          "tensor_parallel": {"autotp_size": 1, "tp": {"tp_size": 1}}})",
+      1);
+  EXPECT_EQ(c.ignored_keys,
+            (std::vector<std::string>{"comms_logger", "comms_config",
+                                      "monitor_config", "cuda_visible_devices",
+                                      "compile", "tensor_parallel"}));
+  std::vector<ConfigProblem> ps = problems_of(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "compile": {"deepcompile": true},
+          "tensor_parallel": {"autotp_size": 2}})");
+  ASSERT_EQ(ps.size(), 2u);
+  EXPECT_EQ(ps[0].key, "compile");
+  EXPECT_EQ(ps[0].value, R"({"deepcompile":true})");
+  EXPECT_EQ(ps[0].rule,
+            "changes training; zerostep does not implement it (compiles the "
+            "model (torch.compile, DeepCompile))");
+  EXPECT_EQ(ps[0].fix, "remove it or set enabled and deepcompile to false");
+  EXPECT_EQ(ps[1].key, "tensor_parallel");
+  EXPECT_HAS(ps[1].rule, "AutoTP splits layers over ranks");
+}
+
+// "auto" in a key accepted only at its no-op value asks for that value; in
+// a key ignored whatever its value it is not checked.
+TEST(ParseConfigTest, AutoInKeysZerostepDoesNotImplement) {
+  Config c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "zero_optimization": {"stage3_prefetch_bucket_size": "auto"}})",
+      1);
+  EXPECT_EQ(c.ignored_keys,
+            (std::vector<std::string>{
+                "zero_optimization.stage3_prefetch_bucket_size"}));
+  ConfigProblem p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "bf16": {"enabled": true, "check_grad_overflow": "auto"}})");
+  EXPECT_EQ(p.key, "bf16.check_grad_overflow");
+  EXPECT_EQ(p.value, "\"auto\"");
+  EXPECT_HAS(p.rule, "placeholder that the Hugging Face Trainer replaces");
+  EXPECT_EQ(p.fix, "remove it or set it to false");
+}
+
+// --- every key zerostep does not implement (issue 14 item 8) ---
+
+// A document that puts `value` at `path`, inside whatever its section needs.
+std::string document_with(const std::string& path, const std::string& value) {
+  nlohmann::ordered_json doc = {{"train_micro_batch_size_per_gpu", 1}};
+  std::vector<std::string> parts;
+  for (size_t at = 0;;) {
+    const size_t dot = path.find('.', at);
+    parts.push_back(path.substr(at, dot - at));
+    if (dot == std::string::npos) break;
+    at = dot + 1;
+  }
+  if (parts[0] == "optimizer") doc["optimizer"]["type"] = "AdamW";
+  if (parts.size() > 2 && parts[1] == "offload_param") {
+    doc["zero_optimization"]["stage"] = 3;  // read at stage 3 only
+    doc["zero_optimization"]["offload_param"]["device"] = "cpu";
+  }
+  nlohmann::ordered_json* at = &doc;
+  for (const std::string& p : parts) at = &(*at)[p];
+  *at = nlohmann::ordered_json::parse(value);
+  return doc.dump();
+}
+
+// For each key accepted only at its no-op value: one such value and one
+// that changes training.
+const std::map<std::string, std::pair<std::string, std::string>>&
+no_op_and_harmful_values() {
+  static const auto* const kValues = new std::map<
+      std::string, std::pair<std::string, std::string>>{
+      {"communication_data_type", {R"("fp32")", R"("bf16")"}},
+      {"gradient_allreduce_op", {R"("mean")", R"("sum")"}},
+      {"prescale_gradients", {"false", "true"}},
+      {"gradient_predivide_factor", {"1.0", "2.0"}},
+      {"sparse_gradients", {"null", "true"}},
+      {"sequence_parallel_size", {"1", "2"}},
+      {"optimizer.params.bias_correction", {"true", "false"}},
+      {"optimizer.params.amsgrad", {"false", "true"}},
+      {"optimizer.params.maximize", {"false", "true"}},
+      {"optimizer.params.fp32_optimizer_states", {"true", "false"}},
+      {"optimizer.params.nesterov", {"false", "true"}},
+      {"optimizer.params.dampening", {"0", "0.1"}},
+      {"fp16.auto_cast", {"false", "true"}},
+      {"fp16.fp16_master_weights_and_grads", {"false", "true"}},
+      {"bf16.check_grad_overflow", {"false", "true"}},
+      {"bf16.bf16_master_weights_and_grads", {"false", "true"}},
+      {"bf16.bf16_optimizer_states", {"false", "true"}},
+      {"amp",
+       {R"({"enabled": false, "opt_level": "O1"})", R"({"enabled": true})"}},
+      {"torch_autocast", {R"({"enabled": false})", R"({"enabled": true})"}},
+      {"data_types.buffer_dtype", {"null", R"("bf16")"}},
+      {"zero_optimization.load_from_fp32_weights", {"true", "false"}},
+      {"zero_optimization.zero_quantized_weights", {"false", "true"}},
+      {"zero_optimization.zero_quantized_nontrainable_weights",
+       {"false", "true"}},
+      {"zero_optimization.zero_quantized_gradients", {"false", "true"}},
+      {"zero_optimization.zenflow", {"null", R"({"topk_ratio": 0.1})"}},
+      {"tensor_parallel", {R"({"autotp_size": 1})", R"({"autotp_size": 4})"}},
+      {"expert_parallel",
+       {R"({"enabled": false})", R"({"enabled": true, "autoep_size": 4})"}},
+      {"hybrid_engine", {R"({"enabled": false})", R"({"enabled": true})"}},
+      {"autotuning", {R"({"enabled": false})", R"({"enabled": true})"}},
+      {"data_efficiency",
+       {R"({"enabled": false})",
+        R"({"data_sampling": {"curriculum_learning": {"enabled": true}}})"}},
+      {"curriculum_learning",
+       {R"({"enabled": false})", R"({"enabled": true})"}},
+      {"elasticity", {R"({"enabled": false})", R"({"enabled": true})"}},
+      {"compression_training",
+       {R"({"layer_reduction": {"enabled": false}})",
+        R"({"layer_reduction": {"enabled": true}})"}},
+      {"eigenvalue", {R"({"enabled": false})", R"({"enabled": true})"}},
+      {"progressive_layer_drop",
+       {R"({"enabled": false})", R"({"enabled": true})"}},
+      {"quantize_training", {R"({"enabled": false})", R"({"enabled": true})"}},
+      {"weight_quantization",
+       {R"({"enabled": false})",
+        R"({"quantized_initialization": {"num_bits": 8}})"}},
+      {"compile", {R"({"deepcompile": false})", R"({"enabled": true})"}},
+  };
+  return *kValues;
+}
+
+// Keys with messages of their own, tested with their sections.
+const std::set<std::string> kOwnMessage = {"pipeline",
+                                           "pipeline_parallel_size"};
+
+TEST(KeyTableTest, EveryConditionalKeyIsTestedHere) {
+  std::set<std::string> conditional;
+  for (const config_keys::DeepSpeedKey& k : config_keys::kDeepSpeedKeys)
+    if (k.treatment == config_keys::Treatment::kIgnoredWhen &&
+        kOwnMessage.count(k.path) == 0)
+      conditional.insert(k.path);
+  std::set<std::string> tested;
+  for (const auto& entry : no_op_and_harmful_values())
+    tested.insert(entry.first);
+  EXPECT_EQ(conditional, tested);
+}
+
+void expect_rejected(const config_keys::DeepSpeedKey& k,
+                     const std::string& value) {
+  SCOPED_TRACE(std::string(k.path) + " = " + value);
+  std::vector<ConfigProblem> ps = problems_of(document_with(k.path, value));
+  ASSERT_EQ(ps.size(), 1u);
+  EXPECT_EQ(ps[0].key, k.path);
+  EXPECT_EQ(ps[0].value, nlohmann::ordered_json::parse(value).dump());
+  EXPECT_EQ(ps[0].rule,
+            k.rule != nullptr
+                ? std::string(k.rule)
+                : "changes training; zerostep does not implement it (" +
+                      std::string(k.why) + ")");
+  EXPECT_EQ(ps[0].fix, k.fix);
+}
+
+void expect_ignored(const std::string& path, const std::string& value) {
+  SCOPED_TRACE(path + " = " + value);
+  Config c = parse_config(document_with(path, value), 1);
+  EXPECT_NE(std::find(c.ignored_keys.begin(), c.ignored_keys.end(), path),
+            c.ignored_keys.end());
+}
+
+TEST(KeyTableTest, EachKeyIsIgnoredOrRejectedAsTheTableSays) {
+  for (const config_keys::DeepSpeedKey& k : config_keys::kDeepSpeedKeys) {
+    if (kOwnMessage.count(k.path) != 0) continue;
+    switch (k.treatment) {
+      case config_keys::Treatment::kRead:
+        break;
+      case config_keys::Treatment::kIgnored:
+        // Not checked: any value is harmless.
+        expect_ignored(k.path, R"({"any": ["value"]})");
+        break;
+      case config_keys::Treatment::kIgnoredWhen: {
+        const auto& [no_op, harmful] = no_op_and_harmful_values().at(k.path);
+        expect_ignored(k.path, no_op);
+        expect_rejected(k, harmful);
+        break;
+      }
+      case config_keys::Treatment::kRejected:
+        expect_rejected(k, R"({"mode": "fixed"})");
+        break;
+    }
+  }
 }
 
 // --- files ---

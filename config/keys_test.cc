@@ -2,54 +2,260 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 namespace zerostep {
+namespace config_keys {
 namespace {
 
-using namespace config_keys;  // NOLINT: the tables are the subject.
+using Json = nlohmann::ordered_json;
 
-// A name listed twice would be harmless, but one listed both as read and as
-// ignored (or rejected) would be decided by dispatch order, not by the table.
-void expect_disjoint(const std::vector<const std::vector<std::string>*>& lists,
-                     const char* what) {
+// A key listed twice would be decided by whichever row is found first.
+TEST(ConfigKeysTest, EachKeyHasOneRow) {
   std::set<std::string> seen;
-  for (const std::vector<std::string>* list : lists) {
-    for (const std::string& key : *list) {
-      EXPECT_TRUE(seen.insert(key).second) << what << ": " << key;
+  for (const DeepSpeedKey& k : kDeepSpeedKeys)
+    EXPECT_TRUE(seen.insert(k.path).second) << k.path;
+}
+
+TEST(ConfigKeysTest, EveryRowSaysWhyAndEveryRejectionHowToFixIt) {
+  for (const DeepSpeedKey& k : kDeepSpeedKeys) {
+    SCOPED_TRACE(k.path);
+    ASSERT_NE(k.why, nullptr);
+    EXPECT_STRNE(k.why, "");
+    const bool when = k.treatment == Treatment::kIgnoredWhen;
+    EXPECT_EQ(k.harmless != nullptr, when);
+    EXPECT_EQ(k.harmless_when != nullptr, when);
+    const bool can_reject = when || k.treatment == Treatment::kRejected;
+    EXPECT_EQ(k.fix != nullptr, can_reject);
+    if (!can_reject) {
+      EXPECT_EQ(k.rule, nullptr);
     }
+    // The table is printed as Markdown.
+    EXPECT_EQ(std::string(k.why).find('|'), std::string::npos);
   }
 }
 
-TEST(ConfigKeysTest, EachSectionListsEachKeyOnce) {
-  expect_disjoint({&kTopSupported, &kTopIgnored, &kTopRejected}, "top level");
-  expect_disjoint({&kZeroSupported, &kZeroIgnored}, "zero_optimization");
-  expect_disjoint({&kOffloadKeys}, "offload");
-  expect_disjoint({&kOptimizerKeys}, "optimizer");
-  expect_disjoint({&kOptimizerParams, &kOptimizerParamsIgnored},
-                  "optimizer.params");
-  expect_disjoint({&kFp16Keys}, "fp16");
-  expect_disjoint({&kBf16Keys}, "bf16");
-  expect_disjoint({&kDataTypesKeys}, "data_types");
-  expect_disjoint({&kSchedulerKeys}, "scheduler");
-  expect_disjoint({&kSchedulerParams}, "scheduler.params");
+TEST(ConfigKeysTest, AliasesNameARowOfTheSameSection) {
+  for (const DeepSpeedKey& k : kDeepSpeedKeys) {
+    if (k.alias_of == nullptr) continue;
+    SCOPED_TRACE(k.path);
+    const DeepSpeedKey* target = find_key(k.alias_of);
+    ASSERT_NE(target, nullptr);
+    EXPECT_EQ(target->alias_of, nullptr);  // one level: the setting's name
+    EXPECT_EQ(target->treatment, k.treatment);
+    const std::string a = k.path, b = k.alias_of;
+    EXPECT_EQ(a.substr(0, a.rfind('.')), b.substr(0, b.rfind('.')));
+    EXPECT_EQ(setting_of(a), b);
+  }
 }
 
-TEST(ConfigKeysTest, EverySchedulesParamsAreSchedulerParams) {
-  const std::set<std::string> all(kSchedulerParams.begin(),
-                                  kSchedulerParams.end());
-  std::set<std::string> union_of_types = {"last_batch_iteration"};
-  for (const std::vector<std::string>* params :
-       {&kWarmupLRParams, &kWarmupDecayLRParams, &kWarmupCosineLRParams}) {
-    for (const std::string& p : *params) {
-      EXPECT_EQ(all.count(p), 1u) << p;
-      union_of_types.insert(p);
-    }
+// DeepSpeed's stage-3 names: each short name and its stage3_ alias, and the
+// deprecated fp16 spelling, are one setting.
+TEST(ConfigKeysTest, Stage3NamesAndTheirAliasesAreOneSetting) {
+  for (const char* name :
+       {"prefetch_bucket_size", "param_persistence_threshold",
+        "model_persistence_threshold", "max_live_parameters",
+        "max_reuse_distance", "gather_16bit_weights_on_model_save",
+        "module_granularity_threshold", "use_all_reduce_for_fetch_params",
+        "allgather_sequential"}) {
+    const std::string shortname = std::string("zero_optimization.") + name;
+    const std::string alias = std::string("zero_optimization.stage3_") + name;
+    EXPECT_EQ(setting_of(alias), shortname);
+    EXPECT_EQ(setting_of(shortname), shortname);
   }
-  EXPECT_EQ(union_of_types, all);
+  EXPECT_EQ(
+      setting_of("zero_optimization.stage3_gather_fp16_weights_on_model_save"),
+      "zero_optimization.gather_16bit_weights_on_model_save");
+}
+
+TEST(ConfigKeysTest, BfloatSixteenKeysAreThoseOfBfSixteen) {
+  EXPECT_EQ(find_key("bfloat16.check_grad_overflow"),
+            find_key("bf16.check_grad_overflow"));
+  EXPECT_EQ(names_under("bfloat16"), names_under("bf16"));
+}
+
+TEST(ConfigKeysTest, NamesUnderASectionAreItsDirectKeys) {
+  const std::vector<std::string> offload =
+      names_under("zero_optimization.offload_param");
+  EXPECT_EQ(offload, (std::vector<std::string>{"device", "nvme_path",
+                                               "pin_memory", "buffer_count",
+                                               "buffer_size", "max_in_cpu"}));
+  const std::vector<std::string> top = names_under("");
+  EXPECT_NE(std::find(top.begin(), top.end(), "zero_optimization"), top.end());
+  EXPECT_EQ(std::find(top.begin(), top.end(), "stage"), top.end());
+}
+
+TEST(ConfigKeysTest, ReadKeysAreTheSupportedLists) {
+  EXPECT_EQ(kOptimizerKeys, (std::vector<std::string>{"type", "params"}));
+  EXPECT_EQ(kBf16Keys, (std::vector<std::string>{"enabled"}));
+  EXPECT_EQ(kDataTypesKeys,
+            (std::vector<std::string>{"grad_accum_dtype", "param_dtype"}));
+}
+
+// The predicates behind "harmless when" (Note [Key decisions]).
+bool harmless(const std::string& path, const char* json) {
+  const DeepSpeedKey* k = find_key(path);
+  EXPECT_NE(k, nullptr) << path;
+  if (k == nullptr) return false;
+  EXPECT_EQ(k->treatment, Treatment::kIgnoredWhen) << path;
+  if (k->treatment != Treatment::kIgnoredWhen) return false;
+  return k->harmless(Json::parse(json));
+}
+
+TEST(ConfigKeysTest, EnabledSwitchesAreFoundAtAnyDepth) {
+  EXPECT_TRUE(harmless("elasticity", R"({"enabled": false, "max_gpus": 8})"));
+  EXPECT_TRUE(harmless("elasticity", "{}"));
+  EXPECT_TRUE(harmless("elasticity", "null"));
+  EXPECT_FALSE(harmless("elasticity", R"({"enabled": true})"));
+  EXPECT_FALSE(harmless("elasticity", R"({"enabled": "false"})"));
+  EXPECT_FALSE(harmless("elasticity", "true"));
+  EXPECT_TRUE(harmless(
+      "compression_training",
+      R"({"weight_quantization": {"shared_parameters": {"enabled": false}},
+          "layer_reduction": {"enabled": false}})"));
+  EXPECT_FALSE(harmless(
+      "compression_training",
+      R"({"weight_quantization": {"shared_parameters": {"enabled": true}}})"));
+  EXPECT_FALSE(
+      harmless("data_efficiency",
+               R"({"data_routing": {"random_ltd": [{"enabled": true}]}})"));
+}
+
+TEST(ConfigKeysTest, ValuePredicates) {
+  EXPECT_TRUE(harmless("gradient_predivide_factor", "1"));
+  EXPECT_TRUE(harmless("gradient_predivide_factor", "1.0"));
+  EXPECT_FALSE(harmless("gradient_predivide_factor", "2.0"));
+  EXPECT_FALSE(harmless("gradient_predivide_factor", "null"));
+  EXPECT_TRUE(harmless("communication_data_type", "null"));
+  EXPECT_TRUE(harmless("communication_data_type", R"("FP32")"));
+  EXPECT_FALSE(harmless("communication_data_type", R"("bf16")"));
+  EXPECT_TRUE(harmless("prescale_gradients", "null"));
+  EXPECT_FALSE(harmless("prescale_gradients", "true"));
+  EXPECT_TRUE(harmless("gradient_allreduce_op", R"("MEAN")"));
+  EXPECT_FALSE(harmless("gradient_allreduce_op", R"("sum")"));
+  EXPECT_TRUE(harmless("optimizer.params.bias_correction", "true"));
+  EXPECT_FALSE(harmless("optimizer.params.bias_correction", "false"));
+  EXPECT_FALSE(harmless("optimizer.params.bias_correction", "null"));
+  EXPECT_TRUE(harmless("zero_optimization.zenflow", "null"));
+  EXPECT_FALSE(harmless("zero_optimization.zenflow", "{}"));
+}
+
+TEST(ConfigKeysTest, CompileAndTensorParallelAreHarmlessWhenOff) {
+  EXPECT_TRUE(harmless("compile", "{}"));
+  EXPECT_TRUE(harmless("compile", R"({"deepcompile": false, "passes": []})"));
+  EXPECT_TRUE(harmless("compile", R"({"enabled": false, "backend": "x"})"));
+  EXPECT_FALSE(harmless("compile", R"({"deepcompile": true})"));
+  EXPECT_FALSE(harmless("compile", R"({"enabled": true})"));
+  EXPECT_TRUE(harmless("tensor_parallel", "{}"));
+  EXPECT_TRUE(harmless("tensor_parallel",
+                       R"({"autotp_size": 1, "tp": {"tp_size": 1}})"));
+  EXPECT_TRUE(harmless("tensor_parallel", R"({"autotp_size": 0})"));
+  EXPECT_FALSE(harmless("tensor_parallel", R"({"autotp_size": 2})"));
+  EXPECT_FALSE(harmless("tensor_parallel", R"({"tp": {"tp_size": 4}})"));
+  EXPECT_FALSE(
+      harmless("tensor_parallel", R"({"tensor_parallel": {"tp_size": 2}})"));
+  EXPECT_FALSE(harmless("tensor_parallel", R"({"autotp_size": "4"})"));
+  EXPECT_TRUE(harmless("weight_quantization", R"({"enabled": false})"));
+  EXPECT_TRUE(harmless("weight_quantization", "{}"));
+  EXPECT_FALSE(harmless("weight_quantization",
+                        R"({"quantized_initialization": {"num_bits": 8}})"));
+}
+
+TEST(ConfigKeysTest, SynonymsAreCaseInsensitiveAndNameRealKeys) {
+  EXPECT_EQ(synonym("max_grad_norm"), "gradient_clipping");
+  EXPECT_EQ(synonym("Max_Grad_Norm"), "gradient_clipping");
+  EXPECT_EQ(synonym("zero_optimization.comm_overlap"), "overlap_comm");
+  EXPECT_EQ(synonym("comm_overlap"), "");  // only inside zero_optimization
+  EXPECT_EQ(synonym("gradient_clipping"), "");
+  // Every suggestion is a key zerostep reads, as a dotted path from the top
+  // or a name in the same section.
+  for (const char* from : {"max_grad_norm",
+                           "clip_grad",
+                           "grad_clip",
+                           "clip_grad_norm",
+                           "per_device_train_batch_size",
+                           "micro_batch_size",
+                           "global_batch_size",
+                           "learning_rate",
+                           "lr",
+                           "weight_decay",
+                           "warmup_steps",
+                           "lr_scheduler_type",
+                           "zero_stage",
+                           "offload_optimizer_device",
+                           "offload_param_device",
+                           "zero3_save_16bit_model",
+                           "zero_optimization.comm_overlap",
+                           "zero_optimization.overlap_communication",
+                           "optimizer.params.learning_rate",
+                           "optimizer.params.epsilon",
+                           "optimizer.params.adam_epsilon",
+                           "optimizer.params.beta1",
+                           "optimizer.params.beta2",
+                           "optimizer.params.adam_beta1",
+                           "optimizer.params.adam_beta2",
+                           "scheduler.params.num_warmup_steps",
+                           "scheduler.params.warmup_steps",
+                           "scheduler.params.num_training_steps",
+                           "scheduler.params.total_steps"}) {
+    const std::string path = from;
+    const std::string to = synonym(path);
+    ASSERT_FALSE(to.empty()) << path;
+    const size_t dot = path.rfind('.');
+    const std::string full =
+        dot == std::string::npos ? to : path.substr(0, dot) + "." + to;
+    const std::string params = "scheduler.params.";
+    if (full.rfind(params, 0) == 0) {
+      const std::string name = full.substr(params.size());
+      EXPECT_NE(
+          std::find(kSchedulerParams.begin(), kSchedulerParams.end(), name),
+          kSchedulerParams.end())
+          << path;
+    } else {
+      EXPECT_NE(find_key(full), nullptr) << path << " -> " << full;
+    }
+    EXPECT_EQ(find_key(path), nullptr) << path;  // not a DeepSpeed key
+  }
+}
+
+std::string read_runfile(const std::string& path) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  std::string full = path;
+  if (srcdir != nullptr && workspace != nullptr)
+    full = std::string(srcdir) + "/" + workspace + "/" + path;
+  std::ifstream in(full);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// docs/config.md prints the table between two markers, generated from it;
+// on a mismatch the expected text is in the failure message.
+TEST(ConfigKeysTest, DocsTableIsTheKeyTable) {
+  const std::string doc = read_runfile("docs/config.md");
+  ASSERT_FALSE(doc.empty()) << "docs/config.md not found in the runfiles";
+  const std::string begin = "<!-- key table: begin (config/keys.cc) -->\n";
+  const std::string end = "<!-- key table: end -->";
+  const size_t b = doc.find(begin);
+  ASSERT_NE(b, std::string::npos) << begin;
+  const size_t e = doc.find(end, b);
+  ASSERT_NE(e, std::string::npos) << end;
+  const std::string printed =
+      doc.substr(b + begin.size(), e - b - begin.size());
+  const std::string header = "| key | zerostep | why |\n|---|---|---|\n";
+  EXPECT_EQ(printed, header + markdown_table())
+      << "replace docs/config.md's table with:\n"
+      << header << markdown_table();
 }
 
 }  // namespace
+}  // namespace config_keys
 }  // namespace zerostep

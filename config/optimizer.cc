@@ -10,8 +10,7 @@ namespace zerostep {
 namespace {
 
 using config_keys::kOptimizerKeys;
-using config_keys::kOptimizerParams;
-using config_keys::kOptimizerParamsIgnored;
+using config_keys::names_under;
 using config_text::closest;
 using config_text::contains;
 using config_text::lower;
@@ -28,9 +27,12 @@ void OptimizerSection::parse(const Json& v) {
     return;
   }
   for (auto it = v.begin(); it != v.end(); ++it) {
-    if (!contains(kOptimizerKeys, it.key())) {
-      report_->unknown_key("optimizer." + it.key(), it.value(), "optimizer",
-                           closest(it.key(), {&kOptimizerKeys}));
+    const std::string key = "optimizer." + it.key();
+    if (!contains(kOptimizerKeys, it.key()) &&
+        !report_->unimplemented(key, it.value())) {
+      static const std::vector<std::string> kNames = names_under("optimizer");
+      report_->unknown_key(key, it.value(), "optimizer",
+                           closest(it.key(), {&kNames}));
     }
   }
   bool type_known = false;
@@ -68,7 +70,8 @@ void OptimizerSection::parse(const Json& v) {
     }
   }
   auto params = v.find("params");
-  if (params == v.end()) return;
+  // null: DeepSpeed constructs the optimizer with no parameters given.
+  if (params == v.end() || params->is_null()) return;
   if (!params->is_object()) {
     report_->add("optimizer.params", params->dump(), "must be a JSON object",
                  "write { \"lr\": 0.001, ... }");
@@ -131,7 +134,14 @@ void OptimizerSection::parse(const Json& v) {
         }
       }
     } else if (name == "adam_w_mode") {
-      if (!p.is_boolean()) {
+      if (p.is_null()) {
+        report_->add(key, p.dump(),
+                     "null is not the default here: DeepSpeed hands it to "
+                     "its Adam, which reads it as false (L2 weight decay), "
+                     "while an absent adam_w_mode means true",
+                     "write true (decoupled weight decay, AdamW) or false "
+                     "(L2, Adam), or remove it for true");
+      } else if (!p.is_boolean()) {
         report_->add(key, p.dump(), "must be a JSON boolean",
                      "write true (decoupled weight decay, AdamW) or false (L2, "
                      "Adam)");
@@ -140,12 +150,11 @@ void OptimizerSection::parse(const Json& v) {
       } else if (!p.get<bool>()) {
         o.type = OptimizerType::kAdam;
       }
-    } else if (contains(kOptimizerParamsIgnored, name)) {
-      report_->ignore(key);
-    } else {
-      report_->unknown_key(
-          key, p, "optimizer.params",
-          closest(name, {&kOptimizerParams, &kOptimizerParamsIgnored}));
+    } else if (!report_->unimplemented(key, p)) {
+      static const std::vector<std::string> kNames =
+          names_under("optimizer.params");
+      report_->unknown_key(key, p, "optimizer.params",
+                           closest(name, {&kNames}));
     }
   }
 }

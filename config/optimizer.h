@@ -34,8 +34,10 @@ const char* to_string(OptimizerType t);
 // section does not set them). Problems, in document order: unknown section
 // keys, then a missing, non-string or unknown type, then each param
 // (wrong JSON type, out of range, a param of the other optimizer family,
-// unknown names with did you mean). torch_adam, and adam_w_mode for a type
-// other than "Adam", are ignored.
+// unknown names with did you mean). adam_w_mode for a type other than
+// "Adam" is ignored; DeepSpeed's other params (torch_adam, bias_correction,
+// amsgrad, ...) are decided by the key table (config/keys.h). A null params
+// keeps every default, as in DeepSpeed.
 class OptimizerSection {
  public:
   // `*out` and `*report` must outlive the section.

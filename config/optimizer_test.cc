@@ -110,6 +110,115 @@ TEST(ParseConfigTest, DeepSpeedAdamFlagsAreReadOrIgnored) {
   EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);
 }
 
+// --- bias_correction (issue 14 item 5) ---
+
+TEST(ParseConfigTest, BiasCorrectionTrueIsWhatZerostepDoes) {
+  Config c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "Adam", "params": {"bias_correction": true}}})",
+      1);
+  EXPECT_EQ(c.ignored_keys,
+            (std::vector<std::string>{"optimizer.params.bias_correction"}));
+}
+
+// Removing the key would silently turn bias correction on, so the fix must
+// not say so.
+TEST(ParseConfigTest, BiasCorrectionFalseCannotBeHonoured) {
+  for (const char* v : {"false", "null"}) {
+    ConfigProblem p =
+        only_problem(std::string(R"({"train_micro_batch_size_per_gpu": 1,
+            "optimizer": {"type": "AdamW", "params": {"bias_correction": )") +
+                     v + "}}}");
+    EXPECT_EQ(p.key, "optimizer.params.bias_correction");
+    EXPECT_EQ(p.value, v);
+    EXPECT_EQ(p.rule,
+              "zerostep's Adam always applies bias correction and cannot "
+              "honour false");
+    EXPECT_EQ(p.fix,
+              "write true to train with bias-corrected Adam, as zerostep "
+              "does; a run without bias correction needs DeepSpeed");
+    EXPECT_EQ(p.fix.find("remove"), std::string::npos);
+  }
+}
+
+// --- DeepSpeed's other optimizer params (issue 14 items 6, 8) ---
+
+TEST(ParseConfigTest, MaxGradNormBelongsInGradientClipping) {
+  // DeepSpeed raises ValueError for it as an optimizer parameter.
+  ConfigProblem p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "AdamW", "params": {"max_grad_norm": 1.0}}})");
+  EXPECT_EQ(p.key, "optimizer.params.max_grad_norm");
+  EXPECT_EQ(p.value, "1.0");
+  EXPECT_HAS(p.rule, "DeepSpeed raises ValueError");
+  EXPECT_HAS(p.fix, "\"gradient_clipping\"");
+  // Other frameworks' names inside params get the DeepSpeed name.
+  std::vector<ConfigProblem> ps = problems_of(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "AdamW", "params": {"learning_rate": 1e-4,
+            "adam_epsilon": 1e-8, "adam_beta2": 0.95}}})");
+  ASSERT_EQ(ps.size(), 3u);
+  EXPECT_EQ(ps[0].fix, "did you mean \"lr\"?");
+  EXPECT_EQ(ps[1].fix, "did you mean \"eps\"?");
+  EXPECT_EQ(ps[2].fix, "did you mean \"betas\"?");
+}
+
+TEST(ParseConfigTest, OptimizerVariantsThatChangeTheUpdateAreRejected) {
+  Config c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "AdamW", "legacy_fusion": false,
+            "params": {"amsgrad": false, "set_grad_none": true,
+                       "fp32_optimizer_states": true, "foreach": true}}})",
+      1);
+  EXPECT_EQ(c.ignored_keys,
+            (std::vector<std::string>{"optimizer.legacy_fusion",
+                                      "optimizer.params.amsgrad",
+                                      "optimizer.params.set_grad_none",
+                                      "optimizer.params.fp32_optimizer_states",
+                                      "optimizer.params.foreach"}));
+  std::vector<ConfigProblem> ps = problems_of(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "AdamW", "params": {"amsgrad": true,
+            "fp32_optimizer_states": false, "maximize": true}}})");
+  ASSERT_EQ(ps.size(), 3u);
+  EXPECT_EQ(ps[0].key, "optimizer.params.amsgrad");
+  EXPECT_EQ(ps[0].rule,
+            "changes training; zerostep does not implement it (AMSGrad keeps "
+            "the maximum of past second moments; zerostep's Adam is plain "
+            "Adam)");
+  EXPECT_EQ(ps[0].fix, "remove it or set it to false");
+  EXPECT_EQ(ps[1].key, "optimizer.params.fp32_optimizer_states");
+  EXPECT_EQ(ps[1].fix, "remove it or set it to true");
+  EXPECT_EQ(ps[2].key, "optimizer.params.maximize");
+}
+
+// --- null (issue 14 item 2) ---
+
+// DeepSpeed builds the optimizer from `params or {}`: null params are the
+// defaults. A null param is handed to the optimizer's constructor, where it
+// is no default: lr=None fails, adam_w_mode=None is read as false.
+TEST(ParseConfigTest, NullParamsAreTheDefaultsButNullValuesAreNot) {
+  Config c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "AdamW", "params": null}})",
+      1);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_TRUE(c.ignored_keys.empty());
+  std::vector<ConfigProblem> ps = problems_of(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "Adam", "params": {"lr": null,
+            "adam_w_mode": null, "torch_adam": null}}})");
+  ASSERT_EQ(ps.size(), 2u);
+  EXPECT_EQ(ps[0].key, "optimizer.params.lr");
+  EXPECT_EQ(ps[0].value, "null");
+  EXPECT_EQ(ps[1].key, "optimizer.params.adam_w_mode");
+  EXPECT_HAS(ps[1].rule, "reads it as false");
+  EXPECT_HAS(ps[1].fix, "write true");
+  ConfigProblem p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1, "optimizer": null})");
+  EXPECT_EQ(p.key, "optimizer");
+}
+
 TEST(ParseConfigTest, UnknownOptimizerTypeListsTheSupportedOnes) {
   ConfigProblem p = only_problem(
       R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Lamb"}})");

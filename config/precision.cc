@@ -10,11 +10,8 @@
 namespace zerostep {
 namespace {
 
-using config_keys::kBf16Keys;
-using config_keys::kDataTypesKeys;
-using config_keys::kFp16Keys;
+using config_keys::names_under;
 using config_text::closest;
-using config_text::contains;
 using config_text::lower;
 
 using Json = ConfigJson;
@@ -94,20 +91,9 @@ void PrecisionSection::parse_fp16(const Json& v) {
         else
           pc.min_loss_scale = *d;
       }
-    } else if (name == "auto_cast") {
-      // Casting the caller's inputs is the caller's business here.
-      report_->ignore(key);
-    } else if (name == "fp16_master_weights_and_grads") {
-      if (auto b = report_->read_bool(key, p)) {
-        if (*b)
-          report_->add(
-              key, p.dump(),
-              "fp16 master weights are not supported: zerostep keeps fp32 "
-              "master weights and optimizer state",
-              "set it to false or remove it");
-      }
-    } else {
-      report_->unknown_key(key, p, "fp16", closest(name, {&kFp16Keys}));
+    } else if (!report_->unimplemented(key, p)) {
+      static const std::vector<std::string> kNames = names_under("fp16");
+      report_->unknown_key(key, p, "fp16", closest(name, {&kNames}));
     }
   }
   if (*enabled)
@@ -117,33 +103,26 @@ void PrecisionSection::parse_fp16(const Json& v) {
 }
 
 void PrecisionSection::parse_bf16(const std::string& section, const Json& v) {
+  if (section == "bf16" && v.is_null()) {
+    // DeepSpeed reads a null bf16 as absent (and then looks at bfloat16).
+    report_->ignore(section);
+    return;
+  }
   auto enabled = section_enabled(section, v);
   if (!enabled) return;
   for (auto it = v.begin(); it != v.end(); ++it) {
     if (it.key() == "enabled") continue;
-    if (contains(kBf16Keys, it.key())) {
-      report_->ignore(section + "." + it.key());
-    } else {
-      report_->unknown_key(section + "." + it.key(), it.value(), section,
-                           closest(it.key(), {&kBf16Keys}));
+    const std::string key = section + "." + it.key();
+    if (!report_->unimplemented(key, it.value())) {
+      static const std::vector<std::string> kNames = names_under("bf16");
+      report_->unknown_key(key, it.value(), section,
+                           closest(it.key(), {&kNames}));
     }
   }
   if (*enabled)
     enable_precision(section, Precision::kBf16);
   else
     report_->ignore(section);
-}
-
-void PrecisionSection::parse_amp(const Json& v) {
-  auto enabled = section_enabled("amp", v);
-  if (!enabled) return;
-  if (*enabled) {
-    report_->add("amp.enabled", "true", "NVIDIA Apex AMP is not supported",
-                 "use \"bf16\": { \"enabled\": true } or \"fp16\": { "
-                 "\"enabled\": true } instead");
-  } else {
-    report_->ignore("amp");
-  }
 }
 
 void PrecisionSection::parse_data_types(const Json& v) {
@@ -154,11 +133,18 @@ void PrecisionSection::parse_data_types(const Json& v) {
   }
   for (auto it = v.begin(); it != v.end(); ++it) {
     const std::string key = "data_types." + it.key();
-    if (it.key() != "grad_accum_dtype") {
-      report_->unknown_key(key, it.value(), "data_types",
-                           closest(it.key(), {&kDataTypesKeys}));
+    const bool accum = it.key() == "grad_accum_dtype";
+    if (!accum && it.key() != "param_dtype") {
+      if (!report_->unimplemented(key, it.value())) {
+        static const std::vector<std::string> kNames =
+            names_under("data_types");
+        report_->unknown_key(key, it.value(), "data_types",
+                             closest(it.key(), {&kNames}));
+      }
       continue;
     }
+    // null: DeepSpeed's default (None), see docs/config.md.
+    if (it.value().is_null()) continue;
     const std::string want = "\"fp32\", \"bf16\" or \"fp16\"";
     std::optional<Precision> p;
     if (it.value().is_string())
@@ -167,12 +153,25 @@ void PrecisionSection::parse_data_types(const Json& v) {
       report_->add(key, it.value().dump(), "must be " + want, "write " + want);
       continue;
     }
-    out_->grad_accum_dtype = *p;
+    if (accum) {
+      out_->grad_accum_dtype = *p;
+    } else {
+      param_dtype_ = *p;
+      param_dtype_dump_ = it.value().dump();
+    }
   }
 }
 
 void PrecisionSection::check() {
   const PrecisionConfig& pc = *out_;
+  if (param_dtype_ && *param_dtype_ != pc.dtype) {
+    report_->add("data_types.param_dtype", param_dtype_dump_,
+                 std::string("must be the training dtype (\"") +
+                     to_string(pc.dtype) +
+                     "\", from fp16 and bf16), as DeepSpeed checks too",
+                 std::string("write \"") + to_string(pc.dtype) +
+                     "\", remove it, or enable the training dtype it names");
+  }
   if (pc.grad_accum_dtype != Precision::kFp32 &&
       pc.grad_accum_dtype != pc.dtype) {
     report_->add(

@@ -1,9 +1,10 @@
 // The mixed-precision sections of a ds_config: "fp16", "bf16" (alias
-// "bfloat16"), "amp" (rejected when enabled) and "data_types"
-// (grad_accum_dtype). zero/precision.h Note [Precision model],
-// engine/loss_scaler.h Note [Loss scale schedule]. PrecisionConfig is part
-// of Config (config/config.h); PrecisionSection is parse_config's reader for
-// these sections. docs/config.md describes each key.
+// "bfloat16") and "data_types" (grad_accum_dtype, param_dtype). ("amp" and
+// "torch_autocast" are decided by the key table, config/keys.h.)
+// zero/precision.h Note [Precision model], engine/loss_scaler.h Note [Loss
+// scale schedule]. PrecisionConfig is part of Config (config/config.h);
+// PrecisionSection is parse_config's reader for these sections. docs/config.md
+// describes each key.
 //
 // Thread safety: PrecisionConfig is a value; a PrecisionSection belongs to
 // one parse.
@@ -35,9 +36,10 @@ struct PrecisionConfig {
 };
 
 // Reads the sections into *out as parse_config meets them, and checks
-// grad_accum_dtype against the training dtype once the whole document has
-// been read. Problems in document order, then check()'s. A section with
-// "enabled": false (or without "enabled") is listed as ignored.
+// grad_accum_dtype and param_dtype against the training dtype once the
+// whole document has been read. Problems in document order, then check()'s.
+// A section with "enabled": false (or without "enabled"), and a null
+// "bf16", is listed as ignored.
 class PrecisionSection {
  public:
   // `*out` and `*report` must outlive the section.
@@ -47,11 +49,10 @@ class PrecisionSection {
   void parse_fp16(const ConfigJson& v);
   // `section` is "bf16" or "bfloat16".
   void parse_bf16(const std::string& section, const ConfigJson& v);
-  void parse_amp(const ConfigJson& v);
   void parse_data_types(const ConfigJson& v);
 
   // After the whole document: grad_accum_dtype must be fp32 or the training
-  // dtype.
+  // dtype; param_dtype, when given, the training dtype.
   void check();
 
  private:
@@ -65,6 +66,9 @@ class PrecisionSection {
   PrecisionConfig* out_;
   ProblemReporter* report_;
   std::string precision_key_;  // the section that enabled mixed precision
+  // data_types.param_dtype as given (nullopt: absent or null).
+  std::optional<Precision> param_dtype_;
+  std::string param_dtype_dump_;
 };
 
 }  // namespace zerostep

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "config/keys.h"
 #include "config/text.h"
 
 namespace zerostep {
@@ -35,14 +36,40 @@ void ProblemReporter::ignore(const std::string& key) {
   if (!contains(*ignored_keys_, bounded)) ignored_keys_->push_back(bounded);
 }
 
+bool ProblemReporter::unimplemented(const std::string& key,
+                                    const ConfigJson& v) {
+  using config_keys::Treatment;
+  const config_keys::DeepSpeedKey* k = config_keys::find_key(key);
+  if (k == nullptr || k->treatment == Treatment::kRead) return false;
+  if (k->treatment == Treatment::kIgnored ||
+      (k->treatment == Treatment::kIgnoredWhen && k->harmless(v))) {
+    ignore(key);
+    return true;
+  }
+  std::string rule;
+  if (is_auto(v)) {
+    rule = kAutoRule;
+  } else if (k->rule != nullptr) {
+    rule = k->rule;
+  } else {
+    rule = std::string("changes training; zerostep does not implement it (") +
+           k->why + ")";
+  }
+  add(key, v.dump(), std::move(rule), k->fix);
+  return true;
+}
+
 void ProblemReporter::unknown_key(const std::string& key, const ConfigJson& v,
                                   const std::string& where,
                                   const std::string& suggestion) {
+  // Another framework's name is a surer guess than the closest spelling.
+  const std::string other = config_keys::synonym(key);
+  const std::string guess = other.empty() ? suggestion : other;
   add(key, v.dump(),
       where == "ds_config" ? "is not a ds_config key zerostep knows"
                            : "is not a key zerostep knows in " + where,
-      suggestion.empty() ? "remove it; docs/config.md lists every supported key"
-                         : "did you mean \"" + suggestion + "\"?");
+      guess.empty() ? "remove it; docs/config.md lists every supported key"
+                    : "did you mean \"" + guess + "\"?");
 }
 
 std::optional<bool> ProblemReporter::read_bool(const std::string& key,

@@ -48,9 +48,15 @@ class ProblemReporter {
            std::string fix);
   // Records a DeepSpeed key accepted and not acted on, once.
   void ignore(const std::string& key);
+  // A DeepSpeed key zerostep does not implement (config/keys.h Note [Key
+  // decisions]): ignored when harmless at `v`, else a problem with the
+  // table's rule and fix. False, with nothing recorded, when `key` (a dotted
+  // path) is not such a key: one the caller reads, or an unknown one.
+  bool unimplemented(const std::string& key, const ConfigJson& v);
   // "is not a ds_config key zerostep knows" (`where` == "ds_config") or
-  // "is not a key zerostep knows in <where>"; the fix is "did you mean" when
-  // `suggestion` is not empty.
+  // "is not a key zerostep knows in <where>". The fix is "did you mean": the
+  // ds_config name when `key` is another framework's name for a setting
+  // (config_keys::synonym), else `suggestion` when it is not empty.
   void unknown_key(const std::string& key, const ConfigJson& v,
                    const std::string& where, const std::string& suggestion);
 

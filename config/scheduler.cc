@@ -229,7 +229,8 @@ class ScheduleParser {
       if (!contains(candidates, "last_batch_iteration")) {
         candidates.push_back("last_batch_iteration");
       }
-      std::string guess = closest(name, candidates);
+      std::string guess = config_keys::synonym(key);
+      if (guess.empty()) guess = closest(name, candidates);
       add(key, v.dump(),
           type_known ? std::string("is not a parameter of ") + to_string(t)
                      : std::string("is not a parameter of any schedule "
@@ -247,11 +248,17 @@ class ScheduleParser {
         out_->warmup_min_lr = *d;
       }
     } else if (name == "warmup_max_lr" && v.is_null()) {
+      // DeepSpeed's WarmupLR reads None as optimizer.params.lr, which is
+      // its default; WarmupDecayLR passes None on, so there null means
+      // optimizer.params.lr instead of its default 0.001.
+      if (type_known && t == Type::kWarmupLR) return;
       add(key, v.dump(),
-          "must be a JSON number (DeepSpeed's null, meaning "
-          "optimizer.params.lr, is not supported)",
-          "remove the key for the default (WarmupLR: optimizer.params.lr; "
-          "WarmupDecayLR: 0.001), or write the peak lr, e.g. 0.001");
+          "null means optimizer.params.lr in DeepSpeed, which zerostep "
+          "supports only as WarmupLR's default, not for " +
+              std::string(type_known ? to_string(t) : "this schedule") +
+              " (whose default is 0.001)",
+          "write the peak lr, e.g. the value of optimizer.params.lr, or "
+          "remove the key for 0.001");
     } else if (name == "warmup_max_lr") {
       if (auto d = read_nonneg(key, v, "the peak lr, e.g. 0.001",
                                "the lr at the end of the warmup")) {
@@ -262,7 +269,8 @@ class ScheduleParser {
     } else if (name == "total_num_steps") {
       parse_total_num_steps(key, v);
     } else if (name == "warmup_type") {
-      parse_warmup_type(key, v);
+      // null: DeepSpeed warns and warms up with "log", its default.
+      if (!v.is_null()) parse_warmup_type(key, v);
     } else if (name == "warmup_min_ratio") {
       if (auto d = read_nonneg(key, v, "a ratio such as 0 or 0.01",
                                "the ratio of optimizer.params.lr at the "

@@ -67,6 +67,9 @@ struct LrScheduleSpec {
 // that belong to another of the three types, "auto", wrong JSON types,
 // out-of-range values, an unknown warmup_type (DeepSpeed would silently use
 // "log"), a missing total_num_steps, last_batch_iteration other than -1.
+// null keeps the default where DeepSpeed's is the same: warmup_type, and
+// WarmupLR's warmup_max_lr (WarmupDecayLR's null, which DeepSpeed reads as
+// optimizer.params.lr, is rejected).
 // With ordered_json, problems come in document order.
 void parse_lr_schedule(const nlohmann::json& section, LrScheduleSpec* out,
                        std::vector<ConfigProblem>* problems);

@@ -384,15 +384,63 @@ TEST(ParseLrScheduleTest, PerParamGroupListsAreNotSupported) {
       "write one number, 0 or a small lr, e.g. 1e-6");
 }
 
-TEST(ParseLrScheduleTest, WarmupMaxLrNull) {
+// null is DeepSpeed's None. WarmupLR reads it as optimizer.params.lr, its
+// own default; WarmupDecayLR passes it on to the same code, so there it
+// means optimizer.params.lr instead of its default 0.001.
+TEST(ParseLrScheduleTest, WarmupMaxLrNullIsWarmupLRsDefaultOnly) {
+  LrScheduleSpec s;
+  EXPECT_TRUE(
+      parse(R"({"type": "WarmupLR", "params": {"warmup_max_lr": null}})", &s)
+          .empty());
+  EXPECT_EQ(s.warmup_max_lr, std::nullopt);
   expect_problem(
-      only_problem(
-          R"({"type": "WarmupLR", "params": {"warmup_max_lr": null}})"),
+      only_problem(R"({"type": "WarmupDecayLR", "params": {
+          "total_num_steps": 10, "warmup_max_lr": null}})"),
       "scheduler.params.warmup_max_lr", "null",
-      "must be a JSON number (DeepSpeed's null, meaning optimizer.params.lr, "
-      "is not supported)",
-      "remove the key for the default (WarmupLR: optimizer.params.lr; "
-      "WarmupDecayLR: 0.001), or write the peak lr, e.g. 0.001");
+      "null means optimizer.params.lr in DeepSpeed, which zerostep supports "
+      "only as WarmupLR's default, not for WarmupDecayLR (whose default is "
+      "0.001)",
+      "write the peak lr, e.g. the value of optimizer.params.lr, or remove "
+      "the key for 0.001");
+}
+
+// DeepSpeed warns about an unknown warmup_type and uses "log", its default;
+// for None that is the default.
+TEST(ParseLrScheduleTest, WarmupTypeNullIsTheDefault) {
+  LrScheduleSpec s;
+  EXPECT_TRUE(
+      parse(R"({"type": "WarmupLR", "params": {"warmup_type": null}})", &s)
+          .empty());
+  EXPECT_EQ(s.warmup_type, WarmupType::kLog);
+  EXPECT_TRUE(parse(R"({"type": "WarmupCosineLR", "params": {
+                        "total_num_steps": 10, "warmup_type": null}})",
+                    &s)
+                  .empty());
+  EXPECT_EQ(s.warmup_type, WarmupType::kLog);
+}
+
+// Other nulls are no default in DeepSpeed (its arithmetic fails on None).
+TEST(ParseLrScheduleTest, OtherNullsAreRejected) {
+  std::vector<ConfigProblem> p = parse(R"({"type": "WarmupCosineLR", "params": {
+      "total_num_steps": null, "warmup_num_steps": null,
+      "cos_min_ratio": null}})");
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_EQ(p[0].key, "scheduler.params.total_num_steps");
+  EXPECT_EQ(p[1].key, "scheduler.params.warmup_num_steps");
+  EXPECT_EQ(p[2].key, "scheduler.params.cos_min_ratio");
+  for (const ConfigProblem& q : p) EXPECT_EQ(q.value, "null");
+}
+
+// Other frameworks' names get the DeepSpeed name.
+TEST(ParseLrScheduleTest, HuggingFaceNamesGetDidYouMean) {
+  std::vector<ConfigProblem> p = parse(R"({"type": "WarmupDecayLR", "params": {
+      "num_warmup_steps": 10, "num_training_steps": 100}})");
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_EQ(p[0].key, "scheduler.params.num_warmup_steps");
+  EXPECT_EQ(p[0].fix, "did you mean \"warmup_num_steps\"?");
+  EXPECT_EQ(p[1].key, "scheduler.params.num_training_steps");
+  EXPECT_EQ(p[1].fix, "did you mean \"total_num_steps\"?");
+  EXPECT_EQ(p[2].key, "scheduler.params.total_num_steps");  // missing
 }
 
 TEST(ParseLrScheduleTest, NegativeValues) {

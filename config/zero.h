@@ -1,14 +1,18 @@
 // The "zero_optimization" section of a ds_config: the ZeRO stage, its
-// buckets and overlap, and offload_optimizer / offload_param (with
-// DeepSpeed's old spelling cpu_offload = true for offload_optimizer.device =
-// "cpu"). ZeroConfig is part of Config (config/config.h); ZeroSection is
-// parse_config's reader for the section. docs/config.md describes each key.
+// buckets and overlap, and offload_optimizer / offload_param, under every
+// name DeepSpeed accepts: its stage3_-less field names and their stage3_
+// aliases, the deprecated cpu_offload (offload_optimizer.device "cpu") and
+// cpu_offload_param (offload_param.device "cpu"), and the deprecated
+// "zero_optimization": true (stage 1; false is stage 0). ZeroConfig is part
+// of Config (config/config.h); ZeroSection is parse_config's reader for the
+// section. docs/config.md describes each key.
 //
 // Thread safety: the structs are values; a ZeroSection belongs to one parse.
 #ifndef ZEROSTEP_CONFIG_ZERO_H_
 #define ZEROSTEP_CONFIG_ZERO_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "config/problems.h"
@@ -28,18 +32,29 @@ struct OffloadConfig {
 };
 
 struct ZeroConfig {
-  int stage = 0;                              // zero_optimization.stage
-  bool overlap_comm = false;                  // zero_optimization.overlap_comm
-  int64_t reduce_bucket_size = 500000000;     // elements
+  int stage = 0;              // zero_optimization.stage
+  bool overlap_comm = false;  // zero_optimization.overlap_comm
+  // Elements per reduction bucket. DeepSpeed's 0 is stored as 1: it flushes
+  // its bucket before a parameter that would overflow it, so 0 and 1 both
+  // reduce one parameter at a time (zerostep's smallest bucket is
+  // 16 × world_size elements; docs/config.md).
+  int64_t reduce_bucket_size = 500000000;
   int64_t allgather_bucket_size = 500000000;  // elements
   bool contiguous_gradients = true;
-  // Stage 3: parameters with fewer elements stay whole on every rank.
+  // Stage 3: parameters with fewer elements stay whole on every rank
+  // (zero_optimization.stage3_param_persistence_threshold or its other
+  // name, param_persistence_threshold).
   int64_t stage3_param_persistence_threshold = 100000;
-  // Optimizer state offload (stages 1-3) and parameter offload (stage 3).
+  // Optimizer state offload (stages 1-3) and parameter offload (stage 3;
+  // below stage 3 the section is ignored, as in DeepSpeed, and this keeps
+  // its defaults).
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param;
   // Elements per NVMe swap sub-group (DeepSpeed's default 1e9: one
-  // sub-group per partition unless the partition is larger).
+  // sub-group per partition unless the partition is larger). DeepSpeed's 0
+  // is stored as 1: a DeepSpeed sub-group closes once it holds at least
+  // this many elements, so 0 and 1 both mean one parameter per sub-group
+  // there (one element per sub-group here; docs/config.md).
   int64_t sub_group_size = 1000000000;
 };
 
@@ -47,14 +62,20 @@ const char* to_string(OffloadDevice d);
 
 // Reads "zero_optimization" into *out as parse_config meets it, and checks
 // the offload sections against the stage once the whole document has been
-// read. Problems in document order, then check_offload()'s.
+// read. Problems in document order, then the section's cross-key checks
+// (two names of one setting, a deprecated name against the section that
+// replaced it), then check_offload()'s.
 class ZeroSection {
  public:
   // `*out` and `*report` must outlive the section.
   ZeroSection(ZeroConfig* out, ProblemReporter* report)
       : out_(out), report_(report) {}
 
+  // The section's value: an object, or DeepSpeed's deprecated true/false.
   void parse(const ConfigJson& v);
+  // The top-level "allgather_size", which DeepSpeed reads as
+  // allgather_bucket_size only when "zero_optimization" is a boolean.
+  void parse_allgather_size(const ConfigJson& v);
 
   // False when zero_optimization.stage was given and rejected: rules that
   // depend on the stage are then skipped (they would only mislead).
@@ -65,8 +86,23 @@ class ZeroSection {
   void check_offload();
 
  private:
-  // zero_optimization.offload_optimizer or zero_optimization.offload_param.
-  void parse_offload(const std::string& key, const ConfigJson& v);
+  // zero_optimization.offload_optimizer or zero_optimization.offload_param
+  // into *o. `ignored`: below stage 3 offload_param is checked (names,
+  // types, devices) but not used, listed once as ignored. Returns the device
+  // the section asks for (kNone for null), or nullopt when it was rejected.
+  std::optional<OffloadDevice> parse_offload(const std::string& key,
+                                             const ConfigJson& v,
+                                             OffloadConfig* o, bool ignored);
+  // A bucket or sub-group size >= 0 (0 stored as 1; ZeroConfig).
+  void parse_size_zero_as_one(const std::string& key, const ConfigJson& v,
+                              const std::string& want, int64_t* out);
+  void parse_allgather_bucket_size(const std::string& key, const ConfigJson& v);
+  // A deprecated boolean (cpu_offload, cpu_offload_param) against the
+  // section that replaced it: true means device "cpu", false no offload.
+  void reconcile_legacy(const std::string& legacy_key, bool legacy,
+                        const std::string& section_key,
+                        std::optional<OffloadDevice> section_device,
+                        bool section_given, OffloadConfig* o);
 
   ZeroConfig* out_;
   ProblemReporter* report_;
