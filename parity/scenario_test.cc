@@ -187,6 +187,35 @@ TEST(ScenarioTest, IgnoredKeysOfTheFileAreReported) {
             std::string::npos);
 }
 
+TEST(ScenarioTest, AHighLossScaleFromAFileSkipsWindowsAndIsOkOnlyWhenAllowed) {
+  // Note [Overflows nobody injected]: 2^24 overflows fp16 gradients, and
+  // hysteresis 1 backs off at once, so the first windows are skipped.
+  Scenario s = base(2, 2);
+  s.backwards = {2, 2, 2, 2};
+  s.dtype = Precision::kFp16;
+  s.base_config_json =
+      R"({"fp16": {"enabled": true, "initial_scale_power": 24,
+                   "hysteresis": 1}})";
+  s.natural_overflow_ok = true;
+  ScenarioResult r = run_scenario(s);
+  EXPECT_TRUE(r.ok) << ::testing::PrintToString(r.failures);
+  EXPECT_FALSE(r.reference_compared);
+  ASSERT_FALSE(r.unmanaged.skipped_windows.empty());
+  EXPECT_EQ(r.unmanaged.skipped_windows, r.managed.skipped_windows);
+  EXPECT_TRUE(r.bitwise_equal);
+  EXPECT_NE(to_json_line(r).find("\"reference_compared\":false"),
+            std::string::npos);
+  // Without the allowance (the built-in matrix), a skip nobody injected is
+  // a failure.
+  s.natural_overflow_ok = false;
+  r = run_scenario(s);
+  EXPECT_FALSE(r.ok);
+  ASSERT_FALSE(r.failures.empty());
+  EXPECT_NE(r.failures[0].find("but the overflows injected were []"),
+            std::string::npos)
+      << r.failures[0];
+}
+
 TEST(ScenarioTest, ReferenceCheckCatchesAWrongScaleUnderSgd) {
   Scenario s = base(1, 2);
   s.base_config_json =
@@ -447,8 +476,7 @@ TEST(ScenarioGlooTest, EveryStageIsOkOnGlooAndAgreesWithSim) {
     EXPECT_TRUE(on_gloo.bitwise_equal) << "stage " << stage;
     double diff_sq = 0, ref_sq = 0;
     for (size_t i = 0; i < on_sim.unmanaged.params.size(); ++i) {
-      const double d =
-          on_sim.unmanaged.params[i] - on_gloo.unmanaged.params[i];
+      const double d = on_sim.unmanaged.params[i] - on_gloo.unmanaged.params[i];
       diff_sq += d * d;
       ref_sq += on_sim.unmanaged.params[i] * on_sim.unmanaged.params[i];
     }

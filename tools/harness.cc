@@ -468,6 +468,8 @@ std::vector<Scenario> build_scenarios(const HarnessFlags& f,
                                           ? f.persistence_threshold
                                           : (f.config_path.empty() ? 0 : -1);
             s.base_config_json = base.text;
+            // The file's own loss scale may start high enough to overflow.
+            s.natural_overflow_ok = !f.config_path.empty();
             scenarios.push_back(s);
           }
   return scenarios;

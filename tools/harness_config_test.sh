@@ -4,6 +4,7 @@
 # the file.
 set -u
 harness="$1"
+corpus="$2"  # config/testdata/corpus: every file it accepts must run
 dir="${TEST_TMPDIR:-$(mktemp -d)}"
 pass=0
 fail() { echo "FAIL: $*"; exit 1; }
@@ -71,5 +72,25 @@ err=$("$harness" --config="$dir/fp16.json" --offload=cpu --stages=0 2>&1 \
       >/dev/null); rc=$?
 [ "$rc" -eq 2 ] || fail "no scenario left exited $rc, want 2"
 [[ "$err" == *"no scenario to run"* ]] || fail "empty matrix: $err"
+pass=$((pass + 1))
+# Every corpus file the parser accepts runs as written, at the world size
+# its .expect states.
+runs=0
+for expect in "$corpus"/*.expect; do
+  grep -qx accept "$expect" || continue
+  file="${expect%.expect}.json"
+  world=$(sed -n 's/^world_size: *//p' "$expect")
+  out=$("$harness" --config="$file" --json --world="$world" --steps=2 \
+        --scaling=configured 2>"$dir/err")
+  rc=$?
+  [ "$rc" -eq 0 ] || fail "$(basename "$file") exited $rc: $(tail -5 "$dir/err")"
+  n=$(echo "$out" | wc -l)
+  [ "$n" -ge 1 ] || fail "$(basename "$file"): no scenario"
+  [ "$(echo "$out" | grep -c '"ok":true')" -eq "$n" ] \
+    || fail "$(basename "$file") not ok: $out"
+  runs=$((runs + 1))
+done
+[ "$runs" -ge 10 ] || fail "only $runs accepted corpus files ran"
+echo "  $runs accepted corpus files ran"
 pass=$((pass + 1))
 echo "$pass passed, 0 failed"
