@@ -16,8 +16,6 @@
 namespace zerostep {
 namespace {
 
-constexpr const char* kFormat = "zerostep-checkpoint-1";
-
 std::string rank_file(int r) { return "rank_" + std::to_string(r) + ".bin"; }
 
 }  // namespace
@@ -68,36 +66,31 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
   bool manifest_failed = false;
   std::string manifest_error;
   if (rank() == 0) {
-    nlohmann::json m;
-    m["format"] = kFormat;
-    m["world_size"] = world_size();
-    m["stage"] = config_.zero.stage;
-    m["numel"] = layout_.numel;
-    m["param_numels"] = layout_.numels;
-    m["optimizer"] = to_string(config_.optimizer.type);
-    m["optimizer_steps"] = stage_->optimizer().step_count();
+    Manifest m;
+    m.world_size = world_size();
+    m.stage = config_.zero.stage;
+    m.numel = layout_.numel;
+    m.param_numels.assign(layout_.numels.begin(), layout_.numels.end());
+    m.optimizer = to_string(config_.optimizer.type);
+    m.optimizer_steps = stage_->optimizer().step_count();
     const auto c = boundary_.counters();
-    m["counters"] = {{"micro_steps", c.micro_steps},
-                     {"global_steps", c.global_steps},
-                     {"global_samples", c.global_samples},
-                     {"skipped_steps", c.skipped_steps}};
-    m["lr_schedule_iteration"] = lr_schedule_.last_batch_iteration();
-    m["dtype"] = to_string(dtype());
+    m.micro_steps = c.micro_steps;
+    m.global_steps = c.global_steps;
+    m.global_samples = c.global_samples;
+    m.skipped_steps = c.skipped_steps;
+    m.lr_schedule_iteration = lr_schedule_.last_batch_iteration();
+    m.dtype = to_string(dtype());
     const LossScaler::State& ls = scaler_.state();
-    m["loss_scaler"] = {{"scale", ls.scale},
-                        {"iteration", ls.iteration},
-                        {"last_overflow_iteration", ls.last_overflow_iteration},
-                        {"hysteresis_left", ls.hysteresis_left}};
-    nlohmann::json files = nlohmann::json::array();
+    m.loss_scale = ls.scale;
+    m.loss_scale_iteration = ls.iteration;
+    m.last_overflow_iteration = ls.last_overflow_iteration;
+    m.hysteresis_left = ls.hysteresis_left;
     for (int r = 0; r < world_size(); ++r)
-      files.push_back({{"name", rank_file(r)},
-                       {"bytes", all[r].bytes},
-                       {"fnv1a", all[r].checksum}});
-    m["files"] = files;
+      m.files.push_back({rank_file(r), all[r].bytes, all[r].checksum});
     // Manifest last, then `latest`: a crash before either leaves the
     // previous checkpoint the current one.
     try {
-      atomic_write_file(folder + "/manifest.json", m.dump(1));
+      atomic_write_file(folder + "/manifest.json", encode_manifest(m));
       atomic_write_file(dir + "/latest", tag + "\n");
     } catch (const Error& e) {
       manifest_failed = true;
@@ -125,24 +118,25 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
       tag.pop_back();
   }
   const std::string folder = dir + "/" + tag;
-  nlohmann::json m;
-  try {
-    m = nlohmann::json::parse(read_file(folder + "/manifest.json"));
-    if (m.at("format").get<std::string>() != kFormat)
-      throw IoError("'" + folder + "/manifest.json' is not a " + kFormat +
-                    " manifest");
-  } catch (const nlohmann::json::exception& e) {
-    throw IoError("checkpoint manifest '" + folder +
-                  "/manifest.json' is corrupt: " + e.what() +
-                  ". Nothing was changed");
-  }
+  const std::string manifest_path = folder + "/manifest.json";
+  const Manifest m = decode_manifest(read_file(manifest_path), manifest_path);
+  bool known_optimizer = false;
+  for (OptimizerType t :
+       {OptimizerType::kAdam, OptimizerType::kAdamW, OptimizerType::kSGD})
+    known_optimizer |= m.optimizer == to_string(t);
+  if (!known_optimizer)
+    throw IoError("checkpoint manifest '" + manifest_path +
+                  "' is corrupt: field 'optimizer' = \"" + m.optimizer +
+                  "\" names no optimizer. Fix: load another checkpoint "
+                  "(nothing was changed)");
   auto mismatch = [&](const std::string& what, const std::string& theirs,
                       const std::string& ours, const std::string& fix) {
     throw UsageError("checkpoint '" + folder + "' was written with " + what +
                      " " + theirs + ", this engine has " + ours + ". " + fix +
                      " Nothing was changed");
   };
-  const auto numels = m.at("param_numels").get<std::vector<size_t>>();
+  const std::vector<size_t> numels(m.param_numels.begin(),
+                                   m.param_numels.end());
   if (numels != layout_.numels) {
     // Name the first parameter that differs: the totals may well agree.
     size_t i = 0;
@@ -171,7 +165,7 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
               " parameter(s) more, from parameter " + std::to_string(i);
     }
     mismatch("a model of " + std::to_string(numels.size()) + " parameters",
-             "(" + std::to_string(m.at("numel").get<size_t>()) + " elements)",
+             "(" + std::to_string(m.numel) + " elements)",
              std::to_string(layout_.numels.size()) + " (" +
                  std::to_string(layout_.numel) +
                  " elements); the first "
@@ -179,11 +173,11 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
                  first,
              "Load it into the same model.");
   }
-  if (m.at("optimizer").get<std::string>() != to_string(config_.optimizer.type))
-    mismatch("optimizer", m.at("optimizer").get<std::string>(),
-             to_string(config_.optimizer.type), "Use the same optimizer.");
-  const int their_world = m.at("world_size").get<int>();
-  const int their_stage = m.at("stage").get<int>();
+  if (m.optimizer != to_string(config_.optimizer.type))
+    mismatch("optimizer", m.optimizer, to_string(config_.optimizer.type),
+             "Use the same optimizer.");
+  const int their_world = m.world_size;
+  const int their_stage = m.stage;
   if (!options.allow_reshard &&
       (their_world != world_size() || their_stage != config_.zero.stage))
     mismatch("world size / ZeRO stage",
@@ -198,11 +192,11 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
   std::vector<float> params(n, 0.0f), exp_avg(has_m ? n : 0, 0.0f),
       exp_avg_sq(has_v ? n : 0, 0.0f);
   std::vector<char> covered(n, 0);
-  for (const auto& f : m.at("files")) {
-    const std::string path = folder + "/" + f.at("name").get<std::string>();
+  for (const Manifest::File& f : m.files) {
+    const std::string path = folder + "/" + f.name;
     const std::string bytes = read_file(path);
-    if (bytes.size() != f.at("bytes").get<uint64_t>() ||
-        fnv1a64(bytes.data(), bytes.size()) != f.at("fnv1a").get<uint64_t>())
+    if (bytes.size() != f.bytes ||
+        fnv1a64(bytes.data(), bytes.size()) != f.fnv1a)
       throw IoError("checkpoint file '" + path +
                     "' does not match its "
                     "manifest (size or checksum): truncated or replaced. "
@@ -235,23 +229,16 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
                   "' does not cover every "
                   "parameter (a rank file is missing from the manifest). "
                   "Nothing was changed");
-  const auto& c = m.at("counters");
-  AccumulationBoundary::Counters counters{c.at("micro_steps").get<int64_t>(),
-                                          c.at("global_steps").get<int64_t>(),
-                                          c.at("global_samples").get<int64_t>(),
-                                          c.at("skipped_steps").get<int64_t>()};
+  const AccumulationBoundary::Counters counters{
+      m.micro_steps, m.global_steps, m.global_samples, m.skipped_steps};
   // The loss scale continues only into fp16 training.
   std::optional<LossScaler::State> scaler_state;
-  if (dtype() == Precision::kFp16 && m.contains("loss_scaler") &&
-      m.value("dtype", "fp32") == "fp16") {
-    const auto& ls = m.at("loss_scaler");
-    scaler_state = LossScaler::State{
-        ls.at("scale").get<double>(), ls.at("iteration").get<int64_t>(),
-        ls.at("last_overflow_iteration").get<int64_t>(),
-        ls.at("hysteresis_left").get<int64_t>()};
-  }
+  if (dtype() == Precision::kFp16 && m.dtype == "fp16")
+    scaler_state =
+        LossScaler::State{m.loss_scale, m.loss_scale_iteration,
+                          m.last_overflow_iteration, m.hysteresis_left};
   // Everything is verified: apply.
-  int64_t optimizer_steps = m.at("optimizer_steps").get<int64_t>();
+  int64_t optimizer_steps = m.optimizer_steps;
   if (!options.load_optimizer_states) {
     std::fill(exp_avg.begin(), exp_avg.end(), 0.0f);
     std::fill(exp_avg_sq.begin(), exp_avg_sq.end(), 0.0f);
@@ -261,8 +248,7 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
   binding_->params_written();
   if (scaler_state) scaler_.restore(*scaler_state);
   boundary_.restore(counters);
-  lr_schedule_.set_last_batch_iteration(
-      m.at("lr_schedule_iteration").get<int64_t>());
+  lr_schedule_.set_last_batch_iteration(m.lr_schedule_iteration);
 }
 
 void Engine::export_full_model(const std::string& path) {

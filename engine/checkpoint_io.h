@@ -13,8 +13,13 @@
 // its optimizer's order, with the segments that map them to the canonical
 // parameter order), then the FNV-1a 64 of all the bytes before it.
 //
+// manifest.json: one JSON object (Manifest below) whose "manifest_fnv1a"
+// is the FNV-1a 64 (16 hex digits) of the compact dump of every other key
+// (nlohmann's dump: keys sorted), so any edit of any value is found on
+// load.
+//
 // Errors: IoError naming the path and the cause (missing, short, corrupt,
-// not writable).
+// not writable); for a manifest, also the field.
 #ifndef ZEROSTEP_ENGINE_CHECKPOINT_IO_H_
 #define ZEROSTEP_ENGINE_CHECKPOINT_IO_H_
 
@@ -33,6 +38,46 @@ struct RankState {
   std::vector<float> exp_avg;     // empty if the optimizer keeps none
   std::vector<float> exp_avg_sq;  // empty if the optimizer keeps none
 };
+
+// What manifest.json holds (the engine fills and reads it; the names are
+// the JSON keys).
+struct Manifest {
+  struct File {
+    std::string name;  // rank_<r>.bin
+    uint64_t bytes = 0;
+    uint64_t fnv1a = 0;  // of the whole file
+  };
+  int world_size = 1;
+  int stage = 0;
+  uint64_t numel = 0;  // the sum of param_numels
+  std::vector<uint64_t> param_numels;
+  std::string optimizer;  // config/optimizer.h to_string
+  int64_t optimizer_steps = 0;
+  // "counters": engine/boundary.h.
+  int64_t micro_steps = 0;
+  int64_t global_steps = 0;
+  int64_t global_samples = 0;
+  int64_t skipped_steps = 0;
+  int64_t lr_schedule_iteration = -1;
+  std::string dtype = "fp32";  // fp32, bf16 or fp16
+  // "loss_scaler": engine/loss_scaler.h State.
+  double loss_scale = 1.0;
+  int64_t loss_scale_iteration = 0;
+  int64_t last_overflow_iteration = -1;
+  int64_t hysteresis_left = 1;
+  std::vector<File> files;  // one per rank, in rank order
+};
+
+// The manifest's bytes, "manifest_fnv1a" included.
+std::string encode_manifest(const Manifest& manifest);
+// Parses and verifies manifest bytes read from `path`. IoError naming
+// `path` and the field when the checksum does not match (any edit), a
+// field is missing or of the wrong type, a value is out of range, or
+// values contradict each other (Note [Manifest invariants] in the .cc).
+Manifest decode_manifest(const std::string& bytes, const std::string& path);
+// FNV-1a 64 of a manifest's canonical content, as 16 hex digits
+// (`manifest_json` is the manifest without "manifest_fnv1a", compact).
+std::string manifest_checksum(const std::string& manifest_json);
 
 // Writes `bytes` to `path` atomically (temporary file, fsync, rename, fsync
 // of the folder). IoError on any failure; `path` is then unchanged.

@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "comm/gloo_world.h"
 #include "common/errors.h"
@@ -66,7 +69,8 @@ struct Trainer : MlpWorld {
   }
   torch::Tensor params() {
     const std::vector<torch::Tensor> out = full_parameters();
-    for (size_t r = 1; r < out.size(); ++r) EXPECT_TRUE(torch::equal(out[r], out[0]));
+    for (size_t r = 1; r < out.size(); ++r)
+      EXPECT_TRUE(torch::equal(out[r], out[0]));
     return out[0];
   }
   void save(const std::string& dir, const std::string& tag) {
@@ -88,7 +92,8 @@ TEST(CheckpointTest, ResumeIsBitwiseIdenticalAtEveryStage) {
     Trainer b(2, stage, /*init_seed=*/77);  // other weights: load replaces
     b.load(dir);
     EXPECT_EQ(b.engines[0]->global_steps(), 2);
-    EXPECT_DOUBLE_EQ(b.engines[0]->get_lr(), a.engines[0]->lr_schedule().lr_at(1));
+    EXPECT_DOUBLE_EQ(b.engines[0]->get_lr(),
+                     a.engines[0]->lr_schedule().lr_at(1));
     b.train(2, 3);
     EXPECT_TRUE(torch::equal(a.params(), b.params())) << "stage " << stage;
     EXPECT_EQ(a.engines[1]->global_samples(), b.engines[1]->global_samples());
@@ -196,6 +201,136 @@ TEST(CheckpointTest, CorruptOrTruncatedFilesAreIoErrorsThatChangeNothing) {
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("/nope/latest"), std::string::npos);
   }
+}
+
+// Everything an engine's state could change by, to compare bitwise.
+struct Snapshot {
+  torch::Tensor params;
+  std::vector<std::vector<float>> exp_avg;
+  std::vector<int64_t> counters;  // per rank: micro, global, samples, skipped,
+                                  // optimizer steps
+  std::vector<double> lr;
+};
+
+Snapshot snapshot(Trainer& t) {
+  Snapshot s;
+  s.params = t.params();
+  for (auto& e : t.engines) {
+    s.exp_avg.push_back(e->optimizer().exp_avg());
+    s.counters.insert(s.counters.end(),
+                      {e->micro_steps(), e->global_steps(), e->global_samples(),
+                       e->skipped_steps(), e->optimizer().step_count()});
+    s.lr.push_back(e->get_lr());
+  }
+  return s;
+}
+
+void expect_same(const Snapshot& a, const Snapshot& b, const std::string& why) {
+  EXPECT_TRUE(same_bits(a.params, b.params)) << why;
+  EXPECT_EQ(a.exp_avg, b.exp_avg) << why;
+  EXPECT_EQ(a.counters, b.counters) << why;
+  EXPECT_EQ(a.lr, b.lr) << why;
+}
+
+// "/counters/global_steps" -> "counters.global_steps", "/files/0/name" ->
+// "files[0].name": how load's errors name a field.
+std::string field_name(const std::string& pointer) {
+  std::string out;
+  std::stringstream ss(pointer.substr(1));
+  std::string part;
+  while (std::getline(ss, part, '/')) {
+    if (!part.empty() && std::isdigit(static_cast<unsigned char>(part[0])))
+      out += "[" + part + "]";
+    else
+      out += (out.empty() ? "" : ".") + part;
+  }
+  return out;
+}
+
+// `manifest` with "manifest_fnv1a" recomputed, as a writer would.
+nlohmann::json with_checksum(nlohmann::json manifest) {
+  manifest.erase("manifest_fnv1a");
+  manifest["manifest_fnv1a"] = manifest_checksum(manifest.dump());
+  return manifest;
+}
+
+// The checksum makes every edit of every value an error naming the
+// manifest; a manifest whose checksum was recomputed after the edit is
+// still rejected, naming the field, when the value is out of range. The
+// engine is unchanged bitwise either way.
+TEST(CheckpointTest, EveryManifestFieldIsVerifiedBeforeAnythingChanges) {
+  const std::string dir = temp_dir();
+  Trainer a(2, 2, 5);
+  a.train(0, 2);
+  a.save(dir, "t");
+  const std::string path = dir + "/t/manifest.json";
+  const std::string original = read_file(path);
+  const nlohmann::json manifest = nlohmann::json::parse(original);
+  Trainer b(2, 2, 77);
+  b.train(0, 1);
+  const Snapshot before = snapshot(b);
+  auto expect_rejected = [&](const nlohmann::json& edited,
+                             const std::string& expect,
+                             const std::string& why) {
+    atomic_write_file(path, edited.dump(1));
+    auto errors = b.world->run_collect(
+        [&](int r) { b.engines[r]->load_checkpoint(dir, "t"); });
+    for (const auto& e : errors) {
+      ASSERT_TRUE(e) << why << ": loaded";
+      try {
+        std::rethrow_exception(e);
+      } catch (const IoError& err) {
+        const std::string what = err.what();
+        EXPECT_NE(what.find(path), std::string::npos) << why << ": " << what;
+        EXPECT_NE(what.find("field '" + expect + "'"), std::string::npos)
+            << why << ": " << what;
+      } catch (const std::exception& err) {
+        ADD_FAILURE() << why << ": not an IoError: " << err.what();
+      }
+    }
+    expect_same(before, snapshot(b), why);
+  };
+  const nlohmann::json flat = manifest.flatten();
+  ASSERT_GT(flat.size(), 20u);
+  for (const auto& item : flat.items()) {
+    const nlohmann::json::json_pointer at(item.key());
+    const nlohmann::json& value = item.value();
+    // A plausible edit, checksum left as it was.
+    nlohmann::json edited = manifest;
+    if (value.is_string())
+      edited[at] = value.get<std::string>() + "x";
+    else if (value.is_number_float())
+      edited[at] = value.get<double>() * 2;
+    else
+      edited[at] = value.get<int64_t>() + 1;
+    expect_rejected(edited, "manifest_fnv1a", "edit of " + item.key());
+    if (item.key() == "/manifest_fnv1a") continue;
+    // An impossible value under a recomputed checksum.
+    edited = manifest;
+    edited[at] =
+        value.is_string() ? nlohmann::json("bogus") : nlohmann::json(-5);
+    expect_rejected(with_checksum(edited), field_name(item.key()),
+                    "impossible " + item.key());
+  }
+  // Values that contradict each other, checksum recomputed.
+  auto with = [&](const std::string& key, int64_t v) {
+    nlohmann::json e = manifest;
+    e[nlohmann::json::json_pointer(key)] = v;
+    return with_checksum(e);
+  };
+  const int64_t steps = manifest["counters"]["global_steps"].get<int64_t>();
+  expect_rejected(with("/counters/global_steps", steps + 1),
+                  "lr_schedule_iteration", "global_steps + 1");
+  expect_rejected(with("/lr_schedule_iteration", steps),
+                  "lr_schedule_iteration", "lr_schedule_iteration + 1");
+  expect_rejected(with("/optimizer_steps", steps + 1), "optimizer_steps",
+                  "optimizer_steps above global_steps");
+  expect_rejected(with("/counters/micro_steps", steps - 1),
+                  "counters.micro_steps", "micro_steps below global_steps");
+  // The untouched manifest still loads.
+  atomic_write_file(path, original);
+  b.load(dir, "t");
+  EXPECT_TRUE(same_bits(a.params(), b.params()));
 }
 
 TEST(CheckpointTest, AnotherModelIsRejected) {
