@@ -26,17 +26,48 @@ void Engine::require_between_windows(const char* what) {
 }
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
-  if (tag.empty() || tag.find('/') != std::string::npos || tag == "latest")
+  // Names starting with '.' are the save's own (Note [Checkpoint switch]).
+  if (tag.empty() || tag.find('/') != std::string::npos || tag == "latest" ||
+      tag[0] == '.')
     throw UsageError("checkpoint tag '" + tag +
-                     "' must be a non-empty name "
-                     "without '/' other than 'latest'");
+                     "' must be a non-empty name without '/', not starting "
+                     "with '.', other than 'latest'");
   require_between_windows("save_checkpoint()");
+  // Note [Checkpoint switch] (engine/checkpoint_io.h).
+  CheckpointFiles& files = *checkpoint_files_;
   const std::string folder = dir + "/" + tag;
-  // Each rank writes its file; failures are shared so every rank throws.
+  const std::string staging = staging_folder(dir, tag);
+  const std::string backup = backup_folder(dir, tag);
+  // Rank 0 prepares an empty staging folder before any rank writes to it.
+  bool prepare_failed = false;
   std::string error;
+  if (rank() == 0) {
+    try {
+      make_dirs(dir);
+      if (path_exists(backup)) {
+        if (path_exists(folder)) {
+          remove_tree(files, backup);
+        } else {
+          files.rename(backup, folder);
+        }
+        files.sync_folder(dir);
+      }
+      remove_tree(files, staging);
+      files.make_folder(staging);
+      files.sync_folder(dir);
+    } catch (const Error& e) {
+      prepare_failed = true;
+      error = e.what();
+    }
+  }
+  if (root_failed(*comm_, prepare_failed))
+    throw IoError("save_checkpoint('" + folder +
+                  "') could not prepare its staging folder '" + staging +
+                  "' on rank 0" + (rank() == 0 ? ": " + error : std::string()) +
+                  ". The previous checkpoint is untouched");
+  // Each rank writes its file; failures are shared so every rank throws.
   uint64_t bytes = 0, checksum = 0;
   try {
-    make_dirs(folder);
     RankState st;
     st.rank = rank();
     st.segments = stage_->owned_segments();
@@ -44,7 +75,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
     st.exp_avg = stage_->optimizer().exp_avg();
     st.exp_avg_sq = stage_->optimizer().exp_avg_sq();
     const std::string encoded = encode_rank_state(st);
-    atomic_write_file(folder + "/" + rank_file(rank()), encoded);
+    atomic_write_file(files, staging + "/" + rank_file(rank()), encoded);
     bytes = encoded.size();
     checksum = fnv1a64(encoded.data(), encoded.size());
   } catch (const Error& e) {
@@ -61,8 +92,9 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
                     std::to_string(r) +
                     (r == rank() ? ": " + error : std::string()) +
                     ". The previous checkpoint is untouched");
-  // Rank 0 writes the manifest, then `latest`, and tells everyone whether
-  // that worked, so every rank returns (or throws) together.
+  // Rank 0 completes the staging folder with the manifest, switches it in
+  // and writes `latest`, and tells everyone whether that worked, so every
+  // rank returns (or throws) together.
   bool manifest_failed = false;
   std::string manifest_error;
   if (rank() == 0) {
@@ -87,11 +119,20 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
     m.hysteresis_left = ls.hysteresis_left;
     for (int r = 0; r < world_size(); ++r)
       m.files.push_back({rank_file(r), all[r].bytes, all[r].checksum});
-    // Manifest last, then `latest`: a crash before either leaves the
-    // previous checkpoint the current one.
     try {
-      atomic_write_file(folder + "/manifest.json", encode_manifest(m));
-      atomic_write_file(dir + "/latest", tag + "\n");
+      atomic_write_file(files, staging + "/manifest.json", encode_manifest(m));
+      const bool replacing = path_exists(folder);
+      if (replacing) {
+        files.rename(folder, backup);
+        files.sync_folder(dir);
+      }
+      files.rename(staging, folder);
+      files.sync_folder(dir);
+      atomic_write_file(files, dir + "/latest", tag + "\n");
+      if (replacing) {
+        remove_tree(files, backup);
+        files.sync_folder(dir);
+      }
     } catch (const Error& e) {
       manifest_failed = true;
       manifest_error = e.what();
@@ -100,9 +141,10 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
   if (root_failed(*comm_, manifest_failed))
     throw IoError("save_checkpoint('" + folder +
                   "') could not write its "
-                  "manifest on rank 0" +
+                  "manifest or switch it in on rank 0" +
                   (rank() == 0 ? ": " + manifest_error : std::string()) +
-                  ". The previous checkpoint is untouched");
+                  ". Under this tag the previous checkpoint or the new one "
+                  "loads; `latest` names a loadable checkpoint");
 }
 
 void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
@@ -117,7 +159,8 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
     while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' '))
       tag.pop_back();
   }
-  const std::string folder = dir + "/" + tag;
+  // <tag>, or what an interrupted save left (Note [Checkpoint switch]).
+  const std::string folder = resolve_checkpoint_folder(dir, tag);
   const std::string manifest_path = folder + "/manifest.json";
   const Manifest m = decode_manifest(read_file(manifest_path), manifest_path);
   bool known_optimizer = false;

@@ -1,5 +1,6 @@
 #include "engine/checkpoint_io.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -71,43 +72,126 @@ void make_dirs(const std::string& path) {
   }
 }
 
-void atomic_write_file(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) io_fail("cannot write", tmp);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
+namespace {
+
+class PosixCheckpointFiles final : public CheckpointFiles {
+ public:
+  void write(const std::string& path, const std::string& bytes) override {
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) io_fail("cannot write", path);
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        const int saved = errno;
+        close(fd);
+        unlink(path.c_str());
+        errno = saved;
+        io_fail("cannot write", path);
+      }
+      done += static_cast<size_t>(n);
+    }
+    if (close(fd) != 0) io_fail("cannot write", path);
+  }
+  void sync_file(const std::string& path) override {
+    const int fd = open(path.c_str(), O_RDONLY);
+    if (fd < 0) io_fail("cannot open for fsync", path);
+    if (fsync(fd) != 0) {
       const int saved = errno;
       close(fd);
-      unlink(tmp.c_str());
       errno = saved;
-      io_fail("cannot write", tmp);
+      io_fail("cannot fsync", path);
     }
-    done += static_cast<size_t>(n);
-  }
-  if (fsync(fd) != 0) {
-    const int saved = errno;
     close(fd);
-    unlink(tmp.c_str());
-    errno = saved;
-    io_fail("cannot fsync", tmp);
   }
-  close(fd);
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    const int saved = errno;
-    unlink(tmp.c_str());
-    errno = saved;
-    io_fail("cannot rename into place", path);
+  void sync_folder(const std::string& path) override {
+    const int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY);
+    if (fd < 0) io_fail("cannot open folder for fsync", path);
+    // Some file systems refuse fsync on a folder (EINVAL): nothing to do.
+    if (fsync(fd) != 0 && errno != EINVAL) {
+      const int saved = errno;
+      close(fd);
+      errno = saved;
+      io_fail("cannot fsync folder", path);
+    }
+    close(fd);
   }
-  const std::string dir = dirname_of(path);
-  const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    fsync(dfd);
-    close(dfd);
+  void rename(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0)
+      io_fail("cannot rename '" + from + "' to", to);
   }
+  void make_folder(const std::string& path) override {
+    if (mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
+      io_fail("cannot create folder", path);
+  }
+  void remove_file(const std::string& path) override {
+    if (unlink(path.c_str()) != 0) io_fail("cannot remove", path);
+  }
+  void remove_folder(const std::string& path) override {
+    if (rmdir(path.c_str()) != 0) io_fail("cannot remove folder", path);
+  }
+};
+
+}  // namespace
+
+CheckpointFiles& posix_checkpoint_files() {
+  static PosixCheckpointFiles files;
+  return files;
+}
+
+void atomic_write_file(CheckpointFiles& files, const std::string& path,
+                       const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  files.write(tmp, bytes);
+  files.sync_file(tmp);
+  files.rename(tmp, path);
+  files.sync_folder(dirname_of(path));
+}
+
+void atomic_write_file(const std::string& path, const std::string& bytes) {
+  atomic_write_file(posix_checkpoint_files(), path, bytes);
+}
+
+bool path_exists(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0;
+}
+
+void remove_tree(CheckpointFiles& files, const std::string& path) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) return;
+  if (!S_ISDIR(st.st_mode)) {
+    files.remove_file(path);
+    return;
+  }
+  std::vector<std::string> names;
+  DIR* d = opendir(path.c_str());
+  if (d == nullptr) io_fail("cannot list", path);
+  while (const dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  closedir(d);
+  for (const std::string& name : names) remove_tree(files, path + "/" + name);
+  files.remove_folder(path);
+}
+
+std::string staging_folder(const std::string& dir, const std::string& tag) {
+  return dir + "/." + tag + ".tmp";
+}
+
+std::string backup_folder(const std::string& dir, const std::string& tag) {
+  return dir + "/." + tag + ".old";
+}
+
+std::string resolve_checkpoint_folder(const std::string& dir,
+                                      const std::string& tag) {
+  const std::string folder = dir + "/" + tag;
+  if (path_exists(folder)) return folder;
+  if (path_exists(backup_folder(dir, tag))) return backup_folder(dir, tag);
+  if (path_exists(staging_folder(dir, tag))) return staging_folder(dir, tag);
+  return folder;
 }
 
 std::string read_file(const std::string& path) {

@@ -59,6 +59,7 @@
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "engine/boundary.h"
+#include "engine/checkpoint_io.h"
 #include "engine/failure_latch.h"
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"
@@ -103,6 +104,10 @@ struct EngineOptions {
   // nullptr: the engine opens <nvme_path>/zerostep_rank<r>_params.swap
   // itself, truncated. Must outlive the engine.
   BlockDevice* param_device = nullptr;
+  // The file operations save_checkpoint makes (engine/checkpoint_io.h;
+  // e.g. a decorator that stops a save after its k-th operation in tests).
+  // nullptr: posix_checkpoint_files(). Must outlive the engine.
+  CheckpointFiles* checkpoint_files = nullptr;
 };
 
 class Engine final {
@@ -255,7 +260,8 @@ class Engine final {
   // NVMe offload: the devices (outlive the binding's stage).
   std::unique_ptr<OffloadDevices> offload_;
   std::unique_ptr<ParamBinding> binding_;
-  Stage* stage_ = nullptr;  // binding_->stage()
+  Stage* stage_ = nullptr;             // binding_->stage()
+  CheckpointFiles* checkpoint_files_;  // EngineOptions::checkpoint_files
   bool step_applied_ = false;
   double last_grad_norm_ = -1.0;
 };
