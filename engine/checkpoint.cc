@@ -16,8 +16,6 @@
 namespace zerostep {
 namespace {
 
-constexpr const char* kFormat = "zerostep-checkpoint-1";
-
 std::string rank_file(int r) { return "rank_" + std::to_string(r) + ".bin"; }
 
 }  // namespace
@@ -28,17 +26,48 @@ void Engine::require_between_windows(const char* what) {
 }
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
-  if (tag.empty() || tag.find('/') != std::string::npos || tag == "latest")
+  // Names starting with '.' are the save's own (Note [Checkpoint switch]).
+  if (tag.empty() || tag.find('/') != std::string::npos || tag == "latest" ||
+      tag[0] == '.')
     throw UsageError("checkpoint tag '" + tag +
-                     "' must be a non-empty name "
-                     "without '/' other than 'latest'");
+                     "' must be a non-empty name without '/', not starting "
+                     "with '.', other than 'latest'");
   require_between_windows("save_checkpoint()");
+  // Note [Checkpoint switch] (engine/checkpoint_io.h).
+  CheckpointFiles& files = *checkpoint_files_;
   const std::string folder = dir + "/" + tag;
-  // Each rank writes its file; failures are shared so every rank throws.
+  const std::string staging = staging_folder(dir, tag);
+  const std::string backup = backup_folder(dir, tag);
+  // Rank 0 prepares an empty staging folder before any rank writes to it.
+  bool prepare_failed = false;
   std::string error;
+  if (rank() == 0) {
+    try {
+      make_dirs(dir);
+      if (path_exists(backup)) {
+        if (path_exists(folder)) {
+          remove_tree(files, backup);
+        } else {
+          files.rename(backup, folder);
+        }
+        files.sync_folder(dir);
+      }
+      remove_tree(files, staging);
+      files.make_folder(staging);
+      files.sync_folder(dir);
+    } catch (const Error& e) {
+      prepare_failed = true;
+      error = e.what();
+    }
+  }
+  if (root_failed(*comm_, prepare_failed))
+    throw IoError("save_checkpoint('" + folder +
+                  "') could not prepare its staging folder '" + staging +
+                  "' on rank 0" + (rank() == 0 ? ": " + error : std::string()) +
+                  ". The previous checkpoint is untouched");
+  // Each rank writes its file; failures are shared so every rank throws.
   uint64_t bytes = 0, checksum = 0;
   try {
-    make_dirs(folder);
     RankState st;
     st.rank = rank();
     st.segments = stage_->owned_segments();
@@ -46,7 +75,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
     st.exp_avg = stage_->optimizer().exp_avg();
     st.exp_avg_sq = stage_->optimizer().exp_avg_sq();
     const std::string encoded = encode_rank_state(st);
-    atomic_write_file(folder + "/" + rank_file(rank()), encoded);
+    atomic_write_file(files, staging + "/" + rank_file(rank()), encoded);
     bytes = encoded.size();
     checksum = fnv1a64(encoded.data(), encoded.size());
   } catch (const Error& e) {
@@ -63,42 +92,47 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
                     std::to_string(r) +
                     (r == rank() ? ": " + error : std::string()) +
                     ". The previous checkpoint is untouched");
-  // Rank 0 writes the manifest, then `latest`, and tells everyone whether
-  // that worked, so every rank returns (or throws) together.
+  // Rank 0 completes the staging folder with the manifest, switches it in
+  // and writes `latest`, and tells everyone whether that worked, so every
+  // rank returns (or throws) together.
   bool manifest_failed = false;
   std::string manifest_error;
   if (rank() == 0) {
-    nlohmann::json m;
-    m["format"] = kFormat;
-    m["world_size"] = world_size();
-    m["stage"] = config_.zero.stage;
-    m["numel"] = layout_.numel;
-    m["param_numels"] = layout_.numels;
-    m["optimizer"] = to_string(config_.optimizer.type);
-    m["optimizer_steps"] = stage_->optimizer().step_count();
+    Manifest m;
+    m.world_size = world_size();
+    m.stage = config_.zero.stage;
+    m.numel = layout_.numel;
+    m.param_numels.assign(layout_.numels.begin(), layout_.numels.end());
+    m.optimizer = to_string(config_.optimizer.type);
+    m.optimizer_steps = stage_->optimizer().step_count();
     const auto c = boundary_.counters();
-    m["counters"] = {{"micro_steps", c.micro_steps},
-                     {"global_steps", c.global_steps},
-                     {"global_samples", c.global_samples},
-                     {"skipped_steps", c.skipped_steps}};
-    m["lr_schedule_iteration"] = lr_schedule_.last_batch_iteration();
-    m["dtype"] = to_string(dtype());
+    m.micro_steps = c.micro_steps;
+    m.global_steps = c.global_steps;
+    m.global_samples = c.global_samples;
+    m.skipped_steps = c.skipped_steps;
+    m.lr_schedule_iteration = lr_schedule_.last_batch_iteration();
+    m.dtype = to_string(dtype());
     const LossScaler::State& ls = scaler_.state();
-    m["loss_scaler"] = {{"scale", ls.scale},
-                        {"iteration", ls.iteration},
-                        {"last_overflow_iteration", ls.last_overflow_iteration},
-                        {"hysteresis_left", ls.hysteresis_left}};
-    nlohmann::json files = nlohmann::json::array();
+    m.loss_scale = ls.scale;
+    m.loss_scale_iteration = ls.iteration;
+    m.last_overflow_iteration = ls.last_overflow_iteration;
+    m.hysteresis_left = ls.hysteresis_left;
     for (int r = 0; r < world_size(); ++r)
-      files.push_back({{"name", rank_file(r)},
-                       {"bytes", all[r].bytes},
-                       {"fnv1a", all[r].checksum}});
-    m["files"] = files;
-    // Manifest last, then `latest`: a crash before either leaves the
-    // previous checkpoint the current one.
+      m.files.push_back({rank_file(r), all[r].bytes, all[r].checksum});
     try {
-      atomic_write_file(folder + "/manifest.json", m.dump(1));
-      atomic_write_file(dir + "/latest", tag + "\n");
+      atomic_write_file(files, staging + "/manifest.json", encode_manifest(m));
+      const bool replacing = path_exists(folder);
+      if (replacing) {
+        files.rename(folder, backup);
+        files.sync_folder(dir);
+      }
+      files.rename(staging, folder);
+      files.sync_folder(dir);
+      atomic_write_file(files, dir + "/latest", tag + "\n");
+      if (replacing) {
+        remove_tree(files, backup);
+        files.sync_folder(dir);
+      }
     } catch (const Error& e) {
       manifest_failed = true;
       manifest_error = e.what();
@@ -107,9 +141,10 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
   if (root_failed(*comm_, manifest_failed))
     throw IoError("save_checkpoint('" + folder +
                   "') could not write its "
-                  "manifest on rank 0" +
+                  "manifest or switch it in on rank 0" +
                   (rank() == 0 ? ": " + manifest_error : std::string()) +
-                  ". The previous checkpoint is untouched");
+                  ". Under this tag the previous checkpoint or the new one "
+                  "loads; `latest` names a loadable checkpoint");
 }
 
 void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
@@ -124,25 +159,27 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
     while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' '))
       tag.pop_back();
   }
-  const std::string folder = dir + "/" + tag;
-  nlohmann::json m;
-  try {
-    m = nlohmann::json::parse(read_file(folder + "/manifest.json"));
-    if (m.at("format").get<std::string>() != kFormat)
-      throw IoError("'" + folder + "/manifest.json' is not a " + kFormat +
-                    " manifest");
-  } catch (const nlohmann::json::exception& e) {
-    throw IoError("checkpoint manifest '" + folder +
-                  "/manifest.json' is corrupt: " + e.what() +
-                  ". Nothing was changed");
-  }
+  // <tag>, or what an interrupted save left (Note [Checkpoint switch]).
+  const std::string folder = resolve_checkpoint_folder(dir, tag);
+  const std::string manifest_path = folder + "/manifest.json";
+  const Manifest m = decode_manifest(read_file(manifest_path), manifest_path);
+  bool known_optimizer = false;
+  for (OptimizerType t :
+       {OptimizerType::kAdam, OptimizerType::kAdamW, OptimizerType::kSGD})
+    known_optimizer |= m.optimizer == to_string(t);
+  if (!known_optimizer)
+    throw IoError("checkpoint manifest '" + manifest_path +
+                  "' is corrupt: field 'optimizer' = \"" + m.optimizer +
+                  "\" names no optimizer. Fix: load another checkpoint "
+                  "(nothing was changed)");
   auto mismatch = [&](const std::string& what, const std::string& theirs,
                       const std::string& ours, const std::string& fix) {
     throw UsageError("checkpoint '" + folder + "' was written with " + what +
                      " " + theirs + ", this engine has " + ours + ". " + fix +
                      " Nothing was changed");
   };
-  const auto numels = m.at("param_numels").get<std::vector<size_t>>();
+  const std::vector<size_t> numels(m.param_numels.begin(),
+                                   m.param_numels.end());
   if (numels != layout_.numels) {
     // Name the first parameter that differs: the totals may well agree.
     size_t i = 0;
@@ -171,7 +208,7 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
               " parameter(s) more, from parameter " + std::to_string(i);
     }
     mismatch("a model of " + std::to_string(numels.size()) + " parameters",
-             "(" + std::to_string(m.at("numel").get<size_t>()) + " elements)",
+             "(" + std::to_string(m.numel) + " elements)",
              std::to_string(layout_.numels.size()) + " (" +
                  std::to_string(layout_.numel) +
                  " elements); the first "
@@ -179,11 +216,11 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
                  first,
              "Load it into the same model.");
   }
-  if (m.at("optimizer").get<std::string>() != to_string(config_.optimizer.type))
-    mismatch("optimizer", m.at("optimizer").get<std::string>(),
-             to_string(config_.optimizer.type), "Use the same optimizer.");
-  const int their_world = m.at("world_size").get<int>();
-  const int their_stage = m.at("stage").get<int>();
+  if (m.optimizer != to_string(config_.optimizer.type))
+    mismatch("optimizer", m.optimizer, to_string(config_.optimizer.type),
+             "Use the same optimizer.");
+  const int their_world = m.world_size;
+  const int their_stage = m.stage;
   if (!options.allow_reshard &&
       (their_world != world_size() || their_stage != config_.zero.stage))
     mismatch("world size / ZeRO stage",
@@ -198,11 +235,11 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
   std::vector<float> params(n, 0.0f), exp_avg(has_m ? n : 0, 0.0f),
       exp_avg_sq(has_v ? n : 0, 0.0f);
   std::vector<char> covered(n, 0);
-  for (const auto& f : m.at("files")) {
-    const std::string path = folder + "/" + f.at("name").get<std::string>();
+  for (const Manifest::File& f : m.files) {
+    const std::string path = folder + "/" + f.name;
     const std::string bytes = read_file(path);
-    if (bytes.size() != f.at("bytes").get<uint64_t>() ||
-        fnv1a64(bytes.data(), bytes.size()) != f.at("fnv1a").get<uint64_t>())
+    if (bytes.size() != f.bytes ||
+        fnv1a64(bytes.data(), bytes.size()) != f.fnv1a)
       throw IoError("checkpoint file '" + path +
                     "' does not match its "
                     "manifest (size or checksum): truncated or replaced. "
@@ -235,23 +272,16 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
                   "' does not cover every "
                   "parameter (a rank file is missing from the manifest). "
                   "Nothing was changed");
-  const auto& c = m.at("counters");
-  AccumulationBoundary::Counters counters{c.at("micro_steps").get<int64_t>(),
-                                          c.at("global_steps").get<int64_t>(),
-                                          c.at("global_samples").get<int64_t>(),
-                                          c.at("skipped_steps").get<int64_t>()};
+  const AccumulationBoundary::Counters counters{
+      m.micro_steps, m.global_steps, m.global_samples, m.skipped_steps};
   // The loss scale continues only into fp16 training.
   std::optional<LossScaler::State> scaler_state;
-  if (dtype() == Precision::kFp16 && m.contains("loss_scaler") &&
-      m.value("dtype", "fp32") == "fp16") {
-    const auto& ls = m.at("loss_scaler");
-    scaler_state = LossScaler::State{
-        ls.at("scale").get<double>(), ls.at("iteration").get<int64_t>(),
-        ls.at("last_overflow_iteration").get<int64_t>(),
-        ls.at("hysteresis_left").get<int64_t>()};
-  }
+  if (dtype() == Precision::kFp16 && m.dtype == "fp16")
+    scaler_state =
+        LossScaler::State{m.loss_scale, m.loss_scale_iteration,
+                          m.last_overflow_iteration, m.hysteresis_left};
   // Everything is verified: apply.
-  int64_t optimizer_steps = m.at("optimizer_steps").get<int64_t>();
+  int64_t optimizer_steps = m.optimizer_steps;
   if (!options.load_optimizer_states) {
     std::fill(exp_avg.begin(), exp_avg.end(), 0.0f);
     std::fill(exp_avg_sq.begin(), exp_avg_sq.end(), 0.0f);
@@ -261,8 +291,7 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
   binding_->params_written();
   if (scaler_state) scaler_.restore(*scaler_state);
   boundary_.restore(counters);
-  lr_schedule_.set_last_batch_iteration(
-      m.at("lr_schedule_iteration").get<int64_t>());
+  lr_schedule_.set_last_batch_iteration(m.lr_schedule_iteration);
 }
 
 void Engine::export_full_model(const std::string& path) {

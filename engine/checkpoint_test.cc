@@ -4,8 +4,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "comm/gloo_world.h"
 #include "common/errors.h"
@@ -46,10 +50,11 @@ MlpWorldOptions trainer_options(uint64_t init_seed) {
 // A world of `w` engines over the mlp; windows index the data globally so
 // that a resumed run sees exactly the batches the uninterrupted one saw.
 struct Trainer : MlpWorld {
-  Trainer(int w, int stage, uint64_t init_seed, bool gloo = false)
+  Trainer(int w, int stage, uint64_t init_seed, bool gloo = false,
+          const std::function<EngineOptions(int)>& options_for = nullptr)
       : MlpWorld(w, config_for(stage, w), trainer_options(init_seed),
                  gloo ? std::make_unique<GlooLocalWorld>(w) : nullptr) {
-    make_engines();
+    make_engines(options_for);
   }
   // Windows [first, first + count), 3 backwards each.
   void train(int first, int count) {
@@ -66,7 +71,8 @@ struct Trainer : MlpWorld {
   }
   torch::Tensor params() {
     const std::vector<torch::Tensor> out = full_parameters();
-    for (size_t r = 1; r < out.size(); ++r) EXPECT_TRUE(torch::equal(out[r], out[0]));
+    for (size_t r = 1; r < out.size(); ++r)
+      EXPECT_TRUE(torch::equal(out[r], out[0]));
     return out[0];
   }
   void save(const std::string& dir, const std::string& tag) {
@@ -88,7 +94,8 @@ TEST(CheckpointTest, ResumeIsBitwiseIdenticalAtEveryStage) {
     Trainer b(2, stage, /*init_seed=*/77);  // other weights: load replaces
     b.load(dir);
     EXPECT_EQ(b.engines[0]->global_steps(), 2);
-    EXPECT_DOUBLE_EQ(b.engines[0]->get_lr(), a.engines[0]->lr_schedule().lr_at(1));
+    EXPECT_DOUBLE_EQ(b.engines[0]->get_lr(),
+                     a.engines[0]->lr_schedule().lr_at(1));
     b.train(2, 3);
     EXPECT_TRUE(torch::equal(a.params(), b.params())) << "stage " << stage;
     EXPECT_EQ(a.engines[1]->global_samples(), b.engines[1]->global_samples());
@@ -196,6 +203,303 @@ TEST(CheckpointTest, CorruptOrTruncatedFilesAreIoErrorsThatChangeNothing) {
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("/nope/latest"), std::string::npos);
   }
+}
+
+// Everything an engine's state could change by, to compare bitwise.
+struct Snapshot {
+  torch::Tensor params;
+  std::vector<std::vector<float>> exp_avg;
+  std::vector<int64_t> counters;  // per rank: micro, global, samples, skipped,
+                                  // optimizer steps
+  std::vector<double> lr;
+};
+
+Snapshot snapshot(Trainer& t) {
+  Snapshot s;
+  s.params = t.params();
+  for (auto& e : t.engines) {
+    s.exp_avg.push_back(e->optimizer().exp_avg());
+    s.counters.insert(s.counters.end(),
+                      {e->micro_steps(), e->global_steps(), e->global_samples(),
+                       e->skipped_steps(), e->optimizer().step_count()});
+    s.lr.push_back(e->get_lr());
+  }
+  return s;
+}
+
+bool matches(const Snapshot& a, const Snapshot& b) {
+  return same_bits(a.params, b.params) && a.exp_avg == b.exp_avg &&
+         a.counters == b.counters && a.lr == b.lr;
+}
+
+void expect_same(const Snapshot& a, const Snapshot& b, const std::string& why) {
+  EXPECT_TRUE(same_bits(a.params, b.params)) << why;
+  EXPECT_EQ(a.exp_avg, b.exp_avg) << why;
+  EXPECT_EQ(a.counters, b.counters) << why;
+  EXPECT_EQ(a.lr, b.lr) << why;
+}
+
+// "/counters/global_steps" -> "counters.global_steps", "/files/0/name" ->
+// "files[0].name": how load's errors name a field.
+std::string field_name(const std::string& pointer) {
+  std::string out;
+  std::stringstream ss(pointer.substr(1));
+  std::string part;
+  while (std::getline(ss, part, '/')) {
+    if (!part.empty() && std::isdigit(static_cast<unsigned char>(part[0])))
+      out += "[" + part + "]";
+    else
+      out += (out.empty() ? "" : ".") + part;
+  }
+  return out;
+}
+
+// `manifest` with "manifest_fnv1a" recomputed, as a writer would.
+nlohmann::json with_checksum(nlohmann::json manifest) {
+  manifest.erase("manifest_fnv1a");
+  manifest["manifest_fnv1a"] = manifest_checksum(manifest.dump());
+  return manifest;
+}
+
+// The checksum makes every edit of every value an error naming the
+// manifest; a manifest whose checksum was recomputed after the edit is
+// still rejected, naming the field, when the value is out of range. The
+// engine is unchanged bitwise either way.
+TEST(CheckpointTest, EveryManifestFieldIsVerifiedBeforeAnythingChanges) {
+  const std::string dir = temp_dir();
+  Trainer a(2, 2, 5);
+  a.train(0, 2);
+  a.save(dir, "t");
+  const std::string path = dir + "/t/manifest.json";
+  const std::string original = read_file(path);
+  const nlohmann::json manifest = nlohmann::json::parse(original);
+  Trainer b(2, 2, 77);
+  b.train(0, 1);
+  const Snapshot before = snapshot(b);
+  auto expect_rejected = [&](const nlohmann::json& edited,
+                             const std::string& expect,
+                             const std::string& why) {
+    atomic_write_file(path, edited.dump(1));
+    auto errors = b.world->run_collect(
+        [&](int r) { b.engines[r]->load_checkpoint(dir, "t"); });
+    for (const auto& e : errors) {
+      ASSERT_TRUE(e) << why << ": loaded";
+      try {
+        std::rethrow_exception(e);
+      } catch (const IoError& err) {
+        const std::string what = err.what();
+        EXPECT_NE(what.find(path), std::string::npos) << why << ": " << what;
+        EXPECT_NE(what.find("field '" + expect + "'"), std::string::npos)
+            << why << ": " << what;
+      } catch (const std::exception& err) {
+        ADD_FAILURE() << why << ": not an IoError: " << err.what();
+      }
+    }
+    expect_same(before, snapshot(b), why);
+  };
+  const nlohmann::json flat = manifest.flatten();
+  ASSERT_GT(flat.size(), 20u);
+  for (const auto& item : flat.items()) {
+    const nlohmann::json::json_pointer at(item.key());
+    const nlohmann::json& value = item.value();
+    // A plausible edit, checksum left as it was.
+    nlohmann::json edited = manifest;
+    if (value.is_string())
+      edited[at] = value.get<std::string>() + "x";
+    else if (value.is_number_float())
+      edited[at] = value.get<double>() * 2;
+    else
+      edited[at] = value.get<int64_t>() + 1;
+    expect_rejected(edited, "manifest_fnv1a", "edit of " + item.key());
+    if (item.key() == "/manifest_fnv1a") continue;
+    // An impossible value under a recomputed checksum.
+    edited = manifest;
+    edited[at] =
+        value.is_string() ? nlohmann::json("bogus") : nlohmann::json(-5);
+    expect_rejected(with_checksum(edited), field_name(item.key()),
+                    "impossible " + item.key());
+  }
+  // Values that contradict each other, checksum recomputed.
+  auto with = [&](const std::string& key, int64_t v) {
+    nlohmann::json e = manifest;
+    e[nlohmann::json::json_pointer(key)] = v;
+    return with_checksum(e);
+  };
+  const int64_t steps = manifest["counters"]["global_steps"].get<int64_t>();
+  expect_rejected(with("/counters/global_steps", steps + 1),
+                  "lr_schedule_iteration", "global_steps + 1");
+  expect_rejected(with("/lr_schedule_iteration", steps),
+                  "lr_schedule_iteration", "lr_schedule_iteration + 1");
+  expect_rejected(with("/optimizer_steps", steps + 1), "optimizer_steps",
+                  "optimizer_steps above global_steps");
+  expect_rejected(with("/counters/micro_steps", steps - 1),
+                  "counters.micro_steps", "micro_steps below global_steps");
+  // The untouched manifest still loads.
+  atomic_write_file(path, original);
+  b.load(dir, "t");
+  EXPECT_TRUE(same_bits(a.params(), b.params()));
+}
+
+// The real file system, stopped before operation number `crash_at` (from
+// 0) as a crash would stop it: the operations before it happened, none
+// after (an injected IoError, so the other ranks learn of it as of a
+// failed write).
+class CrashingFiles final : public CheckpointFiles {
+ public:
+  int64_t operations = 0;
+  int64_t crash_at = -1;  // -1: never
+
+  void write(const std::string& path, const std::string& bytes) override {
+    next();
+    base().write(path, bytes);
+  }
+  void sync_file(const std::string& path) override {
+    next();
+    base().sync_file(path);
+  }
+  void sync_folder(const std::string& path) override {
+    next();
+    base().sync_folder(path);
+  }
+  void rename(const std::string& from, const std::string& to) override {
+    next();
+    base().rename(from, to);
+  }
+  void make_folder(const std::string& path) override {
+    next();
+    base().make_folder(path);
+  }
+  void remove_file(const std::string& path) override {
+    next();
+    base().remove_file(path);
+  }
+  void remove_folder(const std::string& path) override {
+    next();
+    base().remove_folder(path);
+  }
+
+ private:
+  static CheckpointFiles& base() { return posix_checkpoint_files(); }
+  void next() {
+    if (operations++ == crash_at)
+      throw IoError("injected crash before operation " +
+                    std::to_string(crash_at));
+  }
+};
+
+// Note [Checkpoint switch]: a save stopped after any of its operations, on
+// any rank, leaves `latest` naming a checkpoint that loads the old or the
+// new state bitwise, and <tag> loading one of them too; the next save
+// under the tag recovers and completes. Both for a re-save under the same
+// tag and for a save under a new one.
+TEST(CheckpointTest, ACrashAtAnyPointOfASaveLeavesTheOldOrTheNewCheckpoint) {
+  std::vector<CrashingFiles> files(2);
+  Trainer old_state(2, 1, 5);
+  old_state.train(0, 1);
+  Trainer next(2, 1, 5, /*gloo=*/false, [&](int r) {
+    EngineOptions o;
+    o.checkpoint_files = &files[r];
+    return o;
+  });
+  next.train(0, 2);
+  const Snapshot old_snap = snapshot(old_state), new_snap = snapshot(next);
+  ASSERT_FALSE(matches(old_snap, new_snap));
+  Trainer loader(2, 1, 77);
+  auto loads = [&](const std::string& dir, const std::string& tag) {
+    auto errors = loader.world->run_collect(
+        [&](int r) { loader.engines[r]->load_checkpoint(dir, tag); });
+    for (const auto& e : errors)
+      if (e) return false;
+    return true;
+  };
+  for (const std::string tag : {"t", "u"}) {
+    // How many operations each rank's save makes when it replaces "t".
+    std::vector<int64_t> total(2);
+    {
+      const std::string dir = temp_dir();
+      old_state.save(dir, "t");
+      for (auto& f : files) f.operations = 0;
+      next.save(dir, tag);
+      for (int r = 0; r < 2; ++r) total[r] = files[r].operations;
+      remove_tree(posix_checkpoint_files(), dir);
+    }
+    EXPECT_GE(total[0], tag == "t" ? 20 : 14);
+    EXPECT_EQ(total[1], 4);  // its file: write, fsync, rename, fsync folder
+    for (int r = 0; r < 2; ++r) {
+      for (int64_t k = 0; k <= total[r]; ++k) {
+        const std::string at = "tag " + tag + ", rank " + std::to_string(r) +
+                               ", operation " + std::to_string(k) + " of " +
+                               std::to_string(total[r]);
+        const std::string dir = temp_dir();
+        old_state.save(dir, "t");
+        for (auto& f : files) f.operations = 0;
+        files[r].crash_at = k;
+        auto errors = next.world->run_collect(
+            [&](int q) { next.engines[q]->save_checkpoint(dir, tag); });
+        files[r].crash_at = -1;
+        for (const auto& e : errors) {
+          if (k == total[r]) {
+            EXPECT_FALSE(e) << at;
+          } else {
+            ASSERT_TRUE(e) << at;
+            EXPECT_THROW(std::rethrow_exception(e), IoError) << at;
+          }
+        }
+        // `latest` names a loadable checkpoint: the old or the new one.
+        ASSERT_TRUE(loads(dir, "")) << at;
+        const Snapshot latest = snapshot(loader);
+        EXPECT_TRUE(matches(latest, old_snap) || matches(latest, new_snap))
+            << at;
+        if (k == total[r]) {
+          EXPECT_TRUE(matches(latest, new_snap)) << at;
+        }
+        // "t" always loads, old or new; a new tag loads the new state or
+        // is not there yet.
+        ASSERT_TRUE(loads(dir, "t")) << at;
+        const Snapshot t = snapshot(loader);
+        if (tag == "t") {
+          EXPECT_TRUE(matches(t, old_snap) || matches(t, new_snap)) << at;
+        } else {
+          EXPECT_TRUE(matches(t, old_snap)) << at;
+        }
+        if (tag == "u" && loads(dir, "u")) {
+          EXPECT_TRUE(matches(snapshot(loader), new_snap)) << at;
+        }
+        // The next save recovers and completes, leaving nothing aside.
+        next.save(dir, tag);
+        ASSERT_TRUE(loads(dir, "")) << at;
+        EXPECT_TRUE(matches(snapshot(loader), new_snap)) << at;
+        EXPECT_FALSE(path_exists(staging_folder(dir, tag))) << at;
+        EXPECT_FALSE(path_exists(backup_folder(dir, tag))) << at;
+        remove_tree(posix_checkpoint_files(), dir);
+      }
+    }
+  }
+}
+
+// A load of <tag> that finds only what an interrupted save left: the old
+// checkpoint renamed aside, or a complete staging folder.
+TEST(CheckpointTest, LoadFindsACheckpointCaughtBetweenRenames) {
+  const std::string dir = temp_dir();
+  Trainer a(2, 1, 5);
+  a.train(0, 1);
+  a.save(dir, "t");
+  const torch::Tensor saved = a.params();
+  CheckpointFiles& files = posix_checkpoint_files();
+  files.rename(dir + "/t", backup_folder(dir, "t"));
+  Trainer b(2, 1, 77);
+  b.load(dir);
+  EXPECT_TRUE(same_bits(saved, b.params()));
+  files.rename(backup_folder(dir, "t"), staging_folder(dir, "t"));
+  Trainer c(2, 1, 77);
+  c.load(dir, "t");
+  EXPECT_TRUE(same_bits(saved, c.params()));
+}
+
+TEST(CheckpointTest, TagsStartingWithADotAreRejected) {
+  const std::string dir = temp_dir();
+  Trainer a(1, 0, 5);
+  EXPECT_THROW(a.engines[0]->save_checkpoint(dir, ".t.tmp"), UsageError);
 }
 
 TEST(CheckpointTest, AnotherModelIsRejected) {

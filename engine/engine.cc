@@ -83,7 +83,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
       scaler_(scaler_options(config.precision)),
       boundary_(boundary_options(config, comm->world_size())),
       lr_schedule_(config.scheduler, config.optimizer.lr),
-      latch_(comm->rank()) {
+      latch_(comm->rank()),
+      checkpoint_files_(options.checkpoint_files != nullptr
+                            ? options.checkpoint_files
+                            : &posix_checkpoint_files()) {
   ZS_CHECK(comm_ != nullptr);
   if (config_.world_size != comm_->world_size()) {
     throw UsageError("the config was parsed for world_size " +

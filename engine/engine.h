@@ -59,6 +59,7 @@
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "engine/boundary.h"
+#include "engine/checkpoint_io.h"
 #include "engine/failure_latch.h"
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"
@@ -103,6 +104,10 @@ struct EngineOptions {
   // nullptr: the engine opens <nvme_path>/zerostep_rank<r>_params.swap
   // itself, truncated. Must outlive the engine.
   BlockDevice* param_device = nullptr;
+  // The file operations save_checkpoint makes (engine/checkpoint_io.h;
+  // e.g. a decorator that stops a save after its k-th operation in tests).
+  // nullptr: posix_checkpoint_files(). Must outlive the engine.
+  CheckpointFiles* checkpoint_files = nullptr;
 };
 
 class Engine final {
@@ -204,16 +209,40 @@ class Engine final {
   // file locally (state is stored in canonical order) and communicates
   // nothing.
   //
-  // save_checkpoint writes <dir>/<tag>/ (each rank its file, rank 0 the
-  // manifest, then <dir>/latest). IoError on every rank if any rank could
-  // not write; the previous checkpoint and `latest` are then untouched.
+  // save_checkpoint writes <dir>/<tag>/ beside the previous one and then
+  // switches it in (Note [Checkpoint switch] in engine/checkpoint_io.h):
+  // rank 0 prepares <dir>/.<tag>.tmp/, rank r writes
+  // <dir>/.<tag>.tmp/rank_<r>.bin, and rank 0 writes manifest.json there,
+  // renames an existing <dir>/<tag>/ to <dir>/.<tag>.old/, renames the new
+  // folder to <dir>/<tag>/, writes <dir>/latest and removes the old folder.
+  // Saving again under an existing tag is allowed and replaces it. Every
+  // rank must see the same <dir> (a shared file system). IoError on every
+  // rank if any rank could not write; a crash or error at any point leaves
+  // the old or the new checkpoint loadable under <tag> and `latest` naming
+  // a loadable one. Tags starting with '.', containing '/', or "latest":
+  // UsageError.
   void save_checkpoint(const std::string& dir, const std::string& tag);
-  // load_checkpoint reads <dir>/<tag> (tag "" = the one <dir>/latest names)
+  // load_checkpoint reads <dir>/<tag> (tag "" = the one <dir>/latest names;
+  // if an interrupted save left only <dir>/.<tag>.old or .<tag>.tmp, that)
   // and restores parameters, optimizer state, counters and the lr schedule,
-  // for a bitwise-identical continuation. Everything is read and verified
-  // before anything changes: IoError (missing, truncated, corrupt file) or
-  // UsageError (another model, optimizer, world size or stage without
-  // allow_reshard) leave the engine as it was.
+  // for a bitwise-identical continuation. Every rank reads <dir>/latest
+  // (tag ""), manifest.json and every rank's rank_<i>.bin, whether or not
+  // it re-shards (state is stored in canonical order), so every rank must
+  // be able to read the whole checkpoint folder. Everything is read and
+  // verified before anything changes, the manifest included (its checksum,
+  // and the ranges and consistency of every counter, scale and schedule
+  // value): IoError (missing, truncated, corrupt or edited file, naming the
+  // file and, for the manifest, the field) or UsageError (another model,
+  // optimizer, world size or stage without allow_reshard) leave the engine
+  // as it was.
+  //
+  // Precision: a checkpoint holds the float32 master weights and moments
+  // whatever the engine's dtype, so any checkpoint loads into an fp32,
+  // bf16 or fp16 engine. A bf16 engine's model weights are then the
+  // float32 values rounded to bf16. The loss scaler's state is restored
+  // only when both the checkpoint and the engine are fp16; otherwise an
+  // fp16 engine keeps its own scaler state (a fresh engine: the initial
+  // scale), and an fp16 checkpoint's scale is ignored by fp32 and bf16.
   void load_checkpoint(const std::string& dir, const std::string& tag = "",
                        const LoadOptions& options = {});
   // A collective: rank 0 writes every trainable parameter to one file
@@ -262,7 +291,8 @@ class Engine final {
   // NVMe offload: the devices (outlive the binding's stage).
   std::unique_ptr<OffloadDevices> offload_;
   std::unique_ptr<ParamBinding> binding_;
-  Stage* stage_ = nullptr;  // binding_->stage()
+  Stage* stage_ = nullptr;             // binding_->stage()
+  CheckpointFiles* checkpoint_files_;  // EngineOptions::checkpoint_files
   bool step_applied_ = false;
   double last_grad_norm_ = -1.0;
 };
