@@ -18,6 +18,9 @@
 //             Zero3Block or below the persistence threshold), with the
 //             counts and the fix (stage3_whole_model_warning in
 //             zero/grouping.h).
+//   kWarning  load_checkpoint, every rank: a manifest of the older format
+//             zerostep-checkpoint-1, which carries no checksum of its own
+//             (engine/checkpoint_io.h).
 //
 // Thread safety: set_log_sink and log_message may be called from any
 // thread; the sink is called under a lock, so it need not be reentrant but

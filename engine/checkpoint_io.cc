@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "common/log.h"
 
 namespace zerostep {
 namespace {
@@ -295,7 +296,7 @@ std::string manifest_checksum(const std::string& manifest_json) {
 
 std::string encode_manifest(const Manifest& m) {
   nlohmann::json j;
-  j["format"] = "zerostep-checkpoint-1";
+  j["format"] = kCheckpointFormat;
   j["world_size"] = m.world_size;
   j["stage"] = m.stage;
   j["numel"] = m.numel;
@@ -379,17 +380,33 @@ Manifest decode_manifest(const std::string& bytes, const std::string& path) {
                   "changed)");
   }
   const ManifestReader r(path);
-  const std::string stored =
-      r.string(r.at(j, "manifest_fnv1a", "manifest_fnv1a"), "manifest_fnv1a");
-  j.erase("manifest_fnv1a");
-  const std::string actual = manifest_checksum(j.dump());
-  if (stored != actual)
+  if (j.is_object() && j.contains("manifest_fnv1a")) {
+    const std::string stored =
+        r.string(r.at(j, "manifest_fnv1a", "manifest_fnv1a"), "manifest_fnv1a");
+    j.erase("manifest_fnv1a");
+    const std::string actual = manifest_checksum(j.dump());
+    if (stored != actual)
+      r.fail("manifest_fnv1a",
+             "= " + stored + " does not match its content (" + actual +
+                 "): the manifest was modified or damaged after it was "
+                 "written");
+    if (r.string(r.at(j, "format", "format"), "format") != kCheckpointFormat)
+      r.fail("format", std::string("is not ") + kCheckpointFormat);
+  } else if (r.string(r.at(j, "format", "format"), "format") ==
+             kCheckpointFormatV1) {
+    // Written before manifests carried their own checksum: every field is
+    // still checked below, but an edit cannot be told from the original.
+    log_message(LogLevel::kWarning,
+                "checkpoint manifest '" + path + "' has format " +
+                    kCheckpointFormatV1 +
+                    " (no checksum of its own): its fields are range- and "
+                    "consistency-checked, but an edited value cannot be "
+                    "detected. Save the checkpoint again to protect it");
+  } else {
     r.fail("manifest_fnv1a",
-           "= " + stored + " does not match its content (" + actual +
-               "): the manifest was modified or damaged after it was written");
-  if (r.string(r.at(j, "format", "format"), "format") !=
-      "zerostep-checkpoint-1")
-    r.fail("format", "is not zerostep-checkpoint-1");
+           std::string("is missing (a ") + kCheckpointFormat +
+               " manifest carries the checksum of its content)");
+  }
   Manifest m;
   m.world_size = static_cast<int>(
       r.integer(r.at(j, "world_size", "world_size"), "world_size", 1, 1 << 24));

@@ -32,10 +32,13 @@
 // its optimizer's order, with the segments that map them to the canonical
 // parameter order), then the FNV-1a 64 of all the bytes before it.
 //
-// manifest.json: one JSON object (Manifest below) whose "manifest_fnv1a"
-// is the FNV-1a 64 (16 hex digits) of the compact dump of every other key
-// (nlohmann's dump: keys sorted), so any edit of any value is found on
-// load.
+// manifest.json: one JSON object (Manifest below) with "format" =
+// kCheckpointFormat, whose "manifest_fnv1a" is the FNV-1a 64 (16 hex
+// digits) of the compact dump of every other key (nlohmann's dump: keys
+// sorted), so any edit of any value is found on load. A manifest of the
+// older kCheckpointFormatV1 (no checksum of its own) still loads, with
+// every field checked and a warning through the log hook (common/log.h)
+// that an edit cannot be detected.
 //
 // Errors: IoError naming the path and the cause (missing, short, corrupt,
 // not writable); for a manifest, also the field.
@@ -49,6 +52,9 @@
 #include "zero/stage.h"
 
 namespace zerostep {
+
+inline constexpr const char* kCheckpointFormat = "zerostep-checkpoint-2";
+inline constexpr const char* kCheckpointFormatV1 = "zerostep-checkpoint-1";
 
 struct RankState {
   int rank = 0;

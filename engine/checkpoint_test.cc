@@ -8,11 +8,13 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "comm/gloo_world.h"
 #include "common/errors.h"
+#include "common/log.h"
 #include "engine/checkpoint_io.h"
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
@@ -265,6 +267,48 @@ nlohmann::json with_checksum(nlohmann::json manifest) {
 // manifest; a manifest whose checksum was recomputed after the edit is
 // still rejected, naming the field, when the value is out of range. The
 // engine is unchanged bitwise either way.
+TEST(CheckpointTest, AnOlderManifestWithoutChecksumLoadsWithAWarning) {
+  const std::string dir = temp_dir();
+  Trainer a(2, 1, 5);
+  a.train(0, 2);
+  a.save(dir, "t");
+  const std::string path = dir + "/t/manifest.json";
+  nlohmann::json m = nlohmann::json::parse(read_file(path));
+  ASSERT_EQ(m["format"], kCheckpointFormat);
+  // zerostep-checkpoint-1: the same fields, no checksum of its own.
+  m.erase("manifest_fnv1a");
+  m["format"] = kCheckpointFormatV1;
+  atomic_write_file(path, m.dump(1));
+  std::vector<std::string> warnings;
+  std::mutex mu;
+  LogSink previous = set_log_sink([&](LogLevel l, const std::string& msg) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (l == LogLevel::kWarning) warnings.push_back(msg);
+  });
+  Trainer b(2, 1, 77);
+  b.world->run([&](int r) { b.engines[r]->load_checkpoint(dir, "t"); });
+  set_log_sink(previous);
+  expect_same(snapshot(a), snapshot(b), "v1 manifest");
+  ASSERT_EQ(warnings.size(), 2u);  // every rank reads the manifest
+  EXPECT_NE(warnings[0].find("has format zerostep-checkpoint-1 (no checksum "
+                             "of its own)"),
+            std::string::npos)
+      << warnings[0];
+  // A current manifest without its checksum is refused, naming the field.
+  m["format"] = kCheckpointFormat;
+  atomic_write_file(path, m.dump(1));
+  auto errors = b.world->run_collect(
+      [&](int r) { b.engines[r]->load_checkpoint(dir, "t"); });
+  ASSERT_TRUE(errors[0]);
+  try {
+    std::rethrow_exception(errors[0]);
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("field 'manifest_fnv1a'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(CheckpointTest, EveryManifestFieldIsVerifiedBeforeAnythingChanges) {
   const std::string dir = temp_dir();
   Trainer a(2, 2, 5);
