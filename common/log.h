@@ -18,6 +18,9 @@
 //             Zero3Block or below the persistence threshold), with the
 //             counts and the fix (stage3_whole_model_warning in
 //             zero/grouping.h).
+//   kInfo     load_checkpoint, rank 0: a checkpoint written in another
+//             training dtype (fp32 / bf16 / fp16) than the engine's, and
+//             what that means for the weights and the loss scale.
 //   kWarning  load_checkpoint, every rank: a manifest of the older format
 //             zerostep-checkpoint-1, which carries no checksum of its own
 //             (engine/checkpoint_io.h).

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/errors.h"
+#include "common/log.h"
 #include "engine/checkpoint_io.h"
 #include "engine/engine.h"
 #include "zero/agreement.h"
@@ -292,6 +293,25 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
   if (scaler_state) scaler_.restore(*scaler_state);
   boundary_.restore(counters);
   lr_schedule_.set_last_batch_iteration(m.lr_schedule_iteration);
+  // Legal, but say so: the weights may round differently and the loss
+  // scale starts afresh (or is dropped).
+  if (rank() == 0 && m.dtype != to_string(dtype()))
+    log_message(
+        LogLevel::kInfo,
+        "checkpoint '" + folder + "' was written by a " + m.dtype +
+            " engine and loads into this " + to_string(dtype()) +
+            " engine: its float32 master weights and moments are used as "
+            "they are" +
+            (dtype() == Precision::kBf16
+                 ? ", the model's bf16 weights are rounded from them"
+                 : "") +
+            (dtype() == Precision::kFp16
+                 ? ", and the loss scale starts at its configured initial "
+                   "value"
+                 : "") +
+            (m.dtype == "fp16"
+                 ? "; the checkpoint's fp16 loss scale is not used"
+                 : ""));
 }
 
 void Engine::export_full_model(const std::string& path) {

@@ -309,6 +309,45 @@ TEST(CheckpointTest, AnOlderManifestWithoutChecksumLoadsWithAWarning) {
   }
 }
 
+TEST(CheckpointTest, AnFp32CheckpointLoadsIntoBf16AndFp16EnginesAndSaysSo) {
+  const std::string dir = temp_dir();
+  Trainer a(2, 2, 5);
+  a.train(0, 2);
+  a.save(dir, "t");
+  for (const char* section : {"bf16", "fp16"}) {
+    Config c = config_for(2, 2);
+    Config mixed =
+        parse_config(std::string("{\"train_micro_batch_size_per_gpu\": 2, "
+                                 "\"managed_gradient_accumulation\": false, "
+                                 "\"zero_optimization\": {\"stage\": 2}, \"") +
+                         section + "\": {\"enabled\": true}}",
+                     2);
+    mixed.optimizer = c.optimizer;
+    mixed.scheduler = c.scheduler;
+    MlpWorld b(2, mixed, trainer_options(77));
+    b.make_engines();
+    std::vector<std::pair<LogLevel, std::string>> logged;
+    std::mutex mu;
+    LogSink previous = set_log_sink([&](LogLevel l, const std::string& msg) {
+      std::lock_guard<std::mutex> lock(mu);
+      logged.emplace_back(l, msg);
+    });
+    b.world->run([&](int r) { b.engines[r]->load_checkpoint(dir, "t"); });
+    set_log_sink(previous);
+    // The float32 master weights are the checkpoint's, bit for bit.
+    EXPECT_TRUE(torch::equal(b.engines[0]->full_parameters(),
+                             a.engines[0]->full_parameters()))
+        << section;
+    ASSERT_EQ(logged.size(), 1u) << section;  // rank 0, once
+    EXPECT_EQ(logged[0].first, LogLevel::kInfo);
+    EXPECT_NE(logged[0].second.find("was written by a fp32 engine and loads "
+                                    "into this " +
+                                    std::string(section) + " engine"),
+              std::string::npos)
+        << logged[0].second;
+  }
+}
+
 TEST(CheckpointTest, EveryManifestFieldIsVerifiedBeforeAnythingChanges) {
   const std::string dir = temp_dir();
   Trainer a(2, 2, 5);

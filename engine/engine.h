@@ -243,6 +243,7 @@ class Engine final {
   // only when both the checkpoint and the engine are fp16; otherwise an
   // fp16 engine keeps its own scaler state (a fresh engine: the initial
   // scale), and an fp16 checkpoint's scale is ignored by fp32 and bf16.
+  // When the dtypes differ, rank 0 says so through the log hook.
   void load_checkpoint(const std::string& dir, const std::string& tag = "",
                        const LoadOptions& options = {});
   // A collective: rank 0 writes every trainable parameter to one file
