@@ -8,13 +8,12 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "comm/gloo_world.h"
 #include "common/errors.h"
-#include "common/log.h"
+#include "common/log_capture.h"
 #include "engine/checkpoint_io.h"
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
@@ -279,15 +278,10 @@ TEST(CheckpointTest, AnOlderManifestWithoutChecksumLoadsWithAWarning) {
   m.erase("manifest_fnv1a");
   m["format"] = kCheckpointFormatV1;
   atomic_write_file(path, m.dump(1));
-  std::vector<std::string> warnings;
-  std::mutex mu;
-  LogSink previous = set_log_sink([&](LogLevel l, const std::string& msg) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (l == LogLevel::kWarning) warnings.push_back(msg);
-  });
+  LogCapture log;
   Trainer b(2, 1, 77);
   b.world->run([&](int r) { b.engines[r]->load_checkpoint(dir, "t"); });
-  set_log_sink(previous);
+  const std::vector<std::string> warnings = log.at(LogLevel::kWarning);
   expect_same(snapshot(a), snapshot(b), "v1 manifest");
   ASSERT_EQ(warnings.size(), 2u);  // every rank reads the manifest
   EXPECT_NE(warnings[0].find("has format zerostep-checkpoint-1 (no checksum "
@@ -326,14 +320,9 @@ TEST(CheckpointTest, AnFp32CheckpointLoadsIntoBf16AndFp16EnginesAndSaysSo) {
     mixed.scheduler = c.scheduler;
     MlpWorld b(2, mixed, trainer_options(77));
     b.make_engines();
-    std::vector<std::pair<LogLevel, std::string>> logged;
-    std::mutex mu;
-    LogSink previous = set_log_sink([&](LogLevel l, const std::string& msg) {
-      std::lock_guard<std::mutex> lock(mu);
-      logged.emplace_back(l, msg);
-    });
+    LogCapture log;
     b.world->run([&](int r) { b.engines[r]->load_checkpoint(dir, "t"); });
-    set_log_sink(previous);
+    const std::vector<LogCapture::Line> logged = log.lines();
     // The float32 master weights are the checkpoint's, bit for bit.
     EXPECT_TRUE(torch::equal(b.engines[0]->full_parameters(),
                              a.engines[0]->full_parameters()))

@@ -3,13 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <mutex>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "common/errors.h"
-#include "common/log.h"
+#include "common/log_capture.h"
 #include "engine/engine_test_util.h"
 #include "models/task.h"
 #include "sim/sim_world.h"
@@ -436,12 +434,7 @@ TEST(EngineTest, FrozenParametersStayOutOfTheFlatBufferAndUnchanged) {
 // arithmetic per element): bitwise equal final parameters.
 TEST(EngineTest, Stage3TrainsAModelWithoutBlocks) {
   std::vector<torch::Tensor> finals;
-  std::vector<std::pair<LogLevel, std::string>> logged;
-  std::mutex m;
-  LogSink previous = set_log_sink([&](LogLevel l, const std::string& msg) {
-    std::lock_guard<std::mutex> lock(m);
-    logged.emplace_back(l, msg);
-  });
+  LogCapture log;
   for (int stage : {2, 3}) {
     SimWorld world({2, 11});
     Config cfg = parse_config(
@@ -478,9 +471,9 @@ TEST(EngineTest, Stage3TrainsAModelWithoutBlocks) {
     });
     finals.push_back(final);
   }
-  set_log_sink(previous);
   EXPECT_TRUE(torch::equal(finals[0], finals[1]));
   // The user is told, once, that stage 3 partitions nothing here.
+  const std::vector<LogCapture::Line> logged = log.lines();
   ASSERT_EQ(logged.size(), 1u);
   EXPECT_EQ(logged[0].first, LogLevel::kWarning);
   EXPECT_NE(logged[0].second.find("4 of 4 trainable parameters (81 of 81 "
@@ -491,19 +484,14 @@ TEST(EngineTest, Stage3TrainsAModelWithoutBlocks) {
 }
 
 TEST(EngineTest, IgnoredKeysAreLoggedOnceByRankZero) {
-  std::vector<std::pair<LogLevel, std::string>> seen;
-  std::mutex m;
-  LogSink previous = set_log_sink([&](LogLevel l, const std::string& msg) {
-    std::lock_guard<std::mutex> lock(m);
-    seen.emplace_back(l, msg);
-  });
+  LogCapture log;
   const int w = 3;
   MlpWorld fx(w, parse_config(config_json(2, false, 4,
                                           ", \"tensorboard\": {}, "
                                           "\"wall_clock_breakdown\": true"),
                               w));
   fx.make_engines();
-  set_log_sink(previous);
+  const std::vector<LogCapture::Line> seen = log.lines();
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_EQ(seen[0].first, LogLevel::kInfo);
   EXPECT_EQ(seen[0].second,
@@ -513,13 +501,10 @@ TEST(EngineTest, IgnoredKeysAreLoggedOnceByRankZero) {
 }
 
 TEST(EngineTest, NothingIsLoggedWithoutIgnoredKeys) {
-  int calls = 0;
-  LogSink previous =
-      set_log_sink([&](LogLevel, const std::string&) { ++calls; });
+  LogCapture log;
   MlpWorld fx(2, parse_config(config_json(1, true, 2), 2));
   fx.make_engines();
-  set_log_sink(previous);
-  EXPECT_EQ(calls, 0);
+  EXPECT_TRUE(log.lines().empty());
 }
 
 TEST(EngineTest, ConfigForAnotherWorldSizeIsRejected) {
