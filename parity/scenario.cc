@@ -248,7 +248,7 @@ std::string harness_flags(const Scenario& s) {
      << " --model-scale=" << s.model_scale << " --micro-batch=" << s.micro_batch
      << " --seed=" << s.seed;
   if (s.backend != "sim") os << " --backend=" << s.backend;
-  if (s.gradient_clipping > 0) os << " --clip=" << s.gradient_clipping;
+  if (s.gradient_clipping >= 0) os << " --clip=" << s.gradient_clipping;
   if (s.dtype != Precision::kFp32) os << " --dtype=" << to_string(s.dtype);
   if (s.offload != OffloadDevice::kNone)
     os << " --offload=" << to_string(s.offload);
@@ -332,7 +332,7 @@ Config scenario_config(const Scenario& s, bool managed) {
     zero["allgather_bucket_size"] = s.allgather_bucket_size;
   if (s.persistence_threshold >= 0)
     zero["stage3_param_persistence_threshold"] = s.persistence_threshold;
-  if (s.gradient_clipping > 0.0) j["gradient_clipping"] = s.gradient_clipping;
+  if (s.gradient_clipping >= 0.0) j["gradient_clipping"] = s.gradient_clipping;
   // The scenario's offload and dtype replace the file's: a section the
   // scenario turns off is removed (so the stage-0 reference and the
   // in-memory twin of an offload file run), one it turns on keeps the

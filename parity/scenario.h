@@ -148,7 +148,9 @@ struct Scenario {
   int model_scale = 1;
   uint64_t seed = 1;
   int64_t micro_batch = 2;
-  double gradient_clipping = 0.0;
+  // gradient_clipping: >= 0 is written into the config (0 = off); < 0
+  // keeps the base config's (off when it has none).
+  double gradient_clipping = -1.0;
   // zero_optimization keys (0 = the config's value or DeepSpeed's default).
   bool overlap_comm = false;  // stage 2 only
   int64_t reduce_bucket_size = 0;

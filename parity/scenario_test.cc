@@ -158,6 +158,17 @@ TEST(ScenarioTest, TheScenarioDtypeReplacesTheFilesWithoutConflict) {
   EXPECT_EQ(scenario_config(s, true).precision.dtype, Precision::kFp32);
 }
 
+TEST(ScenarioTest, ClippingZeroTurnsAFilesClippingOff) {
+  Scenario s = base(0, 1);
+  s.base_config_json = R"({"gradient_clipping": 1.0})";
+  EXPECT_EQ(scenario_config(s, true).gradient_clipping, 1.0);  // kept
+  s.gradient_clipping = 0.0;                                   // --clip=0
+  EXPECT_EQ(scenario_config(s, true).gradient_clipping, 0.0);
+  EXPECT_NE(harness_flags(s).find(" --clip=0"), std::string::npos);
+  s.gradient_clipping = 0.25;
+  EXPECT_EQ(scenario_config(s, true).gradient_clipping, 0.25);
+}
+
 TEST(ScenarioTest, AnOffloadFileRunsAndItsReferenceRunsWithoutOffload) {
   Scenario s = base(2, 2);
   s.backwards = {2, 3};
