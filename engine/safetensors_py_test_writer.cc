@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
   }
   const std::string dir = argv[1];
   MlpWorld w(2, parse_config("{\"train_micro_batch_size_per_gpu\": 2, "
-                             "\"zero_optimization\": {\"stage\": 3}}",
+                             "\"zero_optimization\": {\"stage\": 3, "
+                             "\"stage3_param_persistence_threshold\": 0}}",
                              2));
   w.make_engines();
   ExportOptions bf16;
