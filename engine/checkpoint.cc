@@ -1,17 +1,21 @@
-// Engine's checkpoint orchestration: save_checkpoint, load_checkpoint and
-// export_full_model (engine/engine.h for their contracts, engine/
-// checkpoint_io.h for the files). The ranks' agreements go through
+// Engine's checkpoint orchestration: save_checkpoint, load_checkpoint,
+// export_full_model and load_model_weights (engine/engine.h for their
+// contracts, engine/checkpoint_io.h and engine/safetensors.h for the
+// files). The ranks' agreements go through
 // zero/agreement.h; this file issues no collective itself.
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "common/errors.h"
 #include "common/log.h"
 #include "engine/checkpoint_io.h"
 #include "engine/engine.h"
+#include "engine/safetensors.h"
 #include "zero/agreement.h"
 
 namespace zerostep {
@@ -314,30 +318,154 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
                  : ""));
 }
 
-void Engine::export_full_model(const std::string& path) {
-  torch::Tensor all = full_parameters();
-  if (rank() != 0) return;
-  nlohmann::json h;
-  h["format"] = "zerostep-model-1";
-  nlohmann::json params = nlohmann::json::array();
-  size_t i = 0;
-  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-    if (!item.value().requires_grad()) continue;
-    params.push_back({{"name", item.key()},
-                      {"shape", item.value().sizes().vec()},
-                      {"numel", layout_.numels[i++]}});
+void Engine::export_full_model(const std::string& path,
+                               const ExportOptions& options) {
+  const torch::Tensor all = full_parameters().contiguous();
+  bool failed = false;
+  std::string error;
+  if (rank() == 0) {
+    try {
+      const bool bf16 = options.dtype == ExportOptions::Dtype::kBF16;
+      SafetensorsFile file;
+      file.metadata["format"] = "pt";
+      const float* values = all.data_ptr<float>();
+      size_t i = 0;
+      for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+        if (!item.value().requires_grad()) continue;
+        const size_t numel = layout_.numels[i++];
+        SafetensorsTensor t;
+        t.name = item.key();
+        for (int64_t d : item.value().sizes())
+          t.shape.push_back(static_cast<uint64_t>(d));
+        // Little-endian hosts only (as the checkpoint files).
+        if (bf16) {
+          t.dtype = "BF16";
+          t.data.resize(numel * 2);
+          for (size_t k = 0; k < numel; ++k) {
+            const uint16_t b = float_to_bf16(values[k]);
+            std::memcpy(&t.data[2 * k], &b, 2);
+          }
+        } else {
+          t.dtype = "F32";
+          t.data.assign(reinterpret_cast<const char*>(values),
+                        numel * sizeof(float));
+        }
+        values += numel;
+        file.tensors.push_back(std::move(t));
+      }
+      atomic_write_file(*checkpoint_files_, path,
+                        encode_safetensors(file, path));
+    } catch (const Error& e) {
+      failed = true;
+      error = e.what();
+    }
   }
-  h["params"] = params;
-  h["dtype"] = "float32";
-  const std::string header = h.dump();
-  std::string out = "ZSMODEL1";
-  for (int b = 0; b < 8; ++b)
-    out.push_back(
-        static_cast<char>(static_cast<uint64_t>(header.size()) >> (8 * b)));
-  out += header;
-  out.append(reinterpret_cast<const char*>(all.data_ptr<float>()),
-             static_cast<size_t>(all.numel()) * sizeof(float));
-  atomic_write_file(path, out);
+  if (root_failed(*comm_, failed))
+    throw IoError("export_full_model('" + path + "') failed on rank 0" +
+                  (rank() == 0 ? ": " + error : std::string()) +
+                  ". The file is unchanged");
+}
+
+void Engine::load_model_weights(const std::string& path) {
+  if (boundary_.window_backwards() != 0 || boundary_.in_step())
+    throw UsageError("load_model_weights('" + path +
+                     "') inside an open accumulation window: call step() "
+                     "first. Nothing was changed");
+  const std::string bytes = read_file(path);
+  if (bytes.compare(0, 8, "ZSMODEL1") == 0)
+    throw IoError("'" + path +
+                  "' is in zerostep's former export format (ZSMODEL1), "
+                  "which is no longer read: exports are safetensors now. Fix: "
+                  "load the checkpoint it came from and call "
+                  "export_full_model again. Nothing was changed");
+  const SafetensorsFile file = decode_safetensors(bytes, path);
+  std::map<std::string, const SafetensorsTensor*> in_file;
+  for (const SafetensorsTensor& t : file.tensors) in_file[t.name] = &t;
+  auto shape_string = [](const std::vector<uint64_t>& shape) {
+    std::string s;
+    for (uint64_t d : shape) s += (s.empty() ? "" : ", ") + std::to_string(d);
+    return "[" + s + "]";
+  };
+  // Every mismatch is collected, so that one error names them all.
+  std::vector<std::string> problems;
+  std::set<std::string> matched, frozen;
+  std::vector<float> params(layout_.numel, 0.0f);
+  size_t offset = 0, i = 0;
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) {
+      frozen.insert(item.key());
+      continue;
+    }
+    const size_t numel = layout_.numels[i++];
+    float* out = params.data() + offset;
+    offset += numel;
+    std::vector<uint64_t> shape;
+    for (int64_t d : item.value().sizes())
+      shape.push_back(static_cast<uint64_t>(d));
+    const auto it = in_file.find(item.key());
+    if (it == in_file.end()) {
+      problems.push_back("parameter '" + item.key() + "' (shape " +
+                         shape_string(shape) + ") is missing");
+      continue;
+    }
+    matched.insert(item.key());
+    const SafetensorsTensor& t = *it->second;
+    bool fits = true;
+    if (t.shape != shape) {
+      problems.push_back("tensor '" + t.name + "' has shape " +
+                         shape_string(t.shape) + ", the parameter " +
+                         shape_string(shape));
+      fits = false;
+    }
+    if (t.dtype != "F32" && t.dtype != "BF16") {
+      problems.push_back("tensor '" + t.name + "' is " + t.dtype +
+                         ": only F32 and BF16 load");
+      fits = false;
+    }
+    if (!fits) continue;
+    if (t.dtype == "F32") {
+      std::memcpy(out, t.data.data(), numel * sizeof(float));
+    } else {
+      for (size_t k = 0; k < numel; ++k) {
+        uint16_t b;
+        std::memcpy(&b, &t.data[2 * k], 2);
+        out[k] = bf16_to_float(b);
+      }
+    }
+  }
+  for (const SafetensorsTensor& t : file.tensors)
+    if (!matched.count(t.name))
+      problems.push_back("tensor '" + t.name + "' is not " +
+                         (frozen.count(t.name)
+                              ? "trainable (requires_grad is false)"
+                              : "a parameter of the model"));
+  if (!problems.empty()) {
+    std::string message =
+        "safetensors file '" + path +
+        "' does not fit this model: " + std::to_string(problems.size()) +
+        " mismatch" + (problems.size() == 1 ? "" : "es") + ":";
+    for (const std::string& p : problems) message += "\n  " + p;
+    throw UsageError(message +
+                     "\nLoad a file of this model's parameters. Nothing was "
+                     "changed");
+  }
+  // The optimizer's own state goes back in unchanged: load_state takes
+  // canonical vectors, so this rank's owned moments are placed in them.
+  const std::vector<Segment> segments = stage_->owned_segments();
+  auto canonical = [&](const std::vector<float>& owned) {
+    std::vector<float> full;
+    if (owned.empty()) return full;
+    full.assign(layout_.numel, 0.0f);
+    for (const Segment& g : segments)
+      std::memcpy(full.data() + g.canonical_offset,
+                  owned.data() + g.state_offset, g.numel * sizeof(float));
+    return full;
+  };
+  const FlatOptimizer& optimizer = stage_->optimizer();
+  const std::vector<float> exp_avg = canonical(optimizer.exp_avg());
+  const std::vector<float> exp_avg_sq = canonical(optimizer.exp_avg_sq());
+  stage_->load_state(params, exp_avg, exp_avg_sq, optimizer.step_count());
+  binding_->params_written();
 }
 
 }  // namespace zerostep

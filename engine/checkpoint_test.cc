@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -17,6 +19,7 @@
 #include "engine/checkpoint_io.h"
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
+#include "engine/safetensors.h"
 #include "models/task.h"
 #include "sim/sim_world.h"
 
@@ -633,23 +636,201 @@ TEST(CheckpointTest, ACrashBeforeTheManifestLeavesThePreviousCheckpoint) {
   EXPECT_THROW(b.load(dir, "two"), IoError);  // not a checkpoint
 }
 
-TEST(CheckpointTest, ExportWritesEveryParameterOnce) {
+// The trainable parameters' names and shapes, in registration order.
+std::vector<std::pair<std::string, std::vector<uint64_t>>> trainable(
+    torch::nn::Module& model) {
+  std::vector<std::pair<std::string, std::vector<uint64_t>>> out;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    std::vector<uint64_t> shape;
+    for (int64_t d : item.value().sizes()) shape.push_back(d);
+    out.emplace_back(item.key(), shape);
+  }
+  return out;
+}
+
+// The message of the error `run` throws on every rank (EXPECTs each is an
+// E); "" if a rank threw none.
+template <typename E>
+std::string error_on_every_rank(LocalWorld& world,
+                                const std::function<void(int)>& run) {
+  std::string message;
+  for (const auto& e : world.run_collect(run)) {
+    if (!e) return "";
+    try {
+      std::rethrow_exception(e);
+    } catch (const E& error) {
+      message = error.what();
+    } catch (...) {
+      ADD_FAILURE() << "another error type";
+    }
+  }
+  return message;
+}
+
+TEST(CheckpointTest, ExportIsSafetensorsNamedAsTheModelNamesItsParameters) {
   const std::string dir = temp_dir();
   Trainer a(2, 3, 5);
   a.train(0, 1);
-  a.world->run([&](int r) { a.engines[r]->export_full_model(dir + "/m.bin"); });
+  a.world->run(
+      [&](int r) { a.engines[r]->export_full_model(dir + "/m.safetensors"); });
   const torch::Tensor p = a.params();
-  std::string bytes = read_file(dir + "/m.bin");
-  ASSERT_EQ(bytes.compare(0, 8, "ZSMODEL1"), 0);
-  uint64_t header = 0;
-  for (int i = 0; i < 8; ++i)
-    header |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[8 + i]))
-              << (8 * i);
-  ASSERT_EQ(bytes.size(), 16 + header + p.numel() * sizeof(float));
-  EXPECT_EQ(std::memcmp(bytes.data() + 16 + header, p.data_ptr<float>(),
-                        p.numel() * sizeof(float)),
-            0);
-  EXPECT_NE(bytes.find("layer0.fc.weight"), std::string::npos);
+  const SafetensorsFile f = decode_safetensors(
+      read_file(dir + "/m.safetensors"), dir + "/m.safetensors");
+  const auto expected = trainable(*a.models[0]);
+  ASSERT_EQ(f.tensors.size(), expected.size());
+  std::string data;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(f.tensors[i].name, expected[i].first);
+    EXPECT_EQ(f.tensors[i].shape, expected[i].second);
+    EXPECT_EQ(f.tensors[i].dtype, "F32");
+    data += f.tensors[i].data;
+  }
+  EXPECT_EQ(expected[0].first, "layer0.fc.weight");
+  ASSERT_EQ(data.size(), p.numel() * sizeof(float));
+  EXPECT_EQ(std::memcmp(data.data(), p.data_ptr<float>(), data.size()), 0);
+  EXPECT_EQ(f.metadata.at("format"), "pt");
+}
+
+// Bitwise: the values are copied, never computed. At every stage, into
+// the export's world size and another, the imported engine's parameters
+// are the exported ones, and training on from them is the same run as
+// training on in the engine that exported them (fresh optimizers both),
+// so stage 3's partitions follow the load.
+TEST(CheckpointTest, LoadModelWeightsRestoresAnExportAtEveryStageAndWorld) {
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const std::string path = temp_dir() + "/m.safetensors";
+    Trainer a(2, stage, 5);
+    a.world->run([&](int r) { a.engines[r]->export_full_model(path); });
+    for (int w : {2, 3}) {
+      SCOPED_TRACE("world " + std::to_string(w));
+      Trainer b(w, stage, 77);
+      ASSERT_FALSE(same_bits(b.params(), a.params()));
+      b.world->run([&](int r) { b.engines[r]->load_model_weights(path); });
+      EXPECT_TRUE(same_bits(b.params(), a.params()));
+      if (w != 2) continue;
+      a.train(0, 2);
+      b.train(0, 2);
+      EXPECT_TRUE(same_bits(b.params(), a.params()));
+      a.world->run([&](int r) { a.engines[r]->load_model_weights(path); });
+    }
+  }
+}
+
+TEST(CheckpointTest, LoadModelWeightsLeavesOptimizerStateAndCounters) {
+  const std::string path = temp_dir() + "/m.safetensors";
+  Trainer a(2, 2, 5);
+  a.world->run([&](int r) { a.engines[r]->export_full_model(path); });
+  Trainer b(2, 2, 77);
+  b.train(0, 2);
+  const std::vector<float> exp_avg = b.engines[1]->optimizer().exp_avg();
+  const int64_t steps = b.engines[1]->optimizer().step_count();
+  const int64_t global_steps = b.engines[1]->global_steps();
+  b.world->run([&](int r) { b.engines[r]->load_model_weights(path); });
+  EXPECT_TRUE(same_bits(b.params(), a.params()));
+  EXPECT_TRUE(same_bits(b.engines[1]->optimizer().exp_avg(), exp_avg));
+  EXPECT_EQ(b.engines[1]->optimizer().step_count(), steps);
+  EXPECT_EQ(b.engines[1]->global_steps(), global_steps);
+}
+
+TEST(CheckpointTest, ABf16ExportLoadsAsTheBf16RoundedValues) {
+  for (int stage : {0, 3}) {
+    const std::string path = temp_dir() + "/m.safetensors";
+    Trainer a(2, stage, 5);
+    a.train(0, 1);
+    ExportOptions options;
+    options.dtype = ExportOptions::Dtype::kBF16;
+    a.world->run(
+        [&](int r) { a.engines[r]->export_full_model(path, options); });
+    const SafetensorsFile f = decode_safetensors(read_file(path), path);
+    for (const SafetensorsTensor& t : f.tensors) EXPECT_EQ(t.dtype, "BF16");
+    Trainer b(3, stage, 77);
+    b.world->run([&](int r) { b.engines[r]->load_model_weights(path); });
+    const torch::Tensor rounded =
+        a.params().to(torch::kBFloat16).to(torch::kFloat32);
+    EXPECT_FALSE(same_bits(rounded, a.params()));
+    EXPECT_TRUE(same_bits(b.params(), rounded)) << "stage " << stage;
+  }
+}
+
+TEST(CheckpointTest, AFileThatDoesNotFitNamesEveryMismatchAndChangesNothing) {
+  const std::string dir = temp_dir();
+  Trainer a(2, 3, 5);
+  a.world->run(
+      [&](int r) { a.engines[r]->export_full_model(dir + "/m.safetensors"); });
+  SafetensorsFile f = decode_safetensors(read_file(dir + "/m.safetensors"),
+                                         dir + "/m.safetensors");
+  ASSERT_GE(f.tensors.size(), 4u);
+  const std::string missing = f.tensors[0].name;
+  const std::string renamed = f.tensors[1].name;
+  const std::string reshaped = f.tensors[2].name;
+  const std::string halved = f.tensors[3].name;
+  f.tensors.erase(f.tensors.begin());       // missing
+  f.tensors[0].name = "encoder.not_there";  // missing + unexpected
+  std::reverse(f.tensors[1].shape.begin(), f.tensors[1].shape.end());
+  f.tensors[1].shape.push_back(1);  // wrong shape
+  f.tensors[2].dtype = "F16";       // a dtype that does not load
+  f.tensors[2].data.resize(f.tensors[2].data.size() / 2);
+  f.tensors.push_back({"extra", "F32", {1}, std::string(4, '\0')});
+  atomic_write_file(dir + "/bad.safetensors",
+                    encode_safetensors(f, "bad.safetensors"));
+  Trainer b(2, 3, 77);
+  const torch::Tensor before = b.params();
+  const std::string message =
+      error_on_every_rank<UsageError>(*b.world, [&](int r) {
+        b.engines[r]->load_model_weights(dir + "/bad.safetensors");
+      });
+  for (const std::string& part :
+       {std::string("6 mismatches"), "parameter '" + missing + "' (shape",
+        "parameter '" + renamed + "' (shape",
+        "tensor '" + reshaped + "' has shape", "tensor '" + halved + "' is F16",
+        std::string("tensor 'extra' is not a parameter"),
+        std::string("tensor 'encoder.not_there' is not a parameter"),
+        std::string("Nothing was changed")})
+    EXPECT_NE(message.find(part), std::string::npos)
+        << "'" << part << "' not in: " << message;
+  EXPECT_TRUE(same_bits(b.params(), before));
+
+  // A malformed file, the former export format, and an open window.
+  std::string bytes = read_file(dir + "/m.safetensors");
+  atomic_write_file(dir + "/short.safetensors",
+                    bytes.substr(0, bytes.size() - 1));
+  EXPECT_NE(error_on_every_rank<IoError>(*b.world,
+                                         [&](int r) {
+                                           b.engines[r]->load_model_weights(
+                                               dir + "/short.safetensors");
+                                         })
+                .find("beyond its"),
+            std::string::npos);
+  atomic_write_file(dir + "/old.bin", "ZSMODEL1" + std::string(8, '\0'));
+  EXPECT_NE(
+      error_on_every_rank<IoError>(
+          *b.world,
+          [&](int r) { b.engines[r]->load_model_weights(dir + "/old.bin"); })
+          .find("former export format (ZSMODEL1)"),
+      std::string::npos);
+  EXPECT_NE(error_on_every_rank<UsageError>(
+                *b.world,
+                [&](int r) {
+                  b.engines[r]->backward(
+                      b.task->loss(*b.models[r], slice(b.data, 0, 2)));
+                  b.engines[r]->load_model_weights(dir + "/m.safetensors");
+                })
+                .find("open accumulation window"),
+            std::string::npos);
+  EXPECT_TRUE(same_bits(b.params(), before));
+}
+
+TEST(CheckpointTest, AnExportThatCannotBeWrittenFailsOnEveryRank) {
+  Trainer a(2, 1, 5);
+  EXPECT_NE(error_on_every_rank<IoError>(*a.world,
+                                         [&](int r) {
+                                           a.engines[r]->export_full_model(
+                                               "/nonexistent/dir/m.st");
+                                         })
+                .find("export_full_model('/nonexistent/dir/m.st') failed"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -92,6 +92,17 @@ struct LoadOptions {
   bool load_optimizer_states = true;
 };
 
+// How export_full_model writes the parameters.
+struct ExportOptions {
+  enum class Dtype {
+    kF32,   // safetensors "F32": the float32 master values, bit for bit
+    kBF16,  // safetensors "BF16": each master value rounded to the nearest
+            // bf16, ties to even (as LibTorch's .to(torch::kBFloat16))
+  };
+  // Default kF32, whatever the engine trains in.
+  Dtype dtype = Dtype::kF32;
+};
+
 // Effects an Engine may be given instead of the ones it makes itself.
 struct EngineOptions {
   // offload_optimizer.device = "nvme": the device holding this rank's
@@ -201,13 +212,13 @@ class Engine final {
   // now; other stages: nothing.
   void reset_peak_memory();
 
-  // Checkpoints (engine/checkpoint.cc; engine/checkpoint_io.h for the
-  // format). Every rank calls
-  // them at the same point, between windows (inside an open accumulation
-  // window: UsageError, on every rank for save). save_checkpoint and
-  // export_full_model are collectives; load_checkpoint reads every rank's
-  // file locally (state is stored in canonical order) and communicates
-  // nothing.
+  // Checkpoints and model files (engine/checkpoint.cc; engine/
+  // checkpoint_io.h and engine/safetensors.h for the formats). Every rank
+  // calls them at the same point, between windows (inside an open
+  // accumulation window: UsageError, on every rank for save).
+  // save_checkpoint and export_full_model are collectives; load_checkpoint
+  // and load_model_weights read files locally (state is stored in
+  // canonical order) and communicate nothing.
   //
   // save_checkpoint writes <dir>/<tag>/ beside the previous one and then
   // switches it in (Note [Checkpoint switch] in engine/checkpoint_io.h):
@@ -246,9 +257,36 @@ class Engine final {
   // When the dtypes differ, rank 0 says so through the log hook.
   void load_checkpoint(const std::string& dir, const std::string& tag = "",
                        const LoadOptions& options = {});
-  // A collective: rank 0 writes every trainable parameter to one file
-  // (names, shapes, float32 values in registration order).
-  void export_full_model(const std::string& path);
+  // A collective: rank 0 writes every trainable parameter to `path` as a
+  // safetensors file (engine/safetensors.h), atomically (temporary file,
+  // fsync, rename). Each tensor is named as the model's named_parameters()
+  // names it (dotted), has its shape, and holds its master values in
+  // options.dtype; the header's "__metadata__" is {"format": "pt"} (what
+  // Hugging Face's loaders expect). Stage 3 all-gathers the partitions
+  // first, so every rank must call it at the same point. IoError on every
+  // rank if rank 0 could not write (`path` is then unchanged).
+  void export_full_model(const std::string& path,
+                         const ExportOptions& options = {});
+  // Sets the model's trainable parameters from the safetensors file `path`
+  // (as export_full_model writes, from any world size or stage, or any
+  // other writer), e.g. to start training from pretrained weights. Every
+  // rank reads the whole file itself; nothing is communicated, but every
+  // rank must call it at the same point (between windows), so that the
+  // replicas stay equal. Tensors are matched by name against the
+  // trainable parameters' named_parameters() names; each must have the
+  // parameter's shape and dtype F32 or BF16 (widened exactly to float32).
+  // The values go through the stage's load path, as load_checkpoint's,
+  // so stage 3 partitions and the bf16/fp16 model weights follow them.
+  // Optimizer state (moments, step count), counters, the lr schedule and
+  // the loss scale are left as they are: call it before training, or
+  // expect Adam's moments from the previous weights.
+  //
+  // Errors, with nothing changed: UsageError inside an open accumulation
+  // window; IoError if the file cannot be read or is not valid
+  // safetensors; UsageError listing every mismatch at once (parameters the
+  // file lacks, tensors the model lacks, wrong shapes, other dtypes) when
+  // it does not fit the model.
+  void load_model_weights(const std::string& path);
   const FlatLayout& layout() const { return layout_; }
 
   // The optimizer this rank runs: its state covers the flat ranges
