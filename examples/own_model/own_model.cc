@@ -3,13 +3,16 @@
 //
 //   RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p
 //     own_model --stage=3 --steps=4 --dir=/tmp/ckpt [--save-at=2]
-//     [--resume] [--export=/tmp/model.bin]
+//     [--resume] [--export=/tmp/model.safetensors]
 //
 // Each step is N backward() calls chosen here (managed_gradient_accumulation
 // = false: the caller owns the boundary) followed by one step(), in bf16
 // with clipping and a warmup schedule. --save-at=K saves a checkpoint
 // "step<K>" after step K; --resume loads the newest one (`latest`) and
-// continues from its step. The last line, on rank 0, is
+// continues from its step. --export writes the trained model as
+// safetensors (the module's parameter names, float32), which
+// Hugging Face, PyTorch and inference stacks read. The last line, on rank
+// 0, is
 // "digest <FNV-1a 64 of every trainable float32 parameter>": a resumed run
 // must print the digest of the run that never stopped.
 //

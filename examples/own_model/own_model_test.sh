@@ -30,7 +30,7 @@ for stage in 0 1 2 3; do
   dir="$tmp/ckpt$stage"
   run_pair "$tmp/full$stage" --stage=$stage --steps=4 --save-at=2 --dir="$dir"
   run_pair "$tmp/resumed$stage" --stage=$stage --steps=4 --resume \
-    --dir="$dir" --export="$tmp/model$stage.bin"
+    --dir="$dir" --export="$tmp/model$stage.safetensors"
   full=$(grep '^digest' "$tmp/full$stage")
   resumed=$(grep '^digest' "$tmp/resumed$stage")
   [ -n "$full" ] || { echo "FAIL: stage $stage printed no digest"; cat "$tmp/full$stage"; exit 1; }
@@ -40,7 +40,23 @@ for stage in 0 1 2 3; do
   # The resumed run trained steps 2 and 3 only.
   [ "$(grep -c '^step' "$tmp/resumed$stage")" -eq 2 ] || {
     echo "FAIL: stage $stage: resumed run did not start at step 2"; cat "$tmp/resumed$stage"; exit 1; }
-  [ -s "$tmp/model$stage.bin" ] || { echo "FAIL: stage $stage: no export"; exit 1; }
+  # safetensors: an 8-byte little-endian header length, then a JSON header
+  # naming the module's parameters.
+  st="$tmp/model$stage.safetensors"
+  [ -s "$st" ] || { echo "FAIL: stage $stage: no export"; exit 1; }
+  names=$(python3 - "$st" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+print(" ".join(sorted(k + ":" + v["dtype"] for k, v in h.items()
+                      if k != "__metadata__")))
+PY
+)
+  for name in embed.weight block0.up.weight block1.down.bias head.weight; do
+    [[ " $names " == *" $name:F32 "* ]] || {
+      echo "FAIL: stage $stage: the export lacks $name as F32: $names"; exit 1; }
+  done
   echo "stage $stage: $full (resumed bit for bit), loss $(grep '^step 3' "$tmp/full$stage")"
 done
 echo "4 passed, 0 failed"
