@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Prints the path of a Python virtual environment holding exactly the pinned
+# packages of a requirements file, creating it first if needed: the tests
+# that check zerostep against Python tools from PyPI share it.
+#
+#   venv="$(pinned_venv.sh PREFIX REQUIREMENTS_TXT 'import tinker, numpy')"
+#
+# The environment lives in a cache outside the repository,
+# /var/cache/zerostep/PREFIX-<hash of the pins> (or under
+# $XDG_CACHE_HOME / ~/.cache when that is not writable), is built under a
+# lock (tests may run at once) into a temporary folder renamed into place,
+# and is rebuilt when the import check fails. The first run needs network
+# access to PyPI; a failure exits non-zero (the calling test fails, never
+# skips).
+set -euo pipefail
+
+prefix="$1"
+requirements="$(realpath "$2")"
+check="$3"
+
+pins="$(sha256sum "$requirements" | cut -c1-12)"
+cache=/var/cache/zerostep
+if ! mkdir -p "$cache" 2>/dev/null || [ ! -w "$cache" ]; then
+  cache="${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/zerostep"
+  mkdir -p "$cache"
+fi
+venv="$cache/$prefix-$pins"
+
+python=/usr/bin/python3
+[ -x "$python" ] || python="$(command -v python3)"
+
+(
+  flock 9
+  if ! "$venv/bin/python" -c "$check" 2>/dev/null; then
+    echo "pinned_venv: creating $venv from PyPI ($requirements)" >&2
+    rm -rf "$venv" "$venv.tmp"
+    "$python" -m venv "$venv.tmp"
+    "$venv.tmp/bin/python" -m pip install --quiet --disable-pip-version-check \
+      -r "$requirements" >&2
+    mv "$venv.tmp" "$venv"
+  fi
+) 9>"$cache/$prefix.lock"
+echo "$venv"
