@@ -28,21 +28,34 @@
 //   --seq-gap-timeout-s=T  a request waits this long for a missing seq_id (60)
 //
 // Prints "seed=... options..." and then "listening on http://H:P" once it
-// accepts requests. SIGINT or SIGTERM stops it (exit 0).
+// accepts requests.
+//
+// SIGTERM, SIGINT and SIGHUP stop it gracefully (Note [Stopping on a
+// signal]): rank 0 logs "trainer_server: got signal N (...); stopping after
+// the queued requests", stops taking commands from new requests only once
+// the queue is empty (the request being executed and every queued one run to
+// the end, so no checkpoint is left half written), tells every other rank to
+// stop (the "shutdown" command), stops serving HTTP, logs "trainer_server:
+// stopped" and exits 0. A rank other than 0 that gets the signal logs it and
+// keeps executing rank 0's commands until that "shutdown". Futures that
+// were not retrieved before HTTP stopped are lost with the process.
 #include <ATen/Parallel.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "comm/gloo_world.h"
 #include "common/errors.h"
@@ -55,6 +68,101 @@
 
 namespace zerostep {
 namespace {
+
+// Note [Stopping on a signal]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A signal mask set in main() covers only main() and the threads it starts
+// later; libraries start threads before main() runs (OpenBLAS starts its
+// workers when it is loaded), and the kernel may deliver a process-directed
+// SIGTERM to any thread that does not block it. With the default action
+// that killed the whole process (issue 15: exit 143, queued requests lost).
+// A handler installed with sigaction(), unlike a mask, is process-wide, so
+// whichever thread takes the signal runs it. The handler only writes the
+// signal's number to a pipe (write() is async-signal-safe); SignalStop's
+// thread reads it and calls the stop function from an ordinary thread.
+// Every thread this program starts after SignalStop blocks the three
+// signals, so the handler runs only on SignalStop's thread or on those early
+// library threads, and the blocking calls of gloo and HTTP threads never see
+// EINTR; SA_RESTART restarts the calls of the others.
+
+int signal_pipe_write_fd = -1;
+
+void on_stop_signal(int sig) {
+  const int saved_errno = errno;
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  // Nothing to do if the pipe is full: a stop is pending already.
+  [[maybe_unused]] const ssize_t n = write(signal_pipe_write_fd, &byte, 1);
+  errno = saved_errno;
+}
+
+// Turns SIGTERM, SIGINT and SIGHUP into one call of `stop` on a thread of
+// its own (Note [Stopping on a signal]); later signals are logged only.
+// Construct it in main()'s thread before any other thread of this program;
+// the constructor blocks the signals in the calling thread, so threads
+// started afterwards inherit the block. One instance per process. The
+// destructor restores the default actions and joins the thread.
+class SignalStop {
+ public:
+  explicit SignalStop(std::function<void(int sig)> stop)
+      : stop_(std::move(stop)) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0)
+      throw IoError(std::string("pipe2(): ") + std::strerror(errno));
+    read_fd_ = fds[0];
+    signal_pipe_write_fd = fds[1];
+    fcntl(signal_pipe_write_fd, F_SETFL, O_NONBLOCK);
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    for (int sig : kSignals) sigaction(sig, &sa, nullptr);
+    // The thread starts with the signals unblocked, so that one thread of
+    // ours can always take them.
+    thread_ = std::thread([this] { loop(); });
+    sigset_t set;
+    sigemptyset(&set);
+    for (int sig : kSignals) sigaddset(&set, sig);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  }
+
+  ~SignalStop() {
+    struct sigaction sa {};
+    sa.sa_handler = SIG_DFL;
+    for (int sig : kSignals) sigaction(sig, &sa, nullptr);
+    const unsigned char quit = 0;  // not a signal number: ends loop()
+    [[maybe_unused]] const ssize_t n = write(signal_pipe_write_fd, &quit, 1);
+    thread_.join();
+    close(read_fd_);
+    close(signal_pipe_write_fd);
+    signal_pipe_write_fd = -1;
+  }
+
+  SignalStop(const SignalStop&) = delete;
+  SignalStop& operator=(const SignalStop&) = delete;
+
+ private:
+  static constexpr int kSignals[] = {SIGTERM, SIGINT, SIGHUP};
+
+  void loop() {
+    bool stopping = false;
+    while (true) {
+      unsigned char byte = 0;
+      const ssize_t n = read(read_fd_, &byte, 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n != 1 || byte == 0) return;
+      std::fprintf(
+          stderr, "trainer_server: got signal %d (%s); %s\n", byte,
+          strsignal(byte),
+          stopping ? "already stopping" : "stopping after the queued requests");
+      if (!stopping) stop_(byte);
+      stopping = true;
+    }
+  }
+
+  std::function<void(int)> stop_;
+  int read_fd_ = -1;
+  std::thread thread_;
+};
 
 struct Flags {
   int port = 8000;
@@ -81,27 +189,41 @@ Flags parse_flags(int argc, char** argv) {
     const std::string a = argv[i];
     std::string v;
     if (a == "--help" || a == "-h") {
-      std::printf("usage: trainer_server [--port=P] [--host=H] [--config=FILE] "
-                  "[--stage=S] [--world=W] [--backend=sim|gloo] "
-                  "[--state-dir=DIR] [--seed=N] [--long-poll-s=T] "
-                  "[--seq-gap-timeout-s=T]\n");
+      std::printf(
+          "usage: trainer_server [--port=P] [--host=H] [--config=FILE] "
+          "[--stage=S] [--world=W] [--backend=sim|gloo] "
+          "[--state-dir=DIR] [--seed=N] [--long-poll-s=T] "
+          "[--seq-gap-timeout-s=T]\n");
       std::exit(0);
-    } else if (value(a, "port", &v)) f.port = std::atoi(v.c_str());
-    else if (value(a, "host", &v)) f.host = v;
-    else if (value(a, "config", &v)) f.config_path = v;
-    else if (value(a, "stage", &v)) f.stage = std::atoi(v.c_str());
-    else if (value(a, "world", &v)) f.world = std::atoi(v.c_str());
-    else if (value(a, "backend", &v)) f.backend = v;
-    else if (value(a, "state-dir", &v)) f.state_dir = v;
-    else if (value(a, "seed", &v)) f.seed = std::strtoull(v.c_str(), nullptr, 10);
-    else if (value(a, "long-poll-s", &v)) f.long_poll_s = std::atof(v.c_str());
-    else if (value(a, "seq-gap-timeout-s", &v)) f.seq_gap_timeout_s = std::atof(v.c_str());
-    else throw UsageError("trainer_server: unknown argument '" + a + "' (see --help)");
+    } else if (value(a, "port", &v))
+      f.port = std::atoi(v.c_str());
+    else if (value(a, "host", &v))
+      f.host = v;
+    else if (value(a, "config", &v))
+      f.config_path = v;
+    else if (value(a, "stage", &v))
+      f.stage = std::atoi(v.c_str());
+    else if (value(a, "world", &v))
+      f.world = std::atoi(v.c_str());
+    else if (value(a, "backend", &v))
+      f.backend = v;
+    else if (value(a, "state-dir", &v))
+      f.state_dir = v;
+    else if (value(a, "seed", &v))
+      f.seed = std::strtoull(v.c_str(), nullptr, 10);
+    else if (value(a, "long-poll-s", &v))
+      f.long_poll_s = std::atof(v.c_str());
+    else if (value(a, "seq-gap-timeout-s", &v))
+      f.seq_gap_timeout_s = std::atof(v.c_str());
+    else
+      throw UsageError("trainer_server: unknown argument '" + a +
+                       "' (see --help)");
   }
   if (f.backend != "sim" && f.backend != "gloo")
     throw UsageError("--backend must be sim or gloo, not '" + f.backend + "'");
   if (f.world < 1) throw UsageError("--world must be >= 1");
-  if (f.port < 0 || f.port > 65535) throw UsageError("--port must be in [0, 65535]");
+  if (f.port < 0 || f.port > 65535)
+    throw UsageError("--port must be in [0, 65535]");
   return f;
 }
 
@@ -111,7 +233,8 @@ std::string ds_config_text(const Flags& f) {
     try {
       doc = nlohmann::json::parse(read_file(f.config_path));
     } catch (const nlohmann::json::exception& e) {
-      throw UsageError("--config '" + f.config_path + "' is not JSON: " + e.what());
+      throw UsageError("--config '" + f.config_path +
+                       "' is not JSON: " + e.what());
     }
   }
   if (f.stage >= 0) doc["zero_optimization"]["stage"] = f.stage;
@@ -120,14 +243,6 @@ std::string ds_config_text(const Flags& f) {
 
 int run(int argc, char** argv) {
   const Flags f = parse_flags(argc, argv);
-  at::set_num_threads(1);  // tiny models; ranks are the parallelism
-  // SIGINT/SIGTERM are taken by one thread (sigwait), blocked elsewhere.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
   tinker::TrainerOptions topts;
   topts.ds_config_json = ds_config_text(f);
   topts.base_seed = f.seed;
@@ -137,32 +252,32 @@ int run(int argc, char** argv) {
   tinker::ServiceOptions sopts;
   sopts.long_poll_s = f.long_poll_s;
   sopts.seq_gap_timeout_s = f.seq_gap_timeout_s;
-  for (const auto& b : tinker::base_models()) sopts.models.push_back({b.name, b.max_context});
+  for (const auto& b : tinker::base_models())
+    sopts.models.push_back({b.name, b.max_context});
   tinker::Service service(sopts);
+  // Before any thread of ours starts (Note [Stopping on a signal]). On a
+  // rank other than 0 `service` is idle and stop() changes nothing: the rank
+  // stops at rank 0's "shutdown" command.
+  SignalStop signal_stop([&](int) { service.stop(); });
+  at::set_num_threads(1);  // tiny models; ranks are the parallelism
   tinker::HttpServer http(&service);
-
-  std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    std::fprintf(stderr, "trainer_server: signal %d, stopping\n", sig);
-    service.stop();
-  });
-  signal_thread.detach();
 
   auto serve_rank0 = [&](Communicator& comm, tinker::RankTrainer& trainer) {
     const int port = http.start(f.host, f.port);
     std::printf("listening on http://%s:%d\n", f.host.c_str(), port);
     std::fflush(stdout);
     service.run_rank0([&](const tinker::Command& c) {
-      return tinker::broadcast_and_execute(comm, c, [&](const tinker::Command& x) {
-        tinker::CommandResult r = trainer.execute(x);
-        if (!r.ok && r.category == "server")
-          std::fprintf(stderr, "trainer_server: %s failed: %s\n", x.op.c_str(),
-                       r.error.c_str());
-        return r;
-      });
+      return tinker::broadcast_and_execute(
+          comm, c, [&](const tinker::Command& x) {
+            tinker::CommandResult r = trainer.execute(x);
+            if (!r.ok && r.category == "server")
+              std::fprintf(stderr, "trainer_server: %s failed: %s\n",
+                           x.op.c_str(), r.error.c_str());
+            return r;
+          });
     });
     http.stop();
+    std::fprintf(stderr, "trainer_server: stopped\n");
   };
 
   if (f.backend == "sim") {
@@ -173,7 +288,8 @@ int run(int argc, char** argv) {
     SimWorld world({f.world, f.seed});
     std::vector<std::unique_ptr<tinker::RankTrainer>> trainers(f.world);
     for (int r = 0; r < f.world; ++r)
-      trainers[r] = std::make_unique<tinker::RankTrainer>(&world.comm(r), topts);
+      trainers[r] =
+          std::make_unique<tinker::RankTrainer>(&world.comm(r), topts);
     world.run([&](int r) {
       if (r == 0) {
         serve_rank0(world.comm(0), *trainers[0]);
@@ -187,7 +303,8 @@ int run(int argc, char** argv) {
   }
   GlooOptions go;
   go.timeout = std::chrono::seconds(120);
-  std::unique_ptr<GlooCommunicator> comm = GlooCommunicator::from_environment(go);
+  std::unique_ptr<GlooCommunicator> comm =
+      GlooCommunicator::from_environment(go);
   // Every rank writes and reads the same checkpoint folder: rank 0's choice
   // (on several machines it must be on a shared file system).
   tinker::broadcast_bytes(*comm, &topts.state_dir);
@@ -198,7 +315,9 @@ int run(int argc, char** argv) {
                 topts.ds_config_json.c_str(), topts.state_dir.c_str());
     serve_rank0(*comm, trainer);
   } else {
-    tinker::run_follower(*comm, [&](const tinker::Command& c) { return trainer.execute(c); });
+    tinker::run_follower(
+        *comm, [&](const tinker::Command& c) { return trainer.execute(c); });
+    std::fprintf(stderr, "trainer_server: rank %d stopped\n", comm->rank());
   }
   return 0;
 }
