@@ -6,6 +6,8 @@
 // LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
 // prefixes their output with the rank, and exits with the first failing
 // rank's status (naming it), after stopping the others; 0 if all succeed.
+// SIGTERM, SIGINT and SIGHUP are forwarded to every rank; launch exits 0
+// if every rank then exits 0, else 128 + the signal.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -21,12 +23,15 @@ constexpr const char kUsage[] =
 
 constexpr const char kHelp[] =
     "\n"
-    "Starts N copies of <program> on this machine, like torchrun --standalone,\n"
+    "Starts N copies of <program> on this machine, like torchrun "
+    "--standalone,\n"
     "each with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR\n"
     "(127.0.0.1) and MASTER_PORT set, so GlooCommunicator::from_environment()\n"
-    "connects them. Output lines are prefixed with the rank. The first rank to\n"
+    "connects them. Output lines are prefixed with the rank. The first rank "
+    "to\n"
     "fail stops the others; launch then exits with its status and names it.\n"
-    "SIGINT, SIGTERM and SIGHUP stop every rank.\n"
+    "SIGINT, SIGTERM and SIGHUP are forwarded to every rank, which gets 60 s\n"
+    "to exit; launch exits 0 if every rank exits 0, else 128 + the signal.\n"
     "\n"
     "  --nproc=N          ranks to start (>= 1; default 1)\n"
     "  --master-port=P    the rendezvous port (default: a free one)\n"

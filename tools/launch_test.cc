@@ -2,21 +2,20 @@
 // loopback, every stage, unmanaged vs managed bitwise and ranks in
 // agreement (tools/gloo_worker.cc); and a rank dying mid-step ends the job
 // with that rank named and no process left behind.
-#include "tools/launcher.h"
-
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
-#include <filesystem>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
-#include <unistd.h>
+
+#include "tools/launcher.h"
 
 namespace zerostep {
 namespace {
@@ -38,7 +37,8 @@ WorkerRun run_worker(int nproc, const std::vector<std::string>& args) {
   std::rewind(out);
   char buf[4096];
   size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), out)) > 0) run.output.append(buf, n);
+  while ((n = std::fread(buf, 1, sizeof(buf), out)) > 0)
+    run.output.append(buf, n);
   std::fclose(out);
   return run;
 }
@@ -46,14 +46,14 @@ WorkerRun run_worker(int nproc, const std::vector<std::string>& args) {
 TEST(LaunchTest, EveryStageTrainsBitwiseOnTwoAndFourProcesses) {
   for (int nproc : {2, 4}) {
     for (int stage : {0, 1, 2, 3}) {
-      WorkerRun run = run_worker(nproc, {"--stage=" + std::to_string(stage),
-                                   "--backwards=2,3"});
+      WorkerRun run = run_worker(
+          nproc, {"--stage=" + std::to_string(stage), "--backwards=2,3"});
       EXPECT_EQ(run.result.exit_code, 0) << run.output;
       EXPECT_EQ(run.result.failed_rank, -1) << run.output;
       for (int r = 0; r < nproc; ++r)
         EXPECT_NE(run.output.find("[rank " + std::to_string(r) + "] rank " +
-                                  std::to_string(r) + " ok stage=" +
-                                  std::to_string(stage)),
+                                  std::to_string(r) +
+                                  " ok stage=" + std::to_string(stage)),
                   std::string::npos)
             << run.output;
     }
@@ -81,9 +81,9 @@ TEST(LaunchTest, OffloadAndMixedPrecisionAcrossProcesses) {
       {1, "fp32"}, {2, "fp32"}, {3, "fp32"}, {2, "bf16"}};
   for (const auto& [stage, dtype] : runs) {
     {
-      const std::vector<std::string> base = {
-          "--stage=" + std::to_string(stage), "--backwards=2,3",
-          "--dtype=" + dtype};
+      const std::vector<std::string> base = {"--stage=" + std::to_string(stage),
+                                             "--backwards=2,3",
+                                             "--dtype=" + dtype};
       WorkerRun plain = run_worker(2, base);
       ASSERT_EQ(plain.result.exit_code, 0) << plain.output;
       const std::string want = digest_of(plain.output, 0);
@@ -109,8 +109,7 @@ TEST(LaunchTest, ARankDyingMidStepEndsTheJobNamingIt) {
   char tmpl[] = "/tmp/zerostep_launch_XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   WorkerRun run = run_worker(3, {"--stage=1", "--backwards=2,2,2",
-                                 "--die-at-step=2",
-                                 "--checkpoint-dir=" + dir});
+                                 "--die-at-step=2", "--checkpoint-dir=" + dir});
   EXPECT_EQ(run.result.failed_rank, 1) << run.output;
   EXPECT_EQ(run.result.exit_code, 3) << run.output;
   EXPECT_NE(run.result.description.find("rank 1 exited with status 3"),
@@ -195,7 +194,52 @@ TEST(LaunchTest, ASignalToTheLauncherStopsEveryRank) {
   close(fds[0]);
   ASSERT_TRUE(ready);
   EXPECT_EQ(r.exit_code, 128 + SIGTERM);
+  EXPECT_EQ(r.signal, SIGTERM);
   EXPECT_NE(r.description.find("signal"), std::string::npos);
+}
+
+// The launcher forwards the signal it got as that same signal, and a job
+// whose ranks all exit 0 on it (a graceful stop) succeeds. Each rank exits
+// 0 only on the signal under test and 3 on the other two.
+TEST(LaunchTest, ASignalEveryRankStopsOnGracefullyEndsTheJobWithZero) {
+  for (const char* name : {"TERM", "INT", "HUP"}) {
+    const int sig = std::string(name) == "TERM"  ? SIGTERM
+                    : std::string(name) == "INT" ? SIGINT
+                                                 : SIGHUP;
+    int fds[2];
+    ASSERT_EQ(pipe2(fds, O_CLOEXEC), 0);
+    std::FILE* out = fdopen(fds[1], "w");
+    ASSERT_NE(out, nullptr);
+    LaunchOptions o;
+    o.nproc = 2;
+    o.out = out;
+    std::string lines;
+    bool ready = false;
+    std::thread killer([&] {
+      ready = wait_for_lines(fds[0], 2, "] ready", 60000);
+      if (ready) kill(getpid(), sig);
+      char buf[256];  // keep the pipe drained until the launcher closes it
+      ssize_t n;
+      while ((n = read(fds[0], buf, sizeof(buf))) > 0) lines.append(buf, n);
+    });
+    const std::string script =
+        std::string("trap 'exit 3' TERM INT HUP; trap 'echo stopping on ") +
+        name + "; exit 0' " + name + "; echo ready; while :; do sleep 1; done";
+    LaunchResult r = launch({"/bin/sh", "-c", script}, o);
+    std::fclose(out);
+    killer.join();
+    close(fds[0]);
+    ASSERT_TRUE(ready) << name;
+    EXPECT_EQ(r.exit_code, 0) << name << ": " << r.description << "\n" << lines;
+    EXPECT_EQ(r.failed_rank, -1) << name;
+    EXPECT_EQ(r.signal, sig) << name;
+    EXPECT_NE(lines.find("[rank 0] stopping on " + std::string(name)),
+              std::string::npos)
+        << lines;
+    EXPECT_NE(lines.find("[rank 1] stopping on " + std::string(name)),
+              std::string::npos)
+        << lines;
+  }
 }
 
 }  // namespace

@@ -18,8 +18,9 @@
 namespace zerostep {
 namespace {
 
-// Set by SIGINT/SIGTERM/SIGHUP sent to the launcher: the children run in
-// process groups of their own and would not get a terminal's Ctrl-C.
+// Set by SIGINT/SIGTERM/SIGHUP sent to the launcher, which forwards it: the
+// children run in process groups of their own and would not get a
+// terminal's Ctrl-C.
 volatile sig_atomic_t interrupted = 0;
 void on_signal(int sig) { interrupted = sig; }
 
@@ -96,7 +97,8 @@ LaunchResult launch(const std::vector<std::string>& argv,
   const int port = options.master_port > 0 ? options.master_port : free_port();
   std::vector<Child> children(options.nproc);
   std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
 
   for (int r = 0; r < options.nproc; ++r) {
@@ -132,7 +134,8 @@ LaunchResult launch(const std::vector<std::string>& argv,
   int alive = options.nproc;
   struct sigaction sa {};
   sa.sa_handler = on_signal;
-  struct sigaction old_int {}, old_term {}, old_hup {};
+  struct sigaction old_int {
+  }, old_term{}, old_hup{};
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
   sigaction(SIGHUP, &sa, &old_hup);
@@ -151,8 +154,10 @@ LaunchResult launch(const std::vector<std::string>& argv,
         pfds.push_back({children[r].fd, POLLIN, 0});
         ranks.push_back(r);
       }
-    if (!pfds.empty()) poll(pfds.data(), pfds.size(), 100);
-    else usleep(20000);
+    if (!pfds.empty())
+      poll(pfds.data(), pfds.size(), 100);
+    else
+      usleep(20000);
     for (size_t i = 0; i < pfds.size(); ++i)
       if (pfds[i].revents & (POLLIN | POLLHUP | POLLERR))
         drain(children[ranks[i]], ranks[i], options.out);
@@ -164,7 +169,15 @@ LaunchResult launch(const std::vector<std::string>& argv,
       c.running = false;
       --alive;
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (!ok && result.failed_rank < 0 && !terminating) {
+      if (!ok && result.failed_rank < 0 && result.signal != 0) {
+        // Stopping on the launcher's signal: the first rank that did not
+        // stop cleanly is the failure.
+        result.failed_rank = r;
+        result.exit_code = 128 + result.signal;
+        result.description = "after the launcher got signal " +
+                             std::string(strsignal(result.signal)) + ", " +
+                             describe_status(r, status);
+      } else if (!ok && result.failed_rank < 0 && !terminating) {
         result.failed_rank = r;
         result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
         result.description = describe_status(r, status);
@@ -177,15 +190,14 @@ LaunchResult launch(const std::vector<std::string>& argv,
       }
     }
     if (interrupted != 0 && !terminating) {
-      result.failed_rank = -1;
-      result.exit_code = 128 + interrupted;
-      result.description =
-          std::string("the launcher got signal ") + strsignal(interrupted);
-      std::fprintf(options.out, "launch: %s; stopping every rank\n",
-                   result.description.c_str());
+      result.signal = interrupted;
+      std::fprintf(options.out,
+                   "launch: got signal %d (%s); forwarding it to every rank\n",
+                   result.signal, strsignal(result.signal));
+      std::fflush(options.out);
       terminating = true;
-      kill_all(SIGTERM);
-      kill_deadline = std::chrono::steady_clock::now() + options.kill_grace;
+      kill_all(result.signal);
+      kill_deadline = std::chrono::steady_clock::now() + options.stop_grace;
     }
     if (terminating && alive > 0 &&
         std::chrono::steady_clock::now() > kill_deadline) {
@@ -195,6 +207,12 @@ LaunchResult launch(const std::vector<std::string>& argv,
   }
   for (int r = 0; r < options.nproc; ++r)
     while (children[r].fd >= 0) drain(children[r], r, options.out);
+  if (result.signal != 0 && result.failed_rank < 0) {
+    result.description = "every rank exited 0 after the launcher got signal " +
+                         std::string(strsignal(result.signal));
+    std::fprintf(options.out, "launch: %s\n", result.description.c_str());
+    std::fflush(options.out);
+  }
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
   sigaction(SIGHUP, &old_hup, nullptr);

@@ -6,7 +6,11 @@
 // its own process group, and has every line of its stdout and stderr
 // prefixed with "[rank r] ". The first child to fail (non-zero exit or a
 // signal) ends the job: the others get SIGTERM, then SIGKILL after
-// `kill_grace`, and launch() returns a result naming the failing rank. No
+// `kill_grace`, and launch() returns a result naming the failing rank.
+// SIGTERM, SIGINT or SIGHUP sent to the launcher is forwarded, as the same
+// signal, to every child's process group; the children get `stop_grace` to
+// exit before SIGKILL, and the job succeeds if every one of them exits 0
+// (a program that stops gracefully on the signal, like trainer_server). No
 // child outlives launch().
 //
 // Thread safety: launch() forks; call it from a single-threaded point of
@@ -22,18 +26,26 @@
 namespace zerostep {
 
 struct LaunchOptions {
-  int nproc = 1;                 // ranks, >= 1
-  int master_port = 0;           // 0 = pick a free port
+  int nproc = 1;        // ranks, >= 1
+  int master_port = 0;  // 0 = pick a free port
+  // After a child failed: how long the others get between SIGTERM and
+  // SIGKILL (default 5 s).
   std::chrono::milliseconds kill_grace = std::chrono::seconds(5);
-  FILE* out = stdout;            // where prefixed output goes
+  // After the launcher got a signal and forwarded it: how long the children
+  // get to stop gracefully before SIGKILL (default 60 s; a graceful stop
+  // may finish queued work).
+  std::chrono::milliseconds stop_grace = std::chrono::seconds(60);
+  FILE* out = stdout;  // where prefixed output goes
 };
 
 struct LaunchResult {
-  // 0 if every rank exited 0; else the first failure's status, or 128 + the
-  // signal when the launcher itself was interrupted (SIGINT, SIGTERM,
-  // SIGHUP: every rank is stopped then too).
+  // 0 if every rank exited 0, also after the launcher forwarded a signal;
+  // else the first failure's status (1 for a rank killed by a signal), or
+  // 128 + the signal when the launcher got SIGINT, SIGTERM or SIGHUP and
+  // some rank then did not exit 0.
   int exit_code = 0;
   int failed_rank = -1;     // the first rank to fail, -1 if none
+  int signal = 0;           // the signal the launcher got and forwarded, or 0
   std::string description;  // e.g. "rank 1 exited with status 3"
 };
 
