@@ -32,13 +32,15 @@
 //
 // SIGTERM, SIGINT and SIGHUP stop it gracefully (Note [Stopping on a
 // signal]): rank 0 logs "trainer_server: got signal N (...); stopping after
-// the queued requests", stops taking commands from new requests only once
-// the queue is empty (the request being executed and every queued one run to
-// the end, so no checkpoint is left half written), tells every other rank to
-// stop (the "shutdown" command), stops serving HTTP, logs "trainer_server:
-// stopped" and exits 0. A rank other than 0 that gets the signal logs it and
-// keeps executing rank 0's commands until that "shutdown". Futures that
-// were not retrieved before HTTP stopped are lost with the process.
+// the queued requests", keeps executing commands until the queue is empty
+// (the request being executed and every queued one, including any that
+// arrive meanwhile, run to the end, so no checkpoint is left half written),
+// tells every other rank to stop (the "shutdown" command), stops serving
+// HTTP, logs "trainer_server: stopped" and exits 0. A rank other than 0 that
+// gets the signal logs it and keeps executing rank 0's commands until that
+// "shutdown", then logs "rank R stopped" and exits 0. Results not retrieved
+// before HTTP stopped are lost with the process; a signal that arrives
+// before main() (while the libraries load) still kills it.
 #include <ATen/Parallel.h>
 #include <fcntl.h>
 #include <signal.h>
