@@ -78,6 +78,8 @@ TEST(ScrubPath, ReplacesEveryOccurrence) {
 TEST(DefaultStateDir, StableAndUnderXdgStateHome) {
   const char* old = getenv("XDG_STATE_HOME");
   const std::string saved = old ? old : "";
+  const char* old_home = getenv("HOME");
+  const std::string saved_home = old_home ? old_home : "";
   setenv("XDG_STATE_HOME", "/var/lib/u", 1);
   EXPECT_EQ(default_state_dir(), "/var/lib/u/zerostep/trainer_server");
   EXPECT_EQ(default_state_dir(), default_state_dir());  // no pid, no clock
@@ -86,6 +88,7 @@ TEST(DefaultStateDir, StableAndUnderXdgStateHome) {
   EXPECT_EQ(default_state_dir(),
             "/home/u/.local/state/zerostep/trainer_server");
   if (old) setenv("XDG_STATE_HOME", saved.c_str(), 1);
+  if (old_home) setenv("HOME", saved_home.c_str(), 1);
 }
 
 }  // namespace
