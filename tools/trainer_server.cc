@@ -20,9 +20,11 @@
 //                        (or torchrun), from RANK/WORLD_SIZE/MASTER_ADDR/
 //                        MASTER_PORT; rank 0 serves HTTP
 //   --state-dir=DIR      where save_state writes (default
-//                        /tmp/zerostep-tinker-<pid of rank 0's process>;
-//                        with gloo, rank 0's folder is every rank's, so
-//                        across machines it must be a shared file system)
+//                        $XDG_STATE_HOME/zerostep/trainer_server, else
+//                        ~/.local/state/zerostep/trainer_server: stable
+//                        across restarts; with gloo, rank 0's folder is
+//                        every rank's, so across machines it must be a
+//                        shared file system)
 //   --seed=N             seed of every base model's weights (default 1234)
 //   --long-poll-s=T      retrieve_future waits this long before try_again (30)
 //   --seq-gap-timeout-s=T  a request waits this long for a missing seq_id (60)
@@ -63,6 +65,7 @@
 #include "common/errors.h"
 #include "engine/checkpoint_io.h"
 #include "sim/sim_world.h"
+#include "tools/tinker/checkpoint_paths.h"
 #include "tools/tinker/command.h"
 #include "tools/tinker/http.h"
 #include "tools/tinker/service.h"
@@ -248,9 +251,9 @@ int run(int argc, char** argv) {
   tinker::TrainerOptions topts;
   topts.ds_config_json = ds_config_text(f);
   topts.base_seed = f.seed;
-  topts.state_dir = f.state_dir.empty()
-                        ? "/tmp/zerostep-tinker-" + std::to_string(getpid())
-                        : f.state_dir;
+  // Stable across restarts, so the last run's checkpoints are found.
+  topts.state_dir =
+      f.state_dir.empty() ? tinker::default_state_dir() : f.state_dir;
   tinker::ServiceOptions sopts;
   sopts.long_poll_s = f.long_poll_s;
   sopts.seq_gap_timeout_s = f.seq_gap_timeout_s;

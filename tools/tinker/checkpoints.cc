@@ -7,9 +7,10 @@
 #include <vector>
 
 #include "common/errors.h"
-#include "zero/phase.h"
 #include "engine/checkpoint_io.h"
+#include "tools/tinker/command.h"
 #include "tools/tinker/request_fields.h"
+#include "zero/phase.h"
 
 namespace zerostep {
 namespace tinker {
@@ -28,24 +29,6 @@ LoraOptions lora_of(const nlohmann::json& meta) {
 }
 
 }  // namespace
-
-bool safe_checkpoint_name(const std::string& s) {
-  if (s.empty() || s.size() > 128 || s == "latest" || s == "." || s == "..")
-    return false;
-  for (char c : s)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ||
-          c == '.'))
-      return false;
-  return true;
-}
-
-std::string model_folder(const std::string& model_id) {
-  std::string f = model_id;
-  for (char& c : f)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.'))
-      c = '_';
-  return f;
-}
 
 CheckpointStore::CheckpointStore(Communicator* comm, std::string state_dir)
     : comm_(comm), state_dir_(std::move(state_dir)) {}
@@ -69,13 +52,24 @@ nlohmann::json CheckpointStore::save_weights(ModelRegistry& models,
                      "' must be 1-128 "
                      "characters of [A-Za-z0-9._-] (and not 'latest')");
   const std::string dir = run_folder(m.id);
+  const std::string tinker_path = "tinker://" + m.id + "/weights/" + name;
+  if (!agree(comm_->rank() != 0 || within_dir(state_dir_, dir + "/" + name)))
+    throw UsageError("checkpoint '" + tinker_path +
+                     "' would leave this server's state directory (a "
+                     "symbolic link?). Nothing was written");
   const bool exists =
       agree(std::ifstream(dir + "/" + name + "/manifest.json").good());
   if (exists && !get_or<bool>(a, "overwrite", false))
     throw UsageError("checkpoint '" + name + "' of " + m.id +
                      " exists. Fix: "
                      "pass overwrite=True or choose another name");
-  m.engine->save_checkpoint(dir, name);
+  try {
+    m.engine->save_checkpoint(dir, name);
+  } catch (const IoError& e) {
+    throw IoError(
+        scrub_path(scrub_path(e.what(), dir + "/" + name, tinker_path),
+                   state_dir_, "<state dir>"));
+  }
   if (comm_->rank() == 0) {
     nlohmann::json meta = {{"base_model", m.base.name},
                            {"model_id", m.id},
@@ -88,42 +82,36 @@ nlohmann::json CheckpointStore::save_weights(ModelRegistry& models,
                              {"train_unembed", m.lora.unembed}}}};
     atomic_write_file(dir + "/" + name + "/tinker_meta.json", meta.dump(1));
   }
-  return {{"path", "tinker://" + m.id + "/weights/" + name},
-          {"type", "save_weights"}};
+  return {{"path", tinker_path}, {"type", "save_weights"}};
 }
 
 CheckpointStore::CheckpointRef CheckpointStore::resolve(
     const std::string& path) {
-  const std::string prefix = "tinker://";
-  std::vector<std::string> parts;
-  if (path.rfind(prefix, 0) == 0) {
-    std::string rest = path.substr(prefix.size());
-    size_t at = 0;
-    while (true) {
-      size_t slash = rest.find('/', at);
-      parts.push_back(rest.substr(at, slash - at));
-      if (slash == std::string::npos) break;
-      at = slash + 1;
-    }
-  }
-  if (parts.size() != 3 || parts[1] != "weights" || parts[0].empty() ||
-      !safe_checkpoint_name(parts[2]))
+  std::string model_id, name;
+  if (!parse_tinker_path(path, &model_id, &name))
     throw UsageError(
         "path '" + path +
         "' is not a training checkpoint of "
         "this server: expected tinker://<model id>/weights/<name>");
-  CheckpointRef ref{run_folder(parts[0]), parts[2], {}};
-  std::string meta;
-  std::string error;
-  try {
-    meta = read_file(ref.dir + "/" + ref.name + "/tinker_meta.json");
-    ref.meta = nlohmann::json::parse(meta);
-  } catch (const std::exception& e) {
-    error = e.what();
+  CheckpointRef ref{run_folder(model_id), name, {}};
+  bool ok = false;
+  if (comm_->rank() == 0 && within_dir(state_dir_, ref.dir + "/" + ref.name)) {
+    try {
+      ref.meta = nlohmann::json::parse(
+          read_file(ref.dir + "/" + ref.name + "/tinker_meta.json"));
+      ok = ref.meta.is_object() && ref.meta.contains("base_model");
+    } catch (const std::exception&) {
+    }
   }
-  if (!agree(error.empty()))
-    throw UsageError("checkpoint '" + path + "' cannot be read" +
-                     (error.empty() ? "" : ": " + error));
+  // Rank 0's answer and meta, everyone's. The message names the client's
+  // path only, never a server file.
+  if (!agree(ok))
+    throw UsageError("checkpoint '" + path +
+                     "' cannot be read: this server has no such checkpoint "
+                     "(see save_state)");
+  std::string meta = ref.meta.dump();
+  broadcast_bytes(*comm_, &meta);
+  ref.meta = nlohmann::json::parse(meta);
   return ref;
 }
 
@@ -137,6 +125,14 @@ nlohmann::json CheckpointStore::load_weights(ModelRegistry& models,
   std::unique_ptr<Model> created;
   Model* m = nullptr;
   if (get_or<bool>(a, "create", false)) {
+    const std::string asked = get_or<std::string>(a, "base_model", "");
+    if (!asked.empty() && asked != base_name)
+      throw UsageError("base_model '" + asked +
+                       "' does not match checkpoint '" + path +
+                       "', which holds " + base_name +
+                       " (this server's base models differ in shape). Fix: "
+                       "omit base_model or pass " +
+                       base_name + ". Nothing was changed");
     if (models.contains(id))
       throw UsageError("model '" + id + "' exists already");
     created = models.build(id, find_base_model(base_name), lora);
@@ -155,7 +151,17 @@ nlohmann::json CheckpointStore::load_weights(ModelRegistry& models,
   LoadOptions lo;
   lo.allow_reshard = true;
   lo.load_optimizer_states = get_or<bool>(a, "optimizer", false);
-  m->engine->load_checkpoint(ref.dir, ref.name, lo);
+  try {
+    m->engine->load_checkpoint(ref.dir, ref.name, lo);
+  } catch (const IoError& e) {
+    throw IoError(
+        scrub_path(scrub_path(e.what(), ref.dir + "/" + ref.name, path),
+                   state_dir_, "<state dir>"));
+  } catch (const UsageError& e) {
+    throw UsageError(
+        scrub_path(scrub_path(e.what(), ref.dir + "/" + ref.name, path),
+                   state_dir_, "<state dir>"));
+  }
   if (created) models.add(std::move(created));
   return {{"path", path}, {"model_id", id}, {"type", "load_weights"}};
 }

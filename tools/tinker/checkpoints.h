@@ -18,18 +18,11 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "tools/tinker/checkpoint_paths.h"
 #include "tools/tinker/model_registry.h"
 
 namespace zerostep {
 namespace tinker {
-
-// A checkpoint name a request may use: 1-128 characters of [A-Za-z0-9._-],
-// not "latest", "." or "..".
-bool safe_checkpoint_name(const std::string& name);
-
-// The folder of a model's checkpoints under the state directory: `model_id`
-// with every character other than [A-Za-z0-9.-] made '_' (ids contain ':').
-std::string model_folder(const std::string& model_id);
 
 class CheckpointStore {
  public:

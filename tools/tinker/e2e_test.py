@@ -53,8 +53,9 @@ TEXTS = [
 class Server:
     """A trainer_server process on a free port."""
 
-    def __init__(self, binary, *args, launch=None):
-        self.state_dir = tempfile.mkdtemp(prefix="zerostep-tinker-e2e-")
+    def __init__(self, binary, *args, launch=None, state_dir=None):
+        self.keep_state = state_dir is not None  # the caller's, kept at stop
+        self.state_dir = state_dir or tempfile.mkdtemp(prefix="zerostep-tinker-e2e-")
         cmd = [binary, "--port=0", "--state-dir=" + self.state_dir, *args]
         if launch:  # real processes: tools/launch prefixes lines with "[rank R] "
             cmd = [launch[0], "--nproc=%d" % launch[1], "--", *cmd]
@@ -126,7 +127,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        shutil.rmtree(self.state_dir, ignore_errors=True)
+        if not self.keep_state:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
 def encode(text):
@@ -379,6 +381,82 @@ def check_bad_input(server):
     assert optim_digest(res["metrics"]) == server.digest(model_id) != before
 
 
+def expect_sdk_error(fn, *needles, hidden=()):
+    """fn() raises; its message holds every needle and none of `hidden`."""
+    try:
+        fn()
+    except Exception as e:  # the SDK's RequestFailedError and friends
+        message = str(e)
+        for n in needles:
+            assert n in message, (n, message)
+        for h in hidden:
+            assert h not in message, (h, message)
+        print("  error:", message[:160])
+        return
+    raise AssertionError("no error; expected one naming " + repr(needles))
+
+
+def check_robustness(server, binary):
+    """Issue 15, through the SDK: non-finite hyperparameters, unserved
+    endpoints, ids and checkpoints across a restart, paths leaving the state
+    dir, a mismatched base_model."""
+    sc = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    tc = training_client(sc)
+    tc.forward_backward([datum(TEXTS[0])], "cross_entropy").result()
+    before = tc.get_info().model_id
+    digest = server.digest(before)
+    # NaN and infinity reach the server as null: an error naming the field,
+    # never the default (learning_rate=nan used to train with 1e-4).
+    for field, bad in [("learning_rate", float("nan")), ("beta1", float("inf")),
+                       ("eps", float("-inf")), ("weight_decay", float("nan")),
+                       ("grad_clip_norm", float("nan"))]:
+        kwargs = dict(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8)
+        kwargs[field] = bad
+        params = types.AdamParams(**kwargs)
+        expect_sdk_error(lambda: tc.optim_step(params).result(), "adam_params." + field)
+    assert server.digest(before) == digest
+
+    # Unserved endpoints consume their seq_id: the client goes on at once
+    # (it used to wait 60 s for the missing seq_id, then fail, forever).
+    expect_sdk_error(lambda: tc.save_weights_for_sampler("s").result(), "not implemented")
+    expect_sdk_error(lambda: tc.save_weights_external("e").result(), "not implemented")
+    start = time.time()
+    tc.optim_step(adam()).result()
+    assert time.time() - start < 20, "the client waited for a consumed seq_id"
+    saved = tc.save_state("w").result().path
+    first_id = tc.get_info().model_id
+    saved_digest = server.digest(first_id)
+
+    # Paths that would leave the state dir, and errors that never show it.
+    for bad in ["tinker://../weights/w", "tinker://./weights/w", "tinker:///weights/w",
+                "tinker://" + first_id + "/weights/../w"]:
+        expect_sdk_error(lambda: sc.create_training_client_from_state(bad).get_info(),
+                         bad, hidden=[server.state_dir])
+    os.symlink(tempfile.gettempdir(), os.path.join(server.state_dir, "escape"))
+    expect_sdk_error(lambda: sc.create_training_client_from_state(
+        "tinker://escape/weights/w").get_info(), "tinker://escape/weights/w",
+        hidden=[server.state_dir])
+    expect_sdk_error(lambda: sc.create_training_client_from_state(
+        saved, base_model="zerostep/small-gpt").get_info(),
+        "zerostep/small-gpt", BASE)
+
+    # A restart over the same state dir: new ids (no overwrite of the last
+    # run's weights), and the last run's checkpoint loads.
+    state_dir = server.state_dir
+    server.keep_state = True
+    server.stop()
+    again = Server(binary, "--world=1", "--stage=0", state_dir=state_dir)
+    try:
+        sc2 = tinker.ServiceClient(base_url=again.url, api_key=API_KEY)
+        tc2 = training_client(sc2)
+        assert tc2.get_info().model_id != first_id, first_id
+        restored = sc2.create_training_client_from_state(saved)
+        assert again.digest(restored.get_info().model_id) == saved_digest
+    finally:
+        again.stop()
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
 def check_load(server):
     """A bounded loopback load test: nothing lost or reordered (load_test.py)."""
     import load_test  # beside this file
@@ -406,6 +484,8 @@ def main():
         ("bad-input-world2-stage2",
          ["--world=2", "--stage=2", "--seq-gap-timeout-s=1", "--long-poll-s=2"],
          check_bad_input, None),
+        ("robustness-world1", ["--world=1", "--stage=0"],
+         lambda server: check_robustness(server, args.server), None),
     ]
     if args.launch:
         scenarios.append(("gloo-2-processes-stage2", ["--backend=gloo", "--stage=2"],

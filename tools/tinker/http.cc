@@ -19,7 +19,10 @@ HttpServer::HttpServer(Service* service) : impl_(new Impl) {
   s.new_task_queue = [] { return new httplib::ThreadPool(64); };
   s.set_keep_alive_max_count(100000);
   s.set_tcp_nodelay(true);  // small responses: no Nagle delay
-  s.set_keep_alive_timeout(60);
+  // An idle keep-alive connection holds an HTTP thread this long, and a
+  // stop waits for it: short, so a signal stops the server within seconds
+  // (clients reconnect after an idle gap).
+  s.set_keep_alive_timeout(5);
   s.set_payload_max_length(256u << 20);
   auto handler = [this](const httplib::Request& req, httplib::Response& res) {
     HttpRequest r;
@@ -34,8 +37,9 @@ HttpServer::HttpServer(Service* service) : impl_(new Impl) {
       out = impl_->service->handle(r);
     } catch (const std::exception& e) {
       out.status = 500;
-      out.body = std::string("{\"error\": \"internal error\", \"category\": "
-                             "\"server\", \"detail\": ") +
+      out.body = std::string(
+                     "{\"error\": \"internal error\", \"category\": "
+                     "\"server\", \"detail\": ") +
                  nlohmann::json(e.what()).dump() + "}";
     }
     res.status = out.status;

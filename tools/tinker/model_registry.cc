@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "common/errors.h"
-#include "zero/phase.h"
 #include "tools/tinker/request_fields.h"
+#include "zero/phase.h"
 
 namespace zerostep {
 namespace tinker {
@@ -91,12 +91,15 @@ nlohmann::json ModelRegistry::create_model(const nlohmann::json& a) {
   LoraOptions lora;
   if (a.contains("lora_config") && a["lora_config"].is_object()) {
     const nlohmann::json& l = a["lora_config"];
-    lora.rank = get_or<int64_t>(l, "rank", 0);
+    lora.rank = get_or<int64_t>(l, "rank", 0, "lora_config.");
     if (lora.rank < 1 || lora.rank > base.d_model)
       throw UsageError("lora_config.rank = " + std::to_string(lora.rank) +
                        " must be in [1, " + std::to_string(base.d_model) +
                        "] for " + base.name);
-    lora.seed = get_or<uint64_t>(l, "seed", 0);
+    // seed is optional in the SDK (None: the server's choice), so a null
+    // seed is the default, not an error.
+    if (!(l.contains("seed") && l["seed"].is_null()))
+      lora.seed = get_or<uint64_t>(l, "seed", 0, "lora_config.");
     lora.attn = get_or<bool>(l, "train_attn", true);
     lora.mlp = get_or<bool>(l, "train_mlp", true);
     lora.unembed = get_or<bool>(l, "train_unembed", true);

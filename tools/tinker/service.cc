@@ -1,6 +1,9 @@
 #include "tools/tinker/service.h"
 
+#include <chrono>
+#include <cstdio>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 
 #include "common/errors.h"
@@ -32,7 +35,8 @@ bool parse_object(const std::string& body, json* out, HttpResponse* error) {
     *out = json::parse(body);
   } catch (const json::exception& e) {
     *error = error_response(400, std::string("the request body is not valid "
-                                             "JSON: ") + e.what());
+                                             "JSON: ") +
+                                     e.what());
     return false;
   }
   if (!out->is_object()) {
@@ -48,9 +52,36 @@ bool get_string(const json& j, const char* key, std::string* out) {
   return true;
 }
 
+// The op of a sequenced request this server does not serve: run_rank0
+// fails its future in its turn instead of executing it.
+const char kUnserved[] = "unserved";
+
+std::string random_instance_id() {
+  std::random_device device;
+  const uint64_t r =
+      (static_cast<uint64_t>(device()) << 32) ^ device() ^
+      static_cast<uint64_t>(
+          std::chrono::system_clock::now().time_since_epoch().count());
+  char buf[13];
+  std::snprintf(buf, sizeof(buf), "%012llx",
+                static_cast<unsigned long long>(r & 0xffffffffffffULL));
+  return buf;
+}
+
+std::string not_implemented(const std::string& ep) {
+  return ep +
+         " is not implemented by this server (it serves training: "
+         "create_model, forward_backward, optim_step, save_weights, "
+         "load_weights, get_info; no sampling or sampler/external weights). "
+         "Nothing was changed";
+}
+
 }  // namespace
 
-Service::Service(const ServiceOptions& options) : options_(options) {}
+Service::Service(const ServiceOptions& options)
+    : options_(options),
+      instance_(options.instance_id.empty() ? random_instance_id()
+                                            : options.instance_id) {}
 
 ServiceStats Service::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -103,7 +134,8 @@ void Service::expire_gaps() {
 HttpResponse Service::handle(const HttpRequest& req) {
   const std::string prefix = "/api/v1/";
   if (req.path.rfind(prefix, 0) != 0)
-    return error_response(404, "no such endpoint: " + req.method + " " + req.path);
+    return error_response(404,
+                          "no such endpoint: " + req.method + " " + req.path);
   const std::string ep = req.path.substr(prefix.size());
   if (!req.content_encoding.empty() && req.content_encoding != "identity")
     return error_response(415, "Content-Encoding '" + req.content_encoding +
@@ -129,14 +161,16 @@ HttpResponse Service::handle(const HttpRequest& req) {
     std::string model_id;
     int32_t seq_id = 0;
     if (!peek_forward_backward(req.body, &model_id, &seq_id))
-      return error_response(400, "the forward_backward body is not a valid "
-                                 "tinker_public.ForwardBackwardRequest "
-                                 "protobuf (Content-Type: "
-                                 "application/x-protobuf)");
+      return error_response(400,
+                            "the forward_backward body is not a valid "
+                            "tinker_public.ForwardBackwardRequest "
+                            "protobuf (Content-Type: "
+                            "application/x-protobuf)");
     Command c;
     c.op = "forward_backward";
     c.blob = req.body;
-    return sequenced("forward_backward", model_id, seq_id, req.body, std::move(c));
+    return sequenced("forward_backward", model_id, seq_id, req.body,
+                     std::move(c));
   }
   json body;
   HttpResponse bad;
@@ -153,8 +187,10 @@ HttpResponse Service::handle(const HttpRequest& req) {
   if (ep == "telemetry") return json_response(200, {{"status", "accepted"}});
   if (ep == "create_session") {
     std::lock_guard<std::mutex> lock(mu_);
-    return json_response(200, {{"type", "create_session"},
-                               {"session_id", "session-" + std::to_string(next_session_++)}});
+    return json_response(200,
+                         {{"type", "create_session"},
+                          {"session_id", "session-" + instance_ + "-" +
+                                             std::to_string(next_session_++)}});
   }
   if (ep == "session_heartbeat")
     return json_response(200, {{"type", "session_heartbeat"}});
@@ -179,31 +215,46 @@ HttpResponse Service::handle(const HttpRequest& req) {
     return sequenced(ep, model_id, body["seq_id"].get<int64_t>(), raw,
                      std::move(c));
   }
-  return error_response(404, "no such endpoint: POST " + req.path);
+  // Not served. A numbered request of a model still consumes its seq_id
+  // (else every later request of that client waits for it, then fails).
+  std::string model_id;
+  if (get_string(body, "model_id", &model_id) && body.contains("seq_id") &&
+      body["seq_id"].is_number_integer()) {
+    const std::string message = not_implemented(ep) + "; seq_id " +
+                                std::to_string(body["seq_id"].get<int64_t>()) +
+                                " of model '" + model_id + "' is consumed";
+    return sequenced(ep, model_id, body["seq_id"].get<int64_t>(), raw,
+                     Command{kUnserved, {{"error", message}}, ""});
+  }
+  return error_response(404, not_implemented("POST /api/v1/" + ep));
 }
 
 HttpResponse Service::create_model(const std::string& raw) {
   json body = json::parse(raw);
   std::string session, base;
   if (!get_string(body, "base_model", &base))
-    return error_response(400, "create_model: missing string field 'base_model'");
+    return error_response(400,
+                          "create_model: missing string field 'base_model'");
   std::lock_guard<std::mutex> lock(mu_);
   std::string model_id;
-  if (get_string(body, "session_id", &session) && body.contains("model_seq_id") &&
+  if (get_string(body, "session_id", &session) &&
+      body.contains("model_seq_id") &&
       body["model_seq_id"].is_number_integer()) {
     // The id the SDK itself derives for create-via-load.
-    model_id = session + ":train:" + std::to_string(body["model_seq_id"].get<int64_t>());
+    model_id = session +
+               ":train:" + std::to_string(body["model_seq_id"].get<int64_t>());
   } else {
-    model_id = "model-" + std::to_string(next_request_);
+    model_id = "model-" + instance_ + "-" + std::to_string(next_request_);
   }
   const uint64_t h = hash_of(raw);
   auto seen = creates_.find(model_id);
   if (seen != creates_.end()) {
     if (seen->second.first == h)
-      return json_response(200, {{"request_id", seen->second.second},
-                                 {"model_id", model_id}});
-    return error_response(409, "model '" + model_id + "' was already created "
-                               "by a different create_model request");
+      return json_response(
+          200, {{"request_id", seen->second.second}, {"model_id", model_id}});
+    return error_response(409, "model '" + model_id +
+                                   "' was already created "
+                                   "by a different create_model request");
   }
   const std::string rid = new_future();
   creates_[model_id] = {h, rid};
@@ -220,24 +271,28 @@ HttpResponse Service::load_weights(const std::string& raw) {
     return error_response(400, "load_weights: missing string field 'path'");
   if (get_string(body, "model_id", &model_id)) {
     if (!body.contains("seq_id") || !body["seq_id"].is_number_integer())
-      return error_response(400, "load_weights: missing integer field 'seq_id'");
+      return error_response(400,
+                            "load_weights: missing integer field 'seq_id'");
     Command c{"load_weights", body, ""};
-    return sequenced("load_weights", model_id, body["seq_id"].get<int64_t>(), raw,
-                     std::move(c));
+    return sequenced("load_weights", model_id, body["seq_id"].get<int64_t>(),
+                     raw, std::move(c));
   }
   // Create-via-load: a new model whose first request is this load.
-  if (!get_string(body, "session_id", &session) || !body.contains("model_seq_id") ||
+  if (!get_string(body, "session_id", &session) ||
+      !body.contains("model_seq_id") ||
       !body["model_seq_id"].is_number_integer())
-    return error_response(400, "load_weights: give model_id and seq_id, or "
-                               "session_id and model_seq_id");
-  model_id = session + ":train:" + std::to_string(body["model_seq_id"].get<int64_t>());
+    return error_response(400,
+                          "load_weights: give model_id and seq_id, or "
+                          "session_id and model_seq_id");
+  model_id =
+      session + ":train:" + std::to_string(body["model_seq_id"].get<int64_t>());
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t h = hash_of(raw);
   auto seen = creates_.find(model_id);
   if (seen != creates_.end()) {
     if (seen->second.first == h)
-      return json_response(200, {{"request_id", seen->second.second},
-                                 {"model_id", model_id}});
+      return json_response(
+          200, {{"request_id", seen->second.second}, {"model_id", model_id}});
     return error_response(409, "model '" + model_id + "' exists already");
   }
   const std::string rid = new_future();
@@ -249,17 +304,18 @@ HttpResponse Service::load_weights(const std::string& raw) {
   return json_response(200, {{"request_id", rid}, {"model_id", model_id}});
 }
 
-HttpResponse Service::sequenced(const std::string& op, const std::string& model_id,
-                                int64_t seq_id, const std::string& body,
-                                Command command) {
+HttpResponse Service::sequenced(const std::string& op,
+                                const std::string& model_id, int64_t seq_id,
+                                const std::string& body, Command command) {
   std::lock_guard<std::mutex> lock(mu_);
   auto mit = models_.find(model_id);
   if (mit == models_.end()) {
     // A well-formed request for a model this server never created: a failed
     // future, as for any other bad input.
     const std::string rid = new_future();
-    fail(rid, op + ": unknown model_id '" + model_id +
-                  "'. Fix: create_model first (or use the model_id it returned)");
+    fail(rid,
+         op + ": unknown model_id '" + model_id +
+             "'. Fix: create_model first (or use the model_id it returned)");
     return json_response(200, {{"request_id", rid}, {"model_id", model_id}});
   }
   ModelSeq& m = mit->second;
@@ -271,8 +327,8 @@ HttpResponse Service::sequenced(const std::string& op, const std::string& model_
   auto seen = m.seen.find(seq_id);
   if (seen != m.seen.end()) {
     if (seen->second.first == h)  // a retry: the original future
-      return json_response(200, {{"request_id", seen->second.second},
-                                 {"model_id", model_id}});
+      return json_response(
+          200, {{"request_id", seen->second.second}, {"model_id", model_id}});
     return error_response(409, op + ": seq_id " + std::to_string(seq_id) +
                                    " of model '" + model_id +
                                    "' was already used by a different request");
@@ -284,14 +340,16 @@ HttpResponse Service::sequenced(const std::string& op, const std::string& model_
     fail(rid, op + ": seq_id " + std::to_string(seq_id) + " is behind model '" +
                   model_id + "', which expects " + std::to_string(m.next));
   } else if (seq_id > m.next + options_.max_seq_ahead) {
-    fail(rid, op + ": seq_id " + std::to_string(seq_id) + " is more than " +
-                  std::to_string(options_.max_seq_ahead) + " ahead of seq_id " +
-                  std::to_string(m.next) + ", which model '" + model_id +
-                  "' expects next (a gap). It was not executed; nothing changed");
+    fail(rid,
+         op + ": seq_id " + std::to_string(seq_id) + " is more than " +
+             std::to_string(options_.max_seq_ahead) + " ahead of seq_id " +
+             std::to_string(m.next) + ", which model '" + model_id +
+             "' expects next (a gap). It was not executed; nothing changed");
   } else if (seq_id == m.next) {
     enqueue(rid, std::move(command));
     ++m.next;
-    for (auto it = m.held.find(m.next); it != m.held.end(); it = m.held.find(m.next)) {
+    for (auto it = m.held.find(m.next); it != m.held.end();
+         it = m.held.find(m.next)) {
       enqueue(it->second.request_id, std::move(it->second.command));
       m.held.erase(it);
       ++m.next;
@@ -328,27 +386,31 @@ HttpResponse Service::retrieve_future(const std::string& raw,
   json body = json::parse(raw);
   std::string rid;
   if (!get_string(body, "request_id", &rid))
-    return error_response(400, "retrieve_future: missing string field 'request_id'");
+    return error_response(400,
+                          "retrieve_future: missing string field 'request_id'");
   std::unique_lock<std::mutex> lock(mu_);
   auto it = futures_.find(rid);
   if (it == futures_.end())
-    return error_response(404, "retrieve_future: unknown request_id '" + rid + "'");
+    return error_response(404,
+                          "retrieve_future: unknown request_id '" + rid + "'");
   const auto wait = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(options_.long_poll_s));
-  done_cv_.wait_for(lock, wait, [&] { return futures_[rid].done || stopping_; });
+  done_cv_.wait_for(lock, wait,
+                    [&] { return futures_[rid].done || stopping_; });
   const Future& f = futures_[rid];
   if (!f.done)
     return json_response(200, {{"type", "try_again"},
                                {"request_id", rid},
                                {"queue_state", "active"}});
   if (!f.result.ok)
-    return json_response(200, {{"error", f.result.error},
-                               {"category", f.result.category}});
+    return json_response(
+        200, {{"error", f.result.error}, {"category", f.result.category}});
   if (f.result.has_proto) {
     if (accept.find("application/x-protobuf") == std::string::npos)
-      return error_response(406, "this result is served as "
-                                 "application/x-protobuf only; send Accept: "
-                                 "application/x-protobuf");
+      return error_response(406,
+                            "this result is served as "
+                            "application/x-protobuf only; send Accept: "
+                            "application/x-protobuf");
     HttpResponse r;
     r.content_type = "application/x-protobuf";
     r.body = f.result.proto;
@@ -357,7 +419,8 @@ HttpResponse Service::retrieve_future(const std::string& raw,
   return json_response(200, f.result.json);
 }
 
-void Service::run_rank0(const std::function<CommandResult(const Command&)>& execute) {
+void Service::run_rank0(
+    const std::function<CommandResult(const Command&)>& execute) {
   const auto beat = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(options_.heartbeat_s));
   Clock::time_point last_broadcast = Clock::now();
@@ -383,6 +446,10 @@ void Service::run_rank0(const std::function<CommandResult(const Command&)>& exec
     }
     auto item = std::move(queue_.front());
     queue_.pop_front();
+    if (item.second.op == kUnserved) {
+      fail(item.first, item.second.args["error"].get<std::string>());
+      continue;
+    }
     lock.unlock();
     CommandResult result = execute(item.second);
     lock.lock();

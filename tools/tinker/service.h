@@ -20,8 +20,20 @@
 //     not arrived within options.seq_gap_timeout_s fails ("a seq_id gap").
 //     A retried request (same model, seq_id and body) gets the original
 //     future; the same seq_id with another body is HTTP 409.
+//   - Unserved endpoints (save_weights_for_sampler, save_weights_external,
+//     sampling, ...): a request carrying a model_id and seq_id still takes
+//     its place in the model's order and consumes its seq_id (the SDK
+//     numbers every training-client request, and a later one would wait
+//     for the missing seq_id forever); its future fails with "not
+//     implemented" and nothing changes. Without a seq_id: HTTP 404 with
+//     the same message (not 501, which the SDK retries).
 //   - Malformed bodies (JSON or protobuf) get HTTP 400 with a JSON body
 //     {"error", "category": "user"}; unknown paths 404.
+//   - Ids: session ids are "session-<instance>-<n>" and model ids
+//     "<session id>:train:<model_seq_id>", where <instance> is
+//     options.instance_id, a random token per Service by default, so ids
+//     never repeat across restarts and one run's checkpoints
+//     (<state_dir>/<model id>/...) are never another's.
 // API keys are not checked (the SDK requires one starting with "tml-").
 //
 // Execution: run_rank0() pops the queued Commands in order and calls
@@ -75,13 +87,16 @@ struct ServiceOptions {
   // While idle, rank 0 broadcasts a noop this often (default 2 s; keeps
   // gloo's collective timeout from firing between requests).
   double heartbeat_s = 2.0;
+  // Part of every session and model id (see "Ids" above); default empty: a
+  // random 12-hex-digit token drawn at construction. Tests pass a fixed one.
+  std::string instance_id;
   // Reported by get_server_capabilities: {name, max_context}.
   std::vector<std::pair<std::string, int64_t>> models;
 };
 
 // Counters for tests and the load benchmark.
 struct ServiceStats {
-  int64_t commands_executed = 0;   // excluding noops
+  int64_t commands_executed = 0;  // excluding noops
   int64_t requests_failed = 0;
 };
 
@@ -131,17 +146,19 @@ class Service {
   void expire_gaps();
 
   const ServiceOptions options_;
+  const std::string instance_;  // options_.instance_id or a random token
   mutable std::mutex mu_;
-  std::condition_variable done_cv_;   // a future finished
-  std::condition_variable queue_cv_;  // a command was queued, or stop
-  std::map<std::string, Future> futures_;                          // GUARDED_BY(mu_)
-  std::deque<std::pair<std::string, Command>> queue_;              // GUARDED_BY(mu_)
-  std::map<std::string, ModelSeq> models_;                         // GUARDED_BY(mu_)
-  std::map<std::string, std::pair<uint64_t, std::string>> creates_;  // GUARDED_BY(mu_)
-  int64_t next_request_ = 1;                                       // GUARDED_BY(mu_)
-  int64_t next_session_ = 1;                                       // GUARDED_BY(mu_)
-  bool stopping_ = false;                                          // GUARDED_BY(mu_)
-  ServiceStats stats_;                                             // GUARDED_BY(mu_)
+  std::condition_variable done_cv_;        // a future finished
+  std::condition_variable queue_cv_;       // a command was queued, or stop
+  std::map<std::string, Future> futures_;  // GUARDED_BY(mu_)
+  std::deque<std::pair<std::string, Command>> queue_;  // GUARDED_BY(mu_)
+  std::map<std::string, ModelSeq> models_;             // GUARDED_BY(mu_)
+  std::map<std::string, std::pair<uint64_t, std::string>>
+      creates_;               // GUARDED_BY(mu_)
+  int64_t next_request_ = 1;  // GUARDED_BY(mu_)
+  int64_t next_session_ = 1;  // GUARDED_BY(mu_)
+  bool stopping_ = false;     // GUARDED_BY(mu_)
+  ServiceStats stats_;        // GUARDED_BY(mu_)
 };
 
 // Every rank but 0: receive each command rank 0 broadcasts and execute it,

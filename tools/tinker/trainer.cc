@@ -201,18 +201,21 @@ struct RankTrainer::Impl {
     } else {
       throw UsageError("optim_step without adam_params");
     }
+    // Every field is checked before anything else (a null is a NaN or an
+    // infinity the SDK could not send): an error names it, nothing changes.
+    StepOverrides o;
+    o.lr = get_or<double>(p, "learning_rate", 1e-4, "adam_params.");
+    o.beta1 = get_or<double>(p, "beta1", 0.9, "adam_params.");
+    o.beta2 = get_or<double>(p, "beta2", 0.95, "adam_params.");
+    o.eps = get_or<double>(p, "eps", 1e-12, "adam_params.");
+    o.weight_decay = get_or<double>(p, "weight_decay", 0.0, "adam_params.");
+    o.gradient_clipping =
+        get_or<double>(p, "grad_clip_norm", 0.0, "adam_params.");
     if (m.engine->window_backwards() == 0)
       throw UsageError("optim_step on '" + m.id +
                        "' with no forward_backward "
                        "since its last optim_step: there is no gradient to "
                        "apply. Nothing was changed");
-    StepOverrides o;
-    o.lr = get_or<double>(p, "learning_rate", 1e-4);
-    o.beta1 = get_or<double>(p, "beta1", 0.9);
-    o.beta2 = get_or<double>(p, "beta2", 0.95);
-    o.eps = get_or<double>(p, "eps", 1e-12);
-    o.weight_decay = get_or<double>(p, "weight_decay", 0.0);
-    o.gradient_clipping = get_or<double>(p, "grad_clip_norm", 0.0);
     m.engine->step(o);  // UsageError on bad values, before anything changes
     const uint64_t d = digest(m);
     return ok_json(

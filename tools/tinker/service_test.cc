@@ -1,0 +1,147 @@
+#include "tools/tinker/service.h"
+
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace zerostep {
+namespace tinker {
+namespace {
+
+using nlohmann::json;
+
+// A Service whose rank 0 loop runs on a thread and records what it
+// executes (every command succeeds with {"op": op}).
+class ServiceTest : public ::testing::Test {
+ protected:
+  ServiceTest() : service_(options()) {
+    loop_ = std::thread([this] {
+      service_.run_rank0([this](const Command& c) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (c.op != "noop" && c.op != "shutdown") executed_.push_back(c.op);
+        CommandResult r;
+        r.json = {{"op", c.op}};
+        return r;
+      });
+    });
+  }
+  ~ServiceTest() override {
+    service_.stop();
+    loop_.join();
+  }
+
+  static ServiceOptions options() {
+    ServiceOptions o;
+    o.instance_id = "test";
+    o.long_poll_s = 30.0;  // a future is awaited, never polled twice
+    return o;
+  }
+
+  json post(const std::string& ep, const json& body, int* status = nullptr) {
+    HttpRequest req;
+    req.method = "POST";
+    req.path = "/api/v1/" + ep;
+    req.body = body.dump();
+    HttpResponse res = service_.handle(req);
+    if (status != nullptr) *status = res.status;
+    return json::parse(res.body);
+  }
+
+  json result(const json& future) {
+    return post("retrieve_future", {{"request_id", future["request_id"]}});
+  }
+
+  std::string create_model() {
+    json f =
+        post("create_model",
+             {{"session_id", "s"}, {"model_seq_id", 0}, {"base_model", "b"}});
+    EXPECT_EQ(result(f)["op"], "create_model");
+    return f["model_id"];
+  }
+
+  std::vector<std::string> executed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return executed_;
+  }
+
+  Service service_;
+  std::mutex mu_;
+  std::vector<std::string> executed_;  // GUARDED_BY(mu_)
+  std::thread loop_;
+};
+
+// Issue 15: an unserved endpoint's 404 left its seq_id unregistered, so
+// every later request of that model waited for it and failed.
+TEST_F(ServiceTest, UnservedEndpointConsumesItsSeqId) {
+  const std::string id = create_model();
+  int status = 0;
+  json f = post("save_weights_for_sampler",
+                {{"model_id", id}, {"seq_id", 1}, {"path", "x"}}, &status);
+  ASSERT_EQ(status, 200) << f;
+  json r = result(f);
+  ASSERT_TRUE(r.contains("error")) << r;
+  EXPECT_NE(r["error"].get<std::string>().find("not implemented"),
+            std::string::npos)
+      << r;
+  EXPECT_EQ(r["category"], "user");
+  // The next seq_id runs at once (with a 60 s gap timeout it would wait).
+  json g =
+      post("optim_step",
+           {{"model_id", id}, {"seq_id", 2}, {"adam_params", json::object()}});
+  EXPECT_EQ(result(g)["op"], "optim_step") << g;
+  f = post("save_weights_external",
+           {{"model_id", id}, {"seq_id", 3}, {"path", "x"}});
+  EXPECT_TRUE(result(f).contains("error"));
+  g = post("save_weights", {{"model_id", id}, {"seq_id", 4}});
+  EXPECT_EQ(result(g)["op"], "save_weights");
+  EXPECT_EQ(executed(), (std::vector<std::string>{"create_model", "optim_step",
+                                                  "save_weights"}));
+}
+
+TEST_F(ServiceTest, UnservedEndpointHeldForItsTurn) {
+  const std::string id = create_model();
+  // Arrives first with seq_id 2: waits for 1, then is consumed in order.
+  json unserved = post("save_weights_for_sampler",
+                       {{"model_id", id}, {"seq_id", 2}, {"path", "x"}});
+  json first = post("save_weights", {{"model_id", id}, {"seq_id", 1}});
+  json third = post("save_weights", {{"model_id", id}, {"seq_id", 3}});
+  EXPECT_EQ(result(first)["op"], "save_weights");
+  EXPECT_TRUE(result(unserved).contains("error"));
+  EXPECT_EQ(result(third)["op"], "save_weights");
+}
+
+TEST_F(ServiceTest, UnservedEndpointWithoutSeqIdIsNotImplemented) {
+  int status = 0;
+  json r =
+      post("copy_weights", {{"source_path", "tinker://x/weights/y"}}, &status);
+  EXPECT_EQ(status, 404);
+  EXPECT_NE(r["error"].get<std::string>().find("not implemented"),
+            std::string::npos)
+      << r;
+}
+
+TEST_F(ServiceTest, IdsCarryTheInstance) {
+  json s = post("create_session", json::object());
+  EXPECT_EQ(s["session_id"], "session-test-1");
+}
+
+// Issue 15: ids restarted at session-1:train:0 after a restart and
+// collided with the last run's checkpoints.
+TEST(ServiceIds, DifferAcrossInstances) {
+  HttpRequest req;
+  req.method = "POST";
+  req.path = "/api/v1/create_session";
+  req.body = "{}";
+  Service a{ServiceOptions()}, b{ServiceOptions()};
+  const json sa = json::parse(a.handle(req).body),
+             sb = json::parse(b.handle(req).body);
+  EXPECT_NE(sa["session_id"], sb["session_id"]);
+}
+
+}  // namespace
+}  // namespace tinker
+}  // namespace zerostep
