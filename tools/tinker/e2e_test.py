@@ -120,15 +120,20 @@ class Server:
         return body["param_digest"]
 
     def stop(self):
-        if self.proc.poll() is None:
+        """SIGTERM; returns the exit status (0: a graceful stop), or None
+        if the server had to be killed after 30 s."""
+        code = self.proc.poll()
+        if code is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=30)
+                code = self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+                code = None
         if not self.keep_state:
             shutil.rmtree(self.state_dir, ignore_errors=True)
+        return code
 
 
 def encode(text):
@@ -444,7 +449,7 @@ def check_robustness(server, binary):
     # run's weights), and the last run's checkpoint loads.
     state_dir = server.state_dir
     server.keep_state = True
-    server.stop()
+    assert server.stop() == 0
     again = Server(binary, "--world=1", "--stage=0", state_dir=state_dir)
     try:
         sc2 = tinker.ServiceClient(base_url=again.url, api_key=API_KEY)
@@ -502,6 +507,9 @@ def main():
                 fn(server)
             else:
                 fn(server, world)
+            # SIGTERM stops every rank gracefully: exit status 0.
+            code = server.stop()
+            assert code == 0, "the server's exit status after SIGTERM: %r" % code
             passed += 1
             print("--- ok " + name, flush=True)
         except Exception:
