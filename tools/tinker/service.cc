@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "config/text.h"
 #include "engine/checkpoint_io.h"
 #include "tools/tinker/protocol.h"
 
@@ -29,8 +30,22 @@ HttpResponse error_response(int status, const std::string& message) {
 
 uint64_t hash_of(const std::string& s) { return fnv1a64(s.data(), s.size()); }
 
+// Arrays and objects in a request body may nest at most this deep (a
+// Tinker request needs fewer than 10): copying or destroying a parsed value
+// recurses, and 100,000 levels overflowed the stack.
+constexpr size_t kMaxRequestNesting = 64;
+
 // Parses a JSON object body; nullopt-like: returns false and fills `error`.
 bool parse_object(const std::string& body, json* out, HttpResponse* error) {
+  const size_t depth = config_text::nesting_depth(body);
+  if (depth > kMaxRequestNesting) {
+    *error = error_response(400, "the request body nests arrays and objects " +
+                                     std::to_string(depth) +
+                                     " levels deep; at most " +
+                                     std::to_string(kMaxRequestNesting) +
+                                     " are accepted. Nothing was changed");
+    return false;
+  }
   try {
     *out = json::parse(body);
   } catch (const json::exception& e) {

@@ -142,6 +142,23 @@ TEST(ServiceIds, DifferAcrossInstances) {
   EXPECT_NE(sa["session_id"], sb["session_id"]);
 }
 
+TEST_F(ServiceTest, ADeeplyNestedBodyIsRefusedAndTheServerServesOn) {
+  HttpRequest req;
+  req.method = "POST";
+  req.path = "/api/v1/create_model";
+  const size_t d = 100000;
+  req.body = "{\"base_model\": \"b\", \"x\": " + std::string(d, '[') +
+             std::string(d, ']') + "}";
+  HttpResponse res = service_.handle(req);
+  EXPECT_EQ(res.status, 400);
+  EXPECT_NE(res.body.find("nests arrays and objects 100001 levels deep; at "
+                          "most 64 are accepted"),
+            std::string::npos)
+      << res.body;
+  EXPECT_TRUE(executed().empty());
+  create_model();  // still serving
+}
+
 }  // namespace
 }  // namespace tinker
 }  // namespace zerostep
