@@ -2,9 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 namespace zerostep {
@@ -103,6 +105,98 @@ TEST(ReductionTest, ReduceScatterGivesEachRankItsChunkInRankOrder) {
   reduce_scatter_in_rank_order(buffers(avg), buffers(half), ReduceOp::kAvg);
   EXPECT_EQ(half[0][0], 3.0f);
   EXPECT_EQ(half[1][0], 6.0f);
+}
+
+// The per-element definition of Note [Reduction order], written without
+// chunks: acc = x0; acc = acc (op) x1; ...; kAvg then divides by W.
+template <typename T>
+T reference_element(const std::vector<std::vector<T>>& in, size_t i,
+                    ReduceOp op) {
+  T acc = in[0][i];
+  for (size_t r = 1; r < in.size(); ++r) {
+    const T x = in[r][i];
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg:
+        acc = acc + x;
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, x);
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, x);
+        break;
+    }
+  }
+  if (op == ReduceOp::kAvg) acc = acc / static_cast<T>(in.size());
+  return acc;
+}
+
+template <typename T>
+std::vector<std::vector<T>> random_ranks(int world, size_t n,
+                                         std::mt19937* rng) {
+  std::vector<std::vector<T>> ranks(world, std::vector<T>(n));
+  std::uniform_int_distribution<int64_t> ints(-1000000, 1000000);
+  std::normal_distribution<double> reals(0.0, 1e3);
+  for (std::vector<T>& v : ranks)
+    for (T& x : v)
+      x = std::is_integral<T>::value ? static_cast<T>(ints(*rng))
+                                     : static_cast<T>(reals(*rng));
+  return ranks;
+}
+
+// Bitwise comparison of the chunked all-reduce and reduce-scatter (Note
+// [Chunked reduction] in sim/reduction.cc) against reference_element, at
+// sizes that are not multiples of the 16 KiB chunk: one element, just
+// under, over and well past one chunk of each dtype.
+template <typename T>
+void expect_chunked_matches_reference() {
+  std::mt19937 rng(16);
+  for (int world : {1, 2, 3, 5, 8}) {
+    for (size_t n :
+         {size_t{1}, size_t{1023}, size_t{2049}, size_t{4097}, size_t{12289}}) {
+      for (ReduceOp op :
+           {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+        SCOPED_TRACE(testing::Message() << "world " << world << " numel " << n
+                                        << " " << to_string(op));
+        const std::vector<std::vector<T>> in = random_ranks<T>(world, n, &rng);
+        std::vector<std::vector<T>> got = in;
+        std::vector<unsigned char> scratch;
+        all_reduce_in_rank_order(buffers(got), op, &scratch);
+        for (size_t i = 0; i < n; ++i) {
+          const T expect = reference_element(in, i, op);
+          for (int r = 0; r < world; ++r)
+            ASSERT_EQ(std::memcmp(&got[r][i], &expect, sizeof(T)), 0)
+                << "all_reduce rank " << r << " element " << i;
+        }
+
+        // Reduce-scatter: every input holds world chunks of n elements.
+        const size_t per_rank = n;
+        std::vector<std::vector<T>> rs_in =
+            random_ranks<T>(world, per_rank * world, &rng);
+        std::vector<std::vector<T>> rs_out(world, std::vector<T>(per_rank));
+        reduce_scatter_in_rank_order(buffers(rs_in), buffers(rs_out), op);
+        for (int r = 0; r < world; ++r)
+          for (size_t i = 0; i < per_rank; ++i) {
+            const T expect = reference_element(rs_in, r * per_rank + i, op);
+            ASSERT_EQ(std::memcmp(&rs_out[r][i], &expect, sizeof(T)), 0)
+                << "reduce_scatter rank " << r << " element " << i;
+          }
+      }
+    }
+  }
+}
+
+TEST(ReductionTest, ChunkedFloat32MatchesThePerElementFoldBitForBit) {
+  expect_chunked_matches_reference<float>();
+}
+
+TEST(ReductionTest, ChunkedFloat64MatchesThePerElementFoldBitForBit) {
+  expect_chunked_matches_reference<double>();
+}
+
+TEST(ReductionTest, ChunkedInt64MatchesThePerElementFoldBitForBit) {
+  expect_chunked_matches_reference<int64_t>();
 }
 
 TEST(ReductionTest, AllGatherConcatenatesInRankOrder) {
