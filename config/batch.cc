@@ -71,41 +71,36 @@ std::optional<BatchTriple> resolve_batch(const BatchInput& t,
              "), or remove one of the three keys and let zerostep derive it"});
     return std::nullopt;
   }
-  if (t.value && m.value) {
-    if (__builtin_mul_overflow(*m.value, w, &product)) {
-      return overflow("train_micro_batch_size_per_gpu", m.dump);
+  // train_batch_size with one of micro / gas: the other is
+  // train_batch_size / (given × world), which must be whole.
+  auto derive = [&](const BatchInput& given, const char* given_key,
+                    const char* derived_key) -> std::optional<int64_t> {
+    if (__builtin_mul_overflow(*given.value, w, &product)) {
+      overflow(given_key, given.dump);
+      return std::nullopt;
     }
-    if (*t.value % product == 0) {
-      return BatchTriple{*t.value, *m.value, *t.value / product};
-    }
+    if (*t.value % product == 0) return *t.value / product;
     out->push_back(
         {"train_batch_size", t.dump,
-         "must be divisible by train_micro_batch_size_per_gpu × world_size = " +
-             std::to_string(*m.value) + " × " + std::to_string(w) + " = " +
-             std::to_string(product) +
-             " (gradient_accumulation_steps = train_batch_size / " +
-             std::to_string(product) + ")",
+         std::string("must be divisible by ") + given_key + " × world_size = " +
+             std::to_string(*given.value) + " × " + std::to_string(w) + " = " +
+             std::to_string(product) + " (" + derived_key +
+             " = train_batch_size / " + std::to_string(product) + ")",
          "write a multiple of " + std::to_string(product) + ", " +
              multiples_near(*t.value, product)});
     return std::nullopt;
+  };
+  if (t.value && m.value) {
+    const std::optional<int64_t> gas = derive(
+        m, "train_micro_batch_size_per_gpu", "gradient_accumulation_steps");
+    if (!gas) return std::nullopt;
+    return BatchTriple{*t.value, *m.value, *gas};
   }
   if (t.value && g.value) {
-    if (__builtin_mul_overflow(*g.value, w, &product)) {
-      return overflow("gradient_accumulation_steps", g.dump);
-    }
-    if (*t.value % product == 0) {
-      return BatchTriple{*t.value, *t.value / product, *g.value};
-    }
-    out->push_back(
-        {"train_batch_size", t.dump,
-         "must be divisible by gradient_accumulation_steps × world_size = " +
-             std::to_string(*g.value) + " × " + std::to_string(w) + " = " +
-             std::to_string(product) +
-             " (train_micro_batch_size_per_gpu = train_batch_size / " +
-             std::to_string(product) + ")",
-         "write a multiple of " + std::to_string(product) + ", " +
-             multiples_near(*t.value, product)});
-    return std::nullopt;
+    const std::optional<int64_t> micro = derive(
+        g, "gradient_accumulation_steps", "train_micro_batch_size_per_gpu");
+    if (!micro) return std::nullopt;
+    return BatchTriple{*t.value, *micro, *g.value};
   }
   if (m.value && g.value) {
     if (__builtin_mul_overflow(*m.value, *g.value, &product) ||
