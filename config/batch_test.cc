@@ -68,6 +68,10 @@ TEST(ParseConfigTest, TrainBatchSizeMustDivideByMicroTimesWorld) {
   EXPECT_HAS(p.rule,
              "divisible by train_micro_batch_size_per_gpu × world_size");
   EXPECT_HAS(p.rule, "4 × 3 = 12");
+  EXPECT_EQ(p.rule,
+            "must be divisible by train_micro_batch_size_per_gpu × "
+            "world_size = 4 × 3 = 12 (gradient_accumulation_steps = "
+            "train_batch_size / 12)");
   EXPECT_HAS(p.fix, "multiple of 12, e.g. 24 or 36");
 }
 
@@ -75,7 +79,10 @@ TEST(ParseConfigTest, TrainBatchSizeMustDivideByGasTimesWorld) {
   ConfigProblem p = only_problem(
       R"({"train_batch_size": 10, "gradient_accumulation_steps": 4})", 2);
   EXPECT_EQ(p.key, "train_batch_size");
-  EXPECT_HAS(p.rule, "4 × 2 = 8");
+  EXPECT_EQ(p.rule,
+            "must be divisible by gradient_accumulation_steps × world_size = "
+            "4 × 2 = 8 (train_micro_batch_size_per_gpu = train_batch_size / "
+            "8)");
   EXPECT_HAS(p.fix, "multiple of 8, e.g. 8 or 16");
 }
 
