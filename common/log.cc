@@ -40,4 +40,9 @@ void log_message(LogLevel level, const std::string& message) {
   current_sink()(level, message);
 }
 
+ScopedLogSink::ScopedLogSink(LogSink sink)
+    : previous_(set_log_sink(std::move(sink))) {}
+
+ScopedLogSink::~ScopedLogSink() { set_log_sink(std::move(previous_)); }
+
 }  // namespace zerostep

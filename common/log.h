@@ -50,6 +50,18 @@ LogSink set_log_sink(LogSink sink);
 // Hands `message` to the current sink.
 void log_message(LogLevel level, const std::string& message);
 
+// Installs `sink` for its lifetime, then puts the previous one back.
+class ScopedLogSink {
+ public:
+  explicit ScopedLogSink(LogSink sink);
+  ~ScopedLogSink();
+  ScopedLogSink(const ScopedLogSink&) = delete;
+  ScopedLogSink& operator=(const ScopedLogSink&) = delete;
+
+ private:
+  LogSink previous_;
+};
+
 }  // namespace zerostep
 
 #endif  // ZEROSTEP_COMMON_LOG_H_

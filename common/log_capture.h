@@ -24,11 +24,10 @@ class LogCapture {
   using Line = std::pair<LogLevel, std::string>;
 
   LogCapture()
-      : previous_(set_log_sink([this](LogLevel l, const std::string& m) {
+      : sink_([this](LogLevel l, const std::string& m) {
           std::lock_guard<std::mutex> lock(mu_);
           lines_.emplace_back(l, m);
-        })) {}
-  ~LogCapture() { set_log_sink(std::move(previous_)); }
+        }) {}
   LogCapture(const LogCapture&) = delete;
   LogCapture& operator=(const LogCapture&) = delete;
 
@@ -48,7 +47,7 @@ class LogCapture {
  private:
   mutable std::mutex mu_;
   std::vector<Line> lines_;
-  LogSink previous_;
+  ScopedLogSink sink_;  // last: installed once mu_ and lines_ exist
 };
 
 }  // namespace zerostep

@@ -43,5 +43,20 @@ TEST(LogTest, SetReturnsThePreviousSink) {
   EXPECT_EQ(calls, 1);
 }
 
+TEST(LogTest, ScopedLogSinkPutsThePreviousSinkBack) {
+  std::vector<std::string> outer, inner;
+  LogSink previous =
+      set_log_sink([&](LogLevel, const std::string& m) { outer.push_back(m); });
+  {
+    ScopedLogSink scoped(
+        [&](LogLevel, const std::string& m) { inner.push_back(m); });
+    log_message(LogLevel::kInfo, "in scope");
+  }
+  log_message(LogLevel::kInfo, "after");
+  set_log_sink(previous);
+  EXPECT_EQ(inner, std::vector<std::string>{"in scope"});
+  EXPECT_EQ(outer, std::vector<std::string>{"after"});
+}
+
 }  // namespace
 }  // namespace zerostep

@@ -67,19 +67,6 @@ class TempDir {
   std::string path_;
 };
 
-// Installs a log sink for its lifetime.
-class LogSinkGuard {
- public:
-  explicit LogSinkGuard(LogSink sink)
-      : previous_(set_log_sink(std::move(sink))) {}
-  ~LogSinkGuard() { set_log_sink(std::move(previous_)); }
-  LogSinkGuard(const LogSinkGuard&) = delete;
-  LogSinkGuard& operator=(const LogSinkGuard&) = delete;
-
- private:
-  LogSink previous_;
-};
-
 std::string join(const std::vector<int>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i)
@@ -595,7 +582,7 @@ int main_impl(int argc, char** argv) {
   // Each distinct library message once (every run's Engine would repeat
   // the ignored-keys note); --json also records them per scenario.
   std::set<std::string> logged;
-  const LogSinkGuard sink([&logged](LogLevel level, const std::string& m) {
+  const ScopedLogSink sink([&logged](LogLevel level, const std::string& m) {
     if (logged.insert(m).second)
       std::cerr << "  zerostep " << to_string(level) << ": " << m << "\n";
   });
