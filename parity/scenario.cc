@@ -517,10 +517,6 @@ ScenarioResult run_scenario(const Scenario& s) {
   res.ref_max_rel_diff = max_ref > 0 ? max_ref_diff / max_ref : max_ref_diff;
   res.ref_rel_l2_diff =
       ref_sq > 0 ? std::sqrt(diff_sq / ref_sq) : std::sqrt(diff_sq);
-  for (size_t k = 0; k < s.backwards.size(); ++k)
-    if (static_cast<int>(k) != s.overflow_window)
-      res.expected_global_samples +=
-          static_cast<int64_t>(s.backwards[k]) * s.world_size * s.micro_batch;
 
   auto require = [&](bool cond, const std::string& why) {
     if (!cond) res.failures.push_back(why);
@@ -538,21 +534,21 @@ ScenarioResult run_scenario(const Scenario& s) {
       for (int w : v) out += (out.empty() ? "" : ",") + std::to_string(w);
       return "[" + out + "]";
     };
-    res.failures.push_back("skipped windows " +
-                           list(res.unmanaged.skipped_windows) + " (managed " +
-                           list(res.managed.skipped_windows) + ", reference " +
-                           list(res.reference.skipped_windows) +
-                           "), but the overflows injected "
-                           "were " +
-                           list(injected));
+    res.failures.push_back(
+        "skipped windows " + list(res.unmanaged.skipped_windows) +
+        " (managed " + list(res.managed.skipped_windows) + ", reference " +
+        list(res.reference.skipped_windows) +
+        "), but the overflows injected were " + list(injected));
   }
+  // Every window's samples count but those of the windows the run should
+  // have skipped: the injected one, or (allowed) the ones it skipped itself.
+  const std::vector<int>& expected_skips =
+      res.reference_compared ? injected : res.unmanaged.skipped_windows;
+  for (size_t k = 0; k < s.backwards.size(); ++k)
+    if (std::find(expected_skips.begin(), expected_skips.end(),
+                  static_cast<int>(k)) == expected_skips.end())
+      res.expected_global_samples += window_samples(s, static_cast<int>(k));
   if (!res.reference_compared) {
-    res.expected_global_samples = 0;
-    for (size_t k = 0; k < s.backwards.size(); ++k)
-      if (std::find(res.unmanaged.skipped_windows.begin(),
-                    res.unmanaged.skipped_windows.end(),
-                    static_cast<int>(k)) == res.unmanaged.skipped_windows.end())
-        res.expected_global_samples += window_samples(s, static_cast<int>(k));
     require(res.unmanaged.skipped_windows == res.managed.skipped_windows,
             "unmanaged and managed skipped different windows");
     if (s.overflow_window >= 0)
