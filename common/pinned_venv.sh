@@ -11,7 +11,8 @@
 # lock (tests may run at once) into a temporary folder renamed into place,
 # and is rebuilt when the import check fails. The first run needs network
 # access to PyPI; a failure exits non-zero (the calling test fails, never
-# skips).
+# skips). PINNED_VENV_PROGRESS=1 lets pip name each download on stderr (for
+# large installs) instead of installing quietly.
 set -euo pipefail
 
 prefix="$1"
@@ -35,7 +36,9 @@ python=/usr/bin/python3
     echo "pinned_venv: creating $venv from PyPI ($requirements)" >&2
     rm -rf "$venv" "$venv.tmp"
     "$python" -m venv "$venv.tmp"
-    "$venv.tmp/bin/python" -m pip install --quiet --disable-pip-version-check \
+    quiet=(--quiet)
+    [ "${PINNED_VENV_PROGRESS:-0}" = 1 ] && quiet=(--progress-bar off)
+    "$venv.tmp/bin/python" -m pip install "${quiet[@]}" --disable-pip-version-check \
       -r "$requirements" >&2
     mv "$venv.tmp" "$venv"
   fi

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -77,7 +78,11 @@ class ParamBinding {
  private:
   // The AccumulateGrad nodes carrying the hooks: a parameter holds its
   // accumulator weakly, so the binding keeps them (and the hooks) alive.
-  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
+  // grad_accumulator() returns std::shared_ptr up to LibTorch 2.11 and
+  // c10::intrusive_ptr from 2.15: the type is taken from the call.
+  using GradAccumulator = decltype(torch::autograd::impl::grad_accumulator(
+      std::declval<const torch::Tensor&>()));
+  std::vector<GradAccumulator> grad_accumulators_;
 };
 
 // What a binding is built from.

@@ -554,7 +554,9 @@ TEST(SwapStoreTest, FaultsInTheFirstCommitLeaveNoState) {
       }
       dev.restart();
       SwapStore reopened(&dev, small_options());
-      if (i + 1 < kWritesPerPass) EXPECT_FALSE(reopened.has_state()) << i;
+      if (i + 1 < kWritesPerPass) {
+        EXPECT_FALSE(reopened.has_state()) << i;
+      }
       const State s = random_state(3, 5000, 99);
       write_state(reopened, s);
       EXPECT_TRUE(same_bits(read_state(reopened), s));

@@ -50,11 +50,14 @@ TEST(ScenarioTest, EveryScalingIsBitwiseForVaryingN) {
       ScenarioResult r = run_scenario(s);
       EXPECT_TRUE(r.bitwise_equal) << to_string(sc) << " stage " << stage;
       EXPECT_TRUE(r.ok) << ::testing::PrintToString(r.failures);
-      if (stage < 2) EXPECT_EQ(r.unmanaged.backward_comm_bytes, 0u);
+      if (stage < 2) {
+        EXPECT_EQ(r.unmanaged.backward_comm_bytes, 0u);
+      }
       // Stage 2 reduces in every backward, in both modes alike.
-      if (stage == 2)
+      if (stage == 2) {
         EXPECT_EQ(r.unmanaged.backward_comm_bytes,
                   r.managed.backward_comm_bytes);
+      }
       EXPECT_EQ(r.unmanaged.comm_bytes, r.managed.comm_bytes);
     }
   }
