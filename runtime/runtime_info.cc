@@ -3,11 +3,14 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <climits>
 #include <cstdlib>
 #include <sstream>
 #include <string>
+
+#include "common/errors.h"
 
 namespace zerostep {
 namespace {
@@ -50,6 +53,32 @@ std::string runtime_info() {
     os << " blas_threads=" << f();
   os << " torch_threads=" << torch::get_num_threads();
   return os.str();
+}
+
+int cuda_devices(std::string* why_none) {
+  const int n = static_cast<int>(torch::cuda::device_count());
+  if (n == 0 && why_none != nullptr) {
+    *why_none = at::hasCUDA()
+                    ? "no CUDA device is visible to this process"
+                    : "this LibTorch (" + std::string(TORCH_VERSION) +
+                          ") was built without CUDA";
+  }
+  return n;
+}
+
+void check_engine_device(const std::string& device) {
+  if (device == "cpu") return;
+  if (device != "cuda")
+    throw UsageError("--device=" + device + ": not one of cpu, cuda");
+  std::string why;
+  if (cuda_devices(&why) == 0)
+    throw UsageError("--device=cuda: " + why +
+                     ". Fix: run on a GPU node (tools/gpu_check.sh packs a "
+                     "build for one), or drop --device to run on the CPU.");
+  throw UsageError(
+      "--device=cuda: the engine does not run on CUDA devices yet (its flat "
+      "buffers, stages and optimizer are host code; issue 12, item 2). "
+      "Fix: drop --device to run the matrix on the CPU.");
 }
 
 }  // namespace zerostep

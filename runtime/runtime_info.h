@@ -15,6 +15,16 @@ void set_compute_threads(int threads);
 // (OpenBLAS 0.3.21, 1 thread) torch_threads=1"
 std::string runtime_info();
 
+// The CUDA devices this process can use: 0 when LibTorch was built without
+// CUDA (Debian's) or none is visible. `why_none`, when non-null and the
+// count is 0, says which of the two.
+int cuda_devices(std::string* why_none = nullptr);
+
+// Checks that `device` ("cpu" or "cuda", the tools' --device flag) can be
+// used by the engine in this process; throws UsageError naming the device,
+// why not, and the fix.
+void check_engine_device(const std::string& device);
+
 }  // namespace zerostep
 
 #endif  // ZEROSTEP_RUNTIME_RUNTIME_INFO_H_

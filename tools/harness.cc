@@ -573,6 +573,7 @@ int main_impl(int argc, char** argv) {
     return 0;
   }
   if (parsed.mode == HarnessMode::kScale) return run_scale_mode(parsed);
+  check_engine_device(parsed.device);
 
   const BaseConfig base = load_base_config(parsed);
   const HarnessFlags f = with_file_defaults(parsed, base);

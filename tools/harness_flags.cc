@@ -15,6 +15,9 @@ const char* const kHarnessUsage = R"(usage: harness [flags]
   --scaling=LIST        configured,per_step_count,none (default: all three)
   --model=mlp|gpt       built-in model (default mlp)
   --backend=sim|gloo    simulator (default) or real Gloo over loopback TCP
+  --device=cpu|cuda     where the ranks' tensors live (default cpu); cuda
+                        fails at once naming why (no device, a LibTorch
+                        without CUDA, or the engine not on CUDA yet)
   --model-scale=S       width multiplier (default 1)
   --micro-batch=B       samples per backward per rank (default 2)
   --clip=C              gradient_clipping (default 0 = off)
@@ -157,8 +160,8 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
       throw FlagError("unrecognised argument '" + a + "'");
     const std::string key = a.substr(2, eq - 2), v = a.substr(eq + 1);
     static const char* const kMatrixFree[] = {
-        "json",    "seed",        "threads",   "model",
-        "backend", "model-scale", "nvme-path", "managed"};
+        "json",    "seed",        "threads",   "model",   "backend",
+        "device",  "model-scale", "nvme-path", "managed"};
     if (std::find_if(std::begin(kMatrixFree), std::end(kMatrixFree),
                      [&](const char* k) { return key == k; }) ==
         std::end(kMatrixFree))
@@ -205,6 +208,10 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
       f.scale.cost.flops_per_s = parse_positive(key, v);
     } else if (key == "memory-bw") {
       f.scale.cost.memory_bytes_per_s = parse_positive(key, v);
+    } else if (key == "device") {
+      if (v != "cpu" && v != "cuda")
+        throw FlagError("--device=" + v + ": not one of cpu, cuda");
+      f.device = v;
     } else if (key == "backend") {
       if (v != "sim" && v != "gloo")
         throw FlagError("--backend=" + v + ": not one of sim, gloo");

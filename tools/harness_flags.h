@@ -43,7 +43,7 @@ struct HarnessFlags {
   HarnessMode mode = HarnessMode::kParity;
 
   // True when no flag that shapes the parity matrix was given (only
-  // --json, --seed, --threads, --model, --model-scale, --backend,
+  // --json, --seed, --threads, --model, --model-scale, --backend, --device,
   // --nvme-path, --managed): the parity mode then runs the built-in default
   // plan (tools/harness.cc, default_plan) instead of the cross product of
   // the fields below.
@@ -75,6 +75,9 @@ struct HarnessFlags {
   bool model_given = false;
   // --backend: "sim" or "gloo". Default "sim".
   std::string backend = "sim";
+  // --device: "cpu" or "cuda" (checked by runtime's check_engine_device
+  // before anything runs). Default "cpu".
+  std::string device = "cpu";
   // --model-scale: width multiplier. Default 1.
   int model_scale = 1;
   // --micro-batch: samples per backward per rank, >= 1. Default 2 (1 in

@@ -28,8 +28,8 @@ std::string error_of(std::initializer_list<const char*> args) {
 TEST(HarnessFlagsTest, OnlyMatrixFreeFlagsKeepTheDefaultPlan) {
   EXPECT_TRUE(parse({}).default_matrix);
   EXPECT_TRUE(parse({"--json", "--seed=7", "--threads=2", "--model=gpt",
-                     "--model-scale=2", "--backend=gloo", "--nvme-path=/x",
-                     "--managed=both"})
+                     "--model-scale=2", "--backend=gloo", "--device=cuda",
+                     "--nvme-path=/x", "--managed=both"})
                   .default_matrix);
   for (const char* flag :
        {"--stages=1", "--world=2", "--backwards=3", "--steps=2",
@@ -147,6 +147,7 @@ TEST(HarnessFlagsTest, ErrorsNameTheFlagAndTheRule) {
             "--offload: 'disk' is not one of none, cpu, nvme");
   EXPECT_EQ(error_of({"--backend=nccl"}),
             "--backend=nccl: not one of sim, gloo");
+  EXPECT_EQ(error_of({"--device=gpu"}), "--device=gpu: not one of cpu, cuda");
   EXPECT_EQ(error_of({"--managed=yes"}),
             "--managed=yes: not one of both, true, false");
   EXPECT_EQ(error_of({"--seed=-1"}), "--seed=-1: not a non-negative integer");
