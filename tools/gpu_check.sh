@@ -1,18 +1,41 @@
 #!/usr/bin/env bash
-# The GPU node check: builds the nccl backend against the CUDA toolkit
-# (CUDA_HOME, default /usr/local/cuda) and runs its tests, which on a
-# machine with GPUs include the Communicator conformance suite over NCCL
-# (one rank per device, world sizes 1, 2, 4, ... up to the device count).
-# Then the parity matrix on the simulator as a sanity check of the build.
+# The GPU node check, in two halves, because the node has no Bazel and no
+# network:
 #
-#   tools/gpu_check.sh            # from the repository root
+#   tools/gpu_check.sh pack    # here: builds under --config=cuda (torch 2.11),
+#                              # strips, packs into gpu_pack/ (git-ignored;
+#                              # name it in the device tool's `carry`)
+#   gpu_pack/run.sh            # on the node: runs the pack against the node's
+#                              # own LibTorch (/opt/torch/.venv, torch 2.11.0)
+#   tools/gpu_check.sh         # both, on a machine with Bazel and a GPU
 #
-# Prints what it ran and exits non-zero on the first failure.
+# run.sh prints what it runs, stops at the first failure with a non-zero
+# exit, and ends with exit 3 when it ran everything it has but a part of the
+# check is not built yet (named in its output), so that an incomplete check
+# never reads as a pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-echo "== devices"
-nvidia-smi -L 2>/dev/null || echo "(nvidia-smi not found: the test will report no device)"
-echo "== nccl backend: build and conformance (--config=cuda)"
-./bazelw test --config=cuda //comm:nccl_communicator_test --test_output=all
-echo "== parity matrix (simulator)"
-./bazelw run //tools:harness -- --stages=0,1,2,3 --world=1,2,4 --backwards=2,5,3
+
+pack() {
+  local dir=gpu_pack
+  local targets=(//comm:nccl_communicator_test //tools:harness)
+  echo "== building ${targets[*]} (--config=cuda)"
+  ./bazelw build --config=cuda "${targets[@]}"
+  local bin
+  bin="$(./bazelw info --config=cuda bazel-bin 2>/dev/null)"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  cp "$bin/comm/nccl_communicator_test" "$bin/tools/harness" "$dir/"
+  chmod u+w "$dir"/*
+  strip "$dir/nccl_communicator_test" "$dir/harness"
+  cp tools/gpu_run.sh "$dir/run.sh"
+  cp third_party/libtorch/torch-*.txt "$dir/"
+  du -sh "$dir"
+  echo "packed: $dir (run $dir/run.sh on the node)"
+}
+
+case "${1:-all}" in
+  pack) pack ;;
+  all) pack && gpu_pack/run.sh ;;
+  *) echo "usage: tools/gpu_check.sh [pack]" >&2; exit 2 ;;
+esac
