@@ -128,7 +128,7 @@ struct RankTrainer::Impl {
     std::vector<float> lp_all(static_cast<size_t>(total), 0.0f),
         el_all(static_cast<size_t>(total), 0.0f);
     std::vector<double> loss_all(static_cast<size_t>(n), 0.0);
-    const PpoClip clip = ppo_clip(in.loss_fn_config);
+    const LossConfig config = loss_config(in.loss_fn, in.loss_fn_config);
     for (int64_t row = 0; row < rows; ++row) {
       const int64_t j = row * w + r;
       torch::Tensor loss;
@@ -138,7 +138,8 @@ struct RankTrainer::Impl {
           const DatumPlan& p = plans[j];
           torch::Tensor logits = m.net->forward(p.tokens)[0];  // [T, V]
           torch::Tensor lp = target_logprobs(logits, p.targets);
-          torch::Tensor elementwise = elementwise_loss(in.loss_fn, lp, p, clip);
+          torch::Tensor elementwise =
+              elementwise_loss(in.loss_fn, lp, p, config);
           loss = elementwise.sum();
           torch::Tensor lpc = lp.detach().contiguous(),
                         elc = elementwise.detach().contiguous();
