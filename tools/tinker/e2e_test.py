@@ -194,14 +194,15 @@ def check_training(server, world):
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
     assert losses[-1] < 0.8 * losses[0], losses
 
-    # Split vs whole: N requests of `world` datums each against one request
-    # carrying all of them (Note [Bitwise splitting] in trainer.h).
+    # Split vs whole: requests of 1, world and world datums (counts the world
+    # size does not divide) against one request carrying all of them (Note
+    # [Window positions] in trainer.h).
     split, whole = training_client(sc, seed=11), training_client(sc, seed=11)
-    n = 3
-    chunk = [datum(t) for t in TEXTS[: n * world]]
+    chunk = [datum(t) for t in TEXTS[: 2 * world + 1]]
+    bounds = [0, 1, 1 + world, len(chunk)]
     for step in range(2):
-        futures = [split.forward_backward(chunk[i * world:(i + 1) * world], "cross_entropy")
-                   for i in range(n)]
+        futures = [split.forward_backward(chunk[bounds[i]:bounds[i + 1]], "cross_entropy")
+                   for i in range(len(bounds) - 1)]
         d_split = optim_digest(split.optim_step(adam()).result().metrics)
         split_lp = [o["logprobs"].to_numpy() for f in futures for o in f.result().loss_fn_outputs]
         fb = whole.forward_backward(chunk, "cross_entropy")
