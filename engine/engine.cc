@@ -73,6 +73,10 @@ void check_overrides(const StepOverrides& o) {
 
 }  // namespace
 
+void check_step_overrides(const StepOverrides& overrides) {
+  check_overrides(overrides);
+}
+
 Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
                Communicator* comm, const EngineOptions& options)
     : config_(config),

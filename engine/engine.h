@@ -92,6 +92,11 @@ struct LoadOptions {
   bool load_optimizer_states = true;
 };
 
+// Throws the UsageError that step(overrides) throws for bad values, and
+// otherwise nothing; for callers that must check before they change
+// anything else (the trainer server's optim_step).
+void check_step_overrides(const StepOverrides& overrides);
+
 // How export_full_model writes the parameters.
 struct ExportOptions {
   enum class Dtype {

@@ -194,14 +194,15 @@ def check_training(server, world):
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
     assert losses[-1] < 0.8 * losses[0], losses
 
-    # Split vs whole: N requests of `world` datums each against one request
-    # carrying all of them (Note [Bitwise splitting] in trainer.h).
+    # Split vs whole: requests of 1, world and world datums (counts the world
+    # size does not divide) against one request carrying all of them (Note
+    # [Window positions] in trainer.h).
     split, whole = training_client(sc, seed=11), training_client(sc, seed=11)
-    n = 3
-    chunk = [datum(t) for t in TEXTS[: n * world]]
+    chunk = [datum(t) for t in TEXTS[: 2 * world + 1]]
+    bounds = [0, 1, 1 + world, len(chunk)]
     for step in range(2):
-        futures = [split.forward_backward(chunk[i * world:(i + 1) * world], "cross_entropy")
-                   for i in range(n)]
+        futures = [split.forward_backward(chunk[bounds[i]:bounds[i + 1]], "cross_entropy")
+                   for i in range(len(bounds) - 1)]
         d_split = optim_digest(split.optim_step(adam()).result().metrics)
         split_lp = [o["logprobs"].to_numpy() for f in futures for o in f.result().loss_fn_outputs]
         fb = whole.forward_backward(chunk, "cross_entropy")
@@ -229,18 +230,32 @@ def check_training(server, world):
     # returned logprobs.
     q = [np.full(len(encode(t)) - 1, -3.0, dtype=np.float32) for t in TEXTS[:2]]
     adv = [np.linspace(-1, 1, len(encode(t)) - 1).astype(np.float32) for t in TEXTS[:2]]
-    for loss_fn, cfg in [("importance_sampling", None),
-                         ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1})]:
-        rl = [types.Datum(model_input=types.ModelInput.from_ints(encode(t)[:-1]),
-                          loss_fn_inputs={"target_tokens": np.array(encode(t)[1:], dtype=np.int64),
-                                          "logprobs": q[i], "advantages": adv[i]})
-              for i, t in enumerate(TEXTS[:2])]
+    mask = [(np.arange(len(encode(t)) - 1) >= 3).astype(np.int64) for t in TEXTS[:2]]
+    clip = {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}
+    for loss_fn, cfg in [("importance_sampling", None), ("ppo", clip), ("cispo", clip),
+                         ("dro", {"beta": 0.05}), ("gspo", clip)]:
+        rl = []
+        for i, t in enumerate(TEXTS[:2]):
+            inputs = {"target_tokens": np.array(encode(t)[1:], dtype=np.int64),
+                      "logprobs": q[i], "advantages": adv[i]}
+            if loss_fn == "gspo":
+                inputs["sequence_ratio_mask"] = mask[i]
+            rl.append(types.Datum(model_input=types.ModelInput.from_ints(encode(t)[:-1]),
+                                  loss_fn_inputs=inputs))
         out = tc.forward(rl, loss_fn, cfg).result()
         expected = 0.0
         for i, o in enumerate(out.loss_fn_outputs):
-            ratio = np.exp(o["logprobs"].to_numpy().astype(np.float64) - q[i])
+            lp = o["logprobs"].to_numpy().astype(np.float64)
+            ratio = np.exp(lp - q[i])
             if loss_fn == "ppo":
                 obj = np.minimum(ratio * adv[i], np.clip(ratio, 0.9, 1.1) * adv[i])
+            elif loss_fn == "cispo":
+                obj = np.clip(ratio, 0.9, 1.1) * lp * adv[i]
+            elif loss_fn == "dro":
+                obj = lp * adv[i] - 0.5 * 0.05 * (lp - q[i]) ** 2
+            elif loss_fn == "gspo":
+                s = np.exp(np.mean((lp - q[i])[mask[i] != 0]))
+                obj = np.minimum(s * adv[i], np.clip(s, 0.9, 1.1) * adv[i])
             else:
                 obj = ratio * adv[i]
             expected += -float(np.sum(obj))
@@ -352,6 +367,8 @@ def check_bad_input(server):
         expect_error(fb(fb_body(model_id, next_seq(), TEXTS[:2], mutate=mutate)), *needles)
     expect_error(fb(fb_body(model_id, next_seq(), [TEXTS[0] * 3])), "at most 64")
     expect_error(fb(fb_body(model_id, next_seq(), TEXTS[:1], loss_fn="hinge")), "not served")
+    expect_error(fb(fb_body(model_id, next_seq(), TEXTS[:1], loss_fn="stable_reinforce")),
+                 "not served", "record_stability_info")
     expect_error(fb(fb_body(model_id, next_seq(), [])), "no data")
     assert server.digest(model_id) == before
     # Had any bad request left a gradient behind, this step would apply it.

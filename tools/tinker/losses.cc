@@ -20,41 +20,134 @@ torch::Tensor as_tensor(const TensorValue& v) {
       .clone();
 }
 
+// What a loss reads: its loss_fn_inputs and its loss_fn_config keys.
+struct LossSpec {
+  const char* name;
+  std::vector<std::string> needed;    // loss_fn_inputs
+  std::vector<std::string> optional;  // loss_fn_inputs
+  std::vector<std::string> config;    // loss_fn_config keys
+  std::vector<std::string> required;  // of `config`: no documented default
+};
+
+const std::vector<LossSpec>& loss_specs() {
+  static const std::vector<LossSpec> kSpecs = {
+      {"cross_entropy", {"target_tokens"}, {"weights"}, {}, {}},
+      {"importance_sampling",
+       {"target_tokens", "logprobs", "advantages"},
+       {},
+       {},
+       {}},
+      {"ppo",
+       {"target_tokens", "logprobs", "advantages"},
+       {},
+       {"clip_low_threshold", "clip_high_threshold"},
+       {}},
+      {"cispo",
+       {"target_tokens", "logprobs", "advantages"},
+       {},
+       {"clip_low_threshold", "clip_high_threshold"},
+       {}},
+      {"dro",
+       {"target_tokens", "logprobs", "advantages"},
+       {},
+       {"beta"},
+       {"beta"}},
+      {"gspo",
+       {"target_tokens", "logprobs", "advantages", "sequence_ratio_mask"},
+       {},
+       {"clip_low_threshold", "clip_high_threshold"},
+       {"clip_low_threshold", "clip_high_threshold"}},
+  };
+  return kSpecs;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string out;
+  for (const std::string& s : v) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+// The spec of `loss_fn`; UsageError naming the served losses (and, for a
+// loss the SDK lists but this server does not compute, why and what to use).
+const LossSpec& spec_of(const std::string& loss_fn) {
+  for (const LossSpec& s : loss_specs())
+    if (loss_fn == s.name) return s;
+  if (loss_fn == "stable_reinforce")
+    throw UsageError(
+        "loss_fn 'stable_reinforce' is not served: Tinker defines it (an "
+        "alpha API) from stability information its sampler records for each "
+        "sampled sequence (record_stability_info, sequence_id), which this "
+        "server neither records nor receives, and it publishes no formula "
+        "for it. Use ppo, cispo or gspo (clipped, for off-policy data) or "
+        "importance_sampling instead");
+  if (loss_fn == "custom")
+    throw UsageError(
+        "loss_fn 'custom' names a loss stored by create_custom_loss, which "
+        "this server does not serve (client/config says "
+        "custom_loss_server_side: false). Use forward_backward_custom, which "
+        "computes the custom loss in the SDK, or one of " +
+        joined(supported_losses()));
+  throw UsageError("loss_fn '" + loss_fn +
+                   "' is not served (this server computes " +
+                   joined(supported_losses()) + ")");
+}
+
 }  // namespace
 
-std::vector<DatumPlan> plan_forward_backward(const ForwardBackwardIn& in,
-                                             const BaseModel& base) {
-  const auto& losses = supported_losses();
-  if (std::find(losses.begin(), losses.end(), in.loss_fn) == losses.end()) {
-    std::string names;
-    for (const auto& l : losses) names += (names.empty() ? "" : ", ") + l;
-    throw UsageError("loss_fn '" + in.loss_fn +
-                     "' is not served (this "
-                     "server computes " +
-                     names + ")");
-  }
-  for (const auto& kv : in.loss_fn_config) {
-    const bool known =
-        in.loss_fn == "ppo" &&
-        (kv.first == "clip_low_threshold" || kv.first == "clip_high_threshold");
-    if (!known)
-      throw UsageError("loss_fn_config key '" + kv.first + "' is not used by " +
-                       in.loss_fn +
-                       (in.loss_fn == "ppo" ? " (it reads clip_low_threshold, "
-                                              "clip_high_threshold)"
-                                            : " (it takes no config)"));
+LossConfig loss_config(const std::string& loss_fn,
+                       const std::map<std::string, double>& loss_fn_config) {
+  const LossSpec& spec = spec_of(loss_fn);
+  for (const auto& kv : loss_fn_config) {
+    if (!contains(spec.config, kv.first))
+      throw UsageError(
+          "loss_fn_config key '" + kv.first + "' is not used by " + loss_fn +
+          (spec.config.empty() ? std::string(" (it takes no config)")
+                               : " (it reads " + joined(spec.config) + ")"));
     if (!std::isfinite(kv.second))
       throw UsageError("loss_fn_config['" + kv.first + "'] is not finite");
   }
+  for (const std::string& key : spec.required)
+    if (!loss_fn_config.count(key))
+      throw UsageError(loss_fn + " needs loss_fn_config['" + key +
+                       "']: Tinker documents no default for it. Fix: pass "
+                       "loss_fn_config={" +
+                       [&] {
+                         std::string s;
+                         for (const std::string& k : spec.required)
+                           s += (s.empty() ? "'" : ", '") + k + "': ...";
+                         return s;
+                       }() +
+                       "}");
+  LossConfig c;
+  auto read = [&](const char* key, double* out) {
+    auto it = loss_fn_config.find(key);
+    if (it != loss_fn_config.end()) *out = it->second;
+  };
+  read("clip_low_threshold", &c.clip_low);
+  read("clip_high_threshold", &c.clip_high);
+  read("beta", &c.beta);
+  if (contains(spec.config, "clip_low_threshold") &&
+      !(c.clip_low <= c.clip_high))
+    throw UsageError(
+        loss_fn + ": clip_low_threshold " + std::to_string(c.clip_low) +
+        " must not exceed clip_high_threshold " + std::to_string(c.clip_high));
+  if (c.beta < 0)
+    throw UsageError("dro: beta " + std::to_string(c.beta) +
+                     " must be >= 0 (it weighs a penalty on logp - q)");
+  return c;
+}
+
+std::vector<DatumPlan> plan_forward_backward(const ForwardBackwardIn& in,
+                                             const BaseModel& base) {
+  const LossSpec& spec = spec_of(in.loss_fn);
+  loss_config(in.loss_fn, in.loss_fn_config);
   if (in.data.empty()) throw UsageError("forward_backward with no data");
-  std::vector<std::string> needed = {"target_tokens"};
-  std::vector<std::string> optional;
-  if (in.loss_fn == "cross_entropy") {
-    optional = {"weights"};
-  } else {
-    needed.push_back("logprobs");
-    needed.push_back("advantages");
-  }
+  const std::vector<std::string>& needed = spec.needed;
+  const std::vector<std::string>& optional = spec.optional;
   std::vector<DatumPlan> out;
   for (size_t i = 0; i < in.data.size(); ++i) {
     const DatumIn& d = in.data[i];
@@ -109,10 +202,11 @@ std::vector<DatumPlan> plan_forward_backward(const ForwardBackwardIn& in,
                          "]; it must be [" + std::to_string(t) +
                          "], one entry per input token");
       const bool want_int = kv.first == "target_tokens";
-      if (want_int == v.is_float)
+      // A mask may come as integers or floats (numpy's bool/int arrays).
+      if (want_int == v.is_float && kv.first != "sequence_ratio_mask")
         throw UsageError(where + " must be " +
                          (want_int ? "an integer tensor (int64)" : "float32"));
-      if (!want_int)
+      if (v.is_float)
         for (float f : v.floats)
           if (!std::isfinite(f))
             throw UsageError(where + " holds a non-finite value");
@@ -127,25 +221,19 @@ std::vector<DatumPlan> plan_forward_backward(const ForwardBackwardIn& in,
       p.q = as_tensor(d.inputs.at("logprobs"));
       p.adv = as_tensor(d.inputs.at("advantages"));
     }
+    if (d.inputs.count("sequence_ratio_mask")) {
+      p.ratio_mask =
+          as_tensor(d.inputs.at("sequence_ratio_mask")).to(torch::kFloat32);
+      if (!p.ratio_mask.ne(0).any().item<bool>())
+        throw UsageError(at +
+                         ".loss_fn_inputs['sequence_ratio_mask'] marks no "
+                         "token: gspo's sequence ratio is a mean over the "
+                         "marked tokens. Fix: mark the sampled tokens "
+                         "(nonzero)");
+    }
     out.push_back(std::move(p));
   }
-  if (in.loss_fn == "ppo") {
-    const PpoClip clip = ppo_clip(in.loss_fn_config);
-    if (!(clip.low <= clip.high))
-      throw UsageError("ppo: clip_low_threshold " + std::to_string(clip.low) +
-                       " must not exceed clip_high_threshold " +
-                       std::to_string(clip.high));
-  }
   return out;
-}
-
-PpoClip ppo_clip(const std::map<std::string, double>& loss_fn_config) {
-  PpoClip clip;
-  if (loss_fn_config.count("clip_low_threshold"))
-    clip.low = loss_fn_config.at("clip_low_threshold");
-  if (loss_fn_config.count("clip_high_threshold"))
-    clip.high = loss_fn_config.at("clip_high_threshold");
-  return clip;
 }
 
 torch::Tensor target_logprobs(const torch::Tensor& logits,
@@ -157,12 +245,34 @@ torch::Tensor target_logprobs(const torch::Tensor& logits,
 
 torch::Tensor elementwise_loss(const std::string& loss_fn,
                                const torch::Tensor& logprobs,
-                               const DatumPlan& datum, const PpoClip& clip) {
+                               const DatumPlan& datum,
+                               const LossConfig& config) {
+  const torch::Tensor& a = datum.adv;
   if (loss_fn == "cross_entropy") return -(logprobs * datum.weights);
-  torch::Tensor ratio = torch::exp(logprobs - datum.q);
-  if (loss_fn == "importance_sampling") return -(ratio * datum.adv);
-  torch::Tensor clipped = torch::clamp(ratio, clip.low, clip.high);
-  return -torch::min(ratio * datum.adv, clipped * datum.adv);
+  if (loss_fn == "dro") {
+    const torch::Tensor d = logprobs - datum.q;
+    return -(logprobs * a - 0.5 * config.beta * d * d);
+  }
+  torch::Tensor ratio;
+  if (loss_fn == "gspo") {
+    // GSPO-token: every token's ratio has the sequence ratio's value (the
+    // geometric mean of the marked tokens' ratios) and the gradient of its
+    // own log-probability.
+    const torch::Tensor fixed = logprobs.detach();
+    const torch::Tensor in_ratio = datum.ratio_mask.ne(0);
+    const torch::Tensor log_ratio =
+        (fixed - datum.q).masked_select(in_ratio).mean();
+    ratio = torch::exp(log_ratio + logprobs - fixed);
+  } else {
+    ratio = torch::exp(logprobs - datum.q);
+  }
+  if (loss_fn == "importance_sampling") return -(ratio * a);
+  const torch::Tensor clipped =
+      torch::clamp(ratio, config.clip_low, config.clip_high);
+  if (loss_fn == "cispo") return -(clipped.detach() * logprobs * a);
+  if (loss_fn == "ppo" || loss_fn == "gspo")
+    return -torch::min(ratio * a, clipped * a);
+  throw InternalError("elementwise_loss: unplanned loss_fn '" + loss_fn + "'");
 }
 
 }  // namespace tinker

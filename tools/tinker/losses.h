@@ -25,6 +25,8 @@ struct DatumPlan {
   torch::Tensor weights;  // [T] float32 (cross_entropy)
   torch::Tensor q;        // [T] sampling logprobs
   torch::Tensor adv;      // [T] advantages
+  torch::Tensor ratio_mask;  // [T] float32, gspo: nonzero = in the sequence
+                             // ratio (sequence_ratio_mask, int or float)
 };
 
 // Checks everything forward_backward reads (the loss, its config, every
@@ -34,13 +36,21 @@ struct DatumPlan {
 std::vector<DatumPlan> plan_forward_backward(const ForwardBackwardIn& in,
                                              const BaseModel& base);
 
-// ppo's clip thresholds: loss_fn_config's clip_low_threshold and
-// clip_high_threshold, 0.8 and 1.2 when absent.
-struct PpoClip {
-  double low = 0.8;
-  double high = 1.2;
+// A loss's loss_fn_config (Note [Losses] in protocol.h).
+struct LossConfig {
+  double clip_low = 0.8;   // clip_low_threshold: ppo, cispo, gspo
+  double clip_high = 1.2;  // clip_high_threshold: ppo, cispo, gspo
+  double beta = 0.0;       // dro
 };
-PpoClip ppo_clip(const std::map<std::string, double>& loss_fn_config);
+
+// `loss_fn`'s config read from `loss_fn_config`: ppo and cispo default the
+// thresholds to 0.8 and 1.2; gspo's thresholds and dro's beta have no
+// documented default and are required. UsageError for a loss this server
+// does not compute (stable_reinforce and custom say why and what to use
+// instead), a key the loss does not read, a non-finite value, a missing
+// required key, clip_low_threshold > clip_high_threshold, or beta < 0.
+LossConfig loss_config(const std::string& loss_fn,
+                       const std::map<std::string, double>& loss_fn_config);
 
 // log p(target_t | tokens_<=t) for each position: logits [T, V], targets
 // [T] int64; returns [T].
@@ -49,10 +59,13 @@ torch::Tensor target_logprobs(const torch::Tensor& logits,
 
 // The per-token loss of one datum whose target log-probabilities are
 // `logprobs` ([T]), for `loss_fn` (one of supported_losses(), checked by
-// plan_forward_backward); the datum's loss is its sum.
+// plan_forward_backward) with `config` (from loss_config); the datum's
+// loss is its sum. Differentiable in `logprobs` as Note [Losses] says (the
+// sg() parts carry no gradient).
 torch::Tensor elementwise_loss(const std::string& loss_fn,
                                const torch::Tensor& logprobs,
-                               const DatumPlan& datum, const PpoClip& clip);
+                               const DatumPlan& datum,
+                               const LossConfig& config);
 
 }  // namespace tinker
 }  // namespace zerostep

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "common/errors.h"
 
@@ -67,7 +69,7 @@ TEST(LossesTest, PlansEveryDatumsInputsAsTensors) {
 TEST(LossesTest, ChecksNameTheDatumAndTheField) {
   EXPECT_EQ(error_of(request("dpo")),
             "loss_fn 'dpo' is not served (this server computes "
-            "cross_entropy, importance_sampling, ppo)");
+            "cross_entropy, importance_sampling, ppo, cispo, dro, gspo)");
   ForwardBackwardIn in = request("cross_entropy");
   in.data[0].tokens = {1, 2, 256};
   EXPECT_EQ(error_of(in),
@@ -94,32 +96,214 @@ TEST(LossesTest, ChecksNameTheDatumAndTheField) {
             "cross_entropy (it takes no config)");
 }
 
-TEST(LossesTest, PpoClipDefaultsAndOverrides) {
-  EXPECT_EQ(ppo_clip({}).low, 0.8);
-  EXPECT_EQ(ppo_clip({}).high, 1.2);
-  EXPECT_EQ(ppo_clip({{"clip_high_threshold", 2.0}}).high, 2.0);
-  EXPECT_EQ(ppo_clip({{"clip_high_threshold", 2.0}}).low, 0.8);
+TEST(LossesTest, ListedButUndefinedLossesSayWhyAndWhatToUse) {
+  const std::string sr = error_of(request("stable_reinforce"));
+  EXPECT_NE(sr.find("loss_fn 'stable_reinforce' is not served"),
+            std::string::npos)
+      << sr;
+  EXPECT_NE(sr.find("record_stability_info"), std::string::npos) << sr;
+  EXPECT_NE(sr.find("Use ppo, cispo or gspo"), std::string::npos) << sr;
+  const std::string custom = error_of(request("custom"));
+  EXPECT_NE(custom.find("create_custom_loss"), std::string::npos) << custom;
+  EXPECT_NE(custom.find("Use forward_backward_custom"), std::string::npos)
+      << custom;
 }
 
-// Note [Losses] in protocol.h, token by token.
-TEST(LossesTest, ElementwiseLossesFollowTheProtocol) {
-  DatumPlan d;
-  d.weights = torch::tensor({1.0f, 0.5f});
-  d.q = torch::tensor({0.0f, 0.0f});
-  d.adv = torch::tensor({2.0f, -1.0f});
-  const torch::Tensor lp = torch::tensor({std::log(2.0f), std::log(0.5f)});
-  const PpoClip clip;  // 0.8, 1.2
-  const torch::Tensor ce = elementwise_loss("cross_entropy", lp, d, clip);
-  EXPECT_FLOAT_EQ(ce[0].item<float>(), -std::log(2.0f));
-  EXPECT_FLOAT_EQ(ce[1].item<float>(), -0.5f * std::log(0.5f));
-  // Ratios 2 and 0.5.
-  const torch::Tensor is = elementwise_loss("importance_sampling", lp, d, clip);
-  EXPECT_FLOAT_EQ(is[0].item<float>(), -4.0f);
-  EXPECT_FLOAT_EQ(is[1].item<float>(), 0.5f);
-  // min(r A, clip(r) A): min(4, 2.4) and min(-0.5, -0.8).
-  const torch::Tensor ppo = elementwise_loss("ppo", lp, d, clip);
-  EXPECT_FLOAT_EQ(ppo[0].item<float>(), -2.4f);
-  EXPECT_FLOAT_EQ(ppo[1].item<float>(), 0.8f);
+TEST(LossesTest, ConfigDefaultsRequiredKeysAndChecks) {
+  // ppo and cispo default to 0.8 and 1.2.
+  for (const char* loss : {"ppo", "cispo"}) {
+    EXPECT_EQ(loss_config(loss, {}).clip_low, 0.8);
+    EXPECT_EQ(loss_config(loss, {}).clip_high, 1.2);
+    EXPECT_EQ(loss_config(loss, {{"clip_high_threshold", 2.0}}).clip_high, 2.0);
+    EXPECT_EQ(loss_config(loss, {{"clip_high_threshold", 2.0}}).clip_low, 0.8);
+  }
+  EXPECT_EQ(loss_config("dro", {{"beta", 0.05}}).beta, 0.05);
+  const LossConfig g = loss_config(
+      "gspo", {{"clip_low_threshold", 0.9}, {"clip_high_threshold", 1.1}});
+  EXPECT_EQ(g.clip_low, 0.9);
+  EXPECT_EQ(g.clip_high, 1.1);
+  auto error = [](const std::string& loss,
+                  const std::map<std::string, double>& c) -> std::string {
+    try {
+      loss_config(loss, c);
+    } catch (const UsageError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error("dro", {}),
+            "dro needs loss_fn_config['beta']: Tinker documents no default "
+            "for it. Fix: pass loss_fn_config={'beta': ...}");
+  EXPECT_EQ(error("gspo", {{"clip_low_threshold", 0.9}}),
+            "gspo needs loss_fn_config['clip_high_threshold']: Tinker "
+            "documents no default for it. Fix: pass "
+            "loss_fn_config={'clip_low_threshold': ..., "
+            "'clip_high_threshold': ...}");
+  EXPECT_EQ(error("cispo", {{"beta", 0.1}}),
+            "loss_fn_config key 'beta' is not used by cispo (it reads "
+            "clip_low_threshold, clip_high_threshold)");
+  EXPECT_EQ(error("dro", {{"beta", INFINITY}}),
+            "loss_fn_config['beta'] is not finite");
+  EXPECT_EQ(error("dro", {{"beta", -1.0}}),
+            "dro: beta -1.000000 must be >= 0 (it weighs a penalty on logp - "
+            "q)");
+  EXPECT_EQ(error("cispo", {{"clip_low_threshold", 1.3}}),
+            "cispo: clip_low_threshold 1.300000 must not exceed "
+            "clip_high_threshold 1.200000");
+}
+
+TEST(LossesTest, GspoReadsItsMaskAsIntegersOrFloats) {
+  ForwardBackwardIn in = request("gspo");
+  in.loss_fn_config = {{"clip_low_threshold", 0.9},
+                       {"clip_high_threshold", 1.1}};
+  EXPECT_EQ(error_of(in),
+            "data[0].loss_fn_inputs lacks 'sequence_ratio_mask', which gspo "
+            "needs");
+  in.data[0].inputs["sequence_ratio_mask"] = ints({0, 1, 1});
+  std::vector<DatumPlan> plans =
+      plan_forward_backward(in, base_models().front());
+  EXPECT_TRUE(
+      torch::equal(plans[0].ratio_mask, torch::tensor({0.f, 1.f, 1.f})));
+  in.data[0].inputs["sequence_ratio_mask"] = floats({0, 0, 0});
+  EXPECT_EQ(error_of(in),
+            "data[0].loss_fn_inputs['sequence_ratio_mask'] marks no token: "
+            "gspo's sequence ratio is a mean over the marked tokens. Fix: "
+            "mark the sampled tokens (nonzero)");
+}
+
+// Each loss against a direct computation of Note [Losses] in protocol.h:
+// a loop over tokens in double precision, values and d loss / d logp
+// derived by hand (the loss is used with autograd, so its gradient is what
+// trains). Tolerance-based: the loss runs in float32.
+class LossVsDirect : public ::testing::Test {
+ protected:
+  // Five tokens whose ratios r = exp(lp - q) are 1.65, 0.905, 1.05, 0.607,
+  // 1.35: with thresholds 0.8 and 1.2 ppo clips tokens 0 and 3 and not 4.
+  const std::vector<double> lp = {-1.0, -2.3, -0.4, -3.1, -0.9};
+  const std::vector<double> q = {-1.5, -2.2, -0.45, -2.6, -1.2};
+  const std::vector<double> a = {1.0, -2.0, 0.5, -1.5, -0.7};
+  const std::vector<double> w = {1.0, 0.0, 0.5, 1.0, 2.0};
+  const std::vector<double> mask = {0, 1, 1, 1, 1};
+
+  static torch::Tensor f32(const std::vector<double>& v) {
+    return torch::tensor(v, torch::kFloat64).to(torch::kFloat32);
+  }
+
+  // Checks elementwise_loss(loss) and its gradient in lp against `want`
+  // (per token) and `want_grad`.
+  void check(const std::string& loss, const LossConfig& config,
+             const std::vector<double>& want,
+             const std::vector<double>& want_grad) {
+    DatumPlan d;
+    d.weights = f32(w);
+    d.q = f32(q);
+    d.adv = f32(a);
+    d.ratio_mask = f32(mask);
+    torch::Tensor x = f32(lp).requires_grad_(true);
+    torch::Tensor el = elementwise_loss(loss, x, d, config);
+    el.sum().backward();
+    ASSERT_EQ(el.numel(), static_cast<int64_t>(want.size()));
+    for (size_t t = 0; t < want.size(); ++t) {
+      EXPECT_NEAR(el[t].item<double>(), want[t], 1e-5 * (1 + std::abs(want[t])))
+          << loss << " token " << t;
+      EXPECT_NEAR(x.grad()[t].item<double>(), want_grad[t],
+                  1e-5 * (1 + std::abs(want_grad[t])))
+          << loss << " gradient, token " << t;
+    }
+  }
+
+  static double clamp(double x, double lo, double hi) {
+    return x < lo ? lo : (x > hi ? hi : x);
+  }
+};
+
+TEST_F(LossVsDirect, CrossEntropy) {
+  std::vector<double> want, grad;
+  for (size_t t = 0; t < lp.size(); ++t) {
+    want.push_back(-w[t] * lp[t]);
+    grad.push_back(-w[t]);
+  }
+  check("cross_entropy", LossConfig(), want, grad);
+}
+
+TEST_F(LossVsDirect, ImportanceSampling) {
+  std::vector<double> want, grad;
+  for (size_t t = 0; t < lp.size(); ++t) {
+    const double r = std::exp(lp[t] - q[t]);
+    want.push_back(-r * a[t]);
+    grad.push_back(-r * a[t]);  // d r / d lp = r
+  }
+  check("importance_sampling", LossConfig(), want, grad);
+}
+
+TEST_F(LossVsDirect, Ppo) {
+  const LossConfig c;  // 0.8, 1.2
+  std::vector<double> want, grad;
+  int clipped = 0;
+  for (size_t t = 0; t < lp.size(); ++t) {
+    const double r = std::exp(lp[t] - q[t]);
+    const double u = r * a[t], k = clamp(r, c.clip_low, c.clip_high) * a[t];
+    const bool take_clipped = k < u;
+    want.push_back(-(take_clipped ? k : u));
+    // The clipped term is constant in lp once r is outside [lo, hi].
+    grad.push_back(take_clipped ? 0.0 : -r * a[t]);
+    clipped += take_clipped;
+  }
+  EXPECT_EQ(clipped, 2);  // the example exercises both branches
+  check("ppo", c, want, grad);
+}
+
+TEST_F(LossVsDirect, Cispo) {
+  LossConfig c;
+  c.clip_low = 0.9;
+  c.clip_high = 1.1;
+  std::vector<double> want, grad;
+  for (size_t t = 0; t < lp.size(); ++t) {
+    const double k = clamp(std::exp(lp[t] - q[t]), c.clip_low, c.clip_high);
+    want.push_back(-k * lp[t] * a[t]);
+    grad.push_back(-k * a[t]);  // the clipped ratio carries no gradient
+  }
+  check("cispo", c, want, grad);
+}
+
+TEST_F(LossVsDirect, Dro) {
+  LossConfig c;
+  c.beta = 0.3;
+  std::vector<double> want, grad;
+  for (size_t t = 0; t < lp.size(); ++t) {
+    const double d = lp[t] - q[t];
+    want.push_back(-(lp[t] * a[t] - 0.5 * c.beta * d * d));
+    grad.push_back(-(a[t] - c.beta * d));
+  }
+  check("dro", c, want, grad);
+}
+
+TEST_F(LossVsDirect, Gspo) {
+  // Sequence ratio over tokens 1-4: exp(mean(-0.1, 0.05, -0.5, 0.3)) =
+  // exp(-0.0625) = 0.939, below clip_low 0.95: clipped where A < 0.
+  LossConfig c;
+  c.clip_low = 0.95;
+  c.clip_high = 1.05;
+  double sum = 0, count = 0;
+  for (size_t t = 0; t < lp.size(); ++t)
+    if (mask[t] != 0) {
+      sum += lp[t] - q[t];
+      count += 1;
+    }
+  const double s = std::exp(sum / count);
+  std::vector<double> want, grad;
+  int clipped = 0;
+  for (size_t t = 0; t < lp.size(); ++t) {
+    const double u = s * a[t], k = clamp(s, c.clip_low, c.clip_high) * a[t];
+    const bool take_clipped = k < u;
+    want.push_back(-(take_clipped ? k : u));
+    // Token t's ratio has the value s and the gradient of its own lp only:
+    // d s_t / d lp_t = s, and no other token's lp moves it.
+    grad.push_back(take_clipped ? 0.0 : -s * a[t]);
+    clipped += take_clipped;
+  }
+  EXPECT_EQ(clipped, 3);
+  check("gspo", c, want, grad);
 }
 
 TEST(LossesTest, TargetLogprobsPickEachPositionsTarget) {

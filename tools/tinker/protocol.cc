@@ -156,7 +156,7 @@ std::string encode_forward_backward_output(
 
 const std::vector<std::string>& supported_losses() {
   static const std::vector<std::string> kLosses = {
-      "cross_entropy", "importance_sampling", "ppo"};
+      "cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo"};
   return kLosses;
 }
 

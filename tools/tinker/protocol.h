@@ -66,11 +66,24 @@ std::string encode_forward_backward_output(
 
 // The losses this server computes, and what each reads from loss_fn_inputs.
 // Note [Losses]: every loss is a sum over the datum's target tokens (not
-// normalised), as the protocol defines them:
-//   cross_entropy       -sum(weights * logp)            target_tokens, weights?
-//   importance_sampling -sum(exp(logp - q) * A)          target_tokens, logprobs, advantages
-//   ppo                 -sum(min(r*A, clip(r, lo, hi)*A)) same; loss_fn_config
-//                        clip_low_threshold (0.8), clip_high_threshold (1.2)
+// normalised), as Tinker's documentation defines them; p = logp (the
+// model's target log-probabilities), q = the sampler's logprobs, A =
+// advantages, r = exp(logp - q), sg() = no gradient:
+//   cross_entropy        -sum(weights * logp)
+//   importance_sampling  -sum(r * A)
+//   ppo                  -sum(min(r*A, clip(r, lo, hi)*A))
+//   cispo                -sum(sg(clip(r, lo, hi)) * logp * A)
+//   dro                  -sum(logp*A - beta/2 * (logp - q)^2)
+//   gspo                 -sum(min(s_t*A, clip(s_t, lo, hi)*A)), where
+//                        s_t = exp(M + logp_t - sg(logp_t)) and M is the
+//                        mean of sg(logp) - q over the tokens
+//                        sequence_ratio_mask marks (nonzero)
+// Inputs: target_tokens, and weights (optional) for cross_entropy;
+// target_tokens, logprobs (q) and advantages for the others; gspo also
+// sequence_ratio_mask (integer or float).
+// loss_fn_config: lo, hi = clip_low_threshold, clip_high_threshold (ppo and
+// cispo: 0.8 and 1.2 when absent; gspo: required), dro's beta (required).
+// losses.h checks and computes them.
 const std::vector<std::string>& supported_losses();
 
 }  // namespace tinker

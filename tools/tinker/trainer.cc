@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -110,17 +111,62 @@ struct RankTrainer::Impl {
     return r;
   }
 
-  // Note [Bitwise splitting] in trainer.h: datum j goes to rank j % W in
-  // row j / W; every rank runs one forward and backward() per row.
+  // A datum of a model's open window whose row is not backpropagated yet
+  // (Note [Window positions] in trainer.h).
+  struct PendingDatum {
+    DatumPlan plan;
+    std::string loss_fn;
+    LossConfig config;
+  };
+  // A model's open window: `datums` since its last optim_step, the last
+  // `pending.size()` of them in the partial row (datums % W of them).
+  struct Window {
+    int64_t datums = 0;
+    std::vector<PendingDatum> pending;
+  };
+  std::map<std::string, Window> windows;  // by model id; absent: empty
+
+  // One datum's forward: its target logprobs and elementwise loss ([T]).
+  static std::pair<torch::Tensor, torch::Tensor> run_datum(
+      Model& m, const DatumPlan& p, const std::string& loss_fn,
+      const LossConfig& config) {
+    torch::Tensor logits = m.net->forward(p.tokens)[0];  // [T, V]
+    torch::Tensor lp = target_logprobs(logits, p.targets);
+    return {lp, elementwise_loss(loss_fn, lp, p, config)};
+  }
+
+  // A rank without a datum in a row: the same forward collectives (stage
+  // 3 gathers), a zero loss.
+  static torch::Tensor zero_loss(Model& m) {
+    return m.net->forward(torch::zeros({1, 1}, torch::kInt64)).sum() * 0.0;
+  }
+
+  // The engine averages over ranks; the protocol sums over datums.
+  void backward(Model& m, const torch::Tensor& loss) {
+    const int w = comm->world_size();
+    m.engine->backward(w == 1 ? loss : loss * static_cast<double>(w),
+                       /*scale_wrt_gas=*/false);
+  }
+
+  // Note [Window positions] in trainer.h: the request's datums take the
+  // window's next positions; datum at position p is rank p % W's in row
+  // p / W; every rank runs one forward per row the request touches, and
+  // one backward() per row it completes.
   CommandResult forward_backward(const Command& c) {
     const ForwardBackwardIn in = decode_forward_backward(c.blob);
     Model& m = models.get(in.model_id);
     const std::vector<DatumPlan> plans = plan_forward_backward(in, m.base);
+    const LossConfig config = loss_config(in.loss_fn, in.loss_fn_config);
     // Validated on every rank: from here on every rank runs the same
     // collectives.
     const int w = comm->world_size(), r = comm->rank();
     const int64_t n = static_cast<int64_t>(plans.size());
-    const int64_t rows = (n + w - 1) / w;
+    Window none;
+    Window& win = in.forward_only ? none : windows[m.id];
+    const int64_t start = win.datums, end = start + n;
+    // The pending datums sit at positions [start - pending, start).
+    const int64_t pending_from =
+        start - static_cast<int64_t>(win.pending.size());
     std::vector<int64_t> offset(static_cast<size_t>(n) + 1, 0);
     for (int64_t j = 0; j < n; ++j)
       offset[j + 1] = offset[j] + plans[j].targets.size(0);
@@ -128,37 +174,46 @@ struct RankTrainer::Impl {
     std::vector<float> lp_all(static_cast<size_t>(total), 0.0f),
         el_all(static_cast<size_t>(total), 0.0f);
     std::vector<double> loss_all(static_cast<size_t>(n), 0.0);
-    const PpoClip clip = ppo_clip(in.loss_fn_config);
-    for (int64_t row = 0; row < rows; ++row) {
-      const int64_t j = row * w + r;
+    for (int64_t row = start / w; row * w < end; ++row) {
+      const bool complete = !in.forward_only && (row + 1) * w <= end;
+      const int64_t p = row * w + r;
       torch::Tensor loss;
       {
-        torch::AutoGradMode grad_mode(!in.forward_only);
-        if (j < n) {
-          const DatumPlan& p = plans[j];
-          torch::Tensor logits = m.net->forward(p.tokens)[0];  // [T, V]
-          torch::Tensor lp = target_logprobs(logits, p.targets);
-          torch::Tensor elementwise = elementwise_loss(in.loss_fn, lp, p, clip);
-          loss = elementwise.sum();
-          torch::Tensor lpc = lp.detach().contiguous(),
-                        elc = elementwise.detach().contiguous();
+        torch::AutoGradMode grad_mode(complete);
+        if (p >= start && p < end) {
+          const int64_t j = p - start;
+          auto out = run_datum(m, plans[j], in.loss_fn, config);
+          loss = out.second.sum();
+          torch::Tensor lpc = out.first.detach().contiguous(),
+                        elc = out.second.detach().contiguous();
           std::copy(lpc.data_ptr<float>(), lpc.data_ptr<float>() + lpc.numel(),
                     lp_all.begin() + offset[j]);
           std::copy(elc.data_ptr<float>(), elc.data_ptr<float>() + elc.numel(),
                     el_all.begin() + offset[j]);
           loss_all[static_cast<size_t>(j)] = loss.item<double>();
+        } else if (p < start && complete) {
+          // This rank's datum came with an earlier request: its outputs
+          // went back then; now its row is complete.
+          const PendingDatum& d = win.pending[p - pending_from];
+          loss = run_datum(m, d.plan, d.loss_fn, d.config).second.sum();
         } else {
-          // No datum for this rank in the last row: the same collectives,
-          // a zero gradient.
-          loss =
-              m.net->forward(torch::zeros({1, 1}, torch::kInt64)).sum() * 0.0;
+          // No datum (past the request's end), or one still pending.
+          loss = zero_loss(m);
         }
       }
-      if (!in.forward_only) {
-        // The engine averages over ranks; the protocol sums over datums.
-        m.engine->backward(w == 1 ? loss : loss * static_cast<double>(w),
-                           /*scale_wrt_gas=*/false);
+      if (complete) backward(m, loss);
+    }
+    if (!in.forward_only) {
+      // Keep the datums of the row the request left partial.
+      std::vector<PendingDatum> pending;
+      for (int64_t p = (end / w) * w; p < end; ++p) {
+        if (p < start)
+          pending.push_back(std::move(win.pending[p - pending_from]));
+        else
+          pending.push_back({plans[p - start], in.loss_fn, config});
       }
+      win.pending = std::move(pending);
+      win.datums = end;
     }
     if (w > 1) {
       // Each datum's outputs live on one rank, zeros elsewhere: a sum
@@ -188,6 +243,20 @@ struct RankTrainer::Impl {
     return res;
   }
 
+  // save_weights / load_weights of a model inside an open window: refused
+  // (Note [Window positions]), as the engine refuses a checkpoint there.
+  void require_no_open_window(const char* op, const nlohmann::json& a) {
+    if (!a.contains("model_id") || !a["model_id"].is_string()) return;
+    auto it = windows.find(a["model_id"].get<std::string>());
+    if (it == windows.end() || it->second.datums == 0) return;
+    const int64_t n = it->second.datums;
+    throw UsageError(std::string(op) + " on '" + it->first +
+                     "' inside an open window (" + std::to_string(n) +
+                     (n == 1 ? " datum" : " datums") +
+                     " by forward_backward since its last optim_step). "
+                     "Nothing was changed; call optim_step first");
+  }
+
   CommandResult optim_step(const nlohmann::json& a) {
     Model& m = models.get(require_string(a, "model_id"));
     nlohmann::json p;
@@ -211,12 +280,27 @@ struct RankTrainer::Impl {
     o.weight_decay = get_or<double>(p, "weight_decay", 0.0, "adam_params.");
     o.gradient_clipping =
         get_or<double>(p, "grad_clip_norm", 0.0, "adam_params.");
-    if (m.engine->window_backwards() == 0)
+    auto win = windows.find(m.id);
+    if (win == windows.end() || win->second.datums == 0)
       throw UsageError("optim_step on '" + m.id +
                        "' with no forward_backward "
                        "since its last optim_step: there is no gradient to "
                        "apply. Nothing was changed");
-    m.engine->step(o);  // UsageError on bad values, before anything changes
+    check_step_overrides(o);  // before the partial row changes gradients
+    const std::vector<PendingDatum> pending = std::move(win->second.pending);
+    windows.erase(win);
+    if (!pending.empty()) {
+      // The window's last row (Note [Window positions]).
+      const int r = comm->rank();
+      torch::Tensor loss =
+          r < static_cast<int>(pending.size())
+              ? run_datum(m, pending[r].plan, pending[r].loss_fn,
+                          pending[r].config)
+                    .second.sum()
+              : zero_loss(m);
+      backward(m, loss);
+    }
+    m.engine->step(o);
     const uint64_t d = digest(m);
     return ok_json(
         {{"metrics",
@@ -243,6 +327,8 @@ struct RankTrainer::Impl {
         {"param_digest", digest_hex(d)},
         {"trainable_parameters", trainable},
         {"window_forward_backwards", m.engine->window_backwards()},
+        {"window_datums",
+         windows.count(m.id) ? windows.at(m.id).datums : int64_t{0}},
         {"global_steps", m.engine->global_steps()},
         {"zero_stage", config.zero.stage},
         {"world_size", comm->world_size()}};
@@ -255,10 +341,14 @@ struct RankTrainer::Impl {
     if (c.op == "create_model") return ok_json(models.create_model(c.args));
     if (c.op == "forward_backward") return forward_backward(c);
     if (c.op == "optim_step") return optim_step(c.args);
-    if (c.op == "save_weights")
+    if (c.op == "save_weights") {
+      require_no_open_window("save_weights", c.args);
       return ok_json(checkpoints.save_weights(models, c.args));
-    if (c.op == "load_weights")
+    }
+    if (c.op == "load_weights") {
+      require_no_open_window("load_weights", c.args);
       return ok_json(checkpoints.load_weights(models, c.args));
+    }
     if (c.op == "get_info") return get_info(c.args);
     throw InternalError("unknown command '" + c.op + "'");
   }

@@ -9,27 +9,40 @@
 //                    LoRA adapters of the request's rank on its linear
 //                    layers and every base weight frozen; no lora_config
 //                    means full fine-tuning. Then an Engine over it.
-//   forward_backward the request's datums are dealt to ranks in rows: datum
-//                    j of the request goes to rank j % W in row j / W. Each
-//                    row is one forward and (unless forward_only) one
-//                    backward() on every rank, a rank without a datum in the
-//                    last row backpropagating zero. Each rank's loss is
-//                    multiplied by W because the engine averages gradients
-//                    over ranks; the accumulated gradient is the sum over
-//                    datums of the protocol's (summed) losses.
-//                    Note [Bitwise splitting]: requests whose datum counts
-//                    are multiples of W (any count when W = 1) run the same
-//                    backward() calls in the same order whether the client
-//                    sends them as one request or as several, so N
-//                    forward_backward + one optim_step equals one
-//                    forward_backward with all the data + one optim_step bit
-//                    for bit.
-//   optim_step       one Engine::step() with the request's AdamParams as
+//   forward_backward datums are dealt to ranks by their position in the
+//                    window (Note [Window positions]): one forward and
+//                    one backward() per row of W positions on every rank.
+//                    Each rank's loss is multiplied by W because the engine
+//                    averages gradients over ranks; the accumulated
+//                    gradient is the sum over datums of the protocol's
+//                    (summed) losses.
+//   optim_step       backpropagates the window's last, partial row, then
+//                    one Engine::step() with the request's AdamParams as
 //                    StepOverrides (decoupled AdamW); reports the
 //                    parameter digest in its metrics.
 //   save_weights /   Engine::save_checkpoint / load_checkpoint under
 //   load_weights     options.state_dir (re-partitioning allowed; weights
 //                    only unless the request asks for the optimizer).
+//
+// Note [Window positions]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A window is a model's datums since its last optim_step, numbered 0, 1,
+// ... in the order they arrive (forward_only requests are not part of it).
+// Datum p belongs to rank p % W and to row p / W, and row k is backward()
+// call k + 1 of the window on every rank. A row is backpropagated when its
+// W datums are known: a request that ends inside a row returns every
+// datum's outputs at once (the row's forward runs without gradients) and
+// keeps the row's datums pending; the request that completes the row runs
+// their forward again with gradients and backpropagates it, and
+// optim_step backpropagates a row still partial, a rank without a datum
+// contributing zero. So every rank runs the same backward() calls, on the
+// same datums, in the same order, whatever the split of the window into
+// requests: the update is bitwise the same for [101], [51, 50] or
+// 101 x [1] at every world size and stage (trainer_test), and so are the
+// returned logprobs. The forward that is run twice costs one forward per
+// rank per request boundary inside a row. save_weights and load_weights
+// of a model with an open window (datums since its optim_step, pending or
+// not) are refused, as the engine refuses a checkpoint inside a window.
 //
 // Every request is validated completely, on every rank, before the first
 // collective, so a bad one fails everywhere with a "user" error and changes
