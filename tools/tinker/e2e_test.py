@@ -405,8 +405,8 @@ def expect_sdk_error(fn, *needles, hidden=()):
 
 def check_robustness(server, binary):
     """Issue 15, through the SDK: non-finite hyperparameters, failed and
-    unserved endpoints, ids and checkpoints across a restart, paths leaving the state
-    dir, a mismatched base_model."""
+    unserved endpoints, ids, checkpoints and sampler weights across a
+    restart, paths leaving the state dir, a mismatched base_model."""
     sc = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
     tc = training_client(sc)
     tc.forward_backward([datum(TEXTS[0])], "cross_entropy").result()
@@ -432,6 +432,12 @@ def check_robustness(server, binary):
     tc.optim_step(adam()).result()
     assert time.time() - start < 20, "the client waited for a consumed seq_id"
     saved = tc.save_state("w").result().path
+    sampler_path = tc.save_weights_for_sampler("r1").result().path
+    sample_params = types.SamplingParams(max_tokens=8, seed=11)
+    prompt = types.ModelInput.from_ints(encode("lora"))
+    before_restart = [list(s.tokens) for s in sampling_client(
+        sc.create_sampling_client(model_path=sampler_path)).sample(
+            prompt, 2, sample_params).result().sequences]
     first_id = tc.get_info().model_id
     saved_digest = server.digest(first_id)
 
@@ -460,6 +466,10 @@ def check_robustness(server, binary):
         assert tc2.get_info().model_id != first_id, first_id
         restored = sc2.create_training_client_from_state(saved)
         assert again.digest(restored.get_info().model_id) == saved_digest
+        # Sampler weights saved by name are read back from the state dir.
+        after = sampling_client(sc2.create_sampling_client(model_path=sampler_path))
+        assert [list(s.tokens) for s in after.sample(
+            prompt, 2, sample_params).result().sequences] == before_restart
     finally:
         again.stop()
         shutil.rmtree(state_dir, ignore_errors=True)
