@@ -1,6 +1,9 @@
 #include "models/tiny_gpt.h"
 
 #include <cmath>
+#include <string>
+
+#include "common/errors.h"
 
 namespace zerostep {
 
@@ -45,11 +48,51 @@ torch::Tensor TinyGptBlockImpl::forward(torch::Tensor input) {
     torch::Tensor mask = torch::ones({t, t}, torch::kBool).tril().logical_not();
     att = att.masked_fill(mask, -1e9).softmax(-1);
     torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, c});
-    x = x + lora_linear(proj_, proj_lora_, y);
-    x = x + lora_linear(fc_out_, fc_out_lora_,
-                        torch::gelu(lora_linear(fc_, fc_lora_, ln2_->forward(x))));
-    return x;
+    return finish(x, y);
   });
+}
+
+torch::Tensor TinyGptBlockImpl::finish(const torch::Tensor& in,
+                                       const torch::Tensor& y) {
+  torch::Tensor x = in + lora_linear(proj_, proj_lora_, y);
+  x = x +
+      lora_linear(fc_out_, fc_out_lora_,
+                  torch::gelu(lora_linear(fc_, fc_lora_, ln2_->forward(x))));
+  return x;
+}
+
+torch::Tensor TinyGptBlockImpl::forward_cached(torch::Tensor input,
+                                               torch::Tensor& k_cache,
+                                               torch::Tensor& v_cache,
+                                               int64_t past) {
+  return zero3_block(*this, input, [&](const torch::Tensor& x) {
+    const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+    const int64_t hd = c / n_head_;
+    auto qkv = lora_linear(qkv_, qkv_lora_, ln1_->forward(x)).chunk(3, -1);
+    auto heads = [&](const torch::Tensor& y) {
+      return y.view({b, t, n_head_, hd}).transpose(1, 2);
+    };
+    k_cache.narrow(2, past, t).copy_(heads(qkv[1]));
+    v_cache.narrow(2, past, t).copy_(heads(qkv[2]));
+    const torch::Tensor k = k_cache.narrow(2, 0, past + t);
+    const torch::Tensor v = v_cache.narrow(2, 0, past + t);
+    torch::Tensor att = torch::matmul(heads(qkv[0]), k.transpose(-2, -1)) /
+                        std::sqrt(static_cast<double>(hd));
+    // Query i sits at position past + i and sees keys 0 .. past + i.
+    torch::Tensor mask =
+        torch::ones({t, past + t}, torch::kBool).tril(past).logical_not();
+    att = att.masked_fill(mask, -1e9).softmax(-1);
+    torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, c});
+    return finish(x, y);
+  });
+}
+
+void KvCache::repeat_rows(int64_t times) {
+  if (times < 1)
+    throw UsageError("KvCache::repeat_rows(" + std::to_string(times) +
+                     "): times must be >= 1");
+  for (auto* list : {&keys, &values})
+    for (torch::Tensor& t : *list) t = t.repeat_interleave(times, 0);
 }
 
 TinyGptImpl::TinyGptImpl(const TinyGptOptions& o) : options_(o) {
@@ -73,6 +116,47 @@ torch::Tensor TinyGptImpl::forward(torch::Tensor tokens) {
   torch::Tensor positions = torch::arange(t, torch::kLong);
   torch::Tensor x = tok_->forward(tokens) + pos_->forward(positions);
   for (auto& block : blocks_) x = block->forward(x);
+  return lora_linear(head_, head_lora_, ln_f_->forward(x));
+}
+
+KvCache TinyGptImpl::new_cache(int64_t batch, int64_t capacity) const {
+  if (batch < 1)
+    throw UsageError("KV cache batch = " + std::to_string(batch) +
+                     " must be >= 1");
+  if (capacity < 1 || capacity > options_.block_size)
+    throw UsageError(
+        "KV cache capacity = " + std::to_string(capacity) +
+        " must be in [1, block_size = " + std::to_string(options_.block_size) +
+        "] (the model has no positions beyond block_size)");
+  KvCache cache;
+  const int64_t hd = options_.d_model / options_.n_head;
+  for (int64_t l = 0; l < options_.n_layer; ++l) {
+    cache.keys.push_back(torch::zeros({batch, options_.n_head, capacity, hd}));
+    cache.values.push_back(
+        torch::zeros({batch, options_.n_head, capacity, hd}));
+  }
+  return cache;
+}
+
+torch::Tensor TinyGptImpl::forward_cached(torch::Tensor tokens,
+                                          KvCache* cache) {
+  ZS_CHECK(cache != nullptr);
+  if (tokens.dim() != 2 || tokens.size(1) < 1)
+    throw UsageError("forward_cached: tokens must be [batch, t >= 1]");
+  const int64_t t = tokens.size(1), past = cache->length;
+  if (tokens.size(0) != cache->batch())
+    throw UsageError("forward_cached: a batch of " +
+                     std::to_string(tokens.size(0)) + " rows for a cache of " +
+                     std::to_string(cache->batch()));
+  if (past + t > cache->capacity())
+    throw UsageError("forward_cached: " + std::to_string(past) + " cached + " +
+                     std::to_string(t) + " new positions exceed the cache's " +
+                     std::to_string(cache->capacity()));
+  torch::Tensor positions = torch::arange(past, past + t, torch::kLong);
+  torch::Tensor x = tok_->forward(tokens) + pos_->forward(positions);
+  for (size_t l = 0; l < blocks_.size(); ++l)
+    x = blocks_[l]->forward_cached(x, cache->keys[l], cache->values[l], past);
+  cache->length = past + t;
   return lora_linear(head_, head_lora_, ln_f_->forward(x));
 }
 

@@ -2,6 +2,15 @@
 // blocks of causal self-attention and a GELU MLP, tied-free LM head) for the
 // harness's "gpt" model. Deterministic given torch's global seed at
 // construction.
+//
+// Incremental decoding: forward_cached() runs new tokens against a KvCache
+// of the earlier positions' keys and values, so generating N tokens costs N
+// one-token steps instead of N recomputations of the whole prefix
+// (models/sampler.h uses it). Its logits equal forward()'s for the same
+// tokens up to float rounding, not bit for bit: a step multiplies a 1-token
+// query against the cached keys, a matmul of another shape (and so another
+// summation order) than the full [T, T] attention (tiny_gpt_test states the
+// tolerance). LoRA adapters apply on both paths.
 #ifndef ZEROSTEP_MODELS_TINY_GPT_H_
 #define ZEROSTEP_MODELS_TINY_GPT_H_
 
@@ -26,14 +35,37 @@ struct TinyGptOptions {
   LoraOptions lora;
 };
 
+// The keys and values of every layer for a batch of sequences, filled by
+// TinyGptImpl::forward_cached(). keys[l] and values[l] are
+// [batch, n_head, capacity, head_dim]; positions [0, length) are valid.
+// Rows are independent sequences that share a length; repeat_rows() turns
+// one prefilled prompt into several samples.
+struct KvCache {
+  std::vector<torch::Tensor> keys, values;
+  int64_t length = 0;
+  int64_t capacity() const { return keys.empty() ? 0 : keys[0].size(2); }
+  int64_t batch() const { return keys.empty() ? 0 : keys[0].size(0); }
+  // Each row repeated `times` times (row r becomes rows r*times ...
+  // r*times + times-1): one prompt's cache for `times` samples.
+  void repeat_rows(int64_t times);
+};
+
 // One transformer block: a ZeRO stage 3 block (blocks/zero3_block.h).
 class TinyGptBlockImpl : public torch::nn::Module, public Zero3Block {
  public:
   // `index` tells the block's LoRA adapters apart.
   TinyGptBlockImpl(const TinyGptOptions& o, int64_t index = 0);
   torch::Tensor forward(torch::Tensor x);
+  // x: [batch, t, d_model], the next t positions after `past` cached ones.
+  // Writes their keys and values into k_cache/v_cache ([batch, n_head,
+  // capacity, head_dim]) at [past, past + t) and attends over [0, past + t).
+  torch::Tensor forward_cached(torch::Tensor x, torch::Tensor& k_cache,
+                               torch::Tensor& v_cache, int64_t past);
 
  private:
+  // The attention projection's residual and the MLP, shared by both paths.
+  torch::Tensor finish(const torch::Tensor& x, const torch::Tensor& y);
+
   int64_t n_head_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc_{nullptr},
@@ -49,6 +81,16 @@ class TinyGptImpl : public torch::nn::Module {
   // tokens: [batch, seq] int64 → logits [batch, seq, vocab].
   torch::Tensor forward(torch::Tensor tokens);
   const TinyGptOptions& options() const { return options_; }
+
+  // An empty cache for `batch` sequences of up to `capacity` tokens.
+  // UsageError unless 1 <= batch and 1 <= capacity <= block_size.
+  KvCache new_cache(int64_t batch, int64_t capacity) const;
+  // tokens: [cache->batch(), t] int64, the positions after the cached ones
+  // → logits [batch, t, vocab] for them; appends their keys and values to
+  // *cache. UsageError (nothing changed) if the cache would exceed its
+  // capacity, the batch differs, or t < 1. Call it under torch::NoGradGuard
+  // for generation (the cache is written in place).
+  torch::Tensor forward_cached(torch::Tensor tokens, KvCache* cache);
 
  private:
   TinyGptOptions options_;

@@ -41,6 +41,16 @@ std::string default_state_dir() {
 
 bool parse_tinker_path(const std::string& path, std::string* model_id,
                        std::string* name) {
+  return parse_tinker_path_of_kind(path, "weights", model_id, name);
+}
+
+bool parse_sampler_path(const std::string& path, std::string* model_id,
+                        std::string* name) {
+  return parse_tinker_path_of_kind(path, "sampler_weights", model_id, name);
+}
+
+bool parse_tinker_path_of_kind(const std::string& path, const std::string& kind,
+                               std::string* model_id, std::string* name) {
   const std::string prefix = "tinker://";
   if (path.rfind(prefix, 0) != 0) return false;
   std::vector<std::string> parts;
@@ -52,7 +62,7 @@ bool parse_tinker_path(const std::string& path, std::string* model_id,
     if (slash == std::string::npos) break;
     at = slash + 1;
   }
-  if (parts.size() != 3 || parts[1] != "weights") return false;
+  if (parts.size() != 3 || parts[1] != kind) return false;
   if (model_folder(parts[0]).find_first_not_of('.') == std::string::npos)
     return false;  // empty, ".", "..", ...
   if (!safe_checkpoint_name(parts[2])) return false;

@@ -37,6 +37,13 @@ std::string default_state_dir();
 bool parse_tinker_path(const std::string& path, std::string* model_id,
                        std::string* name);
 
+// The same for sampler weights, "tinker://<model id>/sampler_weights/<name>"
+// (save_weights_for_sampler), and for any middle part `kind`.
+bool parse_sampler_path(const std::string& path, std::string* model_id,
+                        std::string* name);
+bool parse_tinker_path_of_kind(const std::string& path, const std::string& kind,
+                               std::string* model_id, std::string* name);
+
 // Whether `path`, with every symbolic link resolved (it need not exist),
 // lies under the directory `root` (resolved too). False when either cannot
 // be resolved.

@@ -35,6 +35,22 @@ TEST(ParseTinkerPath, RejectsPathsLeavingTheStateDir) {
   }
 }
 
+TEST(ParseSamplerPath, AcceptsSamplerWeightsOnly) {
+  std::string id, name;
+  ASSERT_TRUE(parse_sampler_path(
+      "tinker://session-ab12-1:train:0/sampler_weights/s1", &id, &name));
+  EXPECT_EQ(id, "session-ab12-1:train:0");
+  EXPECT_EQ(name, "s1");
+  for (const char* bad :
+       {"tinker://m/weights/s1", "tinker://../sampler_weights/x",
+        "tinker://m/sampler_weights/..", "tinker://m/sampler_weights/a/b"}) {
+    std::string i = "unset", n = "unset";
+    EXPECT_FALSE(parse_sampler_path(bad, &i, &n)) << bad;
+    EXPECT_EQ(i, "unset");
+  }
+  EXPECT_FALSE(parse_tinker_path("tinker://m/sampler_weights/s1", &id, &name));
+}
+
 TEST(ModelFolder, NeverASeparator) {
   EXPECT_EQ(model_folder("s-1:train:0"), "s-1_train_0");
   EXPECT_EQ(model_folder("a\\b/c"), "a_b_c");

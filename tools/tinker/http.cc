@@ -43,6 +43,13 @@ HttpServer::HttpServer(Service* service) : impl_(new Impl) {
                  nlohmann::json(e.what()).dump() + "}";
     }
     res.status = out.status;
+    // Error bodies go out uncompressed: the SDK's HTTP client drops
+    // Content-Length when it decompresses, and the SDK takes a 400 without
+    // Content-Length for a proxy's rejection and reports "Connection error"
+    // instead of the message. cpp-httplib compresses only content types it
+    // matches exactly, so the charset parameter turns compression off.
+    if (out.status >= 400 && out.content_type == "application/json")
+      out.content_type = "application/json; charset=utf-8";
     res.set_content(out.body, out.content_type.c_str());
   };
   s.Get(".*", handler);

@@ -17,6 +17,20 @@ std::mutex g_construction_mu;  // torch's global RNG, shared by rank threads
 
 }  // namespace
 
+TinyGpt new_tiny_gpt(const BaseModel& base, const LoraOptions& lora,
+                     uint64_t seed) {
+  TinyGptOptions o;
+  o.vocab_size = base.vocab_size;
+  o.block_size = base.max_context;
+  o.d_model = base.d_model;
+  o.n_head = base.n_head;
+  o.n_layer = base.n_layer;
+  o.lora = lora;
+  std::lock_guard<std::mutex> lock(g_construction_mu);
+  torch::manual_seed(seed);
+  return TinyGpt(o);
+}
+
 ModelRegistry::ModelRegistry(Communicator* comm, const Config& config,
                              uint64_t base_seed)
     : comm_(comm), config_(config), base_seed_(base_seed) {}
@@ -43,18 +57,7 @@ std::unique_ptr<Model> ModelRegistry::build(const std::string& id,
   m->id = id;
   m->base = base;
   m->lora = lora;
-  TinyGptOptions o;
-  o.vocab_size = base.vocab_size;
-  o.block_size = base.max_context;
-  o.d_model = base.d_model;
-  o.n_head = base.n_head;
-  o.n_layer = base.n_layer;
-  o.lora = lora;
-  {
-    std::lock_guard<std::mutex> lock(g_construction_mu);
-    torch::manual_seed(base_seed_);
-    m->net = TinyGpt(o);
-  }
+  m->net = new_tiny_gpt(base, lora, base_seed_);
   if (lora.rank > 0) freeze_all_but_lora(*m->net);
   // Frozen weights are not the engine's: make rank 0's values everyone's
   // (they are equal by construction; this keeps real multi-process runs

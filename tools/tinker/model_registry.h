@@ -35,6 +35,12 @@ struct Model {
   std::unique_ptr<Engine> engine;
 };
 
+// A TinyGpt of `base` with `lora` adapters (rank 0: none), its weights
+// drawn from `seed` under the process-wide construction lock: what build()
+// starts from, and the shape of a sampler's copy (sampling.h).
+TinyGpt new_tiny_gpt(const BaseModel& base, const LoraOptions& lora,
+                     uint64_t seed);
+
 class ModelRegistry {
  public:
   // Every model's Engine gets `config` and runs on `*comm`, which must
@@ -47,6 +53,7 @@ class ModelRegistry {
   // is none.
   Model& get(const std::string& id);
   bool contains(const std::string& id) const;
+  uint64_t base_seed() const { return base_seed_; }
 
   // A new model, not registered: the base model's weights, LoRA adapters
   // when lora.rank > 0 (then only they train), rank 0's values of the

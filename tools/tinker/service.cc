@@ -87,7 +87,8 @@ std::string not_implemented(const std::string& ep) {
   return ep +
          " is not implemented by this server (it serves training: "
          "create_model, forward_backward, optim_step, save_weights, "
-         "load_weights, get_info; no sampling or sampler/external weights). "
+         "load_weights, get_info; and sampling: save_weights_for_sampler, "
+         "create_sampling_session, asample; no external weights). "
          "Nothing was changed";
 }
 
@@ -164,9 +165,11 @@ HttpResponse Service::handle(const HttpRequest& req) {
         models.push_back({{"model_name", m.first},
                           {"max_context_length", m.second},
                           {"trainable", true},
-                          {"sampleable", false}});
+                          {"sampleable", true}});
       return json_response(200, {{"supported_models", models}});
     }
+    if (ep.rfind("samplers/", 0) == 0 && ep.size() > 9)
+      return run_now("get_sampler", {{"sampler_id", ep.substr(9)}});
     return error_response(404, "no such endpoint: GET " + req.path);
   }
   if (req.method != "POST")
@@ -216,7 +219,11 @@ HttpResponse Service::handle(const HttpRequest& req) {
   if (ep == "load_weights") return load_weights(raw);
   if (ep == "get_info") return get_info(raw);
   if (ep == "retrieve_future") return retrieve_future(raw, req.accept);
-  if (ep == "optim_step" || ep == "save_weights") {
+  if (ep == "create_sampling_session")
+    return run_now("create_sampling_session", body);
+  if (ep == "asample") return asample(raw, body);
+  if (ep == "optim_step" || ep == "save_weights" ||
+      ep == "save_weights_for_sampler") {
     std::string model_id;
     if (!get_string(body, "model_id", &model_id))
       return error_response(400, ep + ": missing string field 'model_id'");
@@ -394,6 +401,53 @@ HttpResponse Service::get_info(const std::string& raw) {
   if (!f.done) return error_response(503, "the server is stopping");
   if (!f.result.ok) return error_response(400, f.result.error);
   return json_response(200, f.result.json);
+}
+
+HttpResponse Service::run_now(const std::string& op, const json& args) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const std::string rid = new_future();
+  enqueue(rid, Command{op, args, ""});
+  done_cv_.wait(lock, [&] { return futures_[rid].done || stopping_; });
+  Future f = futures_[rid];
+  futures_.erase(rid);
+  if (!f.done) return error_response(503, "the server is stopping");
+  if (!f.result.ok) return error_response(400, f.result.error);
+  return json_response(200, f.result.json);
+}
+
+HttpResponse Service::asample(const std::string& raw, const json& body) {
+  // The promise names each sample up front (the SDK stamps these ids on
+  // the sequences of the result): "<request id>:<i>".
+  int64_t n = 1;
+  if (body.contains("num_samples") && body["num_samples"].is_number_integer())
+    n = std::max<int64_t>(0,
+                          std::min<int64_t>(body["num_samples"].get<int64_t>(),
+                                            kMaxSampleIdsPerRequest));
+  std::string key;
+  if (body.contains("sampling_session_id") &&
+      body["sampling_session_id"].is_string() && body.contains("seq_id") &&
+      body["seq_id"].is_number_integer())
+    key = body["sampling_session_id"].get<std::string>() + "#" +
+          std::to_string(body["seq_id"].get<int64_t>());
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t h = hash_of(raw);
+  std::string rid;
+  auto seen = key.empty() ? samples_.end() : samples_.find(key);
+  if (seen != samples_.end()) {
+    if (seen->second.first != h)
+      return error_response(409, "asample: seq_id of sampling session '" + key +
+                                     "' was already used by a different "
+                                     "request");
+    rid = seen->second.second;  // a retry: the original future
+  } else {
+    rid = new_future();
+    if (!key.empty()) samples_[key] = {h, rid};
+    enqueue(rid, Command{"sample", body, ""});
+  }
+  json ids = json::array();
+  for (int64_t i = 0; i < n; ++i) ids.push_back(rid + ":" + std::to_string(i));
+  return json_response(200,
+                       {{"request_id", rid}, {"sample_sequence_ids", ids}});
 }
 
 HttpResponse Service::retrieve_future(const std::string& raw,

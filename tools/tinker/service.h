@@ -20,8 +20,16 @@
 //     not arrived within options.seq_gap_timeout_s fails ("a seq_id gap").
 //     A retried request (same model, seq_id and body) gets the original
 //     future; the same seq_id with another body is HTTP 409.
-//   - Unserved endpoints (save_weights_for_sampler, save_weights_external,
-//     sampling, ...): a request carrying a model_id and seq_id still takes
+//   - Sampling (tools/tinker/sampling.h): save_weights_for_sampler is a
+//     sequenced request of its model, like save_weights; its future
+//     answers {"path"} or {"sampling_session_id"}. create_sampling_session
+//     and GET samplers/<id> answer at once (HTTP 400 with the error).
+//     asample answers a promise {"request_id", "sample_sequence_ids"} at
+//     once; its future resolves to a protobuf SampleResponse. A retried
+//     asample (same sampling session, seq_id and body) gets the original
+//     future; the same seq_id with another body is HTTP 409.
+//   - Unserved endpoints (save_weights_external, ...): a request carrying a
+//   model_id and seq_id still takes
 //     its place in the model's order and consumes its seq_id (the SDK
 //     numbers every training-client request, and a later one would wait
 //     for the missing seq_id forever); its future fails with "not
@@ -52,6 +60,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -59,6 +68,10 @@
 
 namespace zerostep {
 namespace tinker {
+
+// The most sample ids an asample promise lists (the sampler rejects more
+// samples than models/sampler.h kMaxSamplesPerRequest anyway).
+inline constexpr int64_t kMaxSampleIdsPerRequest = 128;
 
 struct HttpRequest {
   std::string method;  // "GET" or "POST"
@@ -137,6 +150,10 @@ class Service {
                          int64_t seq_id, const std::string& body,
                          Command command);
   HttpResponse get_info(const std::string& body);
+  // Runs `op` in the command queue and answers its result at once (JSON,
+  // or HTTP 400 with the error).
+  HttpResponse run_now(const std::string& op, const nlohmann::json& args);
+  HttpResponse asample(const std::string& raw, const nlohmann::json& body);
   HttpResponse retrieve_future(const std::string& body,
                                const std::string& accept);
   // Requires mu_ held.
@@ -154,7 +171,10 @@ class Service {
   std::deque<std::pair<std::string, Command>> queue_;  // GUARDED_BY(mu_)
   std::map<std::string, ModelSeq> models_;             // GUARDED_BY(mu_)
   std::map<std::string, std::pair<uint64_t, std::string>>
-      creates_;               // GUARDED_BY(mu_)
+      creates_;  // GUARDED_BY(mu_)
+  // "<sampling session>#<seq_id>" -> (body hash, request id).
+  std::map<std::string, std::pair<uint64_t, std::string>>
+      samples_;               // GUARDED_BY(mu_)
   int64_t next_request_ = 1;  // GUARDED_BY(mu_)
   int64_t next_session_ = 1;  // GUARDED_BY(mu_)
   bool stopping_ = false;     // GUARDED_BY(mu_)

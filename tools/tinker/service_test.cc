@@ -79,7 +79,7 @@ class ServiceTest : public ::testing::Test {
 TEST_F(ServiceTest, UnservedEndpointConsumesItsSeqId) {
   const std::string id = create_model();
   int status = 0;
-  json f = post("save_weights_for_sampler",
+  json f = post("save_weights_external",
                 {{"model_id", id}, {"seq_id", 1}, {"path", "x"}}, &status);
   ASSERT_EQ(status, 200) << f;
   json r = result(f);
@@ -105,13 +105,65 @@ TEST_F(ServiceTest, UnservedEndpointConsumesItsSeqId) {
 TEST_F(ServiceTest, UnservedEndpointHeldForItsTurn) {
   const std::string id = create_model();
   // Arrives first with seq_id 2: waits for 1, then is consumed in order.
-  json unserved = post("save_weights_for_sampler",
+  json unserved = post("save_weights_external",
                        {{"model_id", id}, {"seq_id", 2}, {"path", "x"}});
   json first = post("save_weights", {{"model_id", id}, {"seq_id", 1}});
   json third = post("save_weights", {{"model_id", id}, {"seq_id", 3}});
   EXPECT_EQ(result(first)["op"], "save_weights");
   EXPECT_TRUE(result(unserved).contains("error"));
   EXPECT_EQ(result(third)["op"], "save_weights");
+}
+
+// Issue 15 item 1: sampler weights are a sequenced request of the model.
+TEST_F(ServiceTest, SaveWeightsForSamplerRunsInItsModelsOrder) {
+  const std::string id = create_model();
+  json later = post("save_weights", {{"model_id", id}, {"seq_id", 2}});
+  json save =
+      post("save_weights_for_sampler",
+           {{"model_id", id}, {"seq_id", 1}, {"sampling_session_seq_id", 0}});
+  EXPECT_EQ(result(save)["op"], "save_weights_for_sampler") << save;
+  EXPECT_EQ(result(later)["op"], "save_weights");
+  EXPECT_EQ(executed(),
+            (std::vector<std::string>{
+                "create_model", "save_weights_for_sampler", "save_weights"}));
+}
+
+TEST_F(ServiceTest, AsampleAnswersAPromiseWithOneIdPerSample) {
+  const json body = {{"sampling_session_id", "s:sample:0"},
+                     {"seq_id", 0},
+                     {"num_samples", 3},
+                     {"prompt", {{"chunks", json::array()}}}};
+  int status = 0;
+  json p = post("asample", body, &status);
+  ASSERT_EQ(status, 200) << p;
+  ASSERT_EQ(p["sample_sequence_ids"].size(), 3u) << p;
+  EXPECT_EQ(p["sample_sequence_ids"][2],
+            p["request_id"].get<std::string>() + ":2");
+  EXPECT_EQ(result(p)["op"], "sample");
+  // A retry gets the same future; the same seq_id with another body is 409.
+  EXPECT_EQ(post("asample", body)["request_id"], p["request_id"]);
+  json other = body;
+  other["num_samples"] = 2;
+  post("asample", other, &status);
+  EXPECT_EQ(status, 409);
+  EXPECT_EQ(executed(), (std::vector<std::string>{"sample"}));
+}
+
+TEST_F(ServiceTest, SamplingSessionsAnswerAtOnce) {
+  int status = 0;
+  json r = post("create_sampling_session",
+                {{"session_id", "s"},
+                 {"sampling_session_seq_id", 0},
+                 {"base_model", "b"}},
+                &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(r["op"], "create_sampling_session");
+  HttpRequest get;
+  get.method = "GET";
+  get.path = "/api/v1/samplers/s:sample:0";
+  HttpResponse res = service_.handle(get);
+  EXPECT_EQ(res.status, 200);
+  EXPECT_EQ(json::parse(res.body)["op"], "get_sampler");
 }
 
 TEST_F(ServiceTest, UnservedEndpointWithoutSeqIdIsNotImplemented) {

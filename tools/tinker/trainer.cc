@@ -18,6 +18,7 @@
 #include "tools/tinker/model_registry.h"
 #include "tools/tinker/protocol.h"
 #include "tools/tinker/request_fields.h"
+#include "tools/tinker/sampling.h"
 #include "zero/phase.h"
 
 namespace zerostep {
@@ -93,12 +94,14 @@ struct RankTrainer::Impl {
             server_ds_config(options.ds_config_json, comm->world_size()),
             comm->world_size())),
         models(comm, config, options.base_seed),
-        checkpoints(comm, options.state_dir) {}
+        checkpoints(comm, options.state_dir),
+        samplers(comm, options.state_dir) {}
 
   Communicator* comm;
   Config config;
   ModelRegistry models;
   CheckpointStore checkpoints;
+  SamplerStore samplers;
 
   uint64_t digest(Model& m) {
     torch::Tensor p = m.engine->full_parameters();  // a collective at stage 3
@@ -350,6 +353,22 @@ struct RankTrainer::Impl {
       return ok_json(checkpoints.load_weights(models, c.args));
     }
     if (c.op == "get_info") return get_info(c.args);
+    if (c.op == "save_weights_for_sampler")
+      return ok_json(samplers.save_for_sampler(models, c.args));
+    // Sessions and sampling are rank 0's alone (sampling.h).
+    const bool rank0 = comm->rank() == 0;
+    if (c.op == "create_sampling_session")
+      return rank0 ? ok_json(samplers.create_session(models, c.args))
+                   : CommandResult();
+    if (c.op == "get_sampler")
+      return rank0 ? ok_json(samplers.get_sampler(c.args)) : CommandResult();
+    if (c.op == "sample") {
+      if (!rank0) return CommandResult();
+      CommandResult r;
+      r.has_proto = true;
+      r.proto = samplers.sample(models, c.args);
+      return r;
+    }
     throw InternalError("unknown command '" + c.op + "'");
   }
 };

@@ -23,6 +23,10 @@
 //   save_weights /   Engine::save_checkpoint / load_checkpoint under
 //   load_weights     options.state_dir (re-partitioning allowed; weights
 //                    only unless the request asks for the optimizer).
+//   save_weights_for_sampler, create_sampling_session, get_sampler, sample
+//                    SamplerStore (sampling.h): the snapshot's gather runs
+//                    on every rank; sessions and sampling on rank 0 alone,
+//                    the other ranks executing them as no-ops.
 //
 // Note [Window positions]
 // ~~~~~~~~~~~~~~~~~~~~~~~
@@ -50,7 +54,8 @@
 //
 // The parts: base_model.h (the served presets), model_registry.h (the
 // models and create_model), losses.h (request checks and the losses),
-// checkpoints.h (save_weights / load_weights under state_dir); this file
+// checkpoints.h (save_weights / load_weights under state_dir), sampling.h
+// (sampler snapshots and sample requests); this file
 // drives them (forward_backward, optim_step, get_info).
 //
 // Thread safety: execute() is called from this rank's thread only. Model
