@@ -244,8 +244,10 @@ size_t total(const MemoryStats& m) {
   return m.param_bytes + m.grad_bytes + m.optimizer_state_bytes;
 }
 
-// Stage 3 at world 4: what a rank holds at rest is about a quarter of what
-// stage 0 holds, and at its peak (inside a step) it holds one block more.
+// Stage 3 at world 4: what a rank holds is about a quarter of what stage 0
+// holds plus one block's full parameters and gradients, the buffer pool
+// (Note [Stage 3 buffer pool] in zero/stage3.h), which stays allocated
+// between windows: the peak is what is held at rest.
 TEST(EngineTest, Stage3HoldsAQuarterOfStage0PlusOneBlock) {
   const int w = 4;
   std::vector<MemoryStats> mem(4);  // [stage0 rest, stage3 rest, stage3 peak]
@@ -301,8 +303,13 @@ TEST(EngineTest, Stage3HoldsAQuarterOfStage0PlusOneBlock) {
   EXPECT_EQ(mem[0].rollback_bytes, 0u);  // stage 0 needs none
   EXPECT_LE(peak3, stage0 / 4 + block + slack + rollback)
       << "stage0 " << stage0 << " stage3 peak " << peak3 << " block " << block;
-  EXPECT_GT(peak3, rest3);  // blocks really came and went
-  EXPECT_LT(rest3, stage0 / 2);
+  // One slot of the largest block for parameters and one for gradients,
+  // allocated in the first window and reused: nothing above that at any
+  // time, and without it the partitions are far below stage 0.
+  const size_t pool = 2 * padded * sizeof(float);
+  EXPECT_EQ(peak3, rest3 + rollback);
+  EXPECT_GE(rest3, pool);
+  EXPECT_LT(rest3 - pool, stage0 / 2);
 }
 
 // The block finds its engine through the block itself, not through the

@@ -98,8 +98,9 @@ std::vector<ScheduleEvent> setup_schedule(const ModelShape& model,
 std::vector<ScheduleEvent> window_schedule(const ModelShape& model,
                                            const ScheduleOptions& options);
 // What a rank holds (Stage::memory()), planned: stages 0-2 as constructed;
-// stage 3 at rest between windows, with peak_bytes one block group's full
-// parameters and gradients above it.
+// stage 3 at rest between windows, its buffer pool holding one block
+// group's full parameters and gradients (Note [Stage 3 buffer pool] in
+// zero/stage3.h), and peak_bytes the same.
 MemoryStats planned_memory(const ModelShape& model,
                            const ScheduleOptions& options);
 }  // namespace zerostep

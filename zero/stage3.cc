@@ -81,6 +81,10 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
   scratch_.assign(largest, 0.0f);
   full_params_.assign(groups_.size(), nullptr);
   full_grads_.assign(groups_.size(), nullptr);
+  param_slot_.assign(groups_.size(), GroupStorage::kOwn);
+  grad_slot_.assign(groups_.size(), GroupStorage::kOwn);
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (!groups_[g].persistent) slot_numel_ = std::max(slot_numel_, padded_[g]);
   refs_.assign(groups_.size(), 0);
   reduced_.assign(groups_.size(), false);
   pending_.assign(groups_.size(), 0);
@@ -106,12 +110,11 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
       std::memcpy(part_params_.data() + part_offset_[g],
                   initial_params[g] + rank_ * partition_[g],
                   partition_[g] * sizeof(float));
+    // The others' initial storage is the engine's to free (their pool
+    // slots come with the first use).
     if (groups_[g].persistent) {
       full_params_[g] = initial_params[g];
-      full_grads_[g] = storage_->materialize_grads(g);
-    } else {
-      storage_->release_params(g);
-      storage_->release_grads(g);
+      full_grads_[g] = storage_->materialize_grads(g, GroupStorage::kOwn);
     }
   }
   reset_peak();
@@ -134,9 +137,13 @@ MemoryStats Stage3::memory() const {
       sizeof(float);
   if (param_store_) m.param_bytes += param_store_->buffer_bytes();
   m.grad_bytes = (part_grads_.size() + scratch_.size()) * sizeof(float);
+  // Note [Stage 3 buffer pool]: every slot stays resident, in use or not.
+  m.param_bytes += param_slots_ * slot_numel_ * sizeof(float);
+  m.grad_bytes += grad_slots_ * slot_numel_ * sizeof(float);
   for (size_t g = 0; g < groups_.size(); ++g) {
-    if (full_params_[g]) m.param_bytes += padded_[g] * sizeof(float);
-    if (full_grads_[g]) m.grad_bytes += padded_[g] * sizeof(float);
+    if (!groups_[g].persistent) continue;
+    m.param_bytes += padded_[g] * sizeof(float);
+    m.grad_bytes += padded_[g] * sizeof(float);
   }
   m.optimizer_state_bytes = optimizer_.state_bytes();
   m.rollback_bytes = rollback_bytes();
@@ -169,8 +176,7 @@ void Stage3::gather(size_t g, const char* phase) {
   // storage behind (Note [NVMe parameter partitions]).
   float* part = partition_of(g);
   ++refs_[g];
-  full_params_[g] = storage_->materialize_params(g);
-  note_memory();
+  take_params(g);
   comm_->all_gather(Buffer::of(part, partition_[g]),
                     Buffer::of(full_params_[g], padded_[g]), {phase});
   storage_->params_written(g);
@@ -180,16 +186,58 @@ void Stage3::release(size_t g) {
   ZS_CHECK(g < groups_.size());
   ZS_CHECK(refs_[g] > 0);
   if (--refs_[g] > 0 || groups_[g].persistent) return;
-  storage_->release_params(g);
+  drop_params(g);
+}
+
+void Stage3::take_params(size_t g) {
+  ZS_CHECK(!groups_[g].persistent);
+  ZS_CHECK(param_slot_[g] == GroupStorage::kOwn);
+  size_t slot = param_slots_;
+  if (free_param_slots_.empty()) {
+    ++param_slots_;
+  } else {
+    slot = free_param_slots_.back();
+    free_param_slots_.pop_back();
+  }
+  param_slot_[g] = slot;
+  full_params_[g] = storage_->materialize_params(g, slot);
+  note_memory();
+}
+
+void Stage3::drop_params(size_t g) {
+  ZS_CHECK(param_slot_[g] != GroupStorage::kOwn);
+  storage_->release_params(g, param_slot_[g]);
+  free_param_slots_.push_back(param_slot_[g]);
+  param_slot_[g] = GroupStorage::kOwn;
   full_params_[g] = nullptr;
+}
+
+void Stage3::take_grads(size_t g) {
+  ZS_CHECK(!groups_[g].persistent);
+  ZS_CHECK(grad_slot_[g] == GroupStorage::kOwn);
+  size_t slot = grad_slots_;
+  if (free_grad_slots_.empty()) {
+    ++grad_slots_;
+  } else {
+    slot = free_grad_slots_.back();
+    free_grad_slots_.pop_back();
+  }
+  grad_slot_[g] = slot;
+  full_grads_[g] = storage_->materialize_grads(g, slot);
+  note_memory();
+}
+
+void Stage3::drop_grads(size_t g) {
+  ZS_CHECK(grad_slot_[g] != GroupStorage::kOwn);
+  storage_->release_grads(g, grad_slot_[g]);
+  free_grad_slots_.push_back(grad_slot_[g]);
+  grad_slot_[g] = GroupStorage::kOwn;
+  full_grads_[g] = nullptr;
 }
 
 void Stage3::gather_for_backward(size_t g) {
   gather(g, phase::kBackward);
-  if (full_grads_[g] == nullptr) {
-    full_grads_[g] = storage_->materialize_grads(g);
-    note_memory();
-  }
+  if (full_grads_[g] == nullptr) take_grads(g);
 }
 
 void Stage3::begin_backward(int64_t backward_index, int64_t global_steps) {
@@ -214,14 +262,10 @@ void Stage3::reduce_group(size_t g) {
     std::memset(full_grads_[g], 0, padded_[g] * sizeof(float));
     return;
   }
-  storage_->release_grads(g);
-  full_grads_[g] = nullptr;
+  drop_grads(g);
   // Its backward is over: the parameters go too.
   refs_[g] = 0;
-  if (full_params_[g] != nullptr) {
-    storage_->release_params(g);
-    full_params_[g] = nullptr;
-  }
+  if (full_params_[g] != nullptr) drop_params(g);
 }
 
 void Stage3::on_grad_ready(size_t param_index) {
@@ -237,8 +281,7 @@ void Stage3::end_backward() {
   // same collectives.
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (reduced_[g]) continue;
-    if (full_grads_[g] == nullptr)
-      full_grads_[g] = storage_->materialize_grads(g);
+    if (full_grads_[g] == nullptr) take_grads(g);
     reduce_group(g);
   }
 }
