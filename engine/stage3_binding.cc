@@ -156,6 +156,7 @@ Stage3Binding::Stage3Binding(std::shared_ptr<torch::nn::Module> model,
   const size_t model_bytes = dtype_ == Precision::kBf16 ? 2 : 4;
   params_pool_.slot_bytes = grads_pool_.slot_bytes = slot_numel * model_bytes;
   params32_pool_.slot_bytes = grads32_pool_.slot_bytes = slot_numel * 4;
+  own_grads_.assign(groups.size(), false);
   stage3_ = std::make_unique<Stage3>(options.stage, groups,
                                      options.stage.layout.numels, initial,
                                      static_cast<GroupStorage*>(this), comm);
@@ -207,6 +208,7 @@ void Stage3Binding::release_params(size_t g, size_t slot) {
 
 float* Stage3Binding::materialize_grads(size_t g, size_t slot) {
   const bool bf16 = !group_grads32_.empty();
+  if (slot == kOwn) own_grads_[g] = true;
   void* model = slot == kOwn ? resize_storage(group_grads_[g], true)
                              : grads_pool_.attach(slot, group_grads_[g], true);
   if (!bf16) return static_cast<float*>(model);
@@ -308,9 +310,10 @@ MemoryStats Stage3Binding::memory() const {
   m.param_bytes += params_pool_.allocated * params_pool_.slot_bytes;
   m.grad_bytes += grads_pool_.allocated * grads_pool_.slot_bytes;
   for (size_t g = 0; g < persistent_.size(); ++g) {
-    if (!persistent_[g]) continue;
-    m.param_bytes += group_params_[g].storage().nbytes();
-    m.grad_bytes += group_grads_[g].storage().nbytes();
+    if (persistent_[g]) m.param_bytes += group_params_[g].storage().nbytes();
+    // Persistent groups, and every group with reduce_once_per_step: the
+    // group's own gradient storage (Note [Reduce once per step]).
+    if (own_grads_[g]) m.grad_bytes += group_grads_[g].storage().nbytes();
   }
   return m;
 }

@@ -99,6 +99,7 @@ class Stage3Binding final : public ParamBinding,
   std::vector<torch::Tensor> group_params32_;
   std::vector<torch::Tensor> group_grads32_;
   std::vector<bool> persistent_;  // per group
+  std::vector<bool> own_grads_;   // per group: gradients in its own storage
   // Model dtype and (bf16 only) float32 slots.
   Pool params_pool_, grads_pool_, params32_pool_, grads32_pool_;
   std::map<const torch::nn::Module*, size_t> block_group_;

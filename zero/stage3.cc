@@ -20,14 +20,19 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
       storage_(storage),
       comm_(comm),
       grad_accum_(options.grad_accum),
+      reduce_once_(options.reduce_once_per_step),
       world_(comm->world_size()),
       rank_(comm->rank()),
-      optimizer_(options.optimizer, [&] {
-        size_t n = 0;
-        for (const Stage3Group& g : groups_)
-          n += zerostep::padded_numel(g.numel, comm->world_size()) / comm->world_size();
-        return n;
-      }(), AdamKernel::kFused, options.optimizer_swap) {
+      optimizer_(
+          options.optimizer,
+          [&] {
+            size_t n = 0;
+            for (const Stage3Group& g : groups_)
+              n += zerostep::padded_numel(g.numel, comm->world_size()) /
+                   comm->world_size();
+            return n;
+          }(),
+          AdamKernel::kFused, options.optimizer_swap) {
   ZS_CHECK(storage_ != nullptr);
   ZS_CHECK(initial_params.size() == groups_.size());
   size_t canonical = 0;
@@ -141,9 +146,11 @@ MemoryStats Stage3::memory() const {
   m.param_bytes += param_slots_ * slot_numel_ * sizeof(float);
   m.grad_bytes += grad_slots_ * slot_numel_ * sizeof(float);
   for (size_t g = 0; g < groups_.size(); ++g) {
-    if (!groups_[g].persistent) continue;
-    m.param_bytes += padded_[g] * sizeof(float);
-    m.grad_bytes += padded_[g] * sizeof(float);
+    if (groups_[g].persistent) m.param_bytes += padded_[g] * sizeof(float);
+    // Persistent groups, and with reduce_once_per_step every group once
+    // it has had a backward: the group's own full gradient storage.
+    if (grad_slot_[g] == GroupStorage::kOwn && full_grads_[g] != nullptr)
+      m.grad_bytes += padded_[g] * sizeof(float);
   }
   m.optimizer_state_bytes = optimizer_.state_bytes();
   m.rollback_bytes = rollback_bytes();
@@ -215,6 +222,12 @@ void Stage3::drop_params(size_t g) {
 void Stage3::take_grads(size_t g) {
   ZS_CHECK(!groups_[g].persistent);
   ZS_CHECK(grad_slot_[g] == GroupStorage::kOwn);
+  if (reduce_once_) {
+    // Note [Reduce once per step]: the group's own storage, for good.
+    full_grads_[g] = storage_->materialize_grads(g, GroupStorage::kOwn);
+    note_memory();
+    return;
+  }
   size_t slot = grad_slots_;
   if (free_grad_slots_.empty()) {
     ++grad_slots_;
@@ -252,13 +265,25 @@ void Stage3::begin_backward(int64_t backward_index, int64_t global_steps) {
 void Stage3::reduce_group(size_t g) {
   ZS_CHECK(full_grads_[g] != nullptr);
   storage_->grads_ready(g);
+  if (reduce_once_) {
+    // Note [Reduce once per step]: the gradient waits for the step.
+    reduced_[g] = true;
+    if (groups_[g].persistent) return;
+    refs_[g] = 0;
+    if (full_params_[g] != nullptr) drop_params(g);
+    return;
+  }
+  reduce_scatter_group(g, phase::kBackward);
+}
+
+void Stage3::reduce_scatter_group(size_t g, const char* phase) {
   comm_->reduce_scatter(Buffer::of(full_grads_[g], padded_[g]),
                         Buffer::of(scratch_.data(), partition_[g]),
-                        {ReduceOp::kSum, phase::kBackward});
+                        {ReduceOp::kSum, phase});
   accumulate(part_grads_.data() + part_offset_[g], scratch_.data(),
              partition_[g], Precision::kFp32, grad_accum_);
   reduced_[g] = true;
-  if (groups_[g].persistent) {
+  if (groups_[g].persistent || reduce_once_) {
     std::memset(full_grads_[g], 0, padded_[g] * sizeof(float));
     return;
   }
@@ -287,9 +312,17 @@ void Stage3::end_backward() {
 }
 
 void Stage3::reduce_window(int64_t window_backwards, int64_t global_steps,
-                           const char*) {
+                           const char* phase) {
   internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
                             window_backwards, global_steps);
+  if (!reduce_once_) return;
+  // Note [Reduce once per step]: every group has its full gradient (each
+  // backward ends with all of them, end_backward()); reduce, in group
+  // order, and clear for the next window.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    ZS_CHECK(full_grads_[g] != nullptr);
+    reduce_scatter_group(g, phase);
+  }
 }
 
 GradStats Stage3::finalize(double divisor, double clip) {

@@ -22,7 +22,14 @@
 //               into the rank's partition accumulator and release both
 //               slots. end_backward() does the same for groups whose
 //               parameters got no gradient.
-//   step        agreement, divide by W (and the per_step_count divisor),
+//               With reduce_once_per_step (Note [Reduce once per step]
+//               in zero/stage.h) the group's gradient stays in its full
+//               storage (its own, not a pool slot, kept from the group's
+//               first backward on) and accumulates over the window; only
+//               the parameters are released.
+//   step        agreement (reduce_once_per_step: then every group's full
+//               gradient reduce-scattered, in group order, and cleared),
+//               divide by W (and the per_step_count divisor),
 //               norm (8-byte all-reduce), clip, optimizer on the
 //               partitions, all-gather of the persistent group; all or
 //               nothing (Note [Transactional update] in zero/stage.h:
@@ -169,7 +176,13 @@ class Stage3 final : public Stage {
   const SwapStore* param_store() const { return param_store_.get(); }
 
  private:
+  // A group's gradient is complete for this backward: reduce it (by
+  // default) or keep it for the step (reduce_once_per_step).
   void reduce_group(size_t group);
+  // Reduce-scatter the group's full gradient into its partition
+  // accumulator, then clear it (persistent groups, reduce_once_per_step)
+  // or release it and the parameters.
+  void reduce_scatter_group(size_t group, const char* phase);
   // Note [Stage 3 buffer pool]: group g's parameters (gradients) into a
   // free slot, and back.
   void take_params(size_t group);
@@ -197,6 +210,9 @@ class Stage3 final : public Stage {
   GroupStorage* storage_;
   Communicator* comm_;
   Precision grad_accum_;
+  // Note [Reduce once per step] in zero/stage.h: the groups' full gradients
+  // accumulate over the window, each in the group's own storage.
+  bool reduce_once_;
   int world_;
   int rank_;
   std::vector<Span> owned_;
