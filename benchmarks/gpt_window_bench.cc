@@ -1,6 +1,9 @@
 // gpt_window_bench: one unmanaged window (N backward() calls, then one
 // step()) of the tiny GPT (models/tiny_gpt.h) at a size where the stages'
-// buffers matter, on the simulator, at ZeRO stages 2 and 3. It measures what
+// buffers matter, on the simulator, at ZeRO stages 2 and 3, with
+// zero_optimization.reduce_once_per_step off (DeepSpeed's reduce after
+// every backward) and on (one reduce-scatter per window: Note [Reduce once
+// per step] in zero/stage.h). It measures what
 // the window costs the process, not only how long it takes: minor page
 // faults (getrusage ru_minflt, which sums every thread, i.e. every simulated
 // rank) and the bytes and memory of rank 0.
@@ -10,20 +13,24 @@
 //       --benchmark_out=/tmp/gpt_window.json --benchmark_out_format=json
 //   (one command line)
 //
-// One benchmark per (stage, world). Each builds one SimWorld, its models and
-// Engines (inside a first SimWorld::run: the constructor broadcasts), runs a
-// few warm-up windows, then times one window per iteration.
+// One benchmark per (stage, world, once). Each builds one SimWorld, its models
+// and Engines (inside a first SimWorld::run: the constructor broadcasts), runs
+// a few warm-up windows, then times one window per iteration.
 //
 // Counters (docs/benchmarks.md):
 //   window_ms               median wall time of a window
 //   minflt_per_window       median minor page faults of the process per
 //                           window (all ranks)
+//   minflt_mean_per_window  their mean (glibc sometimes returns freed
+//                           memory to the kernel and sometimes not, so
+//                           the faults of a window come in bursts)
 //   bytes_per_rank_per_window          rank 0's ledger payload bytes
 //   backward_bytes_per_rank_per_window of which in backward()
 //   peak_bytes              rank 0's Engine::memory().peak_bytes over the
 //                           timed windows
 //   resident_bytes          rank 0's params + grads + optimizer + rollback
 //                           bytes after the last window
+//   grad_bytes              of which gradients (full and partitioned)
 //   params                  trainable parameters
 //
 // Benchmarks never run under `bazel test`: the target is tagged "benchmark"
@@ -58,7 +65,7 @@ constexpr int64_t kMicroBatch = 4;  // sequences per backward per rank
 constexpr uint64_t kSeed = 1;
 constexpr int kWarmupWindows = 2;
 
-std::string config_json(int stage) {
+std::string config_json(int stage, bool once) {
   return std::string("{\"train_micro_batch_size_per_gpu\": ") +
          std::to_string(kMicroBatch) + ", \"gradient_accumulation_steps\": " +
          std::to_string(kBackwardsPerWindow) +
@@ -66,6 +73,8 @@ std::string config_json(int stage) {
          ", \"zero_optimization\": {\"stage\": " +
          std::to_string(stage) +
          ", \"stage3_param_persistence_threshold\": 0"
+         ", \"reduce_once_per_step\": " +
+         (once ? "true" : "false") +
          "}, \"optimizer\": {\"type\": \"AdamW\", \"params\": "
          "{\"lr\": 0.0001, \"weight_decay\": 0.01}}}";
 }
@@ -78,10 +87,10 @@ int64_t minor_faults() {
 
 class Rig {
  public:
-  Rig(const Task& task, int stage, int world_size)
+  Rig(const Task& task, int stage, int world_size, bool once)
       : task_(task),
         world_(SimOptions{world_size, kSeed}),
-        config_(parse_config(config_json(stage), world_size)) {
+        config_(parse_config(config_json(stage, once), world_size)) {
     for (int r = 0; r < world_size; ++r)
       models_.push_back(task.make_model(kSeed));
     const Batch all =
@@ -142,10 +151,11 @@ double median(std::vector<double> v) {
 void BM_GptWindow(benchmark::State& state) {
   const int stage = static_cast<int>(state.range(0));
   const int world_size = static_cast<int>(state.range(1));
+  const bool once = state.range(2) != 0;
   std::unique_ptr<Task> task = make_task(kModel, kModelScale);
   std::unique_ptr<Rig> rig;
   try {
-    rig = std::make_unique<Rig>(*task, stage, world_size);
+    rig = std::make_unique<Rig>(*task, stage, world_size, once);
     for (int i = 0; i < kWarmupWindows; ++i) rig->window();
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
@@ -171,6 +181,9 @@ void BM_GptWindow(benchmark::State& state) {
   const MemoryStats m = rig->engine0().memory();
   state.counters["window_ms"] = median(times) * 1e3;
   state.counters["minflt_per_window"] = median(faults);
+  double fault_sum = 0.0;
+  for (double f : faults) fault_sum += f;
+  state.counters["minflt_mean_per_window"] = fault_sum / windows;
   state.counters["bytes_per_rank_per_window"] =
       static_cast<double>(rig->ledger0().total_bytes()) / windows;
   state.counters["backward_bytes_per_rank_per_window"] =
@@ -179,13 +192,14 @@ void BM_GptWindow(benchmark::State& state) {
   state.counters["resident_bytes"] = static_cast<double>(
       m.param_bytes + m.grad_bytes + m.optimizer_state_bytes +
       m.rollback_bytes);
+  state.counters["grad_bytes"] = static_cast<double>(m.grad_bytes);
   state.counters["params"] =
       static_cast<double>(rig->engine0().layout().numel);
 }
 
 BENCHMARK(BM_GptWindow)
-    ->ArgNames({"stage", "world"})
-    ->ArgsProduct({{2, 3}, {2}})
+    ->ArgNames({"stage", "world", "once"})
+    ->ArgsProduct({{2, 3}, {2}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
