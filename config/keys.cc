@@ -307,6 +307,9 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = {
     read("zero_optimization.stage", "0, 1, 2 or 3"),
     read("zero_optimization.overlap_comm",
          "stage 2: reduce buckets during backward"),
+    read("zero_optimization.reduce_once_per_step",
+         "zerostep's own key: stages 2/3 reduce a window's gradients once, "
+         "in step()"),
     read("zero_optimization.reduce_bucket_size",
          "elements per gradient reduction; 0 as 1"),
     read("zero_optimization.allgather_bucket_size",

@@ -45,6 +45,11 @@ struct ZeroConfig {
   // (zero_optimization.stage3_param_persistence_threshold or its other
   // name, param_persistence_threshold).
   int64_t stage3_param_persistence_threshold = 100000;
+  // zerostep's own key zero_optimization.reduce_once_per_step: stages 2/3
+  // accumulate a window's gradients unsharded and reduce-scatter them once,
+  // in step() (Note [Reduce once per step] in zero/stage.h). Off by default
+  // (DeepSpeed reduces after every backward); no effect at stages 0/1.
+  bool reduce_once_per_step = false;
   // Optimizer state offload (stages 1-3) and parameter offload (stage 3;
   // below stage 3 the section is ignored, as in DeepSpeed, and this keeps
   // its defaults).

@@ -26,6 +26,44 @@ void free_storage(torch::Tensor& t) {
   at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), 0);
 }
 
+}  // namespace
+
+// Note [Stage 3 buffer pool] (zero/stage3.h): the slot's memory moves into
+// the tensor's storage (allocated on the slot's first use), which then
+// holds the tensor's bytes; tensors autograd saved from it see them.
+void* Stage3Binding::Pool::attach(size_t slot, torch::Tensor& t, bool zero) {
+  ZS_CHECK(slot <= slots.size());
+  if (slot == slots.size()) {
+    slots.push_back(c10::GetCPUAllocator()->allocate(slot_bytes));
+    ++allocated;
+  }
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  ZS_CHECK(bytes <= slot_bytes);
+  ZS_CHECK(slots[slot].get() != nullptr);  // not attached elsewhere
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  at::DataPtr memory = std::move(slots[slot]);
+  slots[slot] = at::DataPtr(nullptr, t.device());
+  // What the storage held: zero bytes (released, or freed after the
+  // stage's construction).
+  at::DataPtr old = s->set_data_ptr(std::move(memory));
+  s->set_nbytes(bytes);
+  void* data = t.data_ptr();
+  if (zero) std::memset(data, 0, bytes);
+  return data;
+}
+
+// The storage gives the memory back and holds zero bytes.
+void Stage3Binding::Pool::detach(size_t slot, torch::Tensor& t) {
+  ZS_CHECK(slot < slots.size());
+  ZS_CHECK(slots[slot].get() == nullptr);
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  ZS_CHECK(s->data() != nullptr);
+  slots[slot] = s->set_data_ptr(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+
+namespace {
+
 // Which group an identity node gathers: held by the node's saved data.
 struct GroupRef final : torch::CustomClassHolder {
   GroupRef(Stage3* s, size_t g) : stage3(s), group(g) {}
@@ -111,9 +149,29 @@ Stage3Binding::Stage3Binding(std::shared_ptr<torch::nn::Module> model,
       initial.push_back(master.data_ptr<float>());
     }
   }
+  size_t slot_numel = 0;
+  for (const Stage3Group& g : groups)
+    if (!g.persistent)
+      slot_numel = std::max(slot_numel, padded_numel(g.numel, world));
+  const size_t model_bytes = dtype_ == Precision::kBf16 ? 2 : 4;
+  params_pool_.slot_bytes = grads_pool_.slot_bytes = slot_numel * model_bytes;
+  params32_pool_.slot_bytes = grads32_pool_.slot_bytes = slot_numel * 4;
+  own_grads_.assign(groups.size(), false);
   stage3_ = std::make_unique<Stage3>(options.stage, groups,
                                      options.stage.layout.numels, initial,
                                      static_cast<GroupStorage*>(this), comm);
+  // Note [Stage 3 buffer pool]: the non-persistent groups' initial storage
+  // has served the stage's constructor; from now on they use pool slots.
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    persistent_.push_back(groups[gi].persistent);
+    if (groups[gi].persistent) continue;
+    free_storage(group_params_[gi]);
+    free_storage(group_grads_[gi]);
+    if (!group_params32_.empty()) {
+      free_storage(group_params32_[gi]);
+      free_storage(group_grads32_[gi]);
+    }
+  }
   for (torch::nn::Module* b : map.blocks)
     dynamic_cast<Zero3Block*>(b)->set_zero3_hooks(this);
   blocks_ = map.blocks;
@@ -129,26 +187,40 @@ Stage3Binding::~Stage3Binding() {
 
 // bf16: the model views bf16 storages; the stage gathers into and reduces
 // from float32 ones, converted by the two hooks below.
-float* Stage3Binding::materialize_params(size_t g) {
-  void* model = resize_storage(group_params_[g], /*zero=*/false);
-  if (group_params32_.empty()) return static_cast<float*>(model);
-  return static_cast<float*>(resize_storage(group_params32_[g], false));
+// kOwn: a persistent group's own storage, sized once for the binding's
+// lifetime; otherwise a pool slot.
+float* Stage3Binding::materialize_params(size_t g, size_t slot) {
+  const bool bf16 = !group_params32_.empty();
+  void* model = slot == kOwn
+                    ? resize_storage(group_params_[g], false)
+                    : params_pool_.attach(slot, group_params_[g], false);
+  if (!bf16) return static_cast<float*>(model);
+  return static_cast<float*>(
+      slot == kOwn ? resize_storage(group_params32_[g], false)
+                   : params32_pool_.attach(slot, group_params32_[g], false));
 }
 
-void Stage3Binding::release_params(size_t g) {
-  free_storage(group_params_[g]);
-  if (!group_params32_.empty()) free_storage(group_params32_[g]);
+void Stage3Binding::release_params(size_t g, size_t slot) {
+  ZS_CHECK(slot != kOwn);
+  params_pool_.detach(slot, group_params_[g]);
+  if (!group_params32_.empty()) params32_pool_.detach(slot, group_params32_[g]);
 }
 
-float* Stage3Binding::materialize_grads(size_t g) {
-  void* model = resize_storage(group_grads_[g], /*zero=*/true);
-  if (group_grads32_.empty()) return static_cast<float*>(model);
-  return static_cast<float*>(resize_storage(group_grads32_[g], true));
+float* Stage3Binding::materialize_grads(size_t g, size_t slot) {
+  const bool bf16 = !group_grads32_.empty();
+  if (slot == kOwn) own_grads_[g] = true;
+  void* model = slot == kOwn ? resize_storage(group_grads_[g], true)
+                             : grads_pool_.attach(slot, group_grads_[g], true);
+  if (!bf16) return static_cast<float*>(model);
+  return static_cast<float*>(
+      slot == kOwn ? resize_storage(group_grads32_[g], true)
+                   : grads32_pool_.attach(slot, group_grads32_[g], true));
 }
 
-void Stage3Binding::release_grads(size_t g) {
-  free_storage(group_grads_[g]);
-  if (!group_grads32_.empty()) free_storage(group_grads32_[g]);
+void Stage3Binding::release_grads(size_t g, size_t slot) {
+  ZS_CHECK(slot != kOwn);
+  grads_pool_.detach(slot, group_grads_[g]);
+  if (!group_grads32_.empty()) grads32_pool_.detach(slot, group_grads32_[g]);
 }
 
 void Stage3Binding::params_written(size_t g) {
@@ -232,13 +304,17 @@ torch::Tensor Stage3Binding::flat_gradients() const {
 
 MemoryStats Stage3Binding::memory() const {
   MemoryStats m = stage3_->memory();
-  // bf16: the model's own storages beside the stage's float32 ones; they
-  // come and go with their groups and are not in stage 3's peak.
+  // bf16: the model's own storages beside the stage's float32 ones (the
+  // persistent groups' and the pool's slots); not in stage 3's peak.
   if (group_params32_.empty()) return m;
-  for (const torch::Tensor& t : group_params_)
-    m.param_bytes += t.storage().nbytes();
-  for (const torch::Tensor& t : group_grads_)
-    m.grad_bytes += t.storage().nbytes();
+  m.param_bytes += params_pool_.allocated * params_pool_.slot_bytes;
+  m.grad_bytes += grads_pool_.allocated * grads_pool_.slot_bytes;
+  for (size_t g = 0; g < persistent_.size(); ++g) {
+    if (persistent_[g]) m.param_bytes += group_params_[g].storage().nbytes();
+    // Persistent groups, and every group with reduce_once_per_step: the
+    // group's own gradient storage (Note [Reduce once per step]).
+    if (own_grads_[g]) m.grad_bytes += group_grads_[g].storage().nbytes();
+  }
   return m;
 }
 

@@ -10,8 +10,10 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
+#include <string_view>
 
 #include "comm/gloo_world.h"
+#include "comm/ledger.h"
 #include "common/errors.h"
 #include "engine/engine.h"
 #include "sim/sim_world.h"
@@ -102,7 +104,7 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
   std::vector<std::vector<size_t>> rest(run.world_size);
   std::vector<uint64_t> comm_bytes(run.world_size),
       backward_bytes(run.world_size), forward_bytes(run.world_size),
-      step_bytes(run.world_size);
+      step_bytes(run.world_size), backward_rs_bytes(run.world_size, 0);
   std::vector<MemoryStats> memory(run.world_size);
   const int steps = static_cast<int>(s.backwards.size());
   std::vector<std::vector<double>> losses(run.world_size,
@@ -188,6 +190,10 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
     backward_bytes[r] = world.ledger(r).bytes_in(phase::kBackward);
     forward_bytes[r] = world.ledger(r).bytes_in(phase::kForward);
     step_bytes[r] = world.ledger(r).bytes_in(phase::kStep);
+    for (const LedgerEntry& e : world.ledger(r).entries())
+      if (e.kind == CollectiveKind::kReduceScatter &&
+          std::string_view(e.label) == phase::kBackward)
+        backward_rs_bytes[r] += e.bytes;
     memory[r] = engine.memory();
     finals[r] = to_vector(engine.full_parameters());
     samples[r] = engine.global_samples();
@@ -205,6 +211,7 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
   d.backward_comm_bytes = backward_bytes[0];
   d.forward_comm_bytes = forward_bytes[0];
   d.step_comm_bytes = step_bytes[0];
+  d.backward_reduce_scatter_bytes = backward_rs_bytes[0];
   d.memory_rest_bytes = rest_bytes(memory[0]);
   for (int k = 0; k < steps; ++k) {
     d.memory_rest_by_window.emplace_back();
@@ -264,6 +271,7 @@ std::string harness_flags(const Scenario& s) {
     os << " --config=<a file holding: " << elide(s.base_config_json, 2000)
        << ">";
   if (s.overlap_comm) os << " --overlap-comm";
+  if (s.reduce_once_per_step) os << " --reduce-once-per-step";
   if (s.reduce_bucket_size > 0)
     os << " --reduce-bucket-size=" << s.reduce_bucket_size;
   if (s.allgather_bucket_size > 0)
@@ -322,6 +330,7 @@ Config scenario_config(const Scenario& s, bool managed) {
   json& zero = j["zero_optimization"];
   zero["stage"] = s.stage;
   if (s.overlap_comm) zero["overlap_comm"] = true;
+  if (s.reduce_once_per_step) zero["reduce_once_per_step"] = true;
   // Unmanaged mode refuses overlap_comm at stages 0-1 (nothing to overlap
   // there); it changes when buckets are sent, never what is summed, so the
   // file's setting is dropped rather than the scenario refused.
@@ -574,6 +583,16 @@ ScenarioResult run_scenario(const Scenario& s) {
     require(res.unmanaged.backward_comm_bytes == 0,
             "stage " + std::to_string(s.stage) +
                 " unmanaged communicated during backward");
+  // Note [Reduce once per step]: the backwards only agree and (stage 3)
+  // gather; by default stages 2/3 reduce in every backward.
+  if (s.stage >= 2)
+    require((res.unmanaged.backward_reduce_scatter_bytes == 0) ==
+                s.reduce_once_per_step,
+            std::string("stage ") + std::to_string(s.stage) +
+                " unmanaged reduce-scattered " +
+                std::to_string(res.unmanaged.backward_reduce_scatter_bytes) +
+                " bytes during backward with reduce_once_per_step " +
+                (s.reduce_once_per_step ? "on" : "off"));
   require(res.unmanaged.replicas_identical, "unmanaged replicas diverged");
   require(res.managed.replicas_identical, "managed replicas diverged");
   require(res.unmanaged.steps_applied == steps,
@@ -643,6 +662,9 @@ std::string to_json_line(const ScenarioResult& r) {
   j["offload_bitwise_equal"] = r.offload_bitwise_equal;
   j["backend"] = s.backend;
   j["overlap_comm"] = s.overlap_comm;
+  j["reduce_once_per_step"] = s.reduce_once_per_step;
+  j["backward_reduce_scatter_bytes_unmanaged"] =
+      r.unmanaged.backward_reduce_scatter_bytes;
   j["persistence_threshold"] = s.persistence_threshold;
   j["world"] = s.world_size;
   j["dtype"] = to_string(s.dtype);

@@ -57,7 +57,14 @@
 // the per_step_count division in step), so no floating-point operation
 // differs. This holds for every scaling mode, every N sequence and every
 // stage (stage 2 reduces in every backward in both modes), with or without
-// overlap_comm (which changes when a bucket is sent, not what is summed).
+// overlap_comm (which changes when a bucket is sent, not what is summed),
+// and with reduce_once_per_step on in both (each backward accumulates the
+// full gradient locally in the same order, and the one reduction per
+// window runs on the same sums; on against off is not bitwise: the sums
+// over backwards and over ranks are taken in the other order, so that
+// pair agrees only within the reference TOLERANCE, which the reference
+// check covers). With the option on, the unmanaged run must also send no
+// reduce-scatter during backward.
 // across stages: stage 1 equals stage 0 BITWISE (each element is reduced
 // the same way); stage 2 sums over ranks per backward before summing over
 // backwards, so it agrees with stages 0/1 within the TOLERANCE below.
@@ -153,6 +160,11 @@ struct Scenario {
   double gradient_clipping = -1.0;
   // zero_optimization keys (0 = the config's value or DeepSpeed's default).
   bool overlap_comm = false;  // stage 2 only
+  // zero_optimization.reduce_once_per_step (stages 2/3; Note [Reduce once
+  // per step] in zero/stage.h). Both the unmanaged and the managed run use
+  // it, so the bitwise claim compares the option on against on: against
+  // off the sums are formed in another order (Note [Parity claims]).
+  bool reduce_once_per_step = false;
   int64_t reduce_bucket_size = 0;
   int64_t allgather_bucket_size = 0;
   // Stage 3: stage3_param_persistence_threshold; < 0 keeps the config's (or
@@ -203,6 +215,8 @@ struct RunDigest {
   uint64_t backward_comm_bytes = 0;  // rank 0, during backward()
   uint64_t forward_comm_bytes = 0;   // rank 0, stage 3's forward gathers
   uint64_t step_comm_bytes = 0;      // rank 0, during step()
+  // rank 0's reduce-scatter payload bytes labelled backward.
+  uint64_t backward_reduce_scatter_bytes = 0;
   int64_t global_samples = 0;
   int64_t steps_applied = 0;
   int64_t skipped_steps = 0;

@@ -231,6 +231,12 @@ RC_GTEST_PROP(ParityProperty, UnmanagedMatchesManagedTwin, ()) {
     s.persistence_threshold =
         *rc::gen::element<int64_t>(0, 3000, 100000).as("persistence_threshold");
   }
+  if (s.stage >= 2) {
+    // Note [Reduce once per step] (zero/stage.h): both modes with it.
+    s.reduce_once_per_step =
+        *rc::gen::arbitrary<bool>().as("reduce_once_per_step");
+    RC_CLASSIFY(s.reduce_once_per_step, "reduce once per step");
+  }
   if (s.stage == 2) {
     // Small buckets so that several buckets and all-gather pieces occur.
     s.overlap_comm = *rc::gen::arbitrary<bool>().as("overlap_comm");

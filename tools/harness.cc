@@ -388,6 +388,8 @@ void print_run_header(const HarnessFlags& f, bool plan) {
       std::cerr << " overflow=" << f.overflow[0] << ":" << f.overflow[1] << ":"
                 << f.overflow[2] << (f.overflow_element ? ":element" : ":loss");
     std::cerr << " overlap_comm=" << (f.overlap_comm ? "stage>=2" : "off")
+              << " reduce_once_per_step="
+              << (f.reduce_once_per_step ? "stage>=2" : "off")
               << " reduce_bucket_size=" << f.reduce_bucket_size
               << " allgather_bucket_size=" << f.allgather_bucket_size
               << " config="
@@ -449,6 +451,7 @@ std::vector<Scenario> build_scenarios(const HarnessFlags& f,
             s.scaling = sc;
             s.gradient_clipping = f.clip;
             s.overlap_comm = f.overlap_comm && stage >= 2;
+            s.reduce_once_per_step = f.reduce_once_per_step && stage >= 2;
             s.reduce_bucket_size = f.reduce_bucket_size;
             s.allgather_bucket_size = f.allgather_bucket_size;
             s.persistence_threshold = f.persistence_threshold >= 0
@@ -483,8 +486,14 @@ std::vector<Scenario> build_scenarios(const HarnessFlags& f,
 //                 must skip it; the lr must not move across it), and bf16;
 //   offload       optimizer offload to cpu at stages 1-3 (stage 3 with its
 //                 parameters too) and to nvme at stages 2 and 3: bitwise
-//                 equal to the same run in memory.
-// About 80 scenarios; a few seconds on the built-in mlp.
+//                 equal to the same run in memory;
+//   reduce once   zero_optimization.reduce_once_per_step at stages 2 and 3
+//                 (Note [Reduce once per step] in zero/stage.h), managed
+//                 and unmanaged both with it: worlds 1-3 with every
+//                 scaling, SGD with clipping and overlap_comm (which it
+//                 turns off), fp16 with the one-element overflow, bf16,
+//                 and cpu offload (stage 3 with its parameters).
+// About 110 scenarios; a few seconds on the built-in mlp.
 std::vector<Scenario> default_plan(const HarnessFlags& f,
                                    const std::string& nvme_path) {
   const std::vector<int> n = {3, 5, 2};
@@ -562,6 +571,51 @@ std::vector<Scenario> default_plan(const HarnessFlags& f,
     s.offload = OffloadDevice::kNvme;
     if (stage == 3) s.offload_param = OffloadDevice::kNvme;
     add(s);
+  }
+  for (int stage : {2, 3}) {
+    for (int w : {1, 2, 3})
+      for (GradAccumScaling sc :
+           {GradAccumScaling::kConfigured, GradAccumScaling::kPerStepCount,
+            GradAccumScaling::kNone}) {
+        Scenario s = flag_scenario(f);
+        s.stage = stage;
+        s.world_size = w;
+        s.scaling = sc;
+        s.reduce_once_per_step = true;
+        add(s);
+      }
+    Scenario clip = flag_scenario(f);
+    clip.stage = stage;
+    clip.world_size = 3;
+    clip.reduce_once_per_step = true;
+    clip.gradient_clipping = 0.45;
+    clip.overlap_comm = true;
+    clip.base_config_json =
+        R"({"optimizer": {"type": "SGD", "params": {"lr": 0.05}}})";
+    add(clip);
+    Scenario fp16 = flag_scenario(f);
+    fp16.stage = stage;
+    fp16.world_size = 3;
+    fp16.reduce_once_per_step = true;
+    fp16.dtype = Precision::kFp16;
+    fp16.overflow_window = 1;
+    fp16.overflow_rank = 1;
+    fp16.overflow_backward = 2;
+    fp16.overflow_kind = OverflowKind::kElement;
+    add(fp16);
+    Scenario bf16 = flag_scenario(f);
+    bf16.stage = stage;
+    bf16.world_size = 3;
+    bf16.reduce_once_per_step = true;
+    bf16.dtype = Precision::kBf16;
+    add(bf16);
+    Scenario off = flag_scenario(f);
+    off.stage = stage;
+    off.world_size = 2;
+    off.reduce_once_per_step = true;
+    off.offload = OffloadDevice::kCpu;
+    if (stage == 3) off.offload_param = OffloadDevice::kCpu;
+    add(off);
   }
   return out;
 }

@@ -37,6 +37,8 @@ const char* const kHarnessUsage = R"(usage: harness [flags]
                         (Note [Overflow in one element], parity/scenario.h)
   --overlap-comm        zero_optimization.overlap_comm for stage >= 2
                         scenarios (stages 0/1 run without it)
+  --reduce-once-per-step   zero_optimization.reduce_once_per_step for stage
+                        >= 2 scenarios: reduce each window once, in step()
   --reduce-bucket-size=E   elements per reduce-scatter bucket (stage 2)
   --allgather-bucket-size=E  elements per all-gather (stage 2)
   --persistence-threshold=E  stage3_param_persistence_threshold (default 0
@@ -143,6 +145,11 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
     }
     if (a == "--overlap-comm") {
       f.overlap_comm = true;
+      f.default_matrix = false;
+      continue;
+    }
+    if (a == "--reduce-once-per-step") {
+      f.reduce_once_per_step = true;
       f.default_matrix = false;
       continue;
     }

@@ -125,6 +125,9 @@ struct HarnessFlags {
   bool json = false;
   // --overlap-comm: overlap_comm for stage >= 2 scenarios. Default false.
   bool overlap_comm = false;
+  // --reduce-once-per-step: zero_optimization.reduce_once_per_step for
+  // stage >= 2 scenarios. Default false.
+  bool reduce_once_per_step = false;
   // --reduce-bucket-size / --allgather-bucket-size: elements. Default 0
   // (the config's value).
   int64_t reduce_bucket_size = 0;

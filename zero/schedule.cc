@@ -278,12 +278,15 @@ MemoryStats planned_memory(const ModelShape& m, const ScheduleOptions& o) {
     else
       largest_block = std::max(largest_block, padded);
   }
-  s.param_bytes = (owned + persistent) * f;
-  s.grad_bytes = (owned + largest_partition + persistent) * f;
+  // Note [Stage 3 buffer pool]: after a window the pool holds one slot of
+  // the largest block group for parameters and one for gradients, resident
+  // from then on, so the peak is what is held at rest.
+  s.param_bytes = (owned + persistent + largest_block) * f;
+  s.grad_bytes = (owned + largest_partition + persistent + largest_block) * f;
   s.optimizer_state_bytes = owned * opt;
   s.rollback_bytes = owned * (f + opt);
-  s.peak_bytes = s.param_bytes + s.grad_bytes + s.optimizer_state_bytes +
-                 s.rollback_bytes + 2 * largest_block * f;
+  s.peak_bytes =
+      s.param_bytes + s.grad_bytes + s.optimizer_state_bytes + s.rollback_bytes;
   return s;
 }
 

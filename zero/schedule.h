@@ -12,13 +12,18 @@
 // and asynchrony, and where compute falls between them; it takes the
 // partitioning from the same functions the stages use (FlatLayout,
 // Note [Bucket-interleaved partition]'s make_buckets, Stage 3's group
-// padding) and the stage 3 grouping rule (zero/grouping.h) the engine uses. It does not run the
-// stage code; what keeps it equal to the stage code is
+// padding) and the stage 3 grouping rule (zero/grouping.h) the engine uses. It
+// does not run the stage code; what keeps it equal to the stage code is
 // parity/schedule_test.cc, which compares it entry for entry (kind, dtype,
 // elements, phase, as a multiset per window) with the ledger of real
 // training runs at every stage, in both modes, with and without
 // overlap_comm and small buckets, for the built-in models at worlds 1-4,
 // and planned_memory() with the stages' own MemoryStats.
+//
+// The schedule is that of zero_optimization.reduce_once_per_step off (the
+// default); with it on (Note [Reduce once per step] in zero/stage.h) the
+// reduce-scatters move from every backward to the window's reduce, which
+// is not modelled here.
 //
 // Order within a backward (what the virtual clock sees):
 //   stage 0/1  forward, backward (no collective; the boundary backward of
@@ -98,8 +103,9 @@ std::vector<ScheduleEvent> setup_schedule(const ModelShape& model,
 std::vector<ScheduleEvent> window_schedule(const ModelShape& model,
                                            const ScheduleOptions& options);
 // What a rank holds (Stage::memory()), planned: stages 0-2 as constructed;
-// stage 3 at rest between windows, with peak_bytes one block group's full
-// parameters and gradients above it.
+// stage 3 at rest between windows, its buffer pool holding one block
+// group's full parameters and gradients (Note [Stage 3 buffer pool] in
+// zero/stage3.h), and peak_bytes the same.
 MemoryStats planned_memory(const ModelShape& model,
                            const ScheduleOptions& options);
 }  // namespace zerostep

@@ -36,6 +36,29 @@
 // nothing hangs, on any backend. Both accumulation modes issue the same
 // agreements, so managed and unmanaged runs move the same bytes.
 //
+// Note [Reduce once per step]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// By default stages 2/3 reduce-scatter every backward's gradient into the
+// rank's partition, so only the partition accumulates over the window
+// (DeepSpeed's semantics). With StageOptions::reduce_once_per_step
+// (zero_optimization.reduce_once_per_step) every backward accumulates
+// locally into the full, unsharded gradient (stage 2: the flat gradient
+// buffer, which stage 2 holds anyway; stage 3: one full gradient storage
+// per group, kept from the group's first backward on), and
+// reduce_window() reduce-scatters it once per window, sums it into the
+// partition and clears it. The engine cannot know, in unmanaged mode,
+// which backward is the last before step(), so the reduction is always in
+// reduce_window(): in step() (unmanaged) or at the end of the boundary
+// backward (managed). Both modes therefore run the same additions in the
+// same order and the same collectives: still bitwise equal. Against the
+// default the sum over backwards comes before the sum over ranks, so the
+// results differ in rounding (within the reference tolerance, not
+// bitwise). Costs: 1/N of the reduce-scatter traffic for N backwards;
+// stage 3 holds every group's full gradient (4 bytes per parameter) for
+// the rest of the run. overlap_comm has nothing to overlap then: no
+// effect. The per-backward window agreement stays, so a rank that runs an
+// extra backward is still caught before anything is reduced.
+//
 // Note [Transactional update]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // apply_update() changes the parameters and the optimizer state (moments,
@@ -124,6 +147,9 @@ struct StageOptions {
   // Stages 2/3: the format of the partition gradient accumulated over the
   // window (data_types.grad_accum_dtype; Note [Precision model]).
   Precision grad_accum = Precision::kFp32;
+  // Stages 2/3: zero_optimization.reduce_once_per_step (Note [Reduce once
+  // per step]). Stages 0/1 reduce once per window anyway.
+  bool reduce_once_per_step = false;
   // Where the optimizer keeps its state (zero/optimizer.h Note [NVMe
   // optimizer state]); in memory by default.
   OptimizerSwap optimizer_swap;

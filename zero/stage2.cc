@@ -51,6 +51,7 @@ Stage2::Stage2(const StageOptions& options, FlatBuffers buffers,
                 owned_chunks(options.layout, options.reduce_bucket_size,
                              comm->rank())),
       overlap_comm_(options.overlap_comm),
+      reduce_once_(options.reduce_once_per_step),
       grad_accum_(options.grad_accum),
       allgather_piece_(aligned_elements(options.allgather_bucket_size /
                                         options.layout.world_size)),
@@ -95,44 +96,58 @@ void Stage2::begin_backward(int64_t backward_index, int64_t global_steps) {
   works_.clear();
 }
 
-void Stage2::launch(size_t k) {
+void Stage2::launch(size_t k, const char* phase) {
   const Span& b = buckets_[k];
   launched_[k] = true;
   launch_order_.push_back(k);
   works_.push_back(comm_->reduce_scatter_async(
       Buffer::of(buf_.grads + b.offset, b.numel),
       Buffer::of(reduce_scratch_.data() + scratch_offset_[k], owned_[k].numel),
-      {ReduceOp::kSum, phase::kBackward}));
+      {ReduceOp::kSum, phase}));
 }
 
 void Stage2::on_grad_ready(size_t param_index) {
-  if (!overlap_comm_) return;
+  if (!overlap_comm_ || reduce_once_) return;
   ZS_CHECK(param_index < buckets_of_param_.size());
   for (size_t k : buckets_of_param_[param_index]) {
     ZS_CHECK(pending_[k] > 0);
-    if (--pending_[k] == 0 && !launched_[k]) launch(k);
+    if (--pending_[k] == 0 && !launched_[k]) launch(k, phase::kBackward);
   }
 }
 
 void Stage2::end_backward() {
+  // Note [Reduce once per step]: the full gradient keeps accumulating.
+  if (reduce_once_) return;
+  reduce_buckets(phase::kBackward);
+  std::memset(buf_.grads, 0, layout_.padded_numel * sizeof(float));
+}
+
+void Stage2::reduce_buckets(const char* phase) {
   // Buckets whose parameters got no gradient in this backward (or all of
   // them, without overlap_comm) go now, in bucket order.
   for (size_t k = 0; k < buckets_.size(); ++k)
-    if (!launched_[k]) launch(k);
+    if (!launched_[k]) launch(k, phase);
   for (const std::shared_ptr<Work>& w : works_) w->wait();
   works_.clear();
   // Bucket order, whatever the launch order: the sums are elementwise and
   // the buckets disjoint, so the result is the same bits either way.
   accumulate(grad_partition_.data(), reduce_scratch_.data(), owned_numel_,
              Precision::kFp32, grad_accum_);
-  std::memset(buf_.grads, 0, layout_.padded_numel * sizeof(float));
 }
 
 void Stage2::reduce_window(int64_t window_backwards, int64_t global_steps,
-                           const char*) {
-  // Every backward already reduced its gradient into the partitions.
+                           const char* phase) {
   internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
                             window_backwards, global_steps);
+  // By default every backward already reduced its gradient into the
+  // partitions. Note [Reduce once per step]: the window's full gradient is
+  // reduced now; the buffer is free afterwards (staged_update stages the
+  // update in it) and zero_grad() clears it.
+  if (!reduce_once_) return;
+  std::fill(launched_.begin(), launched_.end(), false);
+  launch_order_.clear();
+  works_.clear();
+  reduce_buckets(phase);
 }
 
 GradStats Stage2::finalize(double divisor, double clip) {

@@ -25,6 +25,10 @@
 // all-gathered in place (in pieces of allgather_bucket_size through a
 // staging buffer when the bucket is larger).
 //
+// With reduce_once_per_step (Note [Reduce once per step] in zero/stage.h)
+// the backwards only agree; the full gradient accumulates every backward
+// and reduce_window() reduces its buckets once, in bucket order.
+//
 // Memory: the full flat gradient stays allocated (autograd accumulates into
 // it); what is partitioned is the accumulated window gradient, the
 // optimizer state, and the reduce scratch.
@@ -48,7 +52,9 @@ class Stage2 final : public FlatStage {
   void begin_backward(int64_t backward_index, int64_t global_steps) override;
   void on_grad_ready(size_t param_index) override;
   void end_backward() override;
-  bool wants_grad_ready() const override { return overlap_comm_; }
+  bool wants_grad_ready() const override {
+    return overlap_comm_ && !reduce_once_;
+  }
   void reduce_window(int64_t window_backwards, int64_t global_steps,
                      const char* phase) override;
   GradStats finalize(double divisor, double clip) override;
@@ -59,9 +65,13 @@ class Stage2 final : public FlatStage {
   const std::vector<Span>& buckets() const { return buckets_; }
 
  private:
-  void launch(size_t bucket);
+  void launch(size_t bucket, const char* phase);
+  // Reduce-scatters every bucket not yet launched, waits for all and adds
+  // the chunks into the accumulated partition.
+  void reduce_buckets(const char* phase);
 
   bool overlap_comm_;
+  bool reduce_once_;  // Note [Reduce once per step] in zero/stage.h
   Precision grad_accum_;
   size_t allgather_piece_;             // elements per rank per all-gather
   std::vector<Span> buckets_;          // contiguous flat ranges

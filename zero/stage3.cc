@@ -20,14 +20,19 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
       storage_(storage),
       comm_(comm),
       grad_accum_(options.grad_accum),
+      reduce_once_(options.reduce_once_per_step),
       world_(comm->world_size()),
       rank_(comm->rank()),
-      optimizer_(options.optimizer, [&] {
-        size_t n = 0;
-        for (const Stage3Group& g : groups_)
-          n += zerostep::padded_numel(g.numel, comm->world_size()) / comm->world_size();
-        return n;
-      }(), AdamKernel::kFused, options.optimizer_swap) {
+      optimizer_(
+          options.optimizer,
+          [&] {
+            size_t n = 0;
+            for (const Stage3Group& g : groups_)
+              n += zerostep::padded_numel(g.numel, comm->world_size()) /
+                   comm->world_size();
+            return n;
+          }(),
+          AdamKernel::kFused, options.optimizer_swap) {
   ZS_CHECK(storage_ != nullptr);
   ZS_CHECK(initial_params.size() == groups_.size());
   size_t canonical = 0;
@@ -81,6 +86,10 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
   scratch_.assign(largest, 0.0f);
   full_params_.assign(groups_.size(), nullptr);
   full_grads_.assign(groups_.size(), nullptr);
+  param_slot_.assign(groups_.size(), GroupStorage::kOwn);
+  grad_slot_.assign(groups_.size(), GroupStorage::kOwn);
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (!groups_[g].persistent) slot_numel_ = std::max(slot_numel_, padded_[g]);
   refs_.assign(groups_.size(), 0);
   reduced_.assign(groups_.size(), false);
   pending_.assign(groups_.size(), 0);
@@ -106,12 +115,11 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
       std::memcpy(part_params_.data() + part_offset_[g],
                   initial_params[g] + rank_ * partition_[g],
                   partition_[g] * sizeof(float));
+    // The others' initial storage is the engine's to free (their pool
+    // slots come with the first use).
     if (groups_[g].persistent) {
       full_params_[g] = initial_params[g];
-      full_grads_[g] = storage_->materialize_grads(g);
-    } else {
-      storage_->release_params(g);
-      storage_->release_grads(g);
+      full_grads_[g] = storage_->materialize_grads(g, GroupStorage::kOwn);
     }
   }
   reset_peak();
@@ -134,9 +142,15 @@ MemoryStats Stage3::memory() const {
       sizeof(float);
   if (param_store_) m.param_bytes += param_store_->buffer_bytes();
   m.grad_bytes = (part_grads_.size() + scratch_.size()) * sizeof(float);
+  // Note [Stage 3 buffer pool]: every slot stays resident, in use or not.
+  m.param_bytes += param_slots_ * slot_numel_ * sizeof(float);
+  m.grad_bytes += grad_slots_ * slot_numel_ * sizeof(float);
   for (size_t g = 0; g < groups_.size(); ++g) {
-    if (full_params_[g]) m.param_bytes += padded_[g] * sizeof(float);
-    if (full_grads_[g]) m.grad_bytes += padded_[g] * sizeof(float);
+    if (groups_[g].persistent) m.param_bytes += padded_[g] * sizeof(float);
+    // Persistent groups, and with reduce_once_per_step every group once
+    // it has had a backward: the group's own full gradient storage.
+    if (grad_slot_[g] == GroupStorage::kOwn && full_grads_[g] != nullptr)
+      m.grad_bytes += padded_[g] * sizeof(float);
   }
   m.optimizer_state_bytes = optimizer_.state_bytes();
   m.rollback_bytes = rollback_bytes();
@@ -169,8 +183,7 @@ void Stage3::gather(size_t g, const char* phase) {
   // storage behind (Note [NVMe parameter partitions]).
   float* part = partition_of(g);
   ++refs_[g];
-  full_params_[g] = storage_->materialize_params(g);
-  note_memory();
+  take_params(g);
   comm_->all_gather(Buffer::of(part, partition_[g]),
                     Buffer::of(full_params_[g], padded_[g]), {phase});
   storage_->params_written(g);
@@ -180,16 +193,64 @@ void Stage3::release(size_t g) {
   ZS_CHECK(g < groups_.size());
   ZS_CHECK(refs_[g] > 0);
   if (--refs_[g] > 0 || groups_[g].persistent) return;
-  storage_->release_params(g);
+  drop_params(g);
+}
+
+void Stage3::take_params(size_t g) {
+  ZS_CHECK(!groups_[g].persistent);
+  ZS_CHECK(param_slot_[g] == GroupStorage::kOwn);
+  size_t slot = param_slots_;
+  if (free_param_slots_.empty()) {
+    ++param_slots_;
+  } else {
+    slot = free_param_slots_.back();
+    free_param_slots_.pop_back();
+  }
+  param_slot_[g] = slot;
+  full_params_[g] = storage_->materialize_params(g, slot);
+  note_memory();
+}
+
+void Stage3::drop_params(size_t g) {
+  ZS_CHECK(param_slot_[g] != GroupStorage::kOwn);
+  storage_->release_params(g, param_slot_[g]);
+  free_param_slots_.push_back(param_slot_[g]);
+  param_slot_[g] = GroupStorage::kOwn;
   full_params_[g] = nullptr;
+}
+
+void Stage3::take_grads(size_t g) {
+  ZS_CHECK(!groups_[g].persistent);
+  ZS_CHECK(grad_slot_[g] == GroupStorage::kOwn);
+  if (reduce_once_) {
+    // Note [Reduce once per step]: the group's own storage, for good.
+    full_grads_[g] = storage_->materialize_grads(g, GroupStorage::kOwn);
+    note_memory();
+    return;
+  }
+  size_t slot = grad_slots_;
+  if (free_grad_slots_.empty()) {
+    ++grad_slots_;
+  } else {
+    slot = free_grad_slots_.back();
+    free_grad_slots_.pop_back();
+  }
+  grad_slot_[g] = slot;
+  full_grads_[g] = storage_->materialize_grads(g, slot);
+  note_memory();
+}
+
+void Stage3::drop_grads(size_t g) {
+  ZS_CHECK(grad_slot_[g] != GroupStorage::kOwn);
+  storage_->release_grads(g, grad_slot_[g]);
+  free_grad_slots_.push_back(grad_slot_[g]);
+  grad_slot_[g] = GroupStorage::kOwn;
+  full_grads_[g] = nullptr;
 }
 
 void Stage3::gather_for_backward(size_t g) {
   gather(g, phase::kBackward);
-  if (full_grads_[g] == nullptr) {
-    full_grads_[g] = storage_->materialize_grads(g);
-    note_memory();
-  }
+  if (full_grads_[g] == nullptr) take_grads(g);
 }
 
 void Stage3::begin_backward(int64_t backward_index, int64_t global_steps) {
@@ -204,24 +265,32 @@ void Stage3::begin_backward(int64_t backward_index, int64_t global_steps) {
 void Stage3::reduce_group(size_t g) {
   ZS_CHECK(full_grads_[g] != nullptr);
   storage_->grads_ready(g);
+  if (reduce_once_) {
+    // Note [Reduce once per step]: the gradient waits for the step.
+    reduced_[g] = true;
+    if (groups_[g].persistent) return;
+    refs_[g] = 0;
+    if (full_params_[g] != nullptr) drop_params(g);
+    return;
+  }
+  reduce_scatter_group(g, phase::kBackward);
+}
+
+void Stage3::reduce_scatter_group(size_t g, const char* phase) {
   comm_->reduce_scatter(Buffer::of(full_grads_[g], padded_[g]),
                         Buffer::of(scratch_.data(), partition_[g]),
-                        {ReduceOp::kSum, phase::kBackward});
+                        {ReduceOp::kSum, phase});
   accumulate(part_grads_.data() + part_offset_[g], scratch_.data(),
              partition_[g], Precision::kFp32, grad_accum_);
   reduced_[g] = true;
-  if (groups_[g].persistent) {
+  if (groups_[g].persistent || reduce_once_) {
     std::memset(full_grads_[g], 0, padded_[g] * sizeof(float));
     return;
   }
-  storage_->release_grads(g);
-  full_grads_[g] = nullptr;
+  drop_grads(g);
   // Its backward is over: the parameters go too.
   refs_[g] = 0;
-  if (full_params_[g] != nullptr) {
-    storage_->release_params(g);
-    full_params_[g] = nullptr;
-  }
+  if (full_params_[g] != nullptr) drop_params(g);
 }
 
 void Stage3::on_grad_ready(size_t param_index) {
@@ -237,16 +306,23 @@ void Stage3::end_backward() {
   // same collectives.
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (reduced_[g]) continue;
-    if (full_grads_[g] == nullptr)
-      full_grads_[g] = storage_->materialize_grads(g);
+    if (full_grads_[g] == nullptr) take_grads(g);
     reduce_group(g);
   }
 }
 
 void Stage3::reduce_window(int64_t window_backwards, int64_t global_steps,
-                           const char*) {
+                           const char* phase) {
   internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
                             window_backwards, global_steps);
+  if (!reduce_once_) return;
+  // Note [Reduce once per step]: every group has its full gradient (each
+  // backward ends with all of them, end_backward()); reduce, in group
+  // order, and clear for the next window.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    ZS_CHECK(full_grads_[g] != nullptr);
+    reduce_scatter_group(g, phase);
+  }
 }
 
 GradStats Stage3::finalize(double divisor, double clip) {

@@ -12,24 +12,48 @@
 // gradient, the optimizer state): the full parameter and gradient storage
 // of a non-persistent group exists only while the group is in use.
 //
-//   forward     gather(g): all-gather the partitions into freshly
-//               materialized full storage; release(g) after the block.
+//   forward     gather(g): all-gather the partitions into the group's
+//               full storage (a pool slot: Note [Stage 3 buffer pool]);
+//               release(g) after the block.
 //   backward    gather_for_backward(g) before the block's backward
 //               (again all-gather, plus zeroed gradient storage); when
 //               every parameter of the group has its gradient
 //               (on_grad_ready), reduce-scatter (sum) the group's gradient
 //               into the rank's partition accumulator and release both
-//               storages. end_backward() does the same for groups whose
+//               slots. end_backward() does the same for groups whose
 //               parameters got no gradient.
-//   step        agreement, divide by W (and the per_step_count divisor),
+//               With reduce_once_per_step (Note [Reduce once per step]
+//               in zero/stage.h) the group's gradient stays in its full
+//               storage (its own, not a pool slot, kept from the group's
+//               first backward on) and accumulates over the window; only
+//               the parameters are released.
+//   step        agreement (reduce_once_per_step: then every group's full
+//               gradient reduce-scattered, in group order, and cleared),
+//               divide by W (and the per_step_count divisor),
 //               norm (8-byte all-reduce), clip, optimizer on the
 //               partitions, all-gather of the persistent group; all or
 //               nothing (Note [Transactional update] in zero/stage.h:
 //               12 bytes per owned element kept to undo it).
-// Memory: the GroupStorage the engine's stage 3 binding provides
-// (engine/stage3_binding.h) allocates and frees the full
-// storages; memory() reports what is resident now and the peak since the
-// last reset_peak().
+// Memory: Note [Stage 3 buffer pool]; memory() reports what is resident
+// now and the peak since the last reset_peak().
+//
+// Note [Stage 3 buffer pool]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A non-persistent group's full parameters and full gradient live in a
+// slot of a pool while the group is in use, not in memory allocated for
+// that use: gather() and gather_for_backward() take a free slot (a new one
+// only when every slot is taken), the release returns it. A slot holds the
+// largest non-persistent group's padded_numel floats, is allocated once
+// and is kept for the stage's lifetime, so a window allocates and faults
+// in no gradient or parameter storage once the pool has grown to the most
+// groups in use at once (one for parameters and one for gradients in a
+// chain of blocks: a block's group is released before the block in front
+// of it is gathered). Memory: the pool holds what the peak held before
+// (one block group's parameters and gradients) also at rest between
+// windows; with groups of unequal size, each slot is the largest one.
+// Persistent groups keep their own full storage, as before. The
+// GroupStorage (engine/stage3_binding.h) owns the slots' memory and moves
+// it into and out of the group's storage; gradients come back zeroed.
 //
 // Note [NVMe parameter partitions]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -73,17 +97,23 @@
 namespace zerostep {
 
 // Full-size storage of a group, owned by the engine (LibTorch storages that
-// the parameters and their .grad view). Each call returns padded_numel
+// the parameters and their .grad view). Note [Stage 3 buffer pool]: the
+// stage says which slot of the pool (0, 1, ...: a new one is the next
+// number) holds a non-persistent group while it is in use; kOwn is a
+// persistent group's own storage. Each materialize returns padded_numel
 // floats; materialize_grads returns zeros. Under mixed precision the model
 // may compute in another format than these float32 buffers
 // (zero/precision.h): the two hooks let the engine convert.
 class GroupStorage {
  public:
+  static constexpr size_t kOwn = static_cast<size_t>(-1);
   virtual ~GroupStorage() = default;
-  virtual float* materialize_params(size_t group) = 0;
-  virtual void release_params(size_t group) = 0;
-  virtual float* materialize_grads(size_t group) = 0;
-  virtual void release_grads(size_t group) = 0;
+  virtual float* materialize_params(size_t group, size_t slot) = 0;
+  // The slot's memory goes back to the pool; the group's storage holds
+  // zero bytes until it is materialized again.
+  virtual void release_params(size_t group, size_t slot) = 0;
+  virtual float* materialize_grads(size_t group, size_t slot) = 0;
+  virtual void release_grads(size_t group, size_t slot) = 0;
   // The float32 parameters of the group were (re)written: gathered, updated
   // or loaded.
   virtual void params_written(size_t /*group*/) {}
@@ -146,7 +176,19 @@ class Stage3 final : public Stage {
   const SwapStore* param_store() const { return param_store_.get(); }
 
  private:
+  // A group's gradient is complete for this backward: reduce it (by
+  // default) or keep it for the step (reduce_once_per_step).
   void reduce_group(size_t group);
+  // Reduce-scatter the group's full gradient into its partition
+  // accumulator, then clear it (persistent groups, reduce_once_per_step)
+  // or release it and the parameters.
+  void reduce_scatter_group(size_t group, const char* phase);
+  // Note [Stage 3 buffer pool]: group g's parameters (gradients) into a
+  // free slot, and back.
+  void take_params(size_t group);
+  void drop_params(size_t group);
+  void take_grads(size_t group);
+  void drop_grads(size_t group);
   size_t current_bytes() const;
   size_t rollback_bytes() const;
   void note_memory();
@@ -168,6 +210,9 @@ class Stage3 final : public Stage {
   GroupStorage* storage_;
   Communicator* comm_;
   Precision grad_accum_;
+  // Note [Reduce once per step] in zero/stage.h: the groups' full gradients
+  // accumulate over the window, each in the group's own storage.
+  bool reduce_once_;
   int world_;
   int rank_;
   std::vector<Span> owned_;
@@ -189,6 +234,13 @@ class Stage3 final : public Stage {
   // Per group, live state.
   std::vector<float*> full_params_;  // nullptr while released
   std::vector<float*> full_grads_;   // nullptr while released
+  // Note [Stage 3 buffer pool]: the slot each group holds (kOwn for the
+  // persistent ones and while released), the free slots, and how many
+  // there are, each of slot_numel_ floats.
+  std::vector<size_t> param_slot_, grad_slot_;
+  std::vector<size_t> free_param_slots_, free_grad_slots_;
+  size_t param_slots_ = 0, grad_slots_ = 0;
+  size_t slot_numel_ = 0;
   std::vector<int> refs_;
   std::vector<size_t> pending_;  // parameters still without gradient
   std::vector<bool> reduced_;    // this backward
