@@ -16,10 +16,8 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,13 +27,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import local_server  # noqa: E402
 import tinker
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
 warnings.simplefilter("ignore", FutureWarning)
 
-API_KEY = "tml-zerostep-e2e"  # the SDK insists on the prefix; the server ignores it
+API_KEY = local_server.API_KEY
 BASE = "zerostep/tiny-gpt"
 
 TEXTS = [
@@ -50,33 +49,9 @@ TEXTS = [
 ]
 
 
-class Server:
-    """A trainer_server process on a free port."""
-
-    def __init__(self, binary, *args, launch=None, state_dir=None):
-        self.keep_state = state_dir is not None  # the caller's, kept at stop
-        self.state_dir = state_dir or tempfile.mkdtemp(prefix="zerostep-tinker-e2e-")
-        cmd = [binary, "--port=0", "--state-dir=" + self.state_dir, *args]
-        if launch:  # real processes: tools/launch prefixes lines with "[rank R] "
-            cmd = [launch[0], "--nproc=%d" % launch[1], "--", *cmd]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        self.url = None
-        deadline = time.time() + 120
-        for line in self.proc.stdout:
-            sys.stdout.write("server: " + line)
-            if "listening on http" in line and "[rank 1" not in line:
-                self.url = line.split()[-1]
-                break
-            if time.time() > deadline:
-                break
-        if self.url is None:
-            self.stop()
-            raise AssertionError("trainer_server did not start: " + " ".join(cmd))
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self):
-        for line in self.proc.stdout:
-            sys.stdout.write("server: " + line)
+class Server(local_server.ServerProcess):
+    """A trainer_server process on a free port (tools/tinker/local_server.py),
+    with raw-HTTP helpers for the protocol-level checks."""
 
     def post(self, endpoint, body, content_type="application/json", accept=None):
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -120,22 +95,6 @@ class Server:
         status, body = self.post_json("get_info", {"model_id": model_id})
         assert status == 200, body
         return body["param_digest"]
-
-    def stop(self):
-        """SIGTERM; returns the exit status (0: a graceful stop), or None
-        if the server had to be killed after 30 s."""
-        code = self.proc.poll()
-        if code is None:
-            self.proc.terminate()
-            try:
-                code = self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                code = None
-        if not self.keep_state:
-            shutil.rmtree(self.state_dir, ignore_errors=True)
-        return code
 
 
 def encode(text):

@@ -1,0 +1,69 @@
+"""Starts and stops a //tools:trainer_server process on a free loopback port.
+
+Shared by the SDK-driven tests (tools/tinker/e2e_test.py, load_test.py) and
+examples/tinker_rl/rl_loop.py. Standard library only.
+
+    server = ServerProcess("bazel-bin/tools/trainer_server", "--world=1")
+    ... tinker.ServiceClient(base_url=server.url, api_key=API_KEY) ...
+    assert server.stop() == 0   # SIGTERM: a graceful stop exits 0
+"""
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+API_KEY = "tml-zerostep-local"  # the SDK insists on the prefix; the server ignores it
+
+
+class ServerProcess:
+    """A trainer_server process on a free port; `url` is its base URL.
+
+    The server's output is echoed with a "server: " prefix (quiet=True
+    drops it once the server is listening). Without `state_dir`, a temporary
+    state directory is made and removed at stop()."""
+
+    def __init__(self, binary, *args, launch=None, state_dir=None, quiet=False):
+        self.keep_state = state_dir is not None  # the caller's, kept at stop
+        self.state_dir = state_dir or tempfile.mkdtemp(prefix="zerostep-tinker-")
+        self.quiet = quiet
+        cmd = [binary, "--port=0", "--state-dir=" + self.state_dir, *args]
+        if launch:  # real processes: tools/launch prefixes lines with "[rank R] "
+            cmd = [launch[0], "--nproc=%d" % launch[1], "--", *cmd]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        self.url = None
+        deadline = time.time() + 120
+        for line in self.proc.stdout:
+            sys.stdout.write("server: " + line)
+            if "listening on http" in line and "[rank 1" not in line:
+                self.url = line.split()[-1]
+                break
+            if time.time() > deadline:
+                break
+        if self.url is None:
+            self.stop()
+            raise AssertionError("trainer_server did not start: " + " ".join(cmd))
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self):
+        for line in self.proc.stdout:
+            if not self.quiet:
+                sys.stdout.write("server: " + line)
+
+    def stop(self):
+        """SIGTERM; returns the exit status (0: a graceful stop), or None
+        if the server had to be killed after 30 s."""
+        code = self.proc.poll()
+        if code is None:
+            self.proc.terminate()
+            try:
+                code = self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                code = None
+        if not self.keep_state:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+        return code
