@@ -35,6 +35,11 @@ cc_library(
     linkopts = [
         "-L{home}/lib",
         "-Wl,-rpath,{home}/lib",
+        # Before LibTorch: PyPI's libtorch.so exports its own static copy of
+        # libstdc++'s std::filesystem, which crashes (remove_all jumps to
+        # null) when the program's calls bind to it; listed first, the
+        # system libstdc++ is found first.
+        "-lstdc++",
         "-Wl,--no-as-needed",
         "-ltorch",
         "-ltorch_cpu",
