@@ -14,21 +14,6 @@
 
 namespace zerostep {
 namespace tinker {
-namespace {
-
-LoraOptions lora_of(const nlohmann::json& meta) {
-  const nlohmann::json& l = meta.at("lora");
-  LoraOptions o;
-  o.rank = l.at("rank").get<int64_t>();
-  o.alpha = l.at("alpha").get<double>();
-  o.seed = l.at("seed").get<uint64_t>();
-  o.attn = l.at("train_attn").get<bool>();
-  o.mlp = l.at("train_mlp").get<bool>();
-  o.unembed = l.at("train_unembed").get<bool>();
-  return o;
-}
-
-}  // namespace
 
 CheckpointStore::CheckpointStore(Communicator* comm, std::string state_dir)
     : comm_(comm), state_dir_(std::move(state_dir)) {}
@@ -73,13 +58,7 @@ nlohmann::json CheckpointStore::save_weights(ModelRegistry& models,
   if (comm_->rank() == 0) {
     nlohmann::json meta = {{"base_model", m.base.name},
                            {"model_id", m.id},
-                           {"lora",
-                            {{"rank", m.lora.rank},
-                             {"alpha", m.lora.alpha},
-                             {"seed", m.lora.seed},
-                             {"train_attn", m.lora.attn},
-                             {"train_mlp", m.lora.mlp},
-                             {"train_unembed", m.lora.unembed}}}};
+                           {"lora", lora_to_json(m.lora)}};
     atomic_write_file(dir + "/" + name + "/tinker_meta.json", meta.dump(1));
   }
   return {{"path", tinker_path}, {"type", "save_weights"}};
@@ -121,7 +100,7 @@ nlohmann::json CheckpointStore::load_weights(ModelRegistry& models,
   const std::string id = require_string(a, "model_id");
   CheckpointRef ref = resolve(path);
   const std::string base_name = ref.meta.at("base_model").get<std::string>();
-  const LoraOptions lora = lora_of(ref.meta);
+  const LoraOptions lora = lora_from_json(ref.meta.at("lora"));
   std::unique_ptr<Model> created;
   Model* m = nullptr;
   if (get_or<bool>(a, "create", false)) {

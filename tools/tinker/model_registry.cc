@@ -17,6 +17,23 @@ std::mutex g_construction_mu;  // torch's global RNG, shared by rank threads
 
 }  // namespace
 
+nlohmann::json lora_to_json(const LoraOptions& lora) {
+  return {{"rank", lora.rank},     {"alpha", lora.alpha},
+          {"seed", lora.seed},     {"train_attn", lora.attn},
+          {"train_mlp", lora.mlp}, {"train_unembed", lora.unembed}};
+}
+
+LoraOptions lora_from_json(const nlohmann::json& l) {
+  LoraOptions o;
+  o.rank = l.at("rank").get<int64_t>();
+  o.alpha = l.at("alpha").get<double>();
+  o.seed = l.at("seed").get<uint64_t>();
+  o.attn = l.at("train_attn").get<bool>();
+  o.mlp = l.at("train_mlp").get<bool>();
+  o.unembed = l.at("train_unembed").get<bool>();
+  return o;
+}
+
 TinyGpt new_tiny_gpt(const BaseModel& base, const LoraOptions& lora,
                      uint64_t seed) {
   TinyGptOptions o;

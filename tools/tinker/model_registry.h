@@ -35,6 +35,11 @@ struct Model {
   std::unique_ptr<Engine> engine;
 };
 
+// `lora` as the "lora" object of checkpoint and sampler metadata, and back
+// (the keys rank, alpha, seed, train_attn, train_mlp, train_unembed).
+nlohmann::json lora_to_json(const LoraOptions& lora);
+LoraOptions lora_from_json(const nlohmann::json& l);
+
 // A TinyGpt of `base` with `lora` adapters (rank 0: none), its weights
 // drawn from `seed` under the process-wide construction lock: what build()
 // starts from, and the shape of a sampler's copy (sampling.h).

@@ -47,23 +47,6 @@ TinyGpt snapshot_of(Model& m, uint64_t seed, bool keep) {
   return copy;
 }
 
-json lora_json(const LoraOptions& l) {
-  return {{"rank", l.rank},     {"alpha", l.alpha},
-          {"seed", l.seed},     {"train_attn", l.attn},
-          {"train_mlp", l.mlp}, {"train_unembed", l.unembed}};
-}
-
-LoraOptions lora_from(const json& l) {
-  LoraOptions o;
-  o.rank = l.at("rank").get<int64_t>();
-  o.alpha = l.at("alpha").get<double>();
-  o.seed = l.at("seed").get<uint64_t>();
-  o.attn = l.at("train_attn").get<bool>();
-  o.mlp = l.at("train_mlp").get<bool>();
-  o.unembed = l.at("train_unembed").get<bool>();
-  return o;
-}
-
 std::vector<int64_t> bytes_of(const std::string& s) {
   std::vector<int64_t> out;
   for (unsigned char c : s) out.push_back(c);
@@ -250,7 +233,7 @@ json SamplerStore::save_for_sampler(ModelRegistry& models, const json& a) {
         atomic_write_file(dir + "/tinker_meta.json",
                           json({{"base_model", m.base.name},
                                 {"model_id", m.id},
-                                {"lora", lora_json(m.lora)}})
+                                {"lora", lora_to_json(m.lora)}})
                               .dump(1));
       } catch (const std::exception&) {
         // The snapshot still serves this run; only persistence failed.
@@ -305,7 +288,7 @@ std::shared_ptr<SamplerStore::Sampler> SamplerStore::by_path(
     const json meta = json::parse(read_file(dir + "/tinker_meta.json"));
     s->base_model = meta.at("base_model").get<std::string>();
     s->net = new_tiny_gpt(find_base_model(s->base_model),
-                          lora_from(meta.at("lora")), 0);
+                          lora_from_json(meta.at("lora")), 0);
     torch::load(s->net, dir + "/weights.pt");
   } catch (const std::exception&) {
     // Names the client's path only, never a server file.
