@@ -28,6 +28,14 @@ pack() {
   cp "$bin/comm/nccl_communicator_test" "$bin/tools/harness" "$dir/"
   chmod u+w "$dir"/*
   strip "$dir/nccl_communicator_test" "$dir/harness"
+  # The Debian libraries they need that the node may lack (liburing,
+  # libstdc++ of GCC 12, ...), into lib/; glibc, LibTorch and CUDA stay
+  # the node's own.
+  mkdir -p "$dir/lib"
+  ldd "$dir/nccl_communicator_test" "$dir/harness" | awk '$3 ~ /^\// {print $3}' | sort -u |
+    grep -v -E '/(libc|libm|libdl|librt|libpthread|libutil|ld-linux[^/]*)\.so|/torch[^/]*/|/libtorch-|/nvidia/|/cuda[^/]*/' |
+    while read -r lib; do cp -L "$lib" "$dir/lib/"; done
+  ls "$dir/lib"
   cp tools/gpu_run.sh "$dir/run.sh"
   cp third_party/libtorch/torch-*.txt "$dir/"
   du -sh "$dir"

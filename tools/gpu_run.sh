@@ -26,7 +26,7 @@ if [ "$have" != "$want" ]; then
   exit 2
 fi
 nvidia="$(dirname "$torch_dir")/nvidia"
-export LD_LIBRARY_PATH="$torch_dir/lib:$nvidia/nccl/lib:$nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$torch_dir/lib:$nvidia/nccl/lib:$nvidia/cu13/lib:$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname)"
 echo "== devices"
