@@ -40,6 +40,39 @@ LossScalerOptions scaler_options(const PrecisionConfig& p) {
   return o;
 }
 
+// Float32 parameters, all on one device; off the host only where the
+// binding keeps the ZeRO state on the host (Note [ZeRO-Offload] in
+// engine/flat_binding.h).
+void check_parameter_devices(const std::vector<torch::Tensor>& params,
+                             const ZeroConfig& zero) {
+  for (const torch::Tensor& p : params) {
+    if (p.scalar_type() != torch::kFloat32)
+      throw UsageError("trainable parameter of dtype " +
+                       std::string(c10::toString(p.scalar_type())) +
+                       ": the engine takes a float32 model (for bf16 or "
+                       "fp16, pass the float32 model and enable bf16 or "
+                       "fp16 in the config)");
+    if (p.device() != params.front().device())
+      throw UsageError("trainable parameters on " +
+                       params.front().device().str() + " and on " +
+                       p.device().str() +
+                       ": every trainable parameter must be on one device. "
+                       "Fix: move the whole model with model->to(device)");
+  }
+  if (params.empty() || params.front().device().is_cpu()) return;
+  const bool offload = zero.offload_optimizer.device != OffloadDevice::kNone;
+  if (offload && (zero.stage == 1 || zero.stage == 2)) return;
+  throw UsageError(
+      "trainable parameters on " + params.front().device().str() +
+      " with zero_optimization.stage " + std::to_string(zero.stage) +
+      (offload ? "" : " and no offload_optimizer") +
+      ": this build keeps the ZeRO state (float32 master, gradients, "
+      "optimizer) on the host, so a model off the CPU trains only with "
+      "ZeRO-Offload at stage 1 or 2. Fix: set zero_optimization.stage to 1 "
+      "or 2 and offload_optimizer.device to \"cpu\" (or \"nvme\"), or "
+      "train the model on the CPU");
+}
+
 void check_overrides(const StepOverrides& o) {
   std::vector<std::string> bad;
   auto check = [&](const char* name, const std::optional<double>& v, bool ok,
@@ -100,16 +133,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
                      " ranks. Fix: pass the communicator's world size to "
                      "parse_config");
   }
-  for (const torch::Tensor& p : params_) {
-    if (p.scalar_type() != torch::kFloat32 || !p.device().is_cpu()) {
-      throw UsageError("trainable parameter of dtype " +
-                       std::string(c10::toString(p.scalar_type())) + " on " +
-                       p.device().str() +
-                       ": this build trains float32 parameters on the CPU "
-                       "(for bf16, pass the float32 model and enable bf16 "
-                       "in the config)");
-    }
-  }
+  check_parameter_devices(params_, config_.zero);
   offload_ = std::make_unique<OffloadDevices>(config_.zero, comm_->rank(),
                                               options.optimizer_device,
                                               options.param_device);
@@ -129,6 +153,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   bo.stage.param_swap = offload_->param_swap();
   bo.dtype = dtype();
   bo.persistence_threshold = config_.zero.stage3_param_persistence_threshold;
+  bo.offload = config_.zero.offload_optimizer.device != OffloadDevice::kNone;
+  bo.pin_memory = config_.zero.offload_optimizer.pin_memory;
   binding_ = make_param_binding(model_, params_, bo, comm_, &latch_);
   stage_ = &binding_->stage();
   // Once per run, not once per rank.

@@ -17,16 +17,30 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
       fold_accum_(options.stage.stage >= 2 ? Precision::kFp32
                                            : options.stage.grad_accum),
       folded_(params_.size(), 0) {
-  // Flat buffers, allocated once and touched once (zeros) up front.
+  // Flat buffers, allocated once and touched once (zeros) up front: the
+  // stage's on the host, the model's on its device (Note [ZeRO-Offload]).
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
   const int64_t padded = static_cast<int64_t>(layout_.padded_numel);
   flat_params_ = torch::zeros({padded}, f32);
   flat_grads_ = torch::zeros({padded}, f32);
   const bool bf16 = dtype_ == Precision::kBf16;
-  if (bf16) model_params_ = torch::zeros({padded}, torch::kBFloat16);
-  if (folds_grads())
-    model_grads_ =
-        torch::zeros({padded}, bf16 ? torch::kBFloat16 : torch::kFloat32);
+  const torch::Device device =
+      params_.empty() ? torch::Device(torch::kCPU) : params_[0].device();
+  const auto on_device = torch::TensorOptions().device(device);
+  if (bf16 || options.offload)
+    model_params_ = torch::zeros(
+        {padded}, on_device.dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
+  if (dtype_ != Precision::kFp32 || options.offload)
+    model_grads_ = torch::zeros(
+        {padded}, on_device.dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
+  if (!device.is_cpu()) {
+    const auto host = torch::TensorOptions().pinned_memory(
+        options.pin_memory && device.is_cuda());
+    if (bf16)  // rounded on the host, then copied
+      host_params_ = torch::empty({padded}, host.dtype(torch::kBFloat16));
+    if (model_grads_.defined())
+      host_grads_ = torch::empty({padded}, host.dtype(model_grads_.dtype()));
+  }
   {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -34,7 +48,8 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
       const int64_t off = static_cast<int64_t>(layout_.offsets[i]);
       const int64_t n = static_cast<int64_t>(layout_.numels[i]);
       flat_params_.narrow(0, off, n).view(p.sizes()).copy_(p);
-      const torch::Tensor& weights = bf16 ? model_params_ : flat_params_;
+      const torch::Tensor& weights =
+          model_params_.defined() ? model_params_ : flat_params_;
       p.set_data(weights.narrow(0, off, n).view(p.sizes()));
       // A defined .grad makes autograd accumulate in place (+=) into it.
       const torch::Tensor& grads = folds_grads() ? model_grads_ : flat_grads_;
@@ -56,12 +71,35 @@ void FlatBinding::begin_backward() {
 
 void FlatBinding::end_backward() {
   if (!folds_grads()) return;
+  // A model off the host: one copy of every gradient not folded yet (the
+  // folded ones are zero on the device by now).
+  if (host_grads_.defined()) {
+    host_grads_.copy_(model_grads_);
+    model_grads_.zero_();
+  }
   for (size_t i = 0; i < params_.size(); ++i) fold_grad(i);
 }
 
 void FlatBinding::on_grad_ready(size_t i) {
-  if (folds_grads()) fold_grad(i);
+  if (folds_grads()) {
+    // The gradient completes here: copy it to the host now (a wait per
+    // parameter on a device) rather than in end_backward's one copy.
+    if (host_grads_.defined() && !folded_[i]) {
+      const int64_t off = static_cast<int64_t>(layout_.offsets[i]);
+      const int64_t n = static_cast<int64_t>(layout_.numels[i]);
+      host_grads_.narrow(0, off, n).copy_(model_grads_.narrow(0, off, n));
+      model_grads_.narrow(0, off, n).zero_();
+    }
+    fold_grad(i);
+  }
   stage_->on_grad_ready(i);
+}
+
+const void* FlatBinding::grad_on_host(size_t i) {
+  const torch::Tensor& g =
+      host_grads_.defined() ? host_grads_ : model_grads_;
+  return static_cast<const char*>(g.data_ptr()) +
+         layout_.offsets[i] * g.element_size();
 }
 
 void FlatBinding::fold_grad(size_t i) {
@@ -69,22 +107,28 @@ void FlatBinding::fold_grad(size_t i) {
   folded_[i] = 1;
   const size_t off = layout_.offsets[i], n = layout_.numels[i];
   float* acc = flat_grads_.data_ptr<float>() + off;
-  if (dtype_ == Precision::kBf16) {
-    auto* g = reinterpret_cast<uint16_t*>(model_grads_.data_ptr()) + off;
-    accumulate_bf16(acc, g, n, fold_accum_);
-    std::memset(g, 0, n * sizeof(uint16_t));
-  } else {
-    float* g = model_grads_.data_ptr<float>() + off;
-    accumulate(acc, g, n, Precision::kFp16, fold_accum_);
-    std::memset(g, 0, n * sizeof(float));
-  }
+  const void* g = grad_on_host(i);
+  if (dtype_ == Precision::kBf16)
+    accumulate_bf16(acc, static_cast<const uint16_t*>(g), n, fold_accum_);
+  else
+    accumulate(acc, static_cast<const float*>(g), n, dtype_, fold_accum_);
+  // Clear this backward's gradient where autograd writes the next one (a
+  // model off the host: zeroed on the device when it was copied).
+  if (!host_grads_.defined())
+    std::memset(const_cast<void*>(g), 0, n * model_grads_.element_size());
 }
 
 void FlatBinding::params_written() {
-  if (dtype_ != Precision::kBf16) return;
-  to_bf16(flat_params_.data_ptr<float>(),
-          reinterpret_cast<uint16_t*>(model_params_.data_ptr()),
-          layout_.padded_numel);
+  if (!model_params_.defined()) return;  // the model computes with the master
+  if (dtype_ == Precision::kBf16) {
+    torch::Tensor& host = host_params_.defined() ? host_params_ : model_params_;
+    to_bf16(flat_params_.data_ptr<float>(),
+            reinterpret_cast<uint16_t*>(host.data_ptr()),
+            layout_.padded_numel);
+    if (host_params_.defined()) model_params_.copy_(host_params_);
+  } else {
+    model_params_.copy_(flat_params_);
+  }
 }
 
 torch::Tensor FlatBinding::full_parameters() {
@@ -107,9 +151,11 @@ MemoryStats FlatBinding::memory() const {
   auto bytes = [](const torch::Tensor& t) -> size_t {
     return t.defined() ? t.storage().nbytes() : 0;
   };
-  // Mixed precision: the model's own copies, beside the stage's float32,
-  // held from construction on.
-  const size_t params = bytes(model_params_), grads = bytes(model_grads_);
+  // Mixed precision and offload: the model's own copies (on its device)
+  // and their host staging, beside the stage's float32, held from
+  // construction on.
+  const size_t params = bytes(model_params_) + bytes(host_params_);
+  const size_t grads = bytes(model_grads_) + bytes(host_grads_);
   m.param_bytes += params;
   m.grad_bytes += grads;
   m.peak_bytes += params + grads;

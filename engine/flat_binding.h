@@ -14,6 +14,29 @@
 // gradient (the flat buffer is zero before each fold) and accumulates its
 // partitions itself in grad_accum_dtype, so the fold there is float32.
 //
+// Note [ZeRO-Offload]
+// ~~~~~~~~~~~~~~~~~~~
+// With BindingOptions::offload (offload_optimizer.device "cpu" or "nvme",
+// stages 1-2) the model's weights and one-backward gradients are flat
+// buffers of their own on the model's device (a CUDA device, or the CPU),
+// and everything the stage touches stays on the host: the float32 master,
+// the accumulated gradient, the optimizer state (on NVMe with "nvme"). So
+// a model on a GPU trains with the ZeRO state in host memory:
+//   - after each backward (or, with overlap_comm, as each parameter's
+//     gradient completes) its gradient is copied to the host and folded
+//     into the float32 accumulation, the same fold mixed precision uses,
+//     and the device copy is zeroed;
+//   - after each update (params_written) the master is copied back to the
+//     device, rounded to bf16 first when the model computes in bf16.
+// A float32 fold is acc += g, the addition autograd makes when it
+// accumulates into .grad, so a run with offload is bitwise equal to the
+// same run without it (the harness's offload_bitwise_equal). On a CPU model
+// the device buffers are host memory too: the tests here run this path,
+// copies included. Cost there: one more copy of the weights and gradients.
+// Host synchronisation: a CUDA model's gradient copy to the host is waited
+// for once per backward (once per parameter with overlap_comm), the copy
+// back once per step; the copies run on the current stream.
+//
 // Thread safety: none (engine/param_binding.h).
 #ifndef ZEROSTEP_ENGINE_FLAT_BINDING_H_
 #define ZEROSTEP_ENGINE_FLAT_BINDING_H_
@@ -44,10 +67,13 @@ class FlatBinding final : public ParamBinding {
 
  private:
   void on_grad_ready(size_t param_index) override;
-  // Mixed precision: adds parameter i's gradient of this backward into the
-  // flat accumulation, once per backward.
+  // Mixed precision and offload: adds parameter i's gradient of this
+  // backward into the flat accumulation, once per backward, and clears it.
   void fold_grad(size_t param_index);
-  bool folds_grads() const { return dtype_ != Precision::kFp32; }
+  bool folds_grads() const { return model_grads_.defined(); }
+  // Where the fold reads parameter i's gradient: model_grads_ itself when
+  // it is host memory, else host_grads_ after copying it there.
+  const void* grad_on_host(size_t param_index);
 
   std::shared_ptr<torch::nn::Module> model_;
   std::vector<torch::Tensor> params_;
@@ -58,11 +84,16 @@ class FlatBinding final : public ParamBinding {
   Precision fold_accum_;
   torch::Tensor flat_params_;  // padded_numel float32 (bf16: the master)
   torch::Tensor flat_grads_;   // padded_numel float32
-  // Mixed precision: the bf16 weights the model computes with, and the
-  // one-backward gradients autograd writes (bf16, or float32 to be rounded
-  // to fp16), both padded_numel.
+  // Mixed precision and offload: the weights the model computes with (bf16,
+  // or float32 with offload; undefined when they are flat_params_ itself),
+  // and the one-backward gradients autograd writes (bf16, or float32 to be
+  // rounded to fp16 or folded as they are), both padded_numel on the
+  // model's device.
   torch::Tensor model_params_;
   torch::Tensor model_grads_;
+  // A model off the host: the host side of the copies (model dtypes).
+  torch::Tensor host_params_;
+  torch::Tensor host_grads_;
   std::vector<char> folded_;  // per parameter, in this backward
   std::unique_ptr<Stage> stage_;
 };

@@ -1,6 +1,8 @@
-// Optimizer offload in the engine: NVMe state on simulated devices, and a
-// device fault in one rank's step() (zero/optimizer.h Note [NVMe optimizer
-// state], zero/stage.h Note [Transactional update]).
+// Optimizer offload in the engine: the model's buffers apart from the host
+// master (engine/flat_binding.h Note [ZeRO-Offload]), NVMe state on
+// simulated devices, and a device fault in one rank's step()
+// (zero/optimizer.h Note [NVMe optimizer state], zero/stage.h Note
+// [Transactional update]).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -211,6 +213,92 @@ TEST(OffloadTest, ParametersWithoutGradientInAWindow) {
       EXPECT_TRUE(same_bits(got, want)) << "stage " << stage << " " << name;
   }
   std::filesystem::remove_all(nvme);
+}
+
+// Note [ZeRO-Offload]: at stages 1-2 with offload the model computes with
+// buffers of its own; each backward's gradient is folded into the host
+// accumulation and cleared, and each update is copied back.
+TEST(OffloadTest, CpuOffloadKeepsTheModelsBuffersApartFromTheMaster) {
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const Config config =
+        parse_config(config_json(stage, "{\"device\": \"cpu\"}"), 1);
+    torch::manual_seed(3);
+    torch::nn::Linear model(4, 3);
+    SimWorld world({1, 1});
+    world.run([&](int r) {
+      Engine e(model.ptr(), config, &world.comm(r));
+      const torch::Tensor w = model->weight;
+      const torch::Tensor master = e.flat_parameters();
+      const char* lo = static_cast<const char*>(master.data_ptr());
+      const char* at = static_cast<const char*>(w.data_ptr());
+      EXPECT_TRUE(at < lo || at >= lo + master.nbytes())
+          << "the model's weight is a view of the master";
+      e.backward(model->forward(torch::ones({2, 4})).sum());
+      // Folded into the host accumulation (stage 2 has reduced it into its
+      // partition already), cleared where autograd writes.
+      EXPECT_EQ(w.grad().abs().sum().item<float>(), 0.0f);
+      if (stage == 1) {
+        EXPECT_GT(e.flat_gradients().abs().sum().item<float>(), 0.0f);
+      }
+      e.step();
+      const torch::Tensor updated = e.flat_parameters();
+      EXPECT_FALSE(same_bits(updated, master.clone().zero_()));
+      EXPECT_TRUE(same_bits(w.reshape(-1).contiguous(),
+                            updated.narrow(0, 0, w.numel()).contiguous()))
+          << "the update was not copied back to the model";
+    });
+  }
+}
+
+// A model off the host trains only where the binding keeps the ZeRO state
+// on the host (stages 1-2 with offload); every other case is a UsageError
+// naming the device and the fix. The meta device stands in for a GPU.
+TEST(OffloadTest, AModelOffTheCpuNeedsOffloadAtStage1Or2) {
+  auto expect_error = [](int stage, const std::string& offload,
+                         const std::string& needle) {
+    const Config config = parse_config(config_json(stage, offload), 1);
+    auto model = std::make_shared<torch::nn::Module>();
+    model->register_parameter("w", torch::zeros({3, 4}, torch::kMeta));
+    SimWorld world({1, 1});
+    world.run([&](int r) {
+      try {
+        Engine e(model, config, &world.comm(r));
+        ADD_FAILURE() << "no error at stage " << stage;
+      } catch (const UsageError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("meta"), std::string::npos) << what;
+        EXPECT_NE(what.find(needle), std::string::npos) << what;
+      }
+    });
+  };
+  expect_error(0, "null", "offload_optimizer.device");
+  expect_error(3, "{\"device\": \"cpu\"}", "stage 1 or 2");
+  expect_error(2, "null", "no offload_optimizer");
+
+  const Config config = parse_config(config_json(2, "null"), 1);
+  SimWorld world({1, 1});
+  auto mixed = std::make_shared<torch::nn::Module>();
+  mixed->register_parameter("on_cpu", torch::zeros({3}));
+  mixed->register_parameter("on_meta", torch::zeros({3}, torch::kMeta));
+  torch::nn::Linear doubles(4, 3);
+  doubles->to(torch::kFloat64);
+  world.run([&](int r) {
+    try {
+      Engine e(mixed, config, &world.comm(r));
+      ADD_FAILURE() << "no error for parameters on two devices";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("one device"), std::string::npos)
+          << e.what();
+    }
+    try {
+      Engine e(doubles.ptr(), config, &world.comm(r));
+      ADD_FAILURE() << "no error for float64";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("Double"), std::string::npos)
+          << e.what();
+    }
+  });
 }
 
 }  // namespace

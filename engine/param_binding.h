@@ -92,6 +92,14 @@ struct BindingOptions {
   Precision dtype = Precision::kFp32;
   // Stage 3: zero_optimization.stage3_param_persistence_threshold.
   int64_t persistence_threshold = 100000;
+  // Stages 1-2: zero_optimization.offload_optimizer.device is "cpu" or
+  // "nvme": the model's weights and gradients stay on the model's device,
+  // the float32 master and the optimizer on the host (Note [ZeRO-Offload]
+  // in engine/flat_binding.h).
+  bool offload = false;
+  // offload_optimizer.pin_memory: the host buffers that take the model's
+  // gradients are page-locked when the model is on a CUDA device.
+  bool pin_memory = false;
 };
 
 // `params` are the model's trainable parameters (trainable_parameters() in

@@ -80,10 +80,13 @@ struct Run {
   int world_size = 1;
   bool drive_override = false;  // managed with varying N
   bool reference = false;       // one backward over the whole window
+  std::string device = "cpu";   // where the models and data live
 };
 
-RunDigest train(const Scenario& s, const Task& task, const Batch& data,
+RunDigest train(const Scenario& s, const Task& task, const Batch& host_data,
                 const Run& run) {
+  const torch::Device device(run.device);
+  const Batch data = {host_data.input.to(device), host_data.target.to(device)};
   std::unique_ptr<LocalWorld> world_ptr;
   if (s.backend == "gloo") {
     world_ptr = std::make_unique<GlooLocalWorld>(run.world_size);
@@ -92,8 +95,10 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& data,
   }
   LocalWorld& world = *world_ptr;
   std::vector<std::shared_ptr<torch::nn::Module>> models;
-  for (int r = 0; r < run.world_size; ++r)
+  for (int r = 0; r < run.world_size; ++r) {
     models.push_back(task.make_model(s.seed));
+    models.back()->to(device);
+  }
   std::vector<std::vector<float>> finals(run.world_size);
   std::vector<int64_t> samples(run.world_size), applied(run.world_size),
       skipped(run.world_size);
@@ -440,7 +445,22 @@ std::vector<std::string> rest_memory_failures(const ScenarioResult& r) {
   return failures;
 }
 
+std::string device_problem(const Scenario& s) {
+  if (s.device == "cpu") return "";
+  if (s.device != "cuda")
+    return "device '" + s.device + "' is not one of cpu, cuda";
+  if ((s.stage == 1 || s.stage == 2) && s.offload != OffloadDevice::kNone)
+    return "";
+  return "stage " + std::to_string(s.stage) + " with offload " +
+         to_string(s.offload) +
+         " on cuda: the engine takes a CUDA model only with ZeRO-Offload at "
+         "stages 1-2 (the engine on the device is not built yet). Fix: "
+         "--stages=1,2 --offload=cpu (or nvme)";
+}
+
 ScenarioResult run_scenario(const Scenario& s) {
+  if (const std::string why = device_problem(s); !why.empty())
+    throw UsageError(why);
   if ((s.offload == OffloadDevice::kNvme ||
        s.offload_param == OffloadDevice::kNvme) &&
       s.nvme_path.empty())
@@ -482,8 +502,10 @@ ScenarioResult run_scenario(const Scenario& s) {
   ScenarioResult res;
   res.scenario = s;
 
-  Run unmanaged{scenario_config(s, false), s.world_size, false, false};
-  Run managed{scenario_config(s, true), s.world_size, varying, false};
+  Run unmanaged{scenario_config(s, false), s.world_size, false, false,
+                s.device};
+  Run managed{scenario_config(s, true), s.world_size, varying, false,
+              s.device};
   Scenario ref_s = s;
   ref_s.world_size = 1;
   ref_s.stage = 0;
@@ -491,7 +513,9 @@ ScenarioResult run_scenario(const Scenario& s) {
   ref_s.offload = ref_s.offload_param = OffloadDevice::kNone;
   ref_s.scaling = GradAccumScaling::kNone;  // the factor is in the loss
   ref_s.backwards = {1};
-  Run reference{scenario_config(ref_s, true), 1, false, true};
+  // On the CPU always: without offload a CUDA model needs the engine on
+  // the device.
+  Run reference{scenario_config(ref_s, true), 1, false, true, "cpu"};
 
   res.ignored_keys = unmanaged.config.ignored_keys;
   res.unmanaged = train(s, *task, data, unmanaged);
@@ -499,13 +523,14 @@ ScenarioResult run_scenario(const Scenario& s) {
   res.reference = train(s, *task, data, reference);
   const bool offloaded = s.offload != OffloadDevice::kNone ||
                          s.offload_param != OffloadDevice::kNone;
-  if (offloaded) {
+  if (offloaded && s.device == "cpu") {
     Scenario plain = s;
     plain.offload = plain.offload_param = OffloadDevice::kNone;
     res.in_memory =
         train(plain, *task, data,
               Run{scenario_config(plain, false), s.world_size, false, false});
     res.offload_bitwise_equal = res.in_memory.digest == res.unmanaged.digest;
+    res.offload_compared = true;
   }
 
   const auto& u = res.unmanaged.params;
@@ -660,6 +685,8 @@ std::string to_json_line(const ScenarioResult& r) {
   j["offload"] = to_string(s.offload);
   j["offload_param"] = to_string(s.offload_param);
   j["offload_bitwise_equal"] = r.offload_bitwise_equal;
+  j["offload_compared"] = r.offload_compared;
+  j["device"] = s.device;
   j["backend"] = s.backend;
   j["overlap_comm"] = s.overlap_comm;
   j["reduce_once_per_step"] = s.reduce_once_per_step;

@@ -206,6 +206,13 @@ struct Scenario {
   // it drops overlap_comm (which unmanaged mode refuses there); everything
   // else (optimizer, clipping, scheduler, ...) is kept.
   std::string base_config_json;
+  // Where the ranks' models and data live: "cpu" or "cuda" (device 0, every
+  // rank). On cuda the engine takes the model only with ZeRO-Offload at
+  // stages 1-2 (Note [ZeRO-Offload] in engine/flat_binding.h), so such a
+  // scenario must have one; its reference run is on the CPU (a
+  // cross-device check, within the tolerance), and the offload run's
+  // no-offload twin is not run (ScenarioResult::offload_compared).
+  std::string device = "cpu";
 };
 
 struct RunDigest {
@@ -261,6 +268,9 @@ struct ScenarioResult {
   // only the state's home differs).
   RunDigest in_memory;
   bool offload_bitwise_equal = true;
+  // Whether that twin ran: not on cuda, where a run without offload needs
+  // the engine on the device (offload_bitwise_equal is then unchecked).
+  bool offload_compared = false;
   double max_abs_diff = 0.0;
   double ref_max_rel_diff = 0.0;  // max|d| / max|p_ref|, informative
   double ref_rel_l2_diff = 0.0;   // ||d||₂ / ||p_ref||₂, the checked one
@@ -280,8 +290,12 @@ struct ScenarioResult {
   std::vector<std::string> failures;  // why not ok, one line each
 };
 
+// Why the scenario cannot run on its device ("" when it can): an unknown
+// device, or cuda without ZeRO-Offload at stages 1-2 (Scenario::device).
+std::string device_problem(const Scenario& s);
+
 // Throws ConfigError if the scenario's config is invalid, UsageError for a
-// bad scenario (e.g. an empty N list).
+// bad scenario (e.g. an empty N list, device_problem()).
 ScenarioResult run_scenario(const Scenario& scenario);
 
 // Two of run_scenario()'s checks, over a result's digests: one failure line

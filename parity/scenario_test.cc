@@ -189,6 +189,7 @@ TEST(ScenarioTest, AnOffloadFileRunsAndItsReferenceRunsWithoutOffload) {
   ScenarioResult r = run_scenario(s);
   EXPECT_TRUE(r.ok) << ::testing::PrintToString(r.failures);
   EXPECT_TRUE(r.offload_bitwise_equal);
+  EXPECT_TRUE(r.offload_compared);
 }
 
 TEST(ScenarioTest, IgnoredKeysOfTheFileAreReported) {
@@ -477,6 +478,23 @@ TEST(ScenarioTest, Stage3ParameterOffloadToNvmeIsBitwise) {
       EXPECT_TRUE(r.bitwise_equal) << "world " << world;
       EXPECT_TRUE(r.offload_bitwise_equal) << "world " << world;
     }
+}
+
+// A CUDA scenario needs ZeRO-Offload at stages 1-2 (Scenario::device);
+// anything else is refused before a run starts, naming the fix.
+TEST(ScenarioTest, DeviceScenariosNeedOffloadAtStage1Or2) {
+  Scenario s = base(2, 2);
+  EXPECT_EQ(device_problem(s), "");
+  s.device = "cuda";
+  EXPECT_NE(device_problem(s).find("Fix: --stages=1,2 --offload=cpu"),
+            std::string::npos)
+      << device_problem(s);
+  s.offload = OffloadDevice::kCpu;
+  EXPECT_EQ(device_problem(s), "");
+  s.stage = 3;
+  EXPECT_NE(device_problem(s), "");
+  s.device = "tpu";
+  EXPECT_THROW(run_scenario(s), UsageError);
 }
 
 TEST(ScenarioGlooTest, EveryStageIsOkOnGlooAndAgreesWithSim) {

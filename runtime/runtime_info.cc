@@ -75,10 +75,14 @@ void check_engine_device(const std::string& device) {
     throw UsageError("--device=cuda: " + why +
                      ". Fix: run on a GPU node (tools/gpu_check.sh packs a "
                      "build for one), or drop --device to run on the CPU.");
-  throw UsageError(
-      "--device=cuda: the engine does not run on CUDA devices yet (its flat "
-      "buffers, stages and optimizer are host code; issue 12, item 2). "
-      "Fix: drop --device to run the matrix on the CPU.");
+}
+
+void use_deterministic_cuda() {
+  // cuBLAS picks reduction orders per workspace unless told this (CUDA's
+  // documented requirement for reproducible GEMMs); it is read when cuBLAS
+  // first starts, so before any CUDA work.
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
 }
 
 }  // namespace zerostep

@@ -21,9 +21,16 @@ std::string runtime_info();
 int cuda_devices(std::string* why_none = nullptr);
 
 // Checks that `device` ("cpu" or "cuda", the tools' --device flag) can be
-// used by the engine in this process; throws UsageError naming the device,
-// why not, and the fix.
+// used in this process (cuda: a CUDA LibTorch and a visible device);
+// throws UsageError naming the device, why not, and the fix. What the
+// engine accepts on that device is the engine's check.
 void check_engine_device(const std::string& device);
+
+// Bitwise parity on a GPU: LibTorch's deterministic algorithms (an op
+// without a deterministic CUDA kernel throws instead of racing) and
+// CUBLAS_WORKSPACE_CONFIG=:4096:8 unless the environment sets it. Call
+// before any CUDA work.
+void use_deterministic_cuda();
 
 }  // namespace zerostep
 

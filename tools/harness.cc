@@ -406,6 +406,7 @@ Scenario flag_scenario(const HarnessFlags& f) {
   s.model_scale = f.model_scale;
   s.seed = f.seed;
   s.micro_batch = f.micro_batch;
+  s.device = f.device;
   return s;
 }
 
@@ -628,6 +629,7 @@ int main_impl(int argc, char** argv) {
   }
   if (parsed.mode == HarnessMode::kScale) return run_scale_mode(parsed);
   check_engine_device(parsed.device);
+  if (parsed.device == "cuda") use_deterministic_cuda();
 
   const BaseConfig base = load_base_config(parsed);
   const HarnessFlags f = with_file_defaults(parsed, base);
@@ -661,6 +663,13 @@ int main_impl(int argc, char** argv) {
         "the flags leave no scenario to run: --offload skips stage 0, "
         "which has no optimizer state to offload; add stages 1-3 to "
         "--stages or none to --offload");
+  for (const Scenario& s : scenarios)
+    if (const std::string why = device_problem(s); !why.empty())
+      throw FlagError("--device=" + f.device + ": " + why);
+  if (f.device == "cuda")
+    std::cerr << "  device=cuda: models and data on cuda:0, ZeRO state on "
+                 "the host (ZeRO-Offload); reference runs on the CPU; the "
+                 "no-offload twin is not run (offload_compared false)\n";
   switch (f.mode) {
     case HarnessMode::kFaults:
       return run_faults_mode(f, scenarios);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# `harness --device=cuda` on a machine where the engine cannot use CUDA (no
-# device, a LibTorch without CUDA, or the engine's host-only code) fails at
-# once: exit 2, a message that names the flag and why, and no scenario run.
+# `harness --device=cuda` on a machine that cannot use CUDA (no device, or
+# a LibTorch without CUDA) fails at once: exit 2, a message that names the
+# flag and why, and no scenario run.
 set -uo pipefail
 harness="$1"
 start=$(date +%s)

@@ -15,9 +15,12 @@ const char* const kHarnessUsage = R"(usage: harness [flags]
   --scaling=LIST        configured,per_step_count,none (default: all three)
   --model=mlp|gpt       built-in model (default mlp)
   --backend=sim|gloo    simulator (default) or real Gloo over loopback TCP
-  --device=cpu|cuda     where the ranks' tensors live (default cpu); cuda
-                        fails at once naming why (no device, a LibTorch
-                        without CUDA, or the engine not on CUDA yet)
+  --device=cpu|cuda     where the ranks' models and data live (default
+                        cpu). cuda needs a device and a CUDA LibTorch
+                        (else it fails at once, naming why) and runs
+                        ZeRO-Offload scenarios only: --stages=1,2
+                        --offload=cpu (the engine on the device is not
+                        built yet)
   --model-scale=S       width multiplier (default 1)
   --micro-batch=B       samples per backward per rank (default 2)
   --clip=C              gradient_clipping (default 0 = off)
