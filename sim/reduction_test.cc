@@ -147,6 +147,37 @@ std::vector<std::vector<T>> random_ranks(int world, size_t n,
   return ranks;
 }
 
+// Every rank's all-reduce result `got` has reference_element's bits.
+template <typename T>
+testing::AssertionResult all_reduced(const std::vector<std::vector<T>>& in,
+                                     const std::vector<std::vector<T>>& got,
+                                     ReduceOp op) {
+  for (size_t i = 0; i < in[0].size(); ++i) {
+    const T expect = reference_element(in, i, op);
+    for (size_t r = 0; r < got.size(); ++r)
+      if (std::memcmp(&got[r][i], &expect, sizeof(T)) != 0)
+        return testing::AssertionFailure()
+               << "all_reduce rank " << r << " element " << i;
+  }
+  return testing::AssertionSuccess();
+}
+
+// Every rank's reduce-scatter output `out` has reference_element's bits of
+// its chunk of the inputs.
+template <typename T>
+testing::AssertionResult reduce_scattered(
+    const std::vector<std::vector<T>>& in,
+    const std::vector<std::vector<T>>& out, ReduceOp op) {
+  for (size_t r = 0; r < out.size(); ++r)
+    for (size_t i = 0; i < out[r].size(); ++i) {
+      const T expect = reference_element(in, r * out[r].size() + i, op);
+      if (std::memcmp(&out[r][i], &expect, sizeof(T)) != 0)
+        return testing::AssertionFailure()
+               << "reduce_scatter rank " << r << " element " << i;
+    }
+  return testing::AssertionSuccess();
+}
+
 // Bitwise comparison of the chunked all-reduce and reduce-scatter (Note
 // [Chunked reduction] in sim/reduction.cc) against reference_element, at
 // sizes that are not multiples of the 16 KiB chunk: one element, just
@@ -165,12 +196,7 @@ void expect_chunked_matches_reference() {
         std::vector<std::vector<T>> got = in;
         std::vector<unsigned char> scratch;
         all_reduce_in_rank_order(buffers(got), op, &scratch);
-        for (size_t i = 0; i < n; ++i) {
-          const T expect = reference_element(in, i, op);
-          for (int r = 0; r < world; ++r)
-            ASSERT_EQ(std::memcmp(&got[r][i], &expect, sizeof(T)), 0)
-                << "all_reduce rank " << r << " element " << i;
-        }
+        ASSERT_TRUE(all_reduced(in, got, op));
 
         // Reduce-scatter: every input holds world chunks of n elements.
         const size_t per_rank = n;
@@ -178,12 +204,7 @@ void expect_chunked_matches_reference() {
             random_ranks<T>(world, per_rank * world, &rng);
         std::vector<std::vector<T>> rs_out(world, std::vector<T>(per_rank));
         reduce_scatter_in_rank_order(buffers(rs_in), buffers(rs_out), op);
-        for (int r = 0; r < world; ++r)
-          for (size_t i = 0; i < per_rank; ++i) {
-            const T expect = reference_element(rs_in, r * per_rank + i, op);
-            ASSERT_EQ(std::memcmp(&rs_out[r][i], &expect, sizeof(T)), 0)
-                << "reduce_scatter rank " << r << " element " << i;
-          }
+        ASSERT_TRUE(reduce_scattered(rs_in, rs_out, op));
       }
     }
   }
@@ -250,24 +271,14 @@ void expect_parts_match_reference() {
         const size_t parts = reduce_every_part_backwards(
             CollectiveKind::kAllReduce, op, buffers(got), buffers(got));
         EXPECT_EQ(parts, (n + kPartElements<T> - 1) / kPartElements<T>);
-        for (size_t i = 0; i < n; ++i) {
-          const T expect = reference_element(in, i, op);
-          for (int r = 0; r < world; ++r)
-            ASSERT_EQ(std::memcmp(&got[r][i], &expect, sizeof(T)), 0)
-                << "all_reduce rank " << r << " element " << i;
-        }
+        ASSERT_TRUE(all_reduced(in, got, op));
 
         std::vector<std::vector<T>> rs_got = rs_in;
         std::vector<std::vector<T>> rs_out(world, std::vector<T>(per_rank));
         reduce_every_part_backwards(CollectiveKind::kReduceScatter, op,
                                     buffers(rs_got), buffers(rs_out));
         EXPECT_EQ(rs_got, rs_in) << "the inputs are read, not written";
-        for (int r = 0; r < world; ++r)
-          for (size_t i = 0; i < per_rank; ++i) {
-            const T expect = reference_element(rs_in, r * per_rank + i, op);
-            ASSERT_EQ(std::memcmp(&rs_out[r][i], &expect, sizeof(T)), 0)
-                << "reduce_scatter rank " << r << " element " << i;
-          }
+        ASSERT_TRUE(reduce_scattered(rs_in, rs_out, op));
       }
     }
   }
