@@ -23,7 +23,16 @@
 // PREFIX = allreduce or reducescatter:
 //   PREFIX_bytes_per_second, memcpy_bytes_per_second
 //   PREFIX_over_memcpy      collective bandwidth / memcpy bandwidth
-//                           (= total memcpy time / total collective time)
+//                           (= total memcpy time / total collective time):
+//                           the algorithm-bandwidth ratio
+//   PREFIX_traffic_over_memcpy
+//                           memory traffic per second of the collective /
+//                           that of the memcpy. An all-reduce of n bytes
+//                           per rank reads W·n and writes W·n bytes, a
+//                           reduce-scatter reads W·n and writes n, a memcpy
+//                           reads n and writes n; so this is W (all-reduce)
+//                           or (W + 1) / 2 (reduce-scatter) times the
+//                           algorithm-bandwidth ratio
 //   PREFIX_ms, memcpy_ms    mean times
 //
 // Benchmarks never run under `bazel test`: the target is tagged "benchmark"
@@ -119,6 +128,11 @@ void run_vs_memcpy(benchmark::State& state, Kind kind) {
   state.counters[prefix + "_bytes_per_second"] = moved / total_co;
   state.counters["memcpy_bytes_per_second"] = moved / total_mc;
   state.counters[prefix + "_over_memcpy"] = total_mc / total_co;
+  const double w = static_cast<double>(world_size);
+  const double traffic_per_memcpy =  // (reads + writes) / (n + n)
+      kind == Kind::kAllReduce ? (w + w) / 2.0 : (w + 1.0) / 2.0;
+  state.counters[prefix + "_traffic_over_memcpy"] =
+      traffic_per_memcpy * total_mc / total_co;
   state.counters[prefix + "_ms"] = total_co / static_cast<double>(n) * 1e3;
   state.counters["memcpy_ms"] = total_mc / static_cast<double>(n) * 1e3;
 }

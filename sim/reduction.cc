@@ -68,37 +68,83 @@ std::vector<const T*> data_of(const std::vector<Buffer>& bufs) {
   return data;
 }
 
+// Note [Parallel reduction]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// An all-reduce or reduce-scatter walks an index space of elements: for
+// an all-reduce the n elements of every buffer (element i reduces every
+// rank's element i into every rank's element i), for a reduce-scatter the
+// W * n elements of every input (element i reduces every rank's input
+// element i into element i % n of output i / n). That space is cut into
+// parts of kPartBytes, a whole number of chunks (Note [Chunked reduction]:
+// where the chunks fall never changes the bits). A part reads only its own
+// indices of the inputs and writes only its own indices of the outputs, so
+// the parts are disjoint: they may run on different threads at once, in
+// any order, and every element is still reduced by one thread with the
+// fold of Note [Reduction order], so the result is the same bits as one
+// thread walking the whole space. The simulator hands the parts out to the
+// rank threads (Note [Sim collective] in sim/sim_world.h). A collective of
+// one part (at most kPartBytes of index space) is not worth the extra
+// rendezvous: it runs on one thread, as before.
+constexpr size_t kPartBytes = 256 << 10;
+static_assert(kPartBytes % kChunkBytes == 0, "a part is whole chunks");
+
+// Elements [begin, end) of an all-reduce's index space: each chunk is
+// reduced into `acc` (one chunk of scratch) from every rank's unmodified
+// chunk, then copied back to every rank while those lines are still in
+// cache (Note [Chunked reduction]); the inputs are the outputs.
 template <typename T>
-void all_reduce_typed(const std::vector<Buffer>& bufs, ReduceOp op,
-                      std::vector<unsigned char>* scratch) {
-  // The inputs are the outputs: each chunk is reduced into scratch from
-  // every rank's unmodified chunk, then copied back to every rank, while
-  // those lines are still in cache (Note [Chunked reduction]).
-  const size_t n = bufs[0].numel;
-  const size_t chunk = std::min(n, kChunkBytes / sizeof(T));
-  T* acc = scratch_of<T>(scratch, chunk);
+void all_reduce_range(const std::vector<Buffer>& bufs, ReduceOp op,
+                      size_t begin, size_t end, T* __restrict acc) {
+  const size_t chunk = kChunkBytes / sizeof(T);
   const std::vector<const T*> in = data_of<T>(bufs);
-  for (size_t begin = 0; begin < n; begin += chunk) {
-    const size_t count = std::min(chunk, n - begin);
-    reduce_rank_order<T>(in, begin, count, op, acc);
+  for (size_t at = begin; at < end; at += chunk) {
+    const size_t count = std::min(chunk, end - at);
+    reduce_rank_order<T>(in, at, count, op, acc);
     for (const Buffer& b : bufs)
-      std::memcpy(static_cast<T*>(b.data) + begin, acc, count * sizeof(T));
+      std::memcpy(static_cast<T*>(b.data) + at, acc, count * sizeof(T));
   }
 }
 
+// Elements [begin, end) of a reduce-scatter's index space. Outputs do not
+// overlap inputs: each output chunk is its own accumulator. A chunk never
+// crosses from one output into the next.
 template <typename T>
-void reduce_scatter_typed(const std::vector<Buffer>& inputs,
-                          const std::vector<Buffer>& outputs, ReduceOp op) {
-  // Outputs do not overlap inputs: each output chunk is its own
-  // accumulator (Note [Chunked reduction]).
+void reduce_scatter_range(const std::vector<Buffer>& inputs,
+                          const std::vector<Buffer>& outputs, ReduceOp op,
+                          size_t begin, size_t end) {
   const size_t n = outputs[0].numel;
-  const size_t chunk = std::max<size_t>(1, kChunkBytes / sizeof(T));
+  const size_t chunk = kChunkBytes / sizeof(T);
   const std::vector<const T*> in = data_of<T>(inputs);
-  for (size_t r = 0; r < outputs.size(); ++r) {
-    T* out = static_cast<T*>(outputs[r].data);
-    for (size_t begin = 0; begin < n; begin += chunk)
-      reduce_rank_order<T>(in, r * n + begin, std::min(chunk, n - begin), op,
-                           out + begin);
+  for (size_t at = begin; at < end;) {
+    const size_t owner = at / n, offset = at - owner * n;
+    const size_t count = std::min({chunk, end - at, n - offset});
+    reduce_rank_order<T>(in, at, count, op,
+                         static_cast<T*>(outputs[owner].data) + offset);
+    at += count;
+  }
+}
+
+// The size of a reduction's index space (Note [Parallel reduction]), in
+// elements.
+size_t index_space(CollectiveKind kind, const std::vector<Buffer>& inputs,
+                   const std::vector<Buffer>& outputs) {
+  return kind == CollectiveKind::kAllReduce
+             ? inputs[0].numel
+             : outputs[0].numel * outputs.size();
+}
+
+// Reduces elements [begin, end) of the index space of an all-reduce or
+// reduce-scatter.
+template <typename T>
+void reduce_range(CollectiveKind kind, ReduceOp op,
+                  const std::vector<Buffer>& inputs,
+                  const std::vector<Buffer>& outputs, size_t begin,
+                  size_t end, std::vector<unsigned char>* scratch) {
+  if (kind == CollectiveKind::kAllReduce) {
+    const size_t chunk = std::min(end - begin, kChunkBytes / sizeof(T));
+    all_reduce_range<T>(inputs, op, begin, end, scratch_of<T>(scratch, chunk));
+  } else {
+    reduce_scatter_range<T>(inputs, outputs, op, begin, end);
   }
 }
 
@@ -137,7 +183,8 @@ void with_type(DType dtype, Fn&& fn) {
 void all_reduce_in_rank_order(const std::vector<Buffer>& bufs, ReduceOp op,
                               std::vector<unsigned char>* scratch) {
   with_type(bufs[0].dtype, [&](auto tag) {
-    all_reduce_typed<decltype(tag)>(bufs, op, scratch);
+    reduce_range<decltype(tag)>(CollectiveKind::kAllReduce, op, bufs, bufs, 0,
+                                bufs[0].numel, scratch);
   });
 }
 
@@ -145,7 +192,34 @@ void reduce_scatter_in_rank_order(const std::vector<Buffer>& inputs,
                                   const std::vector<Buffer>& outputs,
                                   ReduceOp op) {
   with_type(inputs[0].dtype, [&](auto tag) {
-    reduce_scatter_typed<decltype(tag)>(inputs, outputs, op);
+    reduce_range<decltype(tag)>(
+        CollectiveKind::kReduceScatter, op, inputs, outputs, 0,
+        index_space(CollectiveKind::kReduceScatter, inputs, outputs), nullptr);
+  });
+}
+
+size_t reduction_parts(CollectiveKind kind, const std::vector<Buffer>& inputs,
+                       const std::vector<Buffer>& outputs) {
+  if (kind != CollectiveKind::kAllReduce &&
+      kind != CollectiveKind::kReduceScatter)
+    return 1;
+  const size_t part = kPartBytes / dtype_size(inputs[0].dtype);
+  return std::max<size_t>(1, (index_space(kind, inputs, outputs) + part - 1) /
+                                 part);
+}
+
+void reduce_part_in_rank_order(CollectiveKind kind, ReduceOp op,
+                               const std::vector<Buffer>& inputs,
+                               const std::vector<Buffer>& outputs,
+                               size_t part,
+                               std::vector<unsigned char>* scratch) {
+  with_type(inputs[0].dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const size_t total = index_space(kind, inputs, outputs);
+    const size_t size = kPartBytes / sizeof(T);
+    const size_t begin = std::min(total, part * size);
+    reduce_range<T>(kind, op, inputs, outputs, begin,
+                    std::min(total, begin + size), scratch);
   });
 }
 

@@ -1,6 +1,7 @@
 // Reduction: how the simulator moves one collective's data between the
 // ranks' buffers once every rank has arrived. Pure functions of the buffers:
-// no clock, no faults, no threads. Reductions run elementwise in rank order
+// no clock, no faults, no threads of their own (the simulator may run the
+// parts of one reduction on several threads, below). Reductions run elementwise in rank order
 // (Note [Reduction order] in sim/sim_world.h), so the result is the same
 // bits whatever the order the ranks arrived in, and every rank receives the
 // same bits.
@@ -11,8 +12,10 @@
 // `scratch` vector is working memory that the functions grow and never
 // shrink, so that repeated collectives do not allocate.
 //
-// Thread safety: none needed; the caller gives exclusive use of every
-// buffer and of `scratch` for the duration of a call.
+// Thread safety: the caller gives exclusive use of every buffer and of
+// `scratch` for the duration of a call; the one exception is that distinct
+// parts of one reduction (reduce_part_in_rank_order) may run at once, each
+// with its own scratch.
 #ifndef ZEROSTEP_SIM_REDUCTION_H_
 #define ZEROSTEP_SIM_REDUCTION_H_
 
@@ -33,6 +36,23 @@ void all_reduce_in_rank_order(const std::vector<Buffer>& bufs, ReduceOp op,
 void reduce_scatter_in_rank_order(const std::vector<Buffer>& inputs,
                                   const std::vector<Buffer>& outputs,
                                   ReduceOp op);
+
+// Parallel reduction (Note [Parallel reduction] in sim/reduction.cc): an
+// all-reduce or reduce-scatter cut into parts that read and write disjoint
+// elements. Running every part in [0, reduction_parts()) once, on any
+// threads, at once or in any order, gives the same bits as
+// move_collective_data. Each concurrent caller passes its own `scratch`.
+//
+// How many parts; 1 for a collective too small to be worth splitting, and
+// for every other kind (which are not split).
+size_t reduction_parts(CollectiveKind kind, const std::vector<Buffer>& inputs,
+                       const std::vector<Buffer>& outputs);
+// Part `part` of an all-reduce (in place on `inputs`; `outputs` ignored)
+// or a reduce-scatter.
+void reduce_part_in_rank_order(CollectiveKind kind, ReduceOp op,
+                               const std::vector<Buffer>& inputs,
+                               const std::vector<Buffer>& outputs, size_t part,
+                               std::vector<unsigned char>* scratch);
 
 // Every outputs[r] becomes inputs[0], ..., inputs[W-1] concatenated. Every
 // input holds n elements, every output W * n; an input may be its own

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <type_traits>
 #include <vector>
@@ -145,6 +147,37 @@ std::vector<std::vector<T>> random_ranks(int world, size_t n,
   return ranks;
 }
 
+// Every rank's all-reduce result `got` has reference_element's bits.
+template <typename T>
+testing::AssertionResult all_reduced(const std::vector<std::vector<T>>& in,
+                                     const std::vector<std::vector<T>>& got,
+                                     ReduceOp op) {
+  for (size_t i = 0; i < in[0].size(); ++i) {
+    const T expect = reference_element(in, i, op);
+    for (size_t r = 0; r < got.size(); ++r)
+      if (std::memcmp(&got[r][i], &expect, sizeof(T)) != 0)
+        return testing::AssertionFailure()
+               << "all_reduce rank " << r << " element " << i;
+  }
+  return testing::AssertionSuccess();
+}
+
+// Every rank's reduce-scatter output `out` has reference_element's bits of
+// its chunk of the inputs.
+template <typename T>
+testing::AssertionResult reduce_scattered(
+    const std::vector<std::vector<T>>& in,
+    const std::vector<std::vector<T>>& out, ReduceOp op) {
+  for (size_t r = 0; r < out.size(); ++r)
+    for (size_t i = 0; i < out[r].size(); ++i) {
+      const T expect = reference_element(in, r * out[r].size() + i, op);
+      if (std::memcmp(&out[r][i], &expect, sizeof(T)) != 0)
+        return testing::AssertionFailure()
+               << "reduce_scatter rank " << r << " element " << i;
+    }
+  return testing::AssertionSuccess();
+}
+
 // Bitwise comparison of the chunked all-reduce and reduce-scatter (Note
 // [Chunked reduction] in sim/reduction.cc) against reference_element, at
 // sizes that are not multiples of the 16 KiB chunk: one element, just
@@ -163,12 +196,7 @@ void expect_chunked_matches_reference() {
         std::vector<std::vector<T>> got = in;
         std::vector<unsigned char> scratch;
         all_reduce_in_rank_order(buffers(got), op, &scratch);
-        for (size_t i = 0; i < n; ++i) {
-          const T expect = reference_element(in, i, op);
-          for (int r = 0; r < world; ++r)
-            ASSERT_EQ(std::memcmp(&got[r][i], &expect, sizeof(T)), 0)
-                << "all_reduce rank " << r << " element " << i;
-        }
+        ASSERT_TRUE(all_reduced(in, got, op));
 
         // Reduce-scatter: every input holds world chunks of n elements.
         const size_t per_rank = n;
@@ -176,12 +204,7 @@ void expect_chunked_matches_reference() {
             random_ranks<T>(world, per_rank * world, &rng);
         std::vector<std::vector<T>> rs_out(world, std::vector<T>(per_rank));
         reduce_scatter_in_rank_order(buffers(rs_in), buffers(rs_out), op);
-        for (int r = 0; r < world; ++r)
-          for (size_t i = 0; i < per_rank; ++i) {
-            const T expect = reference_element(rs_in, r * per_rank + i, op);
-            ASSERT_EQ(std::memcmp(&rs_out[r][i], &expect, sizeof(T)), 0)
-                << "reduce_scatter rank " << r << " element " << i;
-          }
+        ASSERT_TRUE(reduce_scattered(rs_in, rs_out, op));
       }
     }
   }
@@ -197,6 +220,188 @@ TEST(ReductionTest, ChunkedFloat64MatchesThePerElementFoldBitForBit) {
 
 TEST(ReductionTest, ChunkedInt64MatchesThePerElementFoldBitForBit) {
   expect_chunked_matches_reference<int64_t>();
+}
+
+// ----- Parts: Note [Parallel reduction] in sim/reduction.cc ------------------
+
+// The elements of one part: 256 KiB of index space.
+template <typename T>
+constexpr size_t kPartElements = (size_t{256} << 10) / sizeof(T);
+
+// Runs every part of the reduction once, last part first, each with a
+// scratch of its own: neither the order of the parts nor a shared scratch
+// may matter. Returns how many parts there were.
+size_t reduce_every_part_backwards(CollectiveKind kind, ReduceOp op,
+                                   const std::vector<Buffer>& in,
+                                   const std::vector<Buffer>& out) {
+  const size_t parts = reduction_parts(kind, in, out);
+  for (size_t p = parts; p-- > 0;) {
+    std::vector<unsigned char> own_scratch;
+    reduce_part_in_rank_order(kind, op, in, out, p, &own_scratch);
+  }
+  return parts;
+}
+
+// Sizes around the part and chunk boundaries, none a multiple of either.
+template <typename T>
+std::vector<size_t> part_test_sizes() {
+  const size_t p = kPartElements<T>;
+  return {p / 3 + 7, p + 5, 2 * p + p / 2 + 3};
+}
+
+// Every part, run separately and backwards, gives reference_element's bits
+// on every rank, for every op, world 1 to 8, at sizes that cut chunks and
+// parts: the parts cover every element once and fold it in rank order.
+template <typename T>
+void expect_parts_match_reference() {
+  std::mt19937 rng(4);
+  for (int world = 1; world <= 8; ++world) {
+    for (size_t n : part_test_sizes<T>()) {
+      const std::vector<std::vector<T>> in = random_ranks<T>(world, n, &rng);
+      // Reduce-scatter: every rank's input holds world outputs of n / world
+      // + 1 elements (an index space a little over n).
+      const size_t per_rank = n / world + 1;
+      const std::vector<std::vector<T>> rs_in =
+          random_ranks<T>(world, per_rank * world, &rng);
+      for (ReduceOp op :
+           {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+        SCOPED_TRACE(testing::Message() << "world " << world << " numel " << n
+                                        << " " << to_string(op));
+        std::vector<std::vector<T>> got = in;
+        const size_t parts = reduce_every_part_backwards(
+            CollectiveKind::kAllReduce, op, buffers(got), buffers(got));
+        EXPECT_EQ(parts, (n + kPartElements<T> - 1) / kPartElements<T>);
+        ASSERT_TRUE(all_reduced(in, got, op));
+
+        std::vector<std::vector<T>> rs_got = rs_in;
+        std::vector<std::vector<T>> rs_out(world, std::vector<T>(per_rank));
+        reduce_every_part_backwards(CollectiveKind::kReduceScatter, op,
+                                    buffers(rs_got), buffers(rs_out));
+        EXPECT_EQ(rs_got, rs_in) << "the inputs are read, not written";
+        ASSERT_TRUE(reduce_scattered(rs_in, rs_out, op));
+      }
+    }
+  }
+}
+
+TEST(ReductionPartsTest, Float32PartsMatchThePerElementFoldBitForBit) {
+  expect_parts_match_reference<float>();
+}
+
+TEST(ReductionPartsTest, Float64PartsMatchThePerElementFoldBitForBit) {
+  expect_parts_match_reference<double>();
+}
+
+TEST(ReductionPartsTest, Int64PartsMatchThePerElementFoldBitForBit) {
+  expect_parts_match_reference<int64_t>();
+}
+
+// Every element of every part holds (1e8, 1, -1e8, 0, 0, ...): the rank
+// order sum is 0, and a part that folded its ranks in any other order
+// (from its own rank, say, or backwards) would give 1 somewhere.
+TEST(ReductionPartsTest, EveryPartFoldsInRankOrder) {
+  const size_t n = 3 * kPartElements<float> + 11;
+  for (int world = 3; world <= 8; ++world) {
+    std::vector<std::vector<float>> bufs(world, std::vector<float>(n, 0.0f));
+    std::vector<std::vector<float>> rs_out(world,
+                                           std::vector<float>(n / world));
+    for (size_t i = 0; i < n; ++i) {
+      bufs[0][i] = 1e8f;
+      bufs[1][i] = 1.0f;
+      bufs[2][i] = -1e8f;
+    }
+    reduce_every_part_backwards(CollectiveKind::kReduceScatter, ReduceOp::kSum,
+                                buffers(bufs), buffers(rs_out));
+    reduce_every_part_backwards(CollectiveKind::kAllReduce, ReduceOp::kSum,
+                                buffers(bufs), buffers(bufs));
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(bufs[r], std::vector<float>(n, 0.0f)) << "world " << world;
+      ASSERT_EQ(rs_out[r], std::vector<float>(n / world, 0.0f))
+          << "world " << world;
+    }
+  }
+}
+
+// Runs part p alone and records, per element of the index space, which part
+// wrote it: every element exactly once, by one part of contiguous elements.
+// Positive inputs over at least two ranks make every all-reduce sum differ
+// from every input, so a written element shows; a reduce-scatter's outputs
+// start as a NaN that no sum of finite values is.
+TEST(ReductionPartsTest, PartsCoverEveryElementOnceAndDoNotOverlap) {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> positive(1.0f, 2.0f);
+  const float unwritten = std::numeric_limits<float>::quiet_NaN();
+  for (int world : {2, 3, 8}) {
+    for (size_t n : part_test_sizes<float>()) {
+      if (n < kPartElements<float>) continue;  // one part
+      SCOPED_TRACE(testing::Message() << "world " << world << " numel " << n);
+      // Both index spaces are `space` elements: an all-reduce of the
+      // inputs, or a reduce-scatter of them into per_rank each.
+      const size_t per_rank = n / world + 1;
+      const size_t space = per_rank * world;
+      std::vector<std::vector<float>> in(world, std::vector<float>(space));
+      for (auto& v : in)
+        for (float& x : v) x = positive(rng);
+      for (CollectiveKind kind :
+           {CollectiveKind::kAllReduce, CollectiveKind::kReduceScatter}) {
+        const bool all_reduce = kind == CollectiveKind::kAllReduce;
+        std::vector<int> writer(space, -1);
+        std::vector<std::vector<float>> shape_out(
+            world, std::vector<float>(per_rank));
+        std::vector<std::vector<float>> shape_in = in;
+        const size_t parts =
+            reduction_parts(kind, buffers(shape_in), buffers(shape_out));
+        ASSERT_GT(parts, 1u);
+        for (size_t p = 0; p < parts; ++p) {
+          std::vector<std::vector<float>> got = in;
+          std::vector<std::vector<float>> out(
+              world, std::vector<float>(per_rank, unwritten));
+          std::vector<unsigned char> scratch;
+          reduce_part_in_rank_order(kind, ReduceOp::kSum, buffers(got),
+                                    buffers(out), p, &scratch);
+          size_t first = space, last = 0;
+          for (size_t i = 0; i < space; ++i) {
+            // Written on rank 0; an all-reduce writes every rank alike.
+            const bool written =
+                all_reduce ? got[0][i] != in[0][i]
+                           : !std::isnan(out[i / per_rank][i % per_rank]);
+            for (int r = 1; all_reduce && r < world; ++r)
+              ASSERT_EQ(got[r][i] != in[r][i], written) << "element " << i;
+            if (!written) continue;
+            ASSERT_EQ(writer[i], -1) << "element " << i << " written by parts "
+                                     << writer[i] << " and " << p;
+            writer[i] = static_cast<int>(p);
+            first = std::min(first, i);
+            last = i;
+          }
+          ASSERT_LE(first, last) << "part " << p << " wrote nothing";
+          for (size_t i = first; i <= last; ++i)
+            ASSERT_EQ(writer[i], static_cast<int>(p))
+                << "part " << p << " is not contiguous at element " << i;
+        }
+        for (size_t i = 0; i < space; ++i)
+          ASSERT_NE(writer[i], -1) << "no part wrote element " << i;
+      }
+    }
+  }
+}
+
+// Small collectives, and the kinds that are not reductions, are one part.
+TEST(ReductionPartsTest, SmallAndNonReducingCollectivesAreOnePart) {
+  std::vector<std::vector<float>> small(8, std::vector<float>(
+                                               kPartElements<float>));
+  EXPECT_EQ(reduction_parts(CollectiveKind::kAllReduce, buffers(small),
+                            buffers(small)),
+            1u);
+  std::vector<std::vector<float>> big(2, std::vector<float>(
+                                             kPartElements<float> + 1));
+  EXPECT_EQ(reduction_parts(CollectiveKind::kAllReduce, buffers(big),
+                            buffers(big)),
+            2u);
+  for (CollectiveKind kind :
+       {CollectiveKind::kAllGather, CollectiveKind::kBroadcast,
+        CollectiveKind::kBarrier})
+    EXPECT_EQ(reduction_parts(kind, buffers(big), buffers(big)), 1u);
 }
 
 TEST(ReductionTest, AllGatherConcatenatesInRankOrder) {

@@ -1,6 +1,7 @@
 #include "sim/sim_world.h"
 
 #include <algorithm>
+#include <atomic>
 #include <sstream>
 #include <thread>
 
@@ -49,6 +50,14 @@ struct SimWorld::Slot {
   double end_s = 0.0;
   double cost_s = 0.0;   // the cost model's charge (success)
   double abort_s = 0.0;  // kTimedOut: when the first rank gave up
+  // A reduction split into parts (Note [Parallel reduction] in
+  // sim/reduction.cc), reduced by the rank threads after the meeting:
+  // what it moves, how many parts, the next part not yet taken (taken
+  // without the lock), and how many are finished.
+  std::vector<Buffer> inputs, outputs;
+  size_t parts = 0;
+  std::atomic<size_t> next_part{0};
+  size_t parts_done = 0;
   // Per rank: "; injected fault ..." for every fault that hit it. An error
   // lists them in rank order, not arrival order, which depends on thread
   // timing.
@@ -230,6 +239,7 @@ SimWorld::SimWorld(const SimOptions& options) : options_(options) {
   comm_free_.assign(w, 0.0);
   clocks_.assign(w, SimClock{});
   timeline_.assign(w, {});
+  part_scratch_.resize(w);
 }
 
 SimWorld::~SimWorld() = default;
@@ -303,6 +313,7 @@ double SimWorld::collective(int rank, Call call) {
   if (faults.crash != nullptr) crash(rank, ready, *faults.crash, t);
   Slot& slot = arrive(rank, seq, call, actual, ready, faults.lost, faults.text);
   await(lock, slot, call);
+  if (slot.parts > 0) reduce_parts(lock, rank, slot);
   const std::string error = slot.error;
   const double end = leave(rank, slot, ready, &t);
   depart(slot);
@@ -469,7 +480,35 @@ void SimWorld::meet(Slot& slot) {
     inputs[r] = slot.actual[r].input;
     outputs[r] = slot.actual[r].output;
   }
-  move_collective_data(a0.kind, a0.op, a0.root, inputs, outputs, &scratch_);
+  const size_t parts = reduction_parts(a0.kind, inputs, outputs);
+  if (parts == 1) {
+    move_collective_data(a0.kind, a0.op, a0.root, inputs, outputs, &scratch_);
+    return;
+  }
+  // Every rank reduces parts once it wakes (reduce_parts).
+  slot.inputs = std::move(inputs);
+  slot.outputs = std::move(outputs);
+  slot.parts = parts;
+}
+
+void SimWorld::reduce_parts(std::unique_lock<std::mutex>& lock, int rank,
+                            Slot& slot) {
+  // Outside the lock: the slot's buffers belong to this collective until
+  // every part is done, and no rank leaves before that. Whichever rank
+  // thread runs takes the next part, so the ranks that the OS has not yet
+  // woken do not hold the others up.
+  lock.unlock();
+  const Call& a0 = slot.actual[0];
+  size_t done = 0;
+  for (size_t p = slot.next_part++; p < slot.parts; p = slot.next_part++) {
+    reduce_part_in_rank_order(a0.kind, a0.op, slot.inputs, slot.outputs, p,
+                              &part_scratch_[rank]);
+    ++done;
+  }
+  lock.lock();
+  slot.parts_done += done;
+  if (slot.parts_done == slot.parts) cv_.notify_all();
+  cv_.wait(lock, [&] { return slot.parts_done == slot.parts; });
 }
 
 void SimWorld::fail_slot(Slot& slot, int failure, const std::string& error) {

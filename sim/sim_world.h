@@ -8,10 +8,13 @@
 //
 // Note [Reduction order]
 // ~~~~~~~~~~~~~~~~~~~~~~
-// Every reduction is computed by one thread, once all ranks have arrived
-// (by the pure functions of sim/reduction.h), elementwise in rank order:
-// acc = x[0]; acc = acc (op) x[1]; ...; acc = acc (op) x[W-1], in the
-// buffer's dtype. kAvg is the kSum result divided by W (a true division,
+// Every reduction runs once all ranks have arrived (by the pure functions
+// of sim/reduction.h), and every element of it is computed by one thread,
+// elementwise in rank order: acc = x[0]; acc = acc (op) x[1]; ...;
+// acc = acc (op) x[W-1], in the buffer's dtype. A large one is split into
+// parts of disjoint elements that the rank threads reduce at once (Note
+// [Parallel reduction] in sim/reduction.cc); which thread reduces which
+// part never changes an element's operations or their order. kAvg is the kSum result divided by W (a true division,
 // not a multiplication by 1/W). All ranks receive the same bits. Real
 // backends (ring, tree) sum in other orders, so their float results may
 // differ from sim's in the last bits; zerostep's managed/unmanaged parity
@@ -47,6 +50,10 @@
 //               in one slot; the last rank to arrive checks that they match
 //               and moves the data with sim/reduction.h, under the world's
 //               one mutex, so the result is independent of thread timing.
+//               A reduction of several parts (Note [Parallel reduction]) is
+//               instead moved in reduce_parts() by every rank, outside the
+//               mutex, each taking the next part not yet taken; no rank
+//               leaves until every part is done.
 //
 // Failure model: if a rank's function throws, the rank is marked exited and
 // every other rank blocked in (or later entering) a collective that needs it
@@ -180,6 +187,9 @@ class SimWorld final : public LocalWorld {
                const Call& actual, double ready, bool lost,
                const std::string& injected);
   void meet(Slot& slot);
+  // After a meeting that split the reduction into parts: reduces parts
+  // until none is left, then waits until every part is done.
+  void reduce_parts(std::unique_lock<std::mutex>& lock, int rank, Slot& slot);
   bool check_same(Slot& slot, const std::vector<Call>& calls, double last);
   void fail_slot(Slot& slot, int failure, const std::string& error);
   // Until the slot is done, or a rank it still needs has exited.
@@ -216,6 +226,9 @@ class SimWorld final : public LocalWorld {
   std::vector<std::vector<CollectiveTiming>> timeline_;  // GUARDED_BY(mu_)
   // The reductions' working memory (sim/reduction.h), reused.
   std::vector<unsigned char> scratch_;              // GUARDED_BY(mu_)
+  // Rank r's working memory for the parts it reduces (reduce_parts), used
+  // only by rank r's thread, without the lock.
+  std::vector<std::vector<unsigned char>> part_scratch_;
 };
 
 }  // namespace zerostep

@@ -139,6 +139,50 @@ TEST(SimWorldTest, ResultsDoNotDependOnThreadScheduling) {
   }
 }
 
+// Collectives of several parts (Note [Parallel reduction] in
+// sim/reduction.cc) are reduced by every rank thread at once; each element
+// must still be the rank-order fold, the same bits on every rank, at sizes
+// that cut chunks and parts, in every world from 1 to 8.
+TEST(SimWorldTest, SplitReductionsAreTheRankOrderFoldOnEveryRank) {
+  const size_t n = 3 * 65536 + 4099;  // over three 256 KiB parts of floats
+  for (int world_size = 1; world_size <= 8; ++world_size) {
+    SCOPED_TRACE(testing::Message() << "world " << world_size);
+    std::vector<std::vector<float>> in(world_size, std::vector<float>(n));
+    std::mt19937 rng(world_size);
+    std::normal_distribution<float> nd(0.0f, 1e3f);
+    for (auto& v : in)
+      for (float& x : v) x = nd(rng);
+    std::vector<float> sum(n), avg(n);
+    for (size_t i = 0; i < n; ++i) {
+      float acc = in[0][i];
+      for (int r = 1; r < world_size; ++r) acc = acc + in[r][i];
+      sum[i] = acc;
+      avg[i] = acc / static_cast<float>(world_size);
+    }
+    const size_t per_rank = n / world_size;
+    SimWorld world({world_size, 7});
+    std::vector<std::vector<float>> reduced = in;
+    std::vector<std::vector<float>> scattered(world_size,
+                                              std::vector<float>(per_rank));
+    world.run([&](int r) {
+      Communicator& comm = world.comm(r);
+      comm.reduce_scatter(Buffer::of(in[r].data(), per_rank * world_size),
+                          Buffer::of(scattered[r].data(), per_rank),
+                          {ReduceOp::kSum, "step"});
+      comm.all_reduce(Buffer::of(reduced[r].data(), n),
+                      {ReduceOp::kAvg, "step"});
+    });
+    for (int r = 0; r < world_size; ++r) {
+      ASSERT_EQ(std::memcmp(reduced[r].data(), avg.data(), n * 4), 0)
+          << "all_reduce rank " << r;
+      ASSERT_EQ(std::memcmp(scattered[r].data(), sum.data() + r * per_rank,
+                            per_rank * 4),
+                0)
+          << "reduce_scatter rank " << r;
+    }
+  }
+}
+
 TEST(SimWorldTest, LedgerRecordsOpBytesAndPhase) {
   SimWorld world({2, 7});
   world.run([&](int r) {
