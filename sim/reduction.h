@@ -1,10 +1,10 @@
 // Reduction: how the simulator moves one collective's data between the
 // ranks' buffers once every rank has arrived. Pure functions of the buffers:
 // no clock, no faults, no threads of their own (the simulator may run the
-// parts of one reduction on several threads, below). Reductions run elementwise in rank order
-// (Note [Reduction order] in sim/sim_world.h), so the result is the same
-// bits whatever the order the ranks arrived in, and every rank receives the
-// same bits.
+// parts of one reduction on several threads, below). Reductions run
+// elementwise in rank order (Note [Reduction order] in sim/sim_world.h),
+// so the result is the same bits whatever the order the ranks arrived in,
+// and every rank receives the same bits.
 //
 // Arguments are one Buffer per rank, indexed by rank. The caller has
 // checked that the ranks agree (same dtype on every buffer, and the counts
