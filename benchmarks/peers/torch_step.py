@@ -24,6 +24,7 @@ zerostep_step (the forward+backward times are the same in every line).
 processes, no timing).
 """
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -115,7 +116,9 @@ def param_count(a):
 
 
 def run_mode(a, mode, loss_of):
-    """The timed windows of one mode: a list of seconds."""
+    """The timed windows of one mode: seconds per window, and their
+    forward (N loss computations), backward (N backward calls) and step
+    (optimizer step and zero_grad) parts."""
     import torch
     torch.manual_seed(a.seed)
     model = build_model(a)
@@ -133,25 +136,34 @@ def run_mode(a, mode, loss_of):
     # kernel too: offload/fused_adam.h); zerostep_step's hyper-parameters.
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4, weight_decay=0.01,
                             fused=True)
-    windows = []
+    times = {"window": [], "forward": [], "backward": [], "step": []}
     for k in range(a.warmup + a.windows):
         t0 = time.perf_counter()
+        fwd = bwd = 0.0
         for i in range(a.backwards):
             last = i == a.backwards - 1
             if mode == "ddp":
-                if last:
-                    loss_of(net, i).backward()
-                else:
-                    with net.no_sync():
-                        loss_of(net, i).backward()
+                sync = contextlib.nullcontext() if last else net.no_sync()
             else:
                 net.set_requires_gradient_sync(last)
-                loss_of(net, i).backward()
+                sync = contextlib.nullcontext()
+            with sync:
+                tf = time.perf_counter()
+                loss = loss_of(net, i)
+                tb = time.perf_counter()
+                loss.backward()
+            fwd += tb - tf
+            bwd += time.perf_counter() - tb
+        ts = time.perf_counter()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if k >= a.warmup:
-            windows.append(time.perf_counter() - t0)
-    return windows
+            now = time.perf_counter()
+            times["window"].append(now - t0)
+            times["step"].append(now - ts)
+            times["forward"].append(fwd)
+            times["backward"].append(bwd)
+    return times
 
 
 def rank_main(rank, a, port, queue):
@@ -190,13 +202,17 @@ def rank_main(rank, a, port, queue):
 
     # 2. Windows under DDP or FSDP2, a fresh model per mode.
     for mode in a.modes:
-        windows = run_mode(a, mode, loss_of)
+        times = run_mode(a, mode, loss_of)
+        windows = times["window"]
         if rank == 0:
             queue.put({
                 "framework": "torch", "mode": mode, "params": params, "world": a.world,
                 "threads": a.threads, "micro_batch": a.micro_batch, "seq": a.block_size,
                 "backwards": a.backwards, "window_s": windows,
                 "window_s_median": statistics.median(windows), "fwdbwd_s": fwdbwd,
+                "forward_s_median": statistics.median(times["forward"]),
+                "backward_s_median": statistics.median(times["backward"]),
+                "step_s_median": statistics.median(times["step"]),
                 "fwdbwd_s_median": statistics.median(fwdbwd),
                 "runtime": "torch=%s torch_threads=%d %s" % (
                     torch.__version__, torch.get_num_threads(),
