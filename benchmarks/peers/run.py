@@ -191,7 +191,7 @@ def svg(rows, path):
                        "points": [(r["params"], r["ratio_faster_peer"]["median"])
                                   for r in rows if r["mode"] == mode]})
     first = [r for r in rows if r["mode"] == rows[0]["mode"]]
-    series.append({"name": "fwd+bwd only", "color": "black", "width": 1, "dash": True,
+    series.append({"name": "fwd+bwd alone", "color": "black", "width": 1, "dash": True,
                    "points": [(r["params"], r["ratio_fwdbwd"]["median"]) for r in first]})
     series.append({"name": "parity (1.0)", "color": "#999", "width": 1,
                    "points": [(first[0]["params"], 1.0), (first[-1]["params"], 1.0)]})
@@ -218,7 +218,18 @@ def main(argv):
     p.add_argument("--python", help="torch's python (default: the pinned venv)")
     p.add_argument("--skip-without-torch", action="store_true",
                    help="exit 0 with a SKIPPED line when the pinned venv is absent (no install)")
+    p.add_argument("--from-json", help="print the table (and --svg) of an earlier --out; run nothing")
     a = p.parse_args(argv)
+    if a.from_json:
+        with open(a.from_json) as f:
+            rows = json.load(f)["summary"]
+        if a.svg:
+            svg(rows, a.svg)
+        print(table(rows))
+        phases = phase_table(rows)
+        if phases:
+            print("\n" + phases)
+        return 0
     sizes = dict(QUICK_SIZES) if a.quick else {s: SIZES[s] for s in a.sizes.split(",")}
     if a.quick:
         a.rounds, a.warmup, a.windows, a.block_size = 1, 0, 1, 16
