@@ -222,13 +222,7 @@ def main(argv):
     a = p.parse_args(argv)
     if a.from_json:
         with open(a.from_json) as f:
-            rows = json.load(f)["summary"]
-        if a.svg:
-            svg(rows, a.svg)
-        print(table(rows))
-        phases = phase_table(rows)
-        if phases:
-            print("\n" + phases)
+            report(json.load(f)["summary"], a.svg)
         return 0
     sizes = dict(QUICK_SIZES) if a.quick else {s: SIZES[s] for s in a.sizes.split(",")}
     if a.quick:
@@ -279,13 +273,18 @@ def main(argv):
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
-    if a.svg:
-        svg(rows, a.svg)
+    report(rows, a.svg)
+    return 0
+
+
+def report(rows, svg_path):
+    """The tables on stdout, and the plot where asked for."""
+    if svg_path:
+        svg(rows, svg_path)
     print(table(rows))
     phases = phase_table(rows)
     if phases:
         print("\n" + phases)
-    return 0
 
 
 def cpu_model():

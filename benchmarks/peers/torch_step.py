@@ -19,7 +19,10 @@ times, like benchmarks/peers/zerostep_step.cc:
            set_requires_gradient_sync(False) for the first N-1 backward
            calls and True for the last (one reduce-scatter per window).
 Rank 0 prints one JSON line per mode on stdout with the same fields as
-zerostep_step (the forward+backward times are the same in every line).
+zerostep_step (the forward+backward times are the same in every line), with
+a window split into forward_s_median (the N loss computations),
+backward_s_median (the N backward calls) and step_s_median (opt.step() and
+zero_grad()).
 --count-params prints the parameter count of the shape and exits (no
 processes, no timing).
 """
