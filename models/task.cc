@@ -46,7 +46,7 @@ class MlpTask final : public Task {
 // t[i+1] = (5·t[i] + 3) mod V, with 10% of tokens replaced at random.
 class GptTask final : public Task {
  public:
-  explicit GptTask(int scale) { o_.d_model = 32 * scale; }
+  explicit GptTask(const TinyGptOptions& o) : o_(o) {}
   std::string name() const override { return "gpt"; }
   std::shared_ptr<torch::nn::Module> make_model(uint64_t seed) const override {
     torch::manual_seed(seed);
@@ -95,9 +95,17 @@ std::unique_ptr<Task> make_task(const std::string& name, int scale) {
                      " must be at least 1");
   }
   if (name == "mlp") return std::make_unique<MlpTask>(scale);
-  if (name == "gpt") return std::make_unique<GptTask>(scale);
+  if (name == "gpt") {
+    TinyGptOptions o;
+    o.d_model = 32 * scale;
+    return make_gpt_task(o);
+  }
   throw UsageError("unknown model '" + name +
                    "': the built-in models are mlp and gpt");
+}
+
+std::unique_ptr<Task> make_gpt_task(const TinyGptOptions& options) {
+  return std::make_unique<GptTask>(options);
 }
 
 Batch slice(const Batch& batch, int64_t first, int64_t count) {

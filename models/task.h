@@ -15,6 +15,8 @@
 #include <memory>
 #include <string>
 
+#include "models/tiny_gpt.h"
+
 namespace zerostep {
 
 // Samples [first, first + count) of a dataset.
@@ -39,6 +41,12 @@ class Task {
 // "mlp" or "gpt"; `scale` multiplies the hidden width (1 = the default
 // small model). Throws UsageError naming the valid names.
 std::unique_ptr<Task> make_task(const std::string& name, int scale = 1);
+
+// The "gpt" task at any shape (make_task("gpt", scale) is the default
+// TinyGptOptions with d_model = 32 * scale); data are block_size-token
+// sequences over vocab_size tokens. The shapes are not checked here:
+// TinyGpt's own checks apply when a model is made.
+std::unique_ptr<Task> make_gpt_task(const TinyGptOptions& options);
 
 // Rows [first, first + count) of a batch.
 Batch slice(const Batch& batch, int64_t first, int64_t count);

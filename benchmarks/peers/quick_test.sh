@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# //benchmarks/peers:quick_test: run.py --quick, then checks its JSON and SVG.
+set -euo pipefail
+run="$1" zbin="$2" launch="$3"
+dir="${TEST_TMPDIR:-$(mktemp -d)}"
+out=$(python3 "$run" --quick --skip-without-torch --zerostep-bin="$zbin" \
+  --launch-bin="$launch" --out="$dir/peers.json" --svg="$dir/peers.svg")
+echo "$out"
+if [[ "$out" == SKIPPED* ]]; then exit 0; fi
+python3 - "$dir/peers.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+modes = [row["mode"] for row in r["summary"]]
+want = ["stage0", "stage1", "stage2", "stage3", "stage2_once", "stage3_once"]
+assert modes == want, modes
+got = {(x["framework"], x["mode"]) for x in r["runs"]}
+assert {("torch", "ddp"), ("torch", "fsdp2")} <= got, got
+assert len({x["params"] for x in r["runs"]}) == 1, "parameter counts differ"
+for row in r["summary"]:
+    assert row["ratio_faster_peer"]["median"] > 0, row
+print("quick_test: %d modes, %d runs, params %d: ok" % (len(modes), len(r["runs"]), r["runs"][0]["params"]))
+PY
+grep -q "<svg" "$dir/peers.svg"
