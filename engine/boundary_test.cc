@@ -48,7 +48,9 @@ std::optional<StepPlan> do_step(AccumulationBoundary& b) {
     return std::nullopt;
   }
   b.enter_step();
-  if (!b.managed()) EXPECT_TRUE(b.is_gradient_accumulation_boundary());
+  if (!b.managed()) {
+    EXPECT_TRUE(b.is_gradient_accumulation_boundary());
+  }
   b.finish_step(p, p.apply_update);
   return p;
 }
@@ -89,7 +91,9 @@ TEST(BoundaryTest, ManagedOverrideDrivesVariableWindows) {
       auto sp = do_step(b);
       ASSERT_TRUE(sp);
       EXPECT_EQ(sp->apply_update, i == n - 1);
-      if (sp->apply_update) EXPECT_EQ(sp->window_backwards, n);
+      if (sp->apply_update) {
+        EXPECT_EQ(sp->window_backwards, n);
+      }
     }
   }
   EXPECT_EQ(b.global_steps(), 3);

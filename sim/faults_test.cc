@@ -88,7 +88,9 @@ TEST(FaultsTest, SwarmDrawIsAFunctionOfTheSeed) {
       ASSERT_LE(a.faults.size(), 3u);
       for (const Fault& f : a.faults) {
         EXPECT_LT(f.collective, 30);
-        if (w == 1) EXPECT_NE(f.kind, FaultKind::kMismatch);
+        if (w == 1) {
+          EXPECT_NE(f.kind, FaultKind::kMismatch);
+        }
         if (f.kind == FaultKind::kStraggle) {
           EXPECT_GT(f.delay_s, 0.0);
           EXPECT_LE(f.delay_s, 2 * a.timeout_s);
