@@ -28,6 +28,13 @@ int find_blas(struct dl_phdr_info* info, size_t, void* data) {
   return 0;
 }
 
+int find_torch_cuda(struct dl_phdr_info* info, size_t, void* data) {
+  const std::string name = info->dlpi_name ? info->dlpi_name : "";
+  if (name.find("libtorch_cuda") != std::string::npos)
+    *static_cast<bool*>(data) = true;
+  return 0;
+}
+
 }  // namespace
 
 void set_compute_threads(int threads) {
@@ -58,10 +65,15 @@ std::string runtime_info() {
 int cuda_devices(std::string* why_none) {
   const int n = static_cast<int>(torch::cuda::device_count());
   if (n == 0 && why_none != nullptr) {
-    *why_none = at::hasCUDA()
-                    ? "no CUDA device is visible to this process"
-                    : "this LibTorch (" + std::string(TORCH_VERSION) +
-                          ") was built without CUDA";
+    // at::hasCUDA() is false without a driver too, so ask whether the
+    // process loaded LibTorch's CUDA library instead.
+    bool cuda_lib = false;
+    dl_iterate_phdr(find_torch_cuda, &cuda_lib);
+    *why_none = cuda_lib ? "no CUDA device is visible to this process "
+                           "(LibTorch " + std::string(TORCH_VERSION) +
+                               " has CUDA; no GPU or no driver here)"
+                         : "this LibTorch (" + std::string(TORCH_VERSION) +
+                               ") was built without CUDA";
   }
   return n;
 }
