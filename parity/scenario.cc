@@ -449,8 +449,20 @@ std::string device_problem(const Scenario& s) {
   if (s.device == "cpu") return "";
   if (s.device != "cuda")
     return "device '" + s.device + "' is not one of cpu, cuda";
-  if ((s.stage == 1 || s.stage == 2) && s.offload != OffloadDevice::kNone)
+  if ((s.stage == 1 || s.stage == 2) && s.offload != OffloadDevice::kNone) {
+    // LibTorch runs every backward on a device through one autograd thread
+    // per device, shared by the whole process: a rank whose gradient hook
+    // waits in a collective (overlap_comm) would stop the other ranks'
+    // backward passes, which that collective waits for.
+    if (s.overlap_comm && s.stage == 2 && s.world_size > 1)
+      return "overlap_comm at world " + std::to_string(s.world_size) +
+             " on cuda: the ranks of one process share LibTorch's one "
+             "autograd thread for the device, so a rank that waits in a "
+             "collective inside its backward would stop the others' "
+             "backward and hang. Fix: drop --overlap-comm, or run one "
+             "process per rank";
     return "";
+  }
   return "stage " + std::to_string(s.stage) + " with offload " +
          to_string(s.offload) +
          " on cuda: the engine takes a CUDA model only with ZeRO-Offload at "

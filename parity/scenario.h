@@ -291,7 +291,10 @@ struct ScenarioResult {
 };
 
 // Why the scenario cannot run on its device ("" when it can): an unknown
-// device, or cuda without ZeRO-Offload at stages 1-2 (Scenario::device).
+// device, cuda without ZeRO-Offload at stages 1-2 (Scenario::device), or
+// cuda with overlap_comm at stage 2 and several ranks (they share one
+// autograd thread for the device: a hook waiting in a collective would
+// hang them).
 std::string device_problem(const Scenario& s);
 
 // Throws ConfigError if the scenario's config is invalid, UsageError for a

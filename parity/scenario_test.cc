@@ -491,6 +491,11 @@ TEST(ScenarioTest, DeviceScenariosNeedOffloadAtStage1Or2) {
       << device_problem(s);
   s.offload = OffloadDevice::kCpu;
   EXPECT_EQ(device_problem(s), "");
+  s.overlap_comm = true;
+  EXPECT_NE(device_problem(s).find("autograd thread"), std::string::npos)
+      << device_problem(s);
+  s.world_size = 1;
+  EXPECT_EQ(device_problem(s), "");
   s.stage = 3;
   EXPECT_NE(device_problem(s), "");
   s.device = "tpu";
