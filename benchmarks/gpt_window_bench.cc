@@ -47,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/sim_rig.h"
 #include "comm/ledger.h"
 #include "config/config.h"
 #include "engine/engine.h"
@@ -85,62 +86,6 @@ int64_t minor_faults() {
   return static_cast<int64_t>(u.ru_minflt);
 }
 
-class Rig {
- public:
-  Rig(const Task& task, int stage, int world_size, bool once)
-      : task_(task),
-        world_(SimOptions{world_size, kSeed}),
-        config_(parse_config(config_json(stage, once), world_size)) {
-    for (int r = 0; r < world_size; ++r)
-      models_.push_back(task.make_model(kSeed));
-    const Batch all =
-        task.make_data(kSeed ^ 0x5eed, static_cast<int64_t>(world_size) *
-                                           kBackwardsPerWindow * kMicroBatch);
-    batches_.resize(world_size);
-    for (int r = 0; r < world_size; ++r)
-      for (int i = 0; i < kBackwardsPerWindow; ++i)
-        batches_[r].push_back(
-            slice(all, (static_cast<int64_t>(i) * world_size + r) * kMicroBatch,
-                  kMicroBatch));
-    engines_.resize(world_size);
-    world_.run([&](int r) {
-      engines_[r] =
-          std::make_unique<Engine>(models_[r], config_, &world_.comm(r));
-    });
-  }
-
-  double window() {
-    const auto t0 = std::chrono::steady_clock::now();
-    world_.run([&](int r) {
-      Engine& engine = *engines_[r];
-      const int64_t steps_before = engine.global_steps();
-      for (int i = 0; i < kBackwardsPerWindow; ++i)
-        engine.backward(task_.loss(*models_[r], batches_[r][i]));
-      engine.step();
-      if (!engine.was_step_applied() ||
-          engine.global_steps() != steps_before + 1)
-        throw std::logic_error("the window did not apply one update");
-    });
-    const auto t1 = std::chrono::steady_clock::now();
-    return std::chrono::duration<double>(t1 - t0).count();
-  }
-
-  void reset() {
-    world_.mutable_ledger(0).clear();
-    engines_[0]->reset_peak_memory();
-  }
-  const Ledger& ledger0() const { return world_.ledger(0); }
-  const Engine& engine0() const { return *engines_[0]; }
-
- private:
-  const Task& task_;
-  SimWorld world_;
-  const Config config_;
-  std::vector<std::shared_ptr<torch::nn::Module>> models_;
-  std::vector<std::vector<Batch>> batches_;
-  std::vector<std::unique_ptr<Engine>> engines_;
-};
-
 double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
@@ -153,15 +98,18 @@ void BM_GptWindow(benchmark::State& state) {
   const int world_size = static_cast<int>(state.range(1));
   const bool once = state.range(2) != 0;
   std::unique_ptr<Task> task = make_task(kModel, kModelScale);
-  std::unique_ptr<Rig> rig;
+  std::unique_ptr<SimRig> rig;
   try {
-    rig = std::make_unique<Rig>(*task, stage, world_size, once);
+    rig = std::make_unique<SimRig>(
+        *task, parse_config(config_json(stage, once), world_size), world_size,
+        kBackwardsPerWindow, kMicroBatch, kSeed);
     for (int i = 0; i < kWarmupWindows; ++i) rig->window();
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
     return;
   }
-  rig->reset();
+  rig->clear_ledgers();
+  rig->engine0().reset_peak_memory();
   std::vector<double> times, faults;
   for (auto _ : state) {
     const int64_t f0 = minor_faults();

@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/sim_rig.h"
 #include "comm/ledger.h"
 #include "config/config.h"
 #include "engine/engine.h"
@@ -76,78 +77,12 @@ std::string config_json(int stage, bool managed) {
 }
 
 // One simulated world training one copy of the model per rank in one mode.
-class Rig {
- public:
-  Rig(const Task& task, int stage, int world_size, bool managed)
-      : task_(task),
-        managed_(managed),
-        world_(SimOptions{world_size, kSeed}),
-        config_(parse_config(config_json(stage, managed), world_size)) {
-    // Models are built on this thread (make_model uses torch's global seed).
-    for (int r = 0; r < world_size; ++r)
-      models_.push_back(task.make_model(kSeed));
-    // Rank r's N micro-batches; every window reuses them.
-    const Batch all =
-        task.make_data(kSeed ^ 0x5eed, static_cast<int64_t>(world_size) *
-                                           kBackwardsPerWindow * kMicroBatch);
-    batches_.resize(world_size);
-    for (int r = 0; r < world_size; ++r)
-      for (int i = 0; i < kBackwardsPerWindow; ++i)
-        batches_[r].push_back(
-            slice(all, (static_cast<int64_t>(i) * world_size + r) * kMicroBatch,
-                  kMicroBatch));
-    engines_.resize(world_size);
-    // The Engine constructor broadcasts, so it runs on the rank threads.
-    world_.run([&](int r) {
-      engines_[r] =
-          std::make_unique<Engine>(models_[r], config_, &world_.comm(r));
-    });
-  }
-
-  // Runs one window on every rank; returns its wall time in seconds.
-  double window() {
-    const auto t0 = std::chrono::steady_clock::now();
-    world_.run([&](int r) { run_window(r); });
-    const auto t1 = std::chrono::steady_clock::now();
-    return std::chrono::duration<double>(t1 - t0).count();
-  }
-
-  void clear_ledgers() {
-    for (int r = 0; r < world_.world_size(); ++r)
-      world_.mutable_ledger(r).clear();
-  }
-  const Ledger& ledger0() const { return world_.ledger(0); }
-  int64_t params() const {
-    return static_cast<int64_t>(engines_[0]->layout().numel);
-  }
-
- private:
-  void run_window(int r) {
-    Engine& engine = *engines_[r];
-    torch::nn::Module& model = *models_[r];
-    const int64_t steps_before = engine.global_steps();
-    for (int i = 0; i < kBackwardsPerWindow; ++i) {
-      engine.backward(task_.loss(model, batches_[r][i]));
-      if (managed_) engine.step();
-    }
-    if (!managed_) engine.step();
-    if (!engine.was_step_applied() ||
-        engine.global_steps() != steps_before + 1 ||
-        engine.window_backwards() != 0) {
-      throw std::logic_error("rank " + std::to_string(r) +
-                             ": the window did not end in exactly one "
-                             "applied update");
-    }
-  }
-
-  const Task& task_;
-  const bool managed_;
-  SimWorld world_;
-  const Config config_;
-  std::vector<std::shared_ptr<torch::nn::Module>> models_;
-  std::vector<std::vector<Batch>> batches_;
-  std::vector<std::unique_ptr<Engine>> engines_;
-};
+std::unique_ptr<SimRig> make_rig(const Task& task, int stage, int world_size,
+                                 bool managed) {
+  return std::make_unique<SimRig>(
+      task, parse_config(config_json(stage, managed), world_size), world_size,
+      kBackwardsPerWindow, kMicroBatch, kSeed);
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
@@ -162,10 +97,10 @@ void BM_Window(benchmark::State& state) {
   const int stage = static_cast<int>(state.range(0));
   const int world_size = static_cast<int>(state.range(1));
   std::unique_ptr<Task> task = make_task(kModel, kModelScale);
-  std::unique_ptr<Rig> managed, unmanaged;
+  std::unique_ptr<SimRig> managed, unmanaged;
   try {
-    managed = std::make_unique<Rig>(*task, stage, world_size, true);
-    unmanaged = std::make_unique<Rig>(*task, stage, world_size, false);
+    managed = make_rig(*task, stage, world_size, true);
+    unmanaged = make_rig(*task, stage, world_size, false);
     for (int i = 0; i < kWarmupWindows; ++i) {
       managed->window();
       unmanaged->window();
@@ -212,7 +147,8 @@ void BM_Window(benchmark::State& state) {
   state.counters["backward_bytes_per_window_unmanaged"] =
       static_cast<double>(unmanaged->ledger0().bytes_in(phase::kBackward)) /
       windows;
-  state.counters["params"] = static_cast<double>(managed->params());
+  const double params = static_cast<double>(managed->engine0().layout().numel);
+  state.counters["params"] = params;
   // Ring wire bytes one rank sends per window, against the alpha-beta
   // model's β terms for Ψ = 4·params bytes, W ranks, N backwards:
   //   stage 0/1  2(W-1)/W·Ψ           (all-reduce; reduce-scatter+all-gather)
@@ -220,7 +156,7 @@ void BM_Window(benchmark::State& state) {
   //   stage 3    3N(W-1)/W·Ψ          (gather fwd, gather bwd, r-s per bwd)
   // The measured side adds padding and the small agreement/norm messages.
   const double w = world_size, n = kBackwardsPerWindow;
-  const double psi = 4.0 * static_cast<double>(managed->params());
+  const double psi = 4.0 * params;
   const double terms[] = {2, 2, n + 1, 3 * n};
   const double formula = terms[stage] * (w - 1) / w * psi;
   const double wire =
