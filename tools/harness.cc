@@ -509,14 +509,28 @@ std::vector<Scenario> default_plan(const HarnessFlags& f,
     }
     out.push_back(s);
   };
+  // A scenario of the plan: the flags' model and backend at (stage, world).
+  auto at = [&f](int stage, int world) {
+    Scenario s = flag_scenario(f);
+    s.stage = stage;
+    s.world_size = world;
+    return s;
+  };
+  // fp16 with one +inf gradient element on rank 1 in window 1's third
+  // backward (Note [Overflow in one element]).
+  auto fp16_element_overflow = [](Scenario& s) {
+    s.dtype = Precision::kFp16;
+    s.overflow_window = 1;
+    s.overflow_rank = 1;
+    s.overflow_backward = 2;
+    s.overflow_kind = OverflowKind::kElement;
+  };
   for (int stage : {0, 1, 2, 3})
     for (int w : {1, 2, 3, 4})
       for (GradAccumScaling sc :
            {GradAccumScaling::kConfigured, GradAccumScaling::kPerStepCount,
             GradAccumScaling::kNone}) {
-        Scenario s = flag_scenario(f);
-        s.stage = stage;
-        s.world_size = w;
+        Scenario s = at(stage, w);
         s.scaling = sc;
         add(s);
       }
@@ -524,9 +538,7 @@ std::vector<Scenario> default_plan(const HarnessFlags& f,
     for (int w : {2, 3})
       for (GradAccumScaling sc :
            {GradAccumScaling::kConfigured, GradAccumScaling::kNone}) {
-        Scenario s = flag_scenario(f);
-        s.stage = stage;
-        s.world_size = w;
+        Scenario s = at(stage, w);
         s.scaling = sc;
         s.gradient_clipping = 0.45;
         s.overlap_comm = stage >= 2;
@@ -536,39 +548,27 @@ std::vector<Scenario> default_plan(const HarnessFlags& f,
       }
   for (int stage : {0, 1, 2, 3})
     for (int w : {2, 3}) {
-      Scenario s = flag_scenario(f);
-      s.stage = stage;
-      s.world_size = w;
-      s.dtype = Precision::kFp16;
-      s.overflow_window = 1;
-      s.overflow_rank = 1;
-      s.overflow_backward = 2;
-      s.overflow_kind = OverflowKind::kElement;
+      Scenario s = at(stage, w);
+      fp16_element_overflow(s);
       s.base_config_json = R"({"scheduler": {"type": "WarmupLR", "params": )"
                            R"({"warmup_min_lr": 0, "warmup_max_lr": 0.001, )"
                            R"("warmup_num_steps": 3}}})";
       add(s);
     }
   for (int stage : {0, 1, 2, 3}) {
-    Scenario s = flag_scenario(f);
-    s.stage = stage;
-    s.world_size = 3;
+    Scenario s = at(stage, 3);
     s.dtype = Precision::kBf16;
     add(s);
   }
   for (int stage : {1, 2, 3})
     for (int w : {2, 3}) {
-      Scenario s = flag_scenario(f);
-      s.stage = stage;
-      s.world_size = w;
+      Scenario s = at(stage, w);
       s.offload = OffloadDevice::kCpu;
       if (stage == 3) s.offload_param = OffloadDevice::kCpu;
       add(s);
     }
   for (int stage : {2, 3}) {
-    Scenario s = flag_scenario(f);
-    s.stage = stage;
-    s.world_size = 3;
+    Scenario s = at(stage, 3);
     s.offload = OffloadDevice::kNvme;
     if (stage == 3) s.offload_param = OffloadDevice::kNvme;
     add(s);
@@ -578,41 +578,27 @@ std::vector<Scenario> default_plan(const HarnessFlags& f,
       for (GradAccumScaling sc :
            {GradAccumScaling::kConfigured, GradAccumScaling::kPerStepCount,
             GradAccumScaling::kNone}) {
-        Scenario s = flag_scenario(f);
-        s.stage = stage;
-        s.world_size = w;
+        Scenario s = at(stage, w);
         s.scaling = sc;
         s.reduce_once_per_step = true;
         add(s);
       }
-    Scenario clip = flag_scenario(f);
-    clip.stage = stage;
-    clip.world_size = 3;
+    Scenario clip = at(stage, 3);
     clip.reduce_once_per_step = true;
     clip.gradient_clipping = 0.45;
     clip.overlap_comm = true;
     clip.base_config_json =
         R"({"optimizer": {"type": "SGD", "params": {"lr": 0.05}}})";
     add(clip);
-    Scenario fp16 = flag_scenario(f);
-    fp16.stage = stage;
-    fp16.world_size = 3;
+    Scenario fp16 = at(stage, 3);
     fp16.reduce_once_per_step = true;
-    fp16.dtype = Precision::kFp16;
-    fp16.overflow_window = 1;
-    fp16.overflow_rank = 1;
-    fp16.overflow_backward = 2;
-    fp16.overflow_kind = OverflowKind::kElement;
+    fp16_element_overflow(fp16);
     add(fp16);
-    Scenario bf16 = flag_scenario(f);
-    bf16.stage = stage;
-    bf16.world_size = 3;
+    Scenario bf16 = at(stage, 3);
     bf16.reduce_once_per_step = true;
     bf16.dtype = Precision::kBf16;
     add(bf16);
-    Scenario off = flag_scenario(f);
-    off.stage = stage;
-    off.world_size = 2;
+    Scenario off = at(stage, 2);
     off.reduce_once_per_step = true;
     off.offload = OffloadDevice::kCpu;
     if (stage == 3) off.offload_param = OffloadDevice::kCpu;
