@@ -73,12 +73,19 @@ def torch_python(install):
     return None
 
 
-def build():
-    log("building //benchmarks/peers:zerostep_step //tools:launch")
-    subprocess.run([os.path.join(ROOT, "bazelw"), "build", "--jobs=2",
-                    "//benchmarks/peers:zerostep_step", "//tools:launch"],
+def build(libtorch):
+    """Builds zerostep against `libtorch`: "torch" is the peer's own LibTorch
+    (PyPI torch 2.11, the --config=cuda build, which runs on the CPU here
+    too), "debian" Debian's 1.13.1 (the default build)."""
+    config = ["--config=cuda"] if libtorch == "torch" else []
+    log("building //benchmarks/peers:zerostep_step //tools:launch", *config)
+    bazelw = os.path.join(ROOT, "bazelw")
+    subprocess.run([bazelw, "build", "--jobs=2"] + config +
+                   ["//benchmarks/peers:zerostep_step", "//tools:launch"],
                    cwd=ROOT, check=True, stdout=sys.stderr)
-    bin_dir = os.path.join(ROOT, "bazel-bin")
+    bin_dir = subprocess.run([bazelw, "info"] + config + ["bazel-bin"], cwd=ROOT, check=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             text=True).stdout.strip()
     return (os.path.join(bin_dir, "benchmarks/peers/zerostep_step"),
             os.path.join(bin_dir, "tools/launch"))
 
@@ -213,6 +220,10 @@ def main(argv):
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--no-once", action="store_true", help="skip stage2_once, stage3_once")
     p.add_argument("--quick", action="store_true", help="a smoke run: tiny shapes, 1 round, 1 window")
+    p.add_argument("--libtorch", choices=["torch", "debian"], default="torch",
+                   help="the LibTorch zerostep is built against: the peer's own (PyPI torch "
+                        "%s, --config=cuda; default, so both sides compute with the same "
+                        "library) or Debian's 1.13.1" % TORCH_VERSION)
     p.add_argument("--zerostep-bin", help="prebuilt zerostep_step (with --launch-bin: no build)")
     p.add_argument("--launch-bin")
     p.add_argument("--python", help="torch's python (default: the pinned venv)")
@@ -232,7 +243,7 @@ def main(argv):
         print("SKIPPED: the pinned torch %s venv is absent; `third_party/libtorch/setup.sh %s` "
               "installs it (about 4.5 GB from PyPI)" % (TORCH_VERSION, TORCH_VERSION))
         return 0
-    zbin, launch = (a.zerostep_bin, a.launch_bin) if a.zerostep_bin else build()
+    zbin, launch = (a.zerostep_bin, a.launch_bin) if a.zerostep_bin else build(a.libtorch)
     zmodes = [m for m in ZEROSTEP_MODES if not (a.no_once and m.endswith("_once"))]
     env_cmd = " ".join(["benchmarks/peers/run.py"] + argv)
 
@@ -266,7 +277,10 @@ def main(argv):
                      "seq": a.block_size, "backwards_per_window": a.backwards,
                      "warmup_windows": a.warmup, "timed_windows": a.windows, "rounds": a.rounds,
                      "sizes": sizes, "optimizer": "AdamW lr=1e-4 weight_decay=0.01",
-                     "torch": TORCH_VERSION},
+                     "torch": TORCH_VERSION,
+                     "zerostep_libtorch": ("prebuilt" if a.zerostep_bin else
+                                           "PyPI torch " + TORCH_VERSION if a.libtorch == "torch"
+                                           else "Debian 1.13.1")},
         "summary": rows,
         "runs": runs,
     }
