@@ -70,6 +70,15 @@ void check_all_gather_args(int rank, int world_size, Buffer input,
                      ", output " + std::to_string(output.numel) + ")");
 }
 
+void check_host_buffer(const std::string& backend, int rank, Buffer b) {
+  if (!b.device) return;
+  throw UsageError(backend + " on rank " + std::to_string(rank) +
+                   " was given a device buffer; it reads host memory only. "
+                   "Fix: wrap it in a StagingCommunicator "
+                   "(zero/staging_comm.h; the Engine does this for a model "
+                   "on a device), or use the nccl backend");
+}
+
 void check_broadcast_root(int root, int world_size) {
   if (root < 0 || root >= world_size)
     throw UsageError("broadcast root " + std::to_string(root) +

@@ -45,11 +45,16 @@ constexpr DType dtype_of<double>() { return DType::kFloat64; }
 template <>
 constexpr DType dtype_of<int64_t>() { return DType::kInt64; }
 
-// A borrowed, typed, contiguous host buffer.
+// A borrowed, typed, contiguous buffer: host memory, or, with `device`, the
+// memory of the device the communicator's ranks compute on (Note [Device
+// kernels] in zero/kernels.h). Host-memory backends (sim, gloo) refuse
+// device buffers (wrap them in a StagingCommunicator, zero/staging_comm.h);
+// NCCL takes both.
 struct Buffer {
   void* data = nullptr;
   size_t numel = 0;
   DType dtype = DType::kFloat32;
+  bool device = false;
 
   template <typename T>
   static Buffer of(T* p, size_t n) {
@@ -142,6 +147,10 @@ class Communicator {
 
   // Returns when every rank has entered the barrier.
   virtual void barrier() = 0;
+
+  // Whether buffers marked `device` may be given as they are (NCCL);
+  // otherwise only host buffers (Buffer, check_host_buffer).
+  virtual bool reads_device_memory() const { return false; }
 };
 
 // Argument checks every backend applies before a collective: UsageError
@@ -151,6 +160,9 @@ void check_reduce_scatter_args(int rank, int world_size, Buffer input,
 void check_all_gather_args(int rank, int world_size, Buffer input,
                            Buffer output);
 void check_broadcast_root(int root, int world_size);
+// For backends that read host memory only (sim, gloo): UsageError naming
+// the backend and the fix when `b` is device memory.
+void check_host_buffer(const std::string& backend, int rank, Buffer b);
 
 // A Work that is already complete: for backends that finish a collective
 // inside the issuing call.

@@ -33,6 +33,14 @@ at::ScalarType scalar_type(DType d) {
 }
 
 at::Tensor wrap(Buffer b) {
+  // c10d's Gloo takes CUDA tensors for some collectives only, and stages
+  // them through the host itself: the engine's StagingCommunicator does
+  // that for every collective, so this backend stays host-only.
+  if (b.device)
+    throw UsageError(
+        "gloo was given a device buffer; it reads host memory only. Fix: "
+        "wrap it in a StagingCommunicator (zero/staging_comm.h; the Engine "
+        "does this for a model on a device), or use the nccl backend");
   return torch::from_blob(b.data, {static_cast<int64_t>(b.numel)},
                           torch::TensorOptions().dtype(scalar_type(b.dtype)));
 }

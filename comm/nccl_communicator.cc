@@ -57,7 +57,10 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 struct NcclCommunicator::Impl {
   int rank = 0;
   ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr;   // the collectives', non-blocking
+  cudaStream_t compute = nullptr;  // the rank's kernels'
+  cudaEvent_t ready = nullptr;     // recorded on compute before a collective
+  cudaEvent_t done = nullptr;      // recorded on stream after a blocking one
   void* in = nullptr;
   void* out = nullptr;
   size_t capacity = 0;  // bytes of each staging buffer
@@ -75,6 +78,28 @@ struct NcclCommunicator::Impl {
   void to_device(void* dev, const void* host, size_t bytes) {
     cuda_check(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream),
                "cudaMemcpyAsync", rank);
+  }
+  // A collective on device buffers: after the compute stream's work so far.
+  void begin_device() {
+    cuda_check(cudaEventRecord(ready, compute), "cudaEventRecord", rank);
+    cuda_check(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent",
+               rank);
+  }
+  // A reduce-scatter of device buffers on the collectives' stream, after
+  // the compute stream's work so far.
+  void reduce_scatter_device(Buffer input, Buffer output, ReduceOp op) {
+    begin_device();
+    nccl_check(ncclReduceScatter(input.data, output.data, output.numel,
+                                 nccl_type(input.dtype), nccl_op(op), comm,
+                                 stream),
+               "ncclReduceScatter", rank);
+  }
+  // The compute stream's next work waits for `event`, recorded now on the
+  // collectives' stream.
+  void end_device(cudaEvent_t event) {
+    cuda_check(cudaEventRecord(event, stream), "cudaEventRecord", rank);
+    cuda_check(cudaStreamWaitEvent(compute, event, 0), "cudaStreamWaitEvent",
+               rank);
   }
   void to_host(void* host, const void* dev, size_t bytes) {
     cuda_check(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, stream),
@@ -120,18 +145,66 @@ NcclCommunicator::NcclCommunicator(int rank, int world_size,
   }
   nccl_check(ncclCommInitRank(&impl_->comm, world_size, id, rank),
              "ncclCommInitRank", rank);
-  cuda_check(cudaStreamCreate(&impl_->stream), "cudaStreamCreate", rank);
+  cuda_check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking),
+             "cudaStreamCreateWithFlags", rank);
+  impl_->compute = static_cast<cudaStream_t>(options.compute_stream);
+  cuda_check(cudaEventCreateWithFlags(&impl_->ready, cudaEventDisableTiming),
+             "cudaEventCreateWithFlags", rank);
+  cuda_check(cudaEventCreateWithFlags(&impl_->done, cudaEventDisableTiming),
+             "cudaEventCreateWithFlags", rank);
 }
 
 NcclCommunicator::~NcclCommunicator() {
   if (impl_->in) cudaFree(impl_->in);
   if (impl_->out) cudaFree(impl_->out);
+  if (impl_->ready) cudaEventDestroy(impl_->ready);
+  if (impl_->done) cudaEventDestroy(impl_->done);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
   if (impl_->comm) ncclCommDestroy(impl_->comm);
 }
 
+namespace {
+// Both buffers of a collective must be in the same memory.
+void check_same_memory(int rank, Buffer a, Buffer b) {
+  if (a.device != b.device)
+    throw UsageError("nccl on rank " + std::to_string(rank) +
+                     ": one buffer of a collective is device memory and the "
+                     "other host memory; give both in the same memory");
+}
+
+// Completes when the compute stream has been told to wait for the
+// collective's event (no host wait); the event is this work's own.
+class DeviceWork final : public Work {
+ public:
+  DeviceWork(cudaEvent_t event, cudaStream_t compute, int rank)
+      : event_(event), compute_(compute), rank_(rank) {}
+  ~DeviceWork() override { cudaEventDestroy(event_); }
+  void wait() override {
+    if (waited_) return;
+    waited_ = true;
+    cuda_check(cudaStreamWaitEvent(compute_, event_, 0),
+               "cudaStreamWaitEvent", rank_);
+  }
+
+ private:
+  cudaEvent_t event_;
+  cudaStream_t compute_;
+  int rank_;
+  bool waited_ = false;
+};
+}  // namespace
+
 void NcclCommunicator::all_reduce(Buffer buf, const AllReduceOptions& opts) {
   if (buf.numel == 0) return;
+  if (buf.device) {
+    impl_->begin_device();
+    nccl_check(ncclAllReduce(buf.data, buf.data, buf.numel,
+                             nccl_type(buf.dtype), nccl_op(opts.op),
+                             impl_->comm, impl_->stream),
+               "ncclAllReduce", rank_);
+    impl_->end_device(impl_->done);
+    return;
+  }
   impl_->reserve(buf.bytes());
   impl_->to_device(impl_->in, buf.data, buf.bytes());
   nccl_check(ncclAllReduce(impl_->in, impl_->out, buf.numel,
@@ -144,7 +217,13 @@ void NcclCommunicator::all_reduce(Buffer buf, const AllReduceOptions& opts) {
 void NcclCommunicator::reduce_scatter(Buffer input, Buffer output,
                                       const ReduceScatterOptions& opts) {
   check_reduce_scatter_args(rank_, world_size_, input, output);
+  check_same_memory(rank_, input, output);
   if (output.numel == 0) return;
+  if (input.device) {
+    impl_->reduce_scatter_device(input, output, opts.op);
+    impl_->end_device(impl_->done);
+    return;
+  }
   impl_->reserve(input.bytes());
   impl_->to_device(impl_->in, input.data, input.bytes());
   nccl_check(ncclReduceScatter(impl_->in, impl_->out, output.numel,
@@ -156,16 +235,37 @@ void NcclCommunicator::reduce_scatter(Buffer input, Buffer output,
 
 std::shared_ptr<Work> NcclCommunicator::reduce_scatter_async(
     Buffer input, Buffer output, const ReduceScatterOptions& opts) {
-  // Staged through host memory, so it completes here; a device-pointer
-  // engine would record an event instead.
-  reduce_scatter(input, output, opts);
-  return std::make_shared<CompletedWork>();
+  check_reduce_scatter_args(rank_, world_size_, input, output);
+  check_same_memory(rank_, input, output);
+  if (!input.device || output.numel == 0) {
+    // Host buffers are staged and waited for: complete here.
+    reduce_scatter(input, output, opts);
+    return std::make_shared<CompletedWork>();
+  }
+  impl_->reduce_scatter_device(input, output, opts.op);
+  cudaEvent_t event = nullptr;
+  cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+             "cudaEventCreateWithFlags", rank_);
+  auto work = std::make_shared<DeviceWork>(event, impl_->compute, rank_);
+  cuda_check(cudaEventRecord(event, impl_->stream), "cudaEventRecord", rank_);
+  return work;
 }
 
 void NcclCommunicator::all_gather(Buffer input, Buffer output,
                                   const AllGatherOptions&) {
   check_all_gather_args(rank_, world_size_, input, output);
+  check_same_memory(rank_, input, output);
   if (input.numel == 0) return;
+  if (input.device) {
+    // NCCL allows the input to be this rank's chunk of the output.
+    impl_->begin_device();
+    nccl_check(ncclAllGather(input.data, output.data, input.numel,
+                             nccl_type(input.dtype), impl_->comm,
+                             impl_->stream),
+               "ncclAllGather", rank_);
+    impl_->end_device(impl_->done);
+    return;
+  }
   impl_->reserve(output.bytes());
   impl_->to_device(impl_->in, input.data, input.bytes());
   nccl_check(ncclAllGather(impl_->in, impl_->out, input.numel,
@@ -177,6 +277,15 @@ void NcclCommunicator::all_gather(Buffer input, Buffer output,
 void NcclCommunicator::broadcast(Buffer buf, const BroadcastOptions& opts) {
   check_broadcast_root(opts.root, world_size_);
   if (buf.numel == 0) return;
+  if (buf.device) {
+    impl_->begin_device();
+    nccl_check(ncclBroadcast(buf.data, buf.data, buf.numel,
+                             nccl_type(buf.dtype), opts.root, impl_->comm,
+                             impl_->stream),
+               "ncclBroadcast", rank_);
+    impl_->end_device(impl_->done);
+    return;
+  }
   impl_->reserve(buf.bytes());
   impl_->to_device(impl_->in, buf.data, buf.bytes());
   nccl_check(ncclBroadcast(impl_->in, impl_->out, buf.numel,

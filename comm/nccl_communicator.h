@@ -2,10 +2,17 @@
 // built only with --config=cuda (needs /usr/local/cuda; see
 // docs/architecture.md and tools/gpu_check.sh).
 //
-// zerostep's engine keeps its buffers in host memory, so this backend
-// stages each call through device buffers on its own CUDA stream (grown,
-// never shrunk): correct anywhere, and the piece a GPU engine would call
-// with device pointers directly. Reduction order is NCCL's (ring or tree by
+// Buffers marked `device` (an engine on the device, Note [Device kernels]
+// in zero/kernels.h) are given to NCCL as they are: each collective runs on
+// this communicator's own non-blocking stream, after an event recorded on
+// the compute stream (NcclOptions::compute_stream: what was computed into
+// the buffer is complete), and the compute stream waits for the collective's
+// event before its next kernel; the host never waits.
+// reduce_scatter_async returns a Work whose wait() makes the compute stream
+// wait for that event, so later kernels (and the next backward's compute)
+// overlap the collective until then. Host buffers (the agreements, the
+// norm) are staged through device buffers on the same stream (grown, never
+// shrunk) and waited for. Reduction order is NCCL's (ring or tree by
 // message size): float results may differ from sim's in the last bits.
 //
 // Rendezvous: rank 0 creates an NCCL unique id and writes it to
@@ -29,6 +36,9 @@ namespace zerostep {
 
 struct NcclOptions {
   int device = 0;  // CUDA device ordinal for this rank
+  // The stream the rank's kernels run on (a cudaStream_t; nullptr: the
+  // legacy default stream, which LibTorch uses unless told otherwise).
+  void* compute_stream = nullptr;
   std::string id_path;  // where rank 0 publishes the NCCL unique id
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
 };
@@ -50,6 +60,7 @@ class NcclCommunicator final : public Communicator {
                   const AllGatherOptions& opts) override;
   void broadcast(Buffer buf, const BroadcastOptions& opts) override;
   void barrier() override;
+  bool reads_device_memory() const override { return true; }
 
  private:
   struct Impl;

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <thread>
+#include <vector>
 
 #include "comm/conformance.h"
 #include "common/errors.h"
@@ -51,10 +52,92 @@ class NcclRunner : public ConformanceRunner {
   }
 };
 
+// The suite on device buffers: every buffer the suite gives is copied into
+// device memory, handed to NCCL marked `device` (its own stream, events:
+// no host wait inside the call), and copied back after the compute stream
+// (the legacy default stream) has caught up.
+class OnDevice final : public Communicator {
+ public:
+  explicit OnDevice(Communicator* inner) : inner_(inner) {}
+  ~OnDevice() override {
+    for (void* p : allocations_) cudaFree(p);
+  }
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string backend_name() const override { return "nccl"; }
+  bool reads_device_memory() const override { return true; }
+
+  void all_reduce(Buffer buf, const AllReduceOptions& opts) override {
+    const Buffer d = up(buf);
+    inner_->all_reduce(d, opts);
+    down(buf, d);
+  }
+  void reduce_scatter(Buffer in, Buffer out,
+                      const ReduceScatterOptions& opts) override {
+    const Buffer din = up(in), dout = up(out);
+    inner_->reduce_scatter(din, dout, opts);
+    down(out, dout);
+  }
+  std::shared_ptr<Work> reduce_scatter_async(
+      Buffer in, Buffer out, const ReduceScatterOptions& opts) override {
+    const Buffer din = up(in), dout = up(out);
+    auto work = inner_->reduce_scatter_async(din, dout, opts);
+    work->wait();
+    down(out, dout);
+    return std::make_shared<CompletedWork>();
+  }
+  void all_gather(Buffer in, Buffer out, const AllGatherOptions& opts) override {
+    const Buffer din = up(in), dout = up(out);
+    inner_->all_gather(din, dout, opts);
+    down(out, dout);
+  }
+  void broadcast(Buffer buf, const BroadcastOptions& opts) override {
+    const Buffer d = up(buf);
+    inner_->broadcast(d, opts);
+    down(buf, d);
+  }
+  void barrier() override { inner_->barrier(); }
+
+ private:
+  Buffer up(Buffer host) {
+    Buffer d = host;
+    d.device = true;
+    if (host.bytes() == 0) return d;
+    void* p = nullptr;
+    if (cudaMalloc(&p, host.bytes()) != cudaSuccess)
+      throw CommError("cudaMalloc failed in the device conformance adapter");
+    allocations_.push_back(p);
+    cudaMemcpy(p, host.data, host.bytes(), cudaMemcpyHostToDevice);
+    d.data = p;
+    return d;
+  }
+  void down(Buffer host, Buffer d) {
+    if (host.bytes() == 0) return;
+    // On the default stream: ordered after the compute stream's wait for
+    // the collective's event.
+    cudaMemcpy(host.data, d.data, host.bytes(), cudaMemcpyDeviceToHost);
+  }
+  Communicator* inner_;
+  std::vector<void*> allocations_;
+};
+
+class NcclDeviceRunner : public NcclRunner {
+ public:
+  void run(int world, const RankBody& body) override {
+    NcclRunner::run(world, [&](Communicator& c) {
+      OnDevice d(&c);
+      body(d);
+    });
+  }
+};
+
 const bool registered = [] {
-  if (device_count() > 0)
+  if (device_count() > 0) {
     register_communicator_conformance(
         "nccl", [] { return std::make_unique<NcclRunner>(); });
+    register_communicator_conformance(
+        "nccl_device", [] { return std::make_unique<NcclDeviceRunner>(); });
+  }
   return true;
 }();
 

@@ -302,6 +302,8 @@ void SimWorld::reset_clocks() {
 
 double SimWorld::collective(int rank, Call call) {
   ZS_CHECK(call.label != nullptr);
+  check_host_buffer("sim", rank, call.input);
+  check_host_buffer("sim", rank, call.output);
   std::unique_lock<std::mutex> lock(mu_);
   // Numbering: the rank's k-th call of the run is collective #k.
   const int64_t seq = next_seq_[rank]++;

@@ -10,33 +10,24 @@
 
 namespace zerostep {
 
-namespace {
-// SGD with momentum (dampening 0, no Nesterov), LibTorch's order.
-void sgd_momentum(float* params, const float* grads, float* buf, size_t n,
-                  const OptimizerHyper& hyper, bool first) {
-  const float lr = static_cast<float>(hyper.lr);
-  const float wd = static_cast<float>(hyper.weight_decay);
-  const float mom = static_cast<float>(hyper.momentum);
-  const bool use_momentum = hyper.momentum != 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    float d = grads[i];
-    if (wd != 0.0f) d += wd * params[i];
-    if (use_momentum) {
-      buf[i] = first ? d : mom * buf[i] + d;
-      d = buf[i];
-    }
-    params[i] -= lr * d;
-  }
-}
-}  // namespace
-
 FlatOptimizer::FlatOptimizer(const OptimizerHyper& hyper, size_t numel,
-                             AdamKernel kernel, const OptimizerSwap& swap)
-    : kind_(hyper.kind), kernel_(kernel), numel_(numel) {
+                             AdamKernel kernel, const OptimizerSwap& swap,
+                             Kernels* kernels)
+    : kind_(hyper.kind),
+      kernel_(kernel),
+      numel_(numel),
+      kernels_(kernels != nullptr ? kernels : &host_kernels()) {
   num_arrays_ = kind_ != OptimizerKind::kSGD ? 2 : hyper.momentum != 0.0 ? 1 : 0;
+  if (!kernels_->host_addressable() &&
+      (kernel_ != AdamKernel::kFused || swap.device != nullptr))
+    throw UsageError(
+        "FlatOptimizer: the reference kernel and a swapped state run on "
+        "the host; this optimizer's state is on " + kernels_->device() +
+        ". Fix: keep the ZeRO state on the host (offload_optimizer.device "
+        "\"cpu\" or \"nvme\") or use the fused kernel in memory");
   if (swap.device == nullptr || num_arrays_ == 0 || numel == 0) {
-    if (num_arrays_ >= 1) exp_avg_.assign(numel, 0.0f);
-    if (num_arrays_ == 2) exp_avg_sq_.assign(numel, 0.0f);
+    if (num_arrays_ >= 1) exp_avg_ = kernels_->allocate(numel);
+    if (num_arrays_ == 2) exp_avg_sq_ = kernels_->allocate(numel);
     return;
   }
   if (kernel_ != AdamKernel::kFused)
@@ -54,23 +45,25 @@ FlatOptimizer::FlatOptimizer(const OptimizerHyper& hyper, size_t numel,
 FlatOptimizer::~FlatOptimizer() = default;
 FlatOptimizer::FlatOptimizer(FlatOptimizer&&) noexcept = default;
 
-void FlatOptimizer::read_swapped() const {
-  if (!store_) return;
-  exp_avg_.assign(numel_, 0.0f);
-  if (num_arrays_ == 2) exp_avg_sq_.assign(numel_, 0.0f);
-  float* arrays[2] = {exp_avg_.data(), exp_avg_sq_.data()};
-  store_->read_arrays(arrays);
+std::vector<float> FlatOptimizer::read_array(size_t i) const {
+  if (i >= num_arrays_) return {};
+  std::vector<float> out(numel_, 0.0f);
+  if (store_) {
+    // The store reads every array at once; the other is read and dropped.
+    std::vector<float> other(num_arrays_ == 2 ? numel_ : 0, 0.0f);
+    float* arrays[2] = {i == 0 ? out.data() : other.data(),
+                        i == 0 ? other.data() : out.data()};
+    store_->read_arrays(arrays);
+    return out;
+  }
+  const DeviceArray& a = i == 0 ? exp_avg_ : exp_avg_sq_;
+  kernels_->download(out.data(), a.data(), numel_);
+  return out;
 }
 
-const std::vector<float>& FlatOptimizer::exp_avg() const {
-  read_swapped();
-  return exp_avg_;
-}
+std::vector<float> FlatOptimizer::exp_avg() const { return read_array(0); }
 
-const std::vector<float>& FlatOptimizer::exp_avg_sq() const {
-  if (store_ && num_arrays_ == 2) read_swapped();
-  return exp_avg_sq_;
-}
+std::vector<float> FlatOptimizer::exp_avg_sq() const { return read_array(1); }
 
 void FlatOptimizer::load_state(int64_t step_count, std::vector<float> exp_avg,
                                std::vector<float> exp_avg_sq) {
@@ -91,15 +84,21 @@ void FlatOptimizer::load_state(int64_t step_count, std::vector<float> exp_avg,
     return;
   }
   step_count_ = step_count;
-  exp_avg_ = std::move(exp_avg);
-  exp_avg_sq_ = std::move(exp_avg_sq);
+  kernels_->upload(exp_avg_.data(), exp_avg.data(), exp_avg.size());
+  kernels_->upload(exp_avg_sq_.data(), exp_avg_sq.data(), exp_avg_sq.size());
 }
 
 void FlatOptimizer::save(Snapshot* out) const {
   out->step_count = step_count_;
   if (store_) return;  // the device keeps the committed moments
-  out->exp_avg.assign(exp_avg_.begin(), exp_avg_.end());
-  out->exp_avg_sq.assign(exp_avg_sq_.begin(), exp_avg_sq_.end());
+  // Allocated on the first save; later saves reuse the copies.
+  if (out->exp_avg.size() != exp_avg_.size())
+    out->exp_avg = kernels_->allocate(exp_avg_.size());
+  if (out->exp_avg_sq.size() != exp_avg_sq_.size())
+    out->exp_avg_sq = kernels_->allocate(exp_avg_sq_.size());
+  kernels_->copy(out->exp_avg.data(), exp_avg_.data(), exp_avg_.size());
+  kernels_->copy(out->exp_avg_sq.data(), exp_avg_sq_.data(),
+                 exp_avg_sq_.size());
 }
 
 void FlatOptimizer::restore(const Snapshot& snapshot) {
@@ -108,8 +107,11 @@ void FlatOptimizer::restore(const Snapshot& snapshot) {
     if (store_->has_prepared()) store_->discard_prepared();
     return;
   }
-  exp_avg_.assign(snapshot.exp_avg.begin(), snapshot.exp_avg.end());
-  exp_avg_sq_.assign(snapshot.exp_avg_sq.begin(), snapshot.exp_avg_sq.end());
+  ZS_CHECK(snapshot.exp_avg.size() == exp_avg_.size());
+  ZS_CHECK(snapshot.exp_avg_sq.size() == exp_avg_sq_.size());
+  kernels_->copy(exp_avg_.data(), snapshot.exp_avg.data(), exp_avg_.size());
+  kernels_->copy(exp_avg_sq_.data(), snapshot.exp_avg_sq.data(),
+                 exp_avg_sq_.size());
 }
 
 void FlatOptimizer::commit() {
@@ -117,10 +119,8 @@ void FlatOptimizer::commit() {
 }
 
 size_t FlatOptimizer::state_bytes() const {
-  if (store_)
-    return static_cast<size_t>(store_->buffer_bytes()) +
-           (exp_avg_.capacity() + exp_avg_sq_.capacity()) * sizeof(float);
-  return (exp_avg_.size() + exp_avg_sq_.size()) * sizeof(float);
+  if (store_) return static_cast<size_t>(store_->buffer_bytes());
+  return exp_avg_.bytes() + exp_avg_sq_.bytes();
 }
 
 AdamStepParams FlatOptimizer::adam_params(const OptimizerHyper& hyper,
@@ -138,9 +138,6 @@ AdamStepParams FlatOptimizer::adam_params(const OptimizerHyper& hyper,
 
 void FlatOptimizer::step_swapped(float* params, const float* grads,
                                  const OptimizerHyper& hyper) {
-  // A checkpoint's read of the moments is not kept in memory past it.
-  std::vector<float>().swap(exp_avg_);
-  std::vector<float>().swap(exp_avg_sq_);
   const int64_t step = step_count_ + 1;
   const bool first = step == 1;
   const AdamStepParams ap = adam_params(hyper, step);
@@ -154,7 +151,8 @@ void FlatOptimizer::step_swapped(float* params, const float* grads,
       fused_adam_step(p, g, s.arrays[0], s.arrays[1], s.count, ap);
       return;
     }
-    sgd_momentum(p, g, s.arrays[0], s.count, hyper, first);
+    host_kernels().sgd(p, g, s.arrays[0], s.count,
+                       {hyper.lr, hyper.weight_decay, hyper.momentum, first});
   });
   step_count_ = step;
 }
@@ -172,13 +170,21 @@ void FlatOptimizer::step(float* params, const float* grads,
   ++step_count_;
   const size_t n = numel_;
   if (kind_ == OptimizerKind::kSGD) {
-    if (hyper.momentum != 0.0 && exp_avg_.size() != n) exp_avg_.assign(n, 0.0f);
-    sgd_momentum(params, grads, exp_avg_.data(), n, hyper, step_count_ == 1);
+    // A momentum scheduled up from 0 gets its buffer (zeros) when it
+    // first appears; a scheduled 0 runs without it.
+    if (hyper.momentum != 0.0 && exp_avg_.size() != n) {
+      exp_avg_ = kernels_->allocate(n);
+      num_arrays_ = 1;
+    }
+    float* buf = hyper.momentum != 0.0 ? exp_avg_.data() : nullptr;
+    kernels_->sgd(params, grads, buf, n,
+                  {hyper.lr, hyper.weight_decay, hyper.momentum,
+                   step_count_ == 1});
     return;
   }
   if (kernel_ == AdamKernel::kFused) {
-    fused_adam_step(params, grads, exp_avg_.data(), exp_avg_sq_.data(), n,
-                    adam_params(hyper, step_count_));
+    kernels_->adam(params, grads, exp_avg_.data(), exp_avg_sq_.data(), n,
+                   adam_params(hyper, step_count_));
     return;
   }
   // Adam / AdamW, in LibTorch's operation order.

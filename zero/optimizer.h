@@ -5,9 +5,10 @@
 // the Adam update; SGD momentum with dampening 0, no Nesterov).
 //
 // State (exp_avg, exp_avg_sq or the momentum buffer) is allocated once, at
-// construction, for exactly the span's length: in memory, or, with an
-// OptimizerSwap, on a BlockDevice (NVMe offload, Note [NVMe optimizer
-// state]).
+// construction, for exactly the span's length: in the memory of the
+// optimizer's Kernels (the host, or the device the parameters are on: Note
+// [Device kernels] in zero/kernels.h), or, with an OptimizerSwap, on a
+// BlockDevice (NVMe offload, Note [NVMe optimizer state]).
 //
 // Note [NVMe optimizer state]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -26,8 +27,8 @@
 // indeterminate record write); the rank reports IoError and the job
 // resumes from a checkpoint. Memory: the store's buffers only (about
 // buffer_count × arrays × sub_group_numel × 4 bytes); exp_avg() and
-// exp_avg_sq() read the whole state into memory on demand (checkpoints)
-// and hold it until the next step().
+// exp_avg_sq() read the whole state into a vector they return
+// (checkpoints).
 //
 // Thread safety: none; one optimizer per rank.
 #ifndef ZEROSTEP_ZERO_OPTIMIZER_H_
@@ -37,6 +38,8 @@
 #include <cstdint>
 #include <memory>
 #include <vector>
+
+#include "zero/kernels.h"
 
 namespace zerostep {
 
@@ -79,10 +82,13 @@ struct OptimizerSwap {
 class FlatOptimizer {
  public:
   // Throws UsageError for bad swap options, IoError if the device cannot
-  // hold the state (the initial zero state is written here).
+  // hold the state (the initial zero state is written here). `kernels`
+  // (nullptr: host_kernels()) must outlive the optimizer; the parameters
+  // and gradients step() takes are in its memory. A swapped state and
+  // kReference need host-addressable kernels (UsageError otherwise).
   FlatOptimizer(const OptimizerHyper& hyper, size_t numel,
                 AdamKernel kernel = AdamKernel::kFused,
-                const OptimizerSwap& swap = {});
+                const OptimizerSwap& swap = {}, Kernels* kernels = nullptr);
   ~FlatOptimizer();
   FlatOptimizer(FlatOptimizer&&) noexcept;
 
@@ -98,12 +104,14 @@ class FlatOptimizer {
   int64_t step_count() const { return step_count_; }
   size_t numel() const { return numel_; }
   // Adam/AdamW: first and second moments. SGD: exp_avg is the momentum
-  // buffer, exp_avg_sq is empty. Swapped: read from the device into memory
-  // on each call (IoError if that fails).
-  const std::vector<float>& exp_avg() const;
-  const std::vector<float>& exp_avg_sq() const;
-  // Bytes of optimizer state held in memory (swapped: the store's buffers,
-  // plus a checkpoint's read of the moments until the next step()).
+  // buffer, exp_avg_sq is empty. A copy in host memory, read from wherever
+  // the state lives (a device: waits for it; swapped: IoError if the read
+  // fails).
+  std::vector<float> exp_avg() const;
+  std::vector<float> exp_avg_sq() const;
+  // How many of them hold state: 2 (Adam), 1 (SGD with momentum) or 0.
+  size_t state_arrays() const { return num_arrays_; }
+  // Bytes of optimizer state held in memory (swapped: the store's buffers).
   size_t state_bytes() const;
   // Whether the state lives on a device, and the store holding it.
   bool swapped() const { return store_ != nullptr; }
@@ -119,13 +127,12 @@ class FlatOptimizer {
   // snapshot kept across steps allocates once); restore() puts them back.
   // Used to undo an update whose collective failed (Note [Transactional
   // update] in zero/stage.h).
+  // The copies live in the optimizer's Kernels' memory.
   struct Snapshot {
     int64_t step_count = 0;
-    std::vector<float> exp_avg;
-    std::vector<float> exp_avg_sq;
-    size_t bytes() const {
-      return (exp_avg.capacity() + exp_avg_sq.capacity()) * sizeof(float);
-    }
+    DeviceArray exp_avg;
+    DeviceArray exp_avg_sq;
+    size_t bytes() const { return exp_avg.bytes() + exp_avg_sq.bytes(); }
   };
   // Swapped (Note [NVMe optimizer state]): the device keeps the old moments
   // itself, so save() records the step count only; step() prepares the new
@@ -142,13 +149,14 @@ class FlatOptimizer {
   AdamKernel kernel_;
   size_t numel_;
   int64_t step_count_ = 0;
-  // In memory: the state. Swapped: empty until exp_avg()/exp_avg_sq()
-  // read it (mutable caches).
-  mutable std::vector<float> exp_avg_;
-  mutable std::vector<float> exp_avg_sq_;
+  Kernels* kernels_;
+  // In memory: the state, in kernels_'s memory. Swapped: empty.
+  DeviceArray exp_avg_;
+  DeviceArray exp_avg_sq_;
   size_t num_arrays_ = 0;  // state arrays: 2 (Adam), 1 or 0 (SGD)
   std::unique_ptr<SwapStore> store_;
-  void read_swapped() const;
+  // Array i (0: exp_avg, 1: exp_avg_sq) as a host vector.
+  std::vector<float> read_array(size_t i) const;
   void step_swapped(float* params, const float* grads,
                     const OptimizerHyper& hyper);
   AdamStepParams adam_params(const OptimizerHyper& hyper,

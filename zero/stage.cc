@@ -40,6 +40,7 @@ FlatStage::FlatStage(const StageOptions& options, FlatBuffers buffers,
                      Communicator* comm, bool partitioned,
                      std::vector<Span> owned)
     : layout_(options.layout),
+      k_(options.kernels != nullptr ? *options.kernels : host_kernels()),
       buf_(buffers),
       comm_(comm),
       partitioned_(partitioned),
@@ -49,12 +50,12 @@ FlatStage::FlatStage(const StageOptions& options, FlatBuffers buffers,
         size_t n = 0;
         for (const Span& s : owned_) n += s.numel;
         return n;
-      }(), AdamKernel::kFused, options.optimizer_swap) {
+      }(), AdamKernel::kFused, options.optimizer_swap, &k_) {
   for (const Span& s : owned_) {
     ZS_CHECK(s.offset + s.numel <= layout_.padded_numel);
     owned_numel_ += s.numel;
   }
-  if (owned_.size() > 1) owned_params_.assign(owned_numel_, 0.0f);
+  if (owned_.size() > 1) owned_params_ = k_.allocate(owned_numel_);
   // Stages 1/2 keep a snapshot of the optimizer state to undo a failed
   // update (Note [Transactional update]); allocated now, so that memory()
   // at construction is what the stage holds for its lifetime.
@@ -63,7 +64,7 @@ FlatStage::FlatStage(const StageOptions& options, FlatBuffers buffers,
 
 GradStats FlatStage::finalize(double divisor, double clip) {
   ZS_CHECK(owned_grad_ != nullptr);
-  return internal::finalize_gradient(partitioned_ ? comm_ : nullptr,
+  return internal::finalize_gradient(k_, partitioned_ ? comm_ : nullptr,
                                      owned_grad_, owned_numel_, divisor, clip);
 }
 
@@ -81,11 +82,12 @@ std::vector<Segment> FlatStage::owned_segments() const {
 }
 
 std::vector<float> FlatStage::owned_parameters() const {
-  std::vector<float> out;
-  out.reserve(owned_numel_);
-  for (const Span& s : owned_)
-    out.insert(out.end(), buf_.params + s.offset,
-               buf_.params + s.offset + s.numel);
+  std::vector<float> out(owned_numel_);
+  size_t at = 0;
+  for (const Span& s : owned_) {
+    k_.download(out.data() + at, buf_.params + s.offset, s.numel);
+    at += s.numel;
+  }
   return out;
 }
 
@@ -117,31 +119,27 @@ void FlatStage::load_state(const std::vector<float>& params,
                         owned_from_canonical(exp_avg, segs, owned_numel_),
                         owned_from_canonical(exp_avg_sq, segs, owned_numel_));
   // Every rank holds the whole flat buffer at stages 0-2: write it all.
-  std::memcpy(buf_.params, params.data(), params.size() * sizeof(float));
-  std::fill(buf_.params + layout_.numel, buf_.params + layout_.padded_numel,
-            0.0f);
+  k_.upload(buf_.params, params.data(), params.size());
+  k_.zero(buf_.params + layout_.numel, layout_.padded_numel - layout_.numel);
 }
 
 void FlatStage::update_owned(const OptimizerHyper& hyper, float* target) {
   if (owned_.size() == 1) {
     const Span& s = owned_[0];
     if (target != buf_.params)
-      std::memcpy(target + s.offset, buf_.params + s.offset,
-                  s.numel * sizeof(float));
+      k_.copy(target + s.offset, buf_.params + s.offset, s.numel);
     optimizer_.step(target + s.offset, owned_grad_, hyper);
     return;
   }
   size_t at = 0;
   for (const Span& s : owned_) {
-    std::memcpy(owned_params_.data() + at, buf_.params + s.offset,
-                s.numel * sizeof(float));
+    k_.copy(owned_params_.data() + at, buf_.params + s.offset, s.numel);
     at += s.numel;
   }
   optimizer_.step(owned_params_.data(), owned_grad_, hyper);
   at = 0;
   for (const Span& s : owned_) {
-    std::memcpy(target + s.offset, owned_params_.data() + at,
-                s.numel * sizeof(float));
+    k_.copy(target + s.offset, owned_params_.data() + at, s.numel);
     at += s.numel;
   }
 }
@@ -164,12 +162,12 @@ void FlatStage::staged_update(
     optimizer_.restore(saved_);
     throw;
   }
-  std::memcpy(buf_.params, staged, layout_.padded_numel * sizeof(float));
+  k_.copy(buf_.params, staged, layout_.padded_numel);
 }
 
 void FlatStage::zero_grad() {
-  std::memset(buf_.grads, 0, layout_.padded_numel * sizeof(float));
-  if (partitioned_) std::memset(owned_grad_, 0, owned_numel_ * sizeof(float));
+  k_.zero(buf_.grads, layout_.padded_numel);
+  if (partitioned_) k_.zero(owned_grad_, owned_numel_);
 }
 
 MemoryStats FlatStage::memory() const {
@@ -178,7 +176,7 @@ MemoryStats FlatStage::memory() const {
   m.grad_bytes = layout_.padded_numel * sizeof(float) +
                  (partitioned_ ? owned_numel_ * sizeof(float) : 0);
   m.optimizer_state_bytes =
-      optimizer_.state_bytes() + owned_params_.size() * sizeof(float);
+      optimizer_.state_bytes() + owned_params_.bytes();
   m.rollback_bytes = saved_.bytes();
   // Stages 0-2 allocate everything up front: the peak is what is resident.
   m.peak_bytes = m.param_bytes + m.grad_bytes + m.optimizer_state_bytes +
@@ -247,39 +245,24 @@ void agree_on_window(Communicator& comm, WindowEvent event, int64_t count,
   throw UsageError(os.str());
 }
 
-GradStats finalize_gradient(Communicator* partition_comm, float* grad,
-                            size_t n, double divisor, double clip) {
-  divide(grad, n, divisor);
+GradStats finalize_gradient(Kernels& k, Communicator* partition_comm,
+                            float* grad, size_t n, double divisor,
+                            double clip) {
+  k.divide(grad, n, divisor);
   GradStats stats;
-  double sq = sum_of_squares(grad, n);
+  double sq = k.sum_of_squares(grad, n);
   // A replicated gradient's local norm is the global one; a partition's is
-  // not (one 8-byte all-reduce per step, in both modes).
+  // not (one 8-byte all-reduce per step, in both modes; a host value).
   if (partition_comm != nullptr)
     partition_comm->all_reduce(Buffer::of(&sq, 1),
                                {ReduceOp::kSum, phase::kStep});
   stats.global_norm = std::sqrt(sq);
   const float coef = clip_coefficient(stats.global_norm, clip);
   if (coef < 1.0f) {
-    scale(grad, n, coef);
+    k.scale(grad, n, coef);
     stats.clipped = true;
   }
   return stats;
-}
-
-double sum_of_squares(const float* x, size_t n) {
-  double s = 0.0;
-  for (size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
-  return s;
-}
-
-void divide(float* x, size_t n, double divisor) {
-  if (divisor == 1.0) return;
-  const float d = static_cast<float>(divisor);
-  for (size_t i = 0; i < n; ++i) x[i] = x[i] / d;
-}
-
-void scale(float* x, size_t n, float factor) {
-  for (size_t i = 0; i < n; ++i) x[i] *= factor;
 }
 
 float clip_coefficient(double norm, double max_norm) {

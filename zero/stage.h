@@ -114,6 +114,7 @@
 
 #include "comm/communicator.h"
 #include "zero/flat_layout.h"
+#include "zero/kernels.h"
 #include "zero/optimizer.h"
 #include "zero/phase.h"
 #include "zero/precision.h"
@@ -155,9 +156,14 @@ struct StageOptions {
   OptimizerSwap optimizer_swap;
   // Stage 3 only: where the parameter partitions live.
   ParamSwap param_swap;
+  // Stages 0-2: the memory the flat buffers are in and the kernels that
+  // work on it (Note [Device kernels] in zero/kernels.h); nullptr:
+  // host_kernels(). Must outlive the stage. Stage 3 runs on the host.
+  Kernels* kernels = nullptr;
 };
 
-// Views of the engine's flat buffers; each holds layout.padded_numel floats.
+// Views of the engine's flat buffers; each holds layout.padded_numel floats,
+// in the memory of StageOptions::kernels.
 struct FlatBuffers {
   float* params = nullptr;
   float* grads = nullptr;
@@ -231,7 +237,7 @@ class Stage {
 
   // The owned state's pieces in canonical order (padding left out).
   virtual std::vector<Segment> owned_segments() const = 0;
-  // The owned parameters, in optimizer-state order.
+  // The owned parameters, in optimizer-state order, in host memory.
   virtual std::vector<float> owned_parameters() const = 0;
   // Restores from canonical full vectors (numel elements each; the
   // moments may be empty when the optimizer keeps none): parameters
@@ -272,6 +278,13 @@ class FlatStage : public Stage {
   // buffer of its own (stages 1/2), not the replicated whole (stage 0).
   FlatStage(const StageOptions& options, FlatBuffers buffers,
             Communicator* comm, bool partitioned, std::vector<Span> owned);
+  // A collective's view of n floats at p, one of this stage's buffers:
+  // marked as device memory when the kernels' memory is not the host's.
+  Buffer buffer(float* p, size_t n) const {
+    Buffer b = Buffer::of(p, n);
+    b.device = !k_.host_addressable();
+    return b;
+  }
   // Points the owned gradient at its storage (the flat gradient buffer, or
   // a partition buffer the subclass owns).
   void set_owned_grad(float* owned_grad) { owned_grad_ = owned_grad; }
@@ -287,6 +300,7 @@ class FlatStage : public Stage {
                      const std::function<void(float* staged)>& gather);
 
   FlatLayout layout_;
+  Kernels& k_;  // every buffer below is in its memory
   FlatBuffers buf_;
   Communicator* comm_;
   bool partitioned_;
@@ -294,8 +308,8 @@ class FlatStage : public Stage {
   size_t owned_numel_;
   float* owned_grad_ = nullptr;
   FlatOptimizer optimizer_;
-  std::vector<float> owned_params_;  // stage 2's contiguous update copy
-  FlatOptimizer::Snapshot saved_;    // stages 1/2: to undo an update
+  DeviceArray owned_params_;       // stage 2's contiguous update copy
+  FlatOptimizer::Snapshot saved_;  // stages 1/2: to undo an update
 };
 
 // Throws UsageError for an unsupported stage number.
@@ -317,18 +331,14 @@ void step_and_agree(Communicator& comm, bool swapped,
                     const std::function<void()>& step);
 void agree_on_window(Communicator& comm, WindowEvent event, int64_t count,
                      int64_t global_steps);
-// What every stage's finalize() does to the gradient it owns: divide by
-// `divisor`, compute the global L2 norm (all-reducing the squares over
-// `partition_comm` when the gradient is a partition; nullptr when it is
-// replicated), clip to `clip` (> 0).
-GradStats finalize_gradient(Communicator* partition_comm, float* grad,
-                            size_t n, double divisor, double clip);
-// Sum of squares of x[0, n) in double.
-double sum_of_squares(const float* x, size_t n);
-// x[i] = x[i] / divisor (skipped for divisor == 1).
-void divide(float* x, size_t n, double divisor);
-// x[i] *= factor.
-void scale(float* x, size_t n, float factor);
+// What every stage's finalize() does to the gradient it owns (`grad`, in
+// k's memory): divide by `divisor`, compute the global L2 norm
+// (all-reducing the squares over `partition_comm` when the gradient is a
+// partition; nullptr when it is replicated), clip to `clip` (> 0). The norm
+// is the one value a step needs on the host (Note [Device kernels]).
+GradStats finalize_gradient(Kernels& k, Communicator* partition_comm,
+                            float* grad, size_t n, double divisor,
+                            double clip);
 // LibTorch's clip_grad_norm_ coefficient: max_norm / (norm + 1e-6), or 1.
 float clip_coefficient(double norm, double max_norm);
 }  // namespace internal

@@ -13,7 +13,7 @@ void Stage0::reduce_window(int64_t window_backwards, int64_t global_steps,
                            const char* phase) {
   internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
                             window_backwards, global_steps);
-  comm_->all_reduce(Buffer::of(buf_.grads, layout_.padded_numel),
+  comm_->all_reduce(buffer(buf_.grads, layout_.padded_numel),
                     {ReduceOp::kAvg, phase});
 }
 

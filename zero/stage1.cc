@@ -7,7 +7,7 @@ Stage1::Stage1(const StageOptions& options, FlatBuffers buffers,
     : FlatStage(options, buffers, comm, /*partitioned=*/true,
                 {Span{options.layout.partition_begin(comm->rank()),
                       options.layout.partition_numel}}),
-      grad_partition_(options.layout.partition_numel, 0.0f) {
+      grad_partition_(k_.allocate(options.layout.partition_numel)) {
   set_owned_grad(grad_partition_.data());
 }
 
@@ -15,16 +15,16 @@ void Stage1::reduce_window(int64_t window_backwards, int64_t global_steps,
                            const char* phase) {
   internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
                             window_backwards, global_steps);
-  comm_->reduce_scatter(Buffer::of(buf_.grads, layout_.padded_numel),
-                        Buffer::of(owned_grad_, owned_numel_),
+  comm_->reduce_scatter(buffer(buf_.grads, layout_.padded_numel),
+                        buffer(owned_grad_, owned_numel_),
                         {ReduceOp::kAvg, phase});
 }
 
 void Stage1::apply_update(const OptimizerHyper& hyper) {
   // Note [Transactional update]: update and gather in the staging buffer.
   staged_update(hyper, [&](float* staged) {
-    comm_->all_gather(Buffer::of(staged + owned_[0].offset, owned_numel_),
-                      Buffer::of(staged, layout_.padded_numel),
+    comm_->all_gather(buffer(staged + owned_[0].offset, owned_numel_),
+                      buffer(staged, layout_.padded_numel),
                       {phase::kStep});
   });
 }

@@ -25,7 +25,7 @@ class Stage1 final : public FlatStage {
   void apply_update(const OptimizerHyper& hyper) override;
 
  private:
-  std::vector<float> grad_partition_;  // the reduced gradient this rank owns
+  DeviceArray grad_partition_;  // the reduced gradient this rank owns
 };
 
 }  // namespace zerostep

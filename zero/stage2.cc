@@ -62,13 +62,13 @@ Stage2::Stage2(const StageOptions& options, FlatBuffers buffers,
     scratch_offset_.push_back(at);
     at += o.numel;
   }
-  grad_partition_.assign(owned_numel_, 0.0f);
-  reduce_scratch_.assign(owned_numel_, 0.0f);
+  grad_partition_ = k_.allocate(owned_numel_);
+  reduce_scratch_ = k_.allocate(owned_numel_);
   set_owned_grad(grad_partition_.data());
   size_t largest = 0;
   for (const Span& o : owned_) largest = std::max(largest, o.numel);
   if (largest > allgather_piece_)
-    gather_staging_.assign(allgather_piece_ * layout_.world_size, 0.0f);
+    gather_staging_ = k_.allocate(allgather_piece_ * layout_.world_size);
   // Which buckets each parameter touches, for overlap_comm's readiness.
   buckets_of_param_.resize(layout_.numels.size());
   params_in_bucket_.assign(buckets_.size(), 0);
@@ -101,8 +101,8 @@ void Stage2::launch(size_t k, const char* phase) {
   launched_[k] = true;
   launch_order_.push_back(k);
   works_.push_back(comm_->reduce_scatter_async(
-      Buffer::of(buf_.grads + b.offset, b.numel),
-      Buffer::of(reduce_scratch_.data() + scratch_offset_[k], owned_[k].numel),
+      buffer(buf_.grads + b.offset, b.numel),
+      buffer(reduce_scratch_.data() + scratch_offset_[k], owned_[k].numel),
       {ReduceOp::kSum, phase}));
 }
 
@@ -119,7 +119,7 @@ void Stage2::end_backward() {
   // Note [Reduce once per step]: the full gradient keeps accumulating.
   if (reduce_once_) return;
   reduce_buckets(phase::kBackward);
-  std::memset(buf_.grads, 0, layout_.padded_numel * sizeof(float));
+  k_.zero(buf_.grads, layout_.padded_numel);
 }
 
 void Stage2::reduce_buckets(const char* phase) {
@@ -131,8 +131,8 @@ void Stage2::reduce_buckets(const char* phase) {
   works_.clear();
   // Bucket order, whatever the launch order: the sums are elementwise and
   // the buckets disjoint, so the result is the same bits either way.
-  accumulate(grad_partition_.data(), reduce_scratch_.data(), owned_numel_,
-             Precision::kFp32, grad_accum_);
+  k_.accumulate(grad_partition_.data(), reduce_scratch_.data(), owned_numel_,
+                Precision::kFp32, grad_accum_);
 }
 
 void Stage2::reduce_window(int64_t window_backwards, int64_t global_steps,
@@ -152,7 +152,7 @@ void Stage2::reduce_window(int64_t window_backwards, int64_t global_steps,
 
 GradStats Stage2::finalize(double divisor, double clip) {
   // The partition holds the sum over ranks: make it the average first.
-  internal::divide(owned_grad_, owned_numel_, layout_.world_size);
+  k_.divide(owned_grad_, owned_numel_, layout_.world_size);
   return FlatStage::finalize(divisor, clip);
 }
 
@@ -165,8 +165,8 @@ void Stage2::apply_update(const OptimizerHyper& hyper) {
       const Span& b = buckets_[k];
       const size_t chunk = owned_[k].numel;
       if (chunk <= allgather_piece_) {
-        comm_->all_gather(Buffer::of(staged + owned_[k].offset, chunk),
-                          Buffer::of(staged + b.offset, b.numel),
+        comm_->all_gather(buffer(staged + owned_[k].offset, chunk),
+                          buffer(staged + b.offset, b.numel),
                           {phase::kStep});
         continue;
       }
@@ -174,13 +174,12 @@ void Stage2::apply_update(const OptimizerHyper& hyper) {
       // through the gather buffer, then put each rank's piece in place.
       for (size_t at = 0; at < chunk; at += allgather_piece_) {
         const size_t piece = std::min(allgather_piece_, chunk - at);
-        comm_->all_gather(Buffer::of(staged + b.offset + r * chunk + at, piece),
-                          Buffer::of(gather_staging_.data(), piece * w),
+        comm_->all_gather(buffer(staged + b.offset + r * chunk + at, piece),
+                          buffer(gather_staging_.data(), piece * w),
                           {phase::kStep});
         for (size_t q = 0; q < w; ++q)
-          std::memcpy(staged + b.offset + q * chunk + at,
-                      gather_staging_.data() + q * piece,
-                      piece * sizeof(float));
+          k_.copy(staged + b.offset + q * chunk + at,
+                  gather_staging_.data() + q * piece, piece);
       }
     }
   });
@@ -188,8 +187,8 @@ void Stage2::apply_update(const OptimizerHyper& hyper) {
 
 MemoryStats Stage2::memory() const {
   MemoryStats m = FlatStage::memory();
-  m.grad_bytes += reduce_scratch_.size() * sizeof(float);
-  m.param_bytes += gather_staging_.size() * sizeof(float);
+  m.grad_bytes += reduce_scratch_.bytes();
+  m.param_bytes += gather_staging_.bytes();
   m.peak_bytes = m.param_bytes + m.grad_bytes + m.optimizer_state_bytes +
                  m.rollback_bytes;
   return m;

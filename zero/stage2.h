@@ -83,9 +83,9 @@ class Stage2 final : public FlatStage {
   std::vector<bool> launched_;
   std::vector<size_t> launch_order_;
   std::vector<std::shared_ptr<Work>> works_;
-  std::vector<float> grad_partition_;  // accumulated over the window
-  std::vector<float> reduce_scratch_;  // this backward's reduced chunks
-  std::vector<float> gather_staging_;  // only if a bucket exceeds a piece
+  DeviceArray grad_partition_;  // accumulated over the window
+  DeviceArray reduce_scratch_;  // this backward's reduced chunks
+  DeviceArray gather_staging_;  // only if a bucket exceeds a piece
 };
 
 namespace internal {

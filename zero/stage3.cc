@@ -327,8 +327,8 @@ void Stage3::reduce_window(int64_t window_backwards, int64_t global_steps,
 
 GradStats Stage3::finalize(double divisor, double clip) {
   // The partition holds the sum over ranks: make it the average first.
-  internal::divide(part_grads_.data(), part_grads_.size(), world_);
-  return internal::finalize_gradient(comm_, part_grads_.data(),
+  host_kernels().divide(part_grads_.data(), part_grads_.size(), world_);
+  return internal::finalize_gradient(host_kernels(), comm_, part_grads_.data(),
                                      part_grads_.size(), divisor, clip);
 }
 

@@ -3,10 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "common/errors.h"
 #include "sim/sim_world.h"
+#include "zero/far_kernels.h"
+#include "zero/staging_comm.h"
 
 namespace zerostep {
 namespace {
@@ -20,7 +23,9 @@ struct RankState {
 std::vector<std::vector<float>> train(int stage, int world, int windows,
                                       int backwards, double clip = 0.0,
                                       int64_t reduce_bucket = 500000000,
-                                      int64_t allgather_bucket = 500000000) {
+                                      int64_t allgather_bucket = 500000000,
+                                      FarKernels* far = nullptr,
+                                      bool overlap = false) {
   const std::vector<size_t> numels = {13, 50, 7};
   FlatLayout layout = FlatLayout::make(numels, world);
   StageOptions opts;
@@ -31,6 +36,8 @@ std::vector<std::vector<float>> train(int stage, int world, int windows,
   opts.optimizer.weight_decay = 0.1;
   opts.reduce_bucket_size = reduce_bucket;
   opts.allgather_bucket_size = allgather_bucket;
+  opts.overlap_comm = overlap;
+  opts.kernels = far;
   SimWorld sim({world, 5});
   std::vector<RankState> ranks(world);
   sim.run([&](int r) {
@@ -38,13 +45,19 @@ std::vector<std::vector<float>> train(int stage, int world, int windows,
     s.params.assign(layout.padded_numel, 0.0f);
     s.grads.assign(layout.padded_numel, 0.0f);
     for (size_t i = 0; i < layout.numel; ++i) s.params[i] = 0.01f * i;
-    auto st = make_stage(opts, {s.params.data(), s.grads.data()}, &sim.comm(r));
+    // The device path: buffers in the kernels' memory, collectives staged.
+    std::optional<StagingCommunicator> staged;
+    if (far) staged.emplace(&sim.comm(r), far);
+    Communicator* comm = far ? &*staged : &sim.comm(r);
+    auto st = make_stage(opts, {s.params.data(), s.grads.data()}, comm);
     std::mt19937 rng(1000 + r);
     std::normal_distribution<float> nd;
     for (int k = 0; k < windows; ++k) {
       for (int b = 0; b < backwards; ++b) {
         st->begin_backward(b + 1, k);
         for (size_t i = 0; i < layout.numel; ++i) s.grads[i] += nd(rng);
+        if (overlap)
+          for (size_t p = 0; p < numels.size(); ++p) st->on_grad_ready(p);
         st->end_backward();
       }
       st->reduce_window(backwards, k, phase::kStep);
@@ -106,6 +119,50 @@ TEST(StageTest, Stage2BucketSizesDoNotChangeABit) {
       EXPECT_EQ(one[r], pieces[r]) << "world " << world;
     }
   }
+}
+
+// Note [Device kernels]: the same stage code on memory that is not the
+// host's (FarKernels), every collective staged through host copies, gives
+// the host run's bits, and waits for the device once per step for the norm
+// plus once per staged collective.
+TEST(StageTest, DeviceKernelsGiveTheHostBitsAndOneNormPerStep) {
+  for (int stage : {0, 1, 2}) {
+    for (int world : {1, 3}) {
+      for (bool overlap : {false, true}) {
+        if (overlap && stage != 2) continue;
+        const int windows = 3, backwards = 2;
+        const auto host = train(stage, world, windows, backwards, 0.5, 32, 32,
+                                nullptr, overlap);
+        FarKernels far;
+        const auto dev = train(stage, world, windows, backwards, 0.5, 32, 32,
+                               &far, overlap);
+        const std::string what = "stage " + std::to_string(stage) + " world " +
+                                 std::to_string(world) +
+                                 (overlap ? " overlap" : "");
+        for (int r = 0; r < world; ++r) EXPECT_EQ(host[r], dev[r]) << what;
+        EXPECT_EQ(far.norms.load(), int64_t{windows} * world) << what;
+        EXPECT_GT(far.downloads.load(), 0) << what;
+      }
+    }
+  }
+}
+
+// A host-memory backend refuses a device buffer, naming the fix.
+TEST(StageTest, HostBackendsRefuseDeviceBuffers) {
+  SimWorld sim({2, 5});
+  std::vector<std::string> errors(2);
+  sim.run([&](int r) {
+    float x[4] = {1, 2, 3, 4};
+    Buffer b = Buffer::of(x, 4);
+    b.device = true;
+    try {
+      sim.comm(r).all_reduce(b, {});
+    } catch (const UsageError& e) {
+      errors[r] = e.what();
+    }
+  });
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("StagingCommunicator"), std::string::npos) << e;
 }
 
 TEST(StageTest, Stage2OwnsOneChunkOfEveryBucket) {

@@ -1,0 +1,81 @@
+#include "zero/kernels.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "offload/fused_adam.h"
+
+namespace zerostep {
+namespace {
+
+// The CPU: plain loops (compiled without FMA contraction, so every build
+// gives the same bits) and the fused Adam kernel.
+class HostKernels final : public Kernels {
+ public:
+  std::string device() const override { return "cpu"; }
+  bool host_addressable() const override { return true; }
+
+  DeviceArray allocate(size_t n) override {
+    if (n == 0) return {};
+    auto v = std::make_shared<std::vector<float>>(n, 0.0f);
+    return DeviceArray(v->data(), n, v);
+  }
+  void copy(float* dst, const float* src, size_t n) override {
+    if (n != 0 && dst != src) std::memmove(dst, src, n * sizeof(float));
+  }
+  void zero(float* x, size_t n) override {
+    if (n != 0) std::memset(x, 0, n * sizeof(float));
+  }
+  void download(float* host, const float* x, size_t n) override {
+    copy(host, x, n);
+  }
+  void upload(float* x, const float* host, size_t n) override {
+    copy(x, host, n);
+  }
+  void divide(float* x, size_t n, double divisor) override {
+    if (divisor == 1.0) return;
+    const float d = static_cast<float>(divisor);
+    for (size_t i = 0; i < n; ++i) x[i] = x[i] / d;
+  }
+  void scale(float* x, size_t n, float factor) override {
+    for (size_t i = 0; i < n; ++i) x[i] *= factor;
+  }
+  double sum_of_squares(const float* x, size_t n) override {
+    double s = 0.0;
+    for (size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+    return s;
+  }
+  void accumulate(float* acc, const float* g, size_t n, Precision grad_p,
+                  Precision acc_p) override {
+    zerostep::accumulate(acc, g, n, grad_p, acc_p);
+  }
+  void adam(float* p, const float* g, float* m, float* v, size_t n,
+            const AdamStepParams& params) override {
+    fused_adam_step(p, g, m, v, n, params);
+  }
+  void sgd(float* p, const float* g, float* buf, size_t n,
+           const SgdStepParams& h) override {
+    const float lr = static_cast<float>(h.lr);
+    const float wd = static_cast<float>(h.weight_decay);
+    const float mom = static_cast<float>(h.momentum);
+    for (size_t i = 0; i < n; ++i) {
+      float d = g[i];
+      if (wd != 0.0f) d += wd * p[i];
+      if (buf != nullptr) {
+        buf[i] = h.first ? d : mom * buf[i] + d;
+        d = buf[i];
+      }
+      p[i] -= lr * d;
+    }
+  }
+};
+
+}  // namespace
+
+Kernels& host_kernels() {
+  static HostKernels k;
+  return k;
+}
+
+}  // namespace zerostep
