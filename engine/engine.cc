@@ -6,6 +6,7 @@
 #include "blocks/zero3_block.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "engine/torch_kernels.h"
 #include "zero/phase.h"
 #include "zero/precision.h"
 
@@ -40,9 +41,9 @@ LossScalerOptions scaler_options(const PrecisionConfig& p) {
   return o;
 }
 
-// Float32 parameters, all on one device; off the host only where the
-// binding keeps the ZeRO state on the host (Note [ZeRO-Offload] in
-// engine/flat_binding.h).
+// Float32 parameters, all on one device; off the host at stages 0-2 (the
+// stage on the device, Note [Device kernels] in zero/kernels.h, or on the
+// host with ZeRO-Offload, Note [ZeRO-Offload] in engine/flat_binding.h).
 void check_parameter_devices(const std::vector<torch::Tensor>& params,
                              const ZeroConfig& zero) {
   for (const torch::Tensor& p : params) {
@@ -60,17 +61,37 @@ void check_parameter_devices(const std::vector<torch::Tensor>& params,
                        "Fix: move the whole model with model->to(device)");
   }
   if (params.empty() || params.front().device().is_cpu()) return;
-  const bool offload = zero.offload_optimizer.device != OffloadDevice::kNone;
-  if (offload && (zero.stage == 1 || zero.stage == 2)) return;
+  if (zero.stage <= 2) return;
   throw UsageError(
       "trainable parameters on " + params.front().device().str() +
-      " with zero_optimization.stage " + std::to_string(zero.stage) +
-      (offload ? "" : " and no offload_optimizer") +
-      ": this build keeps the ZeRO state (float32 master, gradients, "
-      "optimizer) on the host, so a model off the CPU trains only with "
-      "ZeRO-Offload at stage 1 or 2. Fix: set zero_optimization.stage to 1 "
-      "or 2 and offload_optimizer.device to \"cpu\" (or \"nvme\"), or "
-      "train the model on the CPU");
+      " with zero_optimization.stage 3: this build keeps stage 3's "
+      "partitions and gathered storages on the host, so a model off the CPU "
+      "trains at stages 0-2 only (its ZeRO state on the device, or on the "
+      "host with offload_optimizer at stages 1-2). Fix: set "
+      "zero_optimization.stage to 0, 1 or 2, or train the model on the CPU");
+}
+
+// The kernels of a stage's flat buffers (Note [Device kernels]): the
+// caller's, a TorchKernels on the model's device, or nullptr (the host's).
+Kernels* choose_kernels(const std::vector<torch::Tensor>& params,
+                        const ZeroConfig& zero, Kernels* given,
+                        std::unique_ptr<Kernels>* own) {
+  const bool offload = zero.offload_optimizer.device != OffloadDevice::kNone;
+  if (given != nullptr) {
+    if (zero.stage == 3 || offload)
+      throw UsageError(
+          "EngineOptions::kernels is given with zero_optimization.stage " +
+          std::to_string(zero.stage) +
+          (offload ? " and offload_optimizer" : "") +
+          ": the kernels choose where stages 0-2 keep their state, and this "
+          "configuration keeps it on the host. Fix: leave "
+          "EngineOptions::kernels unset");
+    return given;
+  }
+  if (params.empty() || params.front().device().is_cpu() || offload)
+    return nullptr;
+  *own = std::make_unique<TorchKernels>(params.front().device());
+  return own->get();
 }
 
 void check_overrides(const StepOverrides& o) {
@@ -134,6 +155,14 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
                      "parse_config");
   }
   check_parameter_devices(params_, config_.zero);
+  Kernels* kernels = choose_kernels(params_, config_.zero, options.kernels,
+                                    &own_kernels_);
+  // A host-memory backend carries the device's buffers through host copies.
+  if (kernels != nullptr && !kernels->host_addressable() &&
+      !comm_->reads_device_memory()) {
+    staging_ = std::make_unique<StagingCommunicator>(comm_, kernels);
+    comm_ = staging_.get();
+  }
   offload_ = std::make_unique<OffloadDevices>(config_.zero, comm_->rank(),
                                               options.optimizer_device,
                                               options.param_device);
@@ -151,6 +180,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   bo.stage.reduce_once_per_step = config_.zero.reduce_once_per_step;
   bo.stage.optimizer_swap = offload_->optimizer_swap();
   bo.stage.param_swap = offload_->param_swap();
+  bo.stage.kernels = kernels;
   bo.dtype = dtype();
   bo.persistence_threshold = config_.zero.stage3_param_persistence_threshold;
   bo.offload = config_.zero.offload_optimizer.device != OffloadDevice::kNone;

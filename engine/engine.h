@@ -66,6 +66,8 @@
 #include "engine/offload_devices.h"
 #include "engine/param_binding.h"
 #include "offload/block_device.h"
+#include "zero/kernels.h"
+#include "zero/staging_comm.h"
 #include "zero/stage.h"
 
 namespace zerostep {
@@ -124,6 +126,12 @@ struct EngineOptions {
   // e.g. a decorator that stops a save after its k-th operation in tests).
   // nullptr: posix_checkpoint_files(). Must outlive the engine.
   CheckpointFiles* checkpoint_files = nullptr;
+  // Stages 0-2 without offload: the kernels the stage's flat buffers live
+  // and are worked on with (Note [Device kernels] in zero/kernels.h), e.g.
+  // zero/far_kernels.h or a CPU TorchKernels in tests, which run the
+  // device path on the CPU. nullptr: the host's for a CPU model, a
+  // TorchKernels on the model's device otherwise. Must outlive the engine.
+  Kernels* kernels = nullptr;
 };
 
 class Engine final {
@@ -334,6 +342,10 @@ class Engine final {
   FailureLatch latch_;
   // NVMe offload: the devices (outlive the binding's stage).
   std::unique_ptr<OffloadDevices> offload_;
+  // A model on a device (Note [Device kernels]): the kernels the engine
+  // made for it, and the staging of a host-memory communicator.
+  std::unique_ptr<Kernels> own_kernels_;
+  std::unique_ptr<StagingCommunicator> staging_;
   std::unique_ptr<ParamBinding> binding_;
   Stage* stage_ = nullptr;             // binding_->stage()
   CheckpointFiles* checkpoint_files_;  // EngineOptions::checkpoint_files

@@ -17,15 +17,20 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
       fold_accum_(options.stage.stage >= 2 ? Precision::kFp32
                                            : options.stage.grad_accum),
       folded_(params_.size(), 0) {
+  Kernels* k = options.stage.kernels;
+  if (k != nullptr && !k->host_addressable()) kernels_ = k;
+  ZS_CHECK(!(state_on_device() && options.offload));
   // Flat buffers, allocated once and touched once (zeros) up front: the
-  // stage's on the host, the model's on its device (Note [ZeRO-Offload]).
-  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  // stage's on the host, the model's on its device (Note [ZeRO-Offload]),
+  // or all of them on the model's device (Note [Device kernels]).
+  const torch::Device device =
+      params_.empty() ? torch::Device(torch::kCPU) : params_[0].device();
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(
+      state_on_device() ? device : torch::Device(torch::kCPU));
   const int64_t padded = static_cast<int64_t>(layout_.padded_numel);
   flat_params_ = torch::zeros({padded}, f32);
   flat_grads_ = torch::zeros({padded}, f32);
   const bool bf16 = dtype_ == Precision::kBf16;
-  const torch::Device device =
-      params_.empty() ? torch::Device(torch::kCPU) : params_[0].device();
   const auto on_device = torch::TensorOptions().device(device);
   if (bf16 || options.offload)
     model_params_ = torch::zeros(
@@ -33,7 +38,7 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
   if (dtype_ != Precision::kFp32 || options.offload)
     model_grads_ = torch::zeros(
         {padded}, on_device.dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
-  if (!device.is_cpu()) {
+  if (!device.is_cpu() && !state_on_device()) {
     const auto host = torch::TensorOptions().pinned_memory(
         options.pin_memory && device.is_cuda());
     if (bf16)  // rounded on the host, then copied
@@ -56,8 +61,16 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
       p.mutable_grad() = grads.narrow(0, off, n).view(p.sizes());
     }
   }
-  broadcast_initial_parameters(*comm, flat_params_.data_ptr<float>(),
-                               layout_.padded_numel);
+  if (state_on_device()) {
+    // Once per run: rank 0's values through the host.
+    std::vector<float> host(layout_.padded_numel);
+    kernels_->download(host.data(), flat_params_.data_ptr<float>(), host.size());
+    broadcast_initial_parameters(*comm, host.data(), host.size());
+    kernels_->upload(flat_params_.data_ptr<float>(), host.data(), host.size());
+  } else {
+    broadcast_initial_parameters(*comm, flat_params_.data_ptr<float>(),
+                                 layout_.padded_numel);
+  }
   params_written();
   stage_ = make_stage(
       options.stage,
@@ -106,6 +119,19 @@ void FlatBinding::fold_grad(size_t i) {
   if (folded_[i]) return;
   folded_[i] = 1;
   const size_t off = layout_.offsets[i], n = layout_.numels[i];
+  if (state_on_device()) {
+    // bf16 to float32 is exact, and round_to(bf16) of a bf16 value is
+    // itself: the same sums as accumulate_bf16.
+    float* acc = flat_grads_.data_ptr<float>() + off;
+    torch::Tensor g = model_grads_.narrow(0, static_cast<int64_t>(off),
+                                          static_cast<int64_t>(n));
+    const torch::Tensor g32 = g.to(torch::kFloat32);
+    kernels_->accumulate(acc, g32.data_ptr<float>(), n,
+                         dtype_ == Precision::kBf16 ? Precision::kFp32 : dtype_,
+                         fold_accum_);
+    g.zero_();
+    return;
+  }
   float* acc = flat_grads_.data_ptr<float>() + off;
   const void* g = grad_on_host(i);
   if (dtype_ == Precision::kBf16)
@@ -120,6 +146,10 @@ void FlatBinding::fold_grad(size_t i) {
 
 void FlatBinding::params_written() {
   if (!model_params_.defined()) return;  // the model computes with the master
+  if (state_on_device()) {  // bf16 weights: LibTorch's rounding, on the device
+    model_params_.copy_(flat_params_);
+    return;
+  }
   if (dtype_ == Precision::kBf16) {
     torch::Tensor& host = host_params_.defined() ? host_params_ : model_params_;
     to_bf16(flat_params_.data_ptr<float>(),

@@ -37,6 +37,14 @@
 // for once per backward (once per parameter with overlap_comm), the copy
 // back once per step; the copies run on the current stream.
 //
+// On the device (StageOptions::kernels not host-addressable, no offload:
+// Note [Device kernels] in zero/kernels.h) every flat buffer is on the
+// model's device: the float32 master and gradient, bf16 weights and the
+// one-backward gradients of mixed precision. The folds and the bf16
+// rounding of the weights are device operations (the kernels' accumulate,
+// LibTorch's conversion, both round to nearest even), and nothing waits
+// for the device per backward; the stage's collectives get device buffers.
+//
 // Thread safety: none (engine/param_binding.h).
 #ifndef ZEROSTEP_ENGINE_FLAT_BINDING_H_
 #define ZEROSTEP_ENGINE_FLAT_BINDING_H_
@@ -71,6 +79,8 @@ class FlatBinding final : public ParamBinding {
   // backward into the flat accumulation, once per backward, and clears it.
   void fold_grad(size_t param_index);
   bool folds_grads() const { return model_grads_.defined(); }
+  // The flat buffers are on the model's device, worked on by kernels_.
+  bool state_on_device() const { return kernels_ != nullptr; }
   // Where the fold reads parameter i's gradient: model_grads_ itself when
   // it is host memory, else host_grads_ after copying it there.
   const void* grad_on_host(size_t param_index);
@@ -95,6 +105,9 @@ class FlatBinding final : public ParamBinding {
   torch::Tensor host_params_;
   torch::Tensor host_grads_;
   std::vector<char> folded_;  // per parameter, in this backward
+  // Note [Device kernels]: the stage's kernels when they are a device's
+  // (nullptr on the host).
+  Kernels* kernels_ = nullptr;
   std::unique_ptr<Stage> stage_;
 };
 

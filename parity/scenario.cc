@@ -16,6 +16,7 @@
 #include "comm/ledger.h"
 #include "common/errors.h"
 #include "engine/engine.h"
+#include "engine/torch_kernels.h"
 #include "sim/sim_world.h"
 #include "zero/phase.h"
 
@@ -130,7 +131,14 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& host_data,
   auto now = [&](int r) { return sim ? sim->clock(r).now_s : 0.0; };
   world.run([&](int r) {
     torch::nn::Module& model = *models[r];
-    Engine engine(models[r], run.config, &world.comm(r));
+    // Scenario::kernels: the device path on the CPU, one per rank.
+    std::unique_ptr<Kernels> kernels;
+    EngineOptions options;
+    if (s.kernels == "torch") {
+      kernels = std::make_unique<TorchKernels>(torch::kCPU);
+      options.kernels = kernels.get();
+    }
+    Engine engine(models[r], run.config, &world.comm(r), options);
     lr_initial[r] = engine.get_lr();
     const bool element = s.overflow_kind == OverflowKind::kElement;
     int64_t base = 0;
@@ -446,10 +454,18 @@ std::vector<std::string> rest_memory_failures(const ScenarioResult& r) {
 }
 
 std::string device_problem(const Scenario& s) {
+  if (s.kernels != "host" && s.kernels != "torch")
+    return "kernels '" + s.kernels + "' is not one of host, torch";
+  if (s.kernels == "torch" &&
+      (s.stage == 3 || s.offload != OffloadDevice::kNone || s.device != "cpu"))
+    return "--kernels=torch with stage " + std::to_string(s.stage) +
+           ", offload " + to_string(s.offload) + " on " + s.device +
+           ": it runs the device path of stages 0-2 without offload on the "
+           "CPU. Fix: --stages=0,1,2 --offload=none --device=cpu";
   if (s.device == "cpu") return "";
   if (s.device != "cuda")
     return "device '" + s.device + "' is not one of cpu, cuda";
-  if ((s.stage == 1 || s.stage == 2) && s.offload != OffloadDevice::kNone) {
+  if (s.stage <= 2) {
     // LibTorch runs every backward on a device through one autograd thread
     // per device, shared by the whole process: a rank whose gradient hook
     // waits in a collective (overlap_comm) would stop the other ranks'
@@ -463,11 +479,10 @@ std::string device_problem(const Scenario& s) {
              "process per rank";
     return "";
   }
-  return "stage " + std::to_string(s.stage) + " with offload " +
-         to_string(s.offload) +
-         " on cuda: the engine takes a CUDA model only with ZeRO-Offload at "
-         "stages 1-2 (the engine on the device is not built yet). Fix: "
-         "--stages=1,2 --offload=cpu (or nvme)";
+  return "stage " + std::to_string(s.stage) +
+         " on cuda: stage 3 keeps its partitions and gathered storages on "
+         "the host, so the engine takes a CUDA model at stages 0-2 only. "
+         "Fix: --stages=0,1,2";
 }
 
 ScenarioResult run_scenario(const Scenario& s) {
@@ -699,6 +714,7 @@ std::string to_json_line(const ScenarioResult& r) {
   j["offload_bitwise_equal"] = r.offload_bitwise_equal;
   j["offload_compared"] = r.offload_compared;
   j["device"] = s.device;
+  j["kernels"] = s.kernels;
   j["backend"] = s.backend;
   j["overlap_comm"] = s.overlap_comm;
   j["reduce_once_per_step"] = s.reduce_once_per_step;

@@ -207,12 +207,19 @@ struct Scenario {
   // else (optimizer, clipping, scheduler, ...) is kept.
   std::string base_config_json;
   // Where the ranks' models and data live: "cpu" or "cuda" (device 0, every
-  // rank). On cuda the engine takes the model only with ZeRO-Offload at
-  // stages 1-2 (Note [ZeRO-Offload] in engine/flat_binding.h), so such a
-  // scenario must have one; its reference run is on the CPU (a
-  // cross-device check, within the tolerance), and the offload run's
-  // no-offload twin is not run (ScenarioResult::offload_compared).
+  // rank). On cuda the engine takes the model at stages 0-2: its ZeRO
+  // state on the device (Note [Device kernels] in zero/kernels.h), or on
+  // the host with ZeRO-Offload (Note [ZeRO-Offload] in
+  // engine/flat_binding.h); stage 3 is refused (device_problem). The
+  // reference run is on the CPU (a cross-device check, within the
+  // tolerance), and an offload run's no-offload twin is not run
+  // (ScenarioResult::offload_compared).
   std::string device = "cpu";
+  // Stages 0-2 on the CPU: "host" (host_kernels()) or "torch" (a CPU
+  // TorchKernels posing as a device's: the engine's device path, Note
+  // [Device kernels] in zero/kernels.h, with its collectives staged).
+  // device_problem refuses "torch" with offload or at stage 3.
+  std::string kernels = "host";
 };
 
 struct RunDigest {

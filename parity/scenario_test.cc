@@ -480,15 +480,14 @@ TEST(ScenarioTest, Stage3ParameterOffloadToNvmeIsBitwise) {
     }
 }
 
-// A CUDA scenario needs ZeRO-Offload at stages 1-2 (Scenario::device);
-// anything else is refused before a run starts, naming the fix.
-TEST(ScenarioTest, DeviceScenariosNeedOffloadAtStage1Or2) {
+// A CUDA scenario runs at stages 0-2, with or without offload (the engine
+// on the device, or ZeRO-Offload); stage 3, and overlap_comm at stage 2
+// with several ranks, are refused before a run starts, naming the fix.
+TEST(ScenarioTest, DeviceScenariosRunAtStages0To2) {
   Scenario s = base(2, 2);
   EXPECT_EQ(device_problem(s), "");
   s.device = "cuda";
-  EXPECT_NE(device_problem(s).find("Fix: --stages=1,2 --offload=cpu"),
-            std::string::npos)
-      << device_problem(s);
+  EXPECT_EQ(device_problem(s), "");
   s.offload = OffloadDevice::kCpu;
   EXPECT_EQ(device_problem(s), "");
   s.overlap_comm = true;
@@ -496,10 +495,33 @@ TEST(ScenarioTest, DeviceScenariosNeedOffloadAtStage1Or2) {
       << device_problem(s);
   s.world_size = 1;
   EXPECT_EQ(device_problem(s), "");
+  for (int stage : {0, 1}) {
+    s.stage = stage;
+    s.offload = OffloadDevice::kNone;
+    EXPECT_EQ(device_problem(s), "") << stage;
+  }
   s.stage = 3;
-  EXPECT_NE(device_problem(s), "");
+  EXPECT_NE(device_problem(s).find("Fix: --stages=0,1,2"), std::string::npos)
+      << device_problem(s);
   s.device = "tpu";
   EXPECT_THROW(run_scenario(s), UsageError);
+}
+
+// The engine's device path on the CPU (Scenario::kernels = "torch"):
+// managed equals unmanaged to the bit at stages 0-2, the reference agrees.
+TEST(ScenarioTest, DevicePathOnTheCpuIsOkAtStages0To2) {
+  for (int stage : {0, 1, 2})
+    for (int world : {1, 2}) {
+      Scenario s = base(stage, world);
+      s.kernels = "torch";
+      ASSERT_EQ(device_problem(s), "");
+      ScenarioResult r = run_scenario(s);
+      EXPECT_TRUE(r.ok) << ::testing::PrintToString(r.failures);
+      EXPECT_TRUE(r.bitwise_equal) << "stage " << stage << " world " << world;
+    }
+  Scenario s = base(3, 1);
+  s.kernels = "torch";
+  EXPECT_NE(device_problem(s).find("Fix: --stages=0,1,2"), std::string::npos);
 }
 
 TEST(ScenarioGlooTest, EveryStageIsOkOnGlooAndAgreesWithSim) {

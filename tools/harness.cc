@@ -407,6 +407,7 @@ Scenario flag_scenario(const HarnessFlags& f) {
   s.seed = f.seed;
   s.micro_batch = f.micro_batch;
   s.device = f.device;
+  s.kernels = f.kernels;
   return s;
 }
 

@@ -17,10 +17,12 @@ const char* const kHarnessUsage = R"(usage: harness [flags]
   --backend=sim|gloo    simulator (default) or real Gloo over loopback TCP
   --device=cpu|cuda     where the ranks' models and data live (default
                         cpu). cuda needs a device and a CUDA LibTorch
-                        (else it fails at once, naming why) and runs
-                        ZeRO-Offload scenarios only: --stages=1,2
-                        --offload=cpu (the engine on the device is not
-                        built yet)
+                        (else it fails at once, naming why); stages 0-2
+                        (the engine on the device, or --offload=cpu)
+  --kernels=host|torch  the kernels of stages 0-2 on a CPU model: the
+                        host's (default) or LibTorch's ops posing as a
+                        device's, which runs the engine's device path
+                        (device buffers, staged collectives) on the CPU
   --model-scale=S       width multiplier (default 1)
   --micro-batch=B       samples per backward per rank (default 2)
   --clip=C              gradient_clipping (default 0 = off)
@@ -171,7 +173,7 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
     const std::string key = a.substr(2, eq - 2), v = a.substr(eq + 1);
     static const char* const kMatrixFree[] = {
         "json",    "seed",        "threads",   "model",   "backend",
-        "device",  "model-scale", "nvme-path", "managed"};
+        "device",  "model-scale", "nvme-path", "managed", "kernels"};
     if (std::find_if(std::begin(kMatrixFree), std::end(kMatrixFree),
                      [&](const char* k) { return key == k; }) ==
         std::end(kMatrixFree))
@@ -222,6 +224,10 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
       if (v != "cpu" && v != "cuda")
         throw FlagError("--device=" + v + ": not one of cpu, cuda");
       f.device = v;
+    } else if (key == "kernels") {
+      if (v != "host" && v != "torch")
+        throw FlagError("--kernels=" + v + ": not one of host, torch");
+      f.kernels = v;
     } else if (key == "backend") {
       if (v != "sim" && v != "gloo")
         throw FlagError("--backend=" + v + ": not one of sim, gloo");

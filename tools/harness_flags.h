@@ -78,6 +78,7 @@ struct HarnessFlags {
   // --device: "cpu" or "cuda" (checked by runtime's check_engine_device
   // before anything runs). Default "cpu".
   std::string device = "cpu";
+  std::string kernels = "host";  // --kernels
   // --model-scale: width multiplier. Default 1.
   int model_scale = 1;
   // --micro-batch: samples per backward per rank, >= 1. Default 2 (1 in

@@ -1,0 +1,190 @@
+// The engine's device path on the CPU (Note [Device kernels] in
+// zero/kernels.h): stages 0-2 with their flat buffers in the memory of
+// kernels that are not the host's, every collective staged through host
+// copies (zero/staging_comm.h).
+//   FarKernels   the host's own kernels posing as a device's: the run must
+//                give the host run's bits, so every buffer, fold, rounding
+//                and collective of the device path is checked to the bit.
+//   TorchKernels LibTorch's ops on CPU tensors, the code a CUDA model runs
+//                (other kernels: within a tolerance of the host run), where
+//                managed and unmanaged must still be bitwise equal.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "config/config.h"
+#include "engine/engine.h"
+#include "engine/engine_test_util.h"
+#include "engine/torch_kernels.h"
+#include "zero/far_kernels.h"
+
+namespace zerostep {
+namespace {
+
+std::string config_json(int stage, bool managed, const std::string& dtype) {
+  return "{\"train_micro_batch_size_per_gpu\": 2, "
+         "\"gradient_accumulation_steps\": 3, "
+         "\"managed_gradient_accumulation\": " +
+         std::string(managed ? "true" : "false") +
+         ", \"gradient_clipping\": 0.05, "
+         "\"zero_optimization\": {\"stage\": " + std::to_string(stage) +
+         ", \"reduce_bucket_size\": 200}, " +
+         (dtype == "bf16" ? "\"bf16\": {\"enabled\": true}, " : "") +
+         "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, "
+         "\"weight_decay\": 0.1}}}";
+}
+
+// Which kernels a run's engines get: none (the host's), FarKernels, or a
+// CPU TorchKernels posing as a device's.
+enum class Kind { kHost, kFar, kTorch };
+
+struct Trained {
+  std::vector<torch::Tensor> params;  // per rank, after training
+  int64_t norms = 0;                  // FarKernels: norms taken
+};
+
+// Two windows of 3 backward() calls per rank, managed or not; `save_dir`:
+// then a checkpoint "t" there.
+Trained train_windows(int stage, int world, bool managed, const std::string& dtype,
+                  Kind kind, const std::string& save_dir = "") {
+  MlpWorld w(world, parse_config(config_json(stage, managed, dtype), world));
+  std::vector<std::unique_ptr<Kernels>> kernels(world);
+  for (int r = 0; r < world; ++r) {
+    if (kind == Kind::kFar) kernels[r] = std::make_unique<FarKernels>();
+    if (kind == Kind::kTorch)
+      kernels[r] = std::make_unique<TorchKernels>(torch::kCPU);
+  }
+  w.make_engines([&](int r) {
+    EngineOptions o;
+    o.kernels = kernels[r].get();
+    return o;
+  });
+  auto norms = [&] {
+    int64_t n = 0;
+    if (kind == Kind::kFar)
+      for (auto& k : kernels) n += static_cast<FarKernels&>(*k).norms;
+    return n;
+  };
+  const int64_t before = norms();
+  w.world->run([&](int r) {
+    Engine& e = *w.engines[r];
+    for (int k = 0; k < 2; ++k) {
+      for (int b = 0; b < 3; ++b) {
+        e.backward(w.loss(r, 3 * k + b));
+        if (managed) e.step();
+      }
+      if (!managed) e.step();
+      EXPECT_TRUE(e.was_step_applied());
+    }
+  });
+  Trained out;
+  out.norms = norms() - before;
+  out.params = w.full_parameters();
+  if (!save_dir.empty())
+    w.world->run([&](int r) { w.engines[r]->save_checkpoint(save_dir, "t"); });
+  return out;
+}
+
+std::string what(int stage, int world, const std::string& dtype) {
+  return "stage " + std::to_string(stage) + " world " + std::to_string(world) +
+         " " + dtype;
+}
+
+TEST(DeviceEngineTest, FarKernelsGiveTheHostRunsBitsWithOneNormPerStep) {
+  for (int stage : {0, 1, 2})
+    for (int world : {1, 2})
+      for (const std::string dtype : {"fp32", "bf16"}) {
+        const Trained host = train_windows(stage, world, false, dtype, Kind::kHost);
+        const Trained far = train_windows(stage, world, false, dtype, Kind::kFar);
+        for (int r = 0; r < world; ++r)
+          EXPECT_TRUE(same_bits(host.params[r], far.params[r]))
+              << what(stage, world, dtype);
+        // Two steps on every rank: one norm each, nothing per backward.
+        EXPECT_EQ(far.norms, 2 * world) << what(stage, world, dtype);
+      }
+}
+
+TEST(DeviceEngineTest, TorchKernelsManagedEqualsUnmanagedBitwise) {
+  for (int stage : {0, 1, 2})
+    for (int world : {1, 2})
+      for (const std::string dtype : {"fp32", "bf16"}) {
+        const Trained u = train_windows(stage, world, false, dtype, Kind::kTorch);
+        const Trained m = train_windows(stage, world, true, dtype, Kind::kTorch);
+        const Trained host = train_windows(stage, world, false, dtype, Kind::kHost);
+        for (int r = 0; r < world; ++r) {
+          EXPECT_TRUE(same_bits(u.params[r], m.params[r]))
+              << what(stage, world, dtype);
+          // Other kernels (LibTorch's Adam, division): close, not bitwise.
+          // bf16 weights can round a last-bit difference to one bf16 ulp
+          // in the forward pass, hence the looser bound there.
+          const double tol = dtype == "bf16" ? 1e-2 : 1e-5;
+          EXPECT_LT((u.params[r] - host.params[r]).abs().max().item<double>(),
+                    tol)
+              << what(stage, world, dtype);
+        }
+      }
+}
+
+// A checkpoint written from the device's buffers loads on the host and
+// back, to the bit.
+TEST(DeviceEngineTest, CheckpointsMoveBetweenDeviceAndHost) {
+  const std::string dir = make_temp_dir("zs_device_ckpt_");
+  const Trained far = train_windows(1, 2, false, "fp32", Kind::kFar, dir + "/far");
+  const Trained host = train_windows(1, 2, false, "fp32", Kind::kHost, dir + "/host");
+  for (const char* from : {"far", "host"})
+    for (Kind into : {Kind::kHost, Kind::kFar}) {
+      MlpWorld w(2, parse_config(config_json(1, false, "fp32"), 2));
+      std::vector<std::unique_ptr<FarKernels>> k(2);
+      w.make_engines([&](int r) {
+        EngineOptions o;
+        if (into == Kind::kFar) {
+          k[r] = std::make_unique<FarKernels>();
+          o.kernels = k[r].get();
+        }
+        return o;
+      });
+      std::vector<std::vector<float>> m(2);
+      w.world->run([&](int r) {
+        w.engines[r]->load_checkpoint(dir + "/" + from, "t");
+        m[r] = w.engines[r]->optimizer().exp_avg();
+      });
+      const auto params = w.full_parameters();
+      for (int r = 0; r < 2; ++r)
+        EXPECT_TRUE(same_bits(params[r], host.params[r])) << from;
+      // And training goes on from there on both sides alike.
+      EXPECT_FALSE(m[0].empty());
+    }
+  (void)far;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DeviceEngineTest, KernelsAreRefusedWhereTheStateStaysOnTheHost) {
+  for (const std::string extra :
+       {"\"zero_optimization\": {\"stage\": 3}",
+        "\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": "
+        "{\"device\": \"cpu\"}}"}) {
+    const std::string json =
+        "{\"train_micro_batch_size_per_gpu\": 2, " + extra + "}";
+    MlpWorld w(1, parse_config(json, 1));
+    FarKernels far;
+    try {
+      w.make_engines([&](int) {
+        EngineOptions o;
+        o.kernels = &far;
+        return o;
+      });
+      ADD_FAILURE() << "no error for " << extra;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("EngineOptions::kernels"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zerostep
