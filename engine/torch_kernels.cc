@@ -111,9 +111,10 @@ void TorchKernels::adam(float* p, const float* g, float* m, float* v, size_t n,
   torch::Tensor param = view(p, n), grad = view(g, n);
   torch::Tensor exp_avg = view(m, n), exp_avg_sq = view(v, n);
 #if TORCH_VERSION_MAJOR >= 2
-  // The kernel counts the step itself: it gets the count before this one.
+  // The step count of this update (torch.optim increments its state step
+  // before calling the kernel, which only reads it).
   std::vector<torch::Tensor> steps = {
-      torch::full({}, static_cast<double>(h.step - 1), options_)};
+      torch::full({}, static_cast<double>(h.step), options_)};
   if (h.decoupled)
     at::_fused_adamw_({param}, {grad}, {exp_avg}, {exp_avg_sq}, {}, steps,
                       h.lr, h.beta1, h.beta2, h.weight_decay, h.eps,
