@@ -142,6 +142,13 @@ class Communicator {
   virtual std::shared_ptr<Work> reduce_scatter_async(
       Buffer input, Buffer output, const ReduceScatterOptions& opts) = 0;
 
+  // As all_reduce, without blocking (see Work): `buf` is the caller's
+  // again after wait(). Matched across ranks in issue order with the other
+  // collectives. The default runs the blocking all_reduce and returns a
+  // completed Work; backends that can overlap override it.
+  virtual std::shared_ptr<Work> all_reduce_async(Buffer buf,
+                                                 const AllReduceOptions& opts);
+
   // Every rank's `buf` becomes root's `buf`.
   virtual void broadcast(Buffer buf, const BroadcastOptions& opts) = 0;
 

@@ -91,6 +91,42 @@ void async_reduce_scatters_match_in_issue_order(Communicator& c) {
   }
 }
 
+// Async all-reduces interleaved with async reduce-scatters and a blocking
+// collective: matched in issue order, waited in any order, average too.
+void async_all_reduces_match_in_issue_order(Communicator& c) {
+  const int w = c.world_size();
+  const size_t n = 7;
+  std::vector<std::vector<float>> bufs(3, std::vector<float>(n));
+  std::vector<float> rs_in(2 * w, static_cast<float>(c.rank() + 1)),
+      rs_out(2, -1.0f);
+  std::vector<std::shared_ptr<Work>> works;
+  for (int k = 0; k < 3; ++k) {
+    for (size_t i = 0; i < n; ++i)
+      bufs[k][i] = static_cast<float>(k * 100 + c.rank() * 4 + i);
+    works.push_back(c.all_reduce_async(
+        Buffer::of(bufs[k].data(), n),
+        {k == 1 ? ReduceOp::kAvg : ReduceOp::kSum}));
+    if (k == 0)
+      works.push_back(c.reduce_scatter_async(
+          Buffer::of(rs_in.data(), rs_in.size()),
+          Buffer::of(rs_out.data(), rs_out.size()), {ReduceOp::kSum}));
+  }
+  float x = 2.0f;
+  c.all_reduce(Buffer::of(&x, 1), {});
+  ASSERT_EQ(x, 2.0f * w);
+  for (size_t k = works.size(); k-- > 0;) works[k]->wait();
+  float ranks = 0;
+  for (int r = 0; r < w; ++r) ranks += static_cast<float>(r + 1);
+  for (float v : rs_out) ASSERT_EQ(v, ranks);
+  for (int k = 0; k < 3; ++k)
+    for (size_t i = 0; i < n; ++i) {
+      float sum = 0;
+      for (int r = 0; r < w; ++r) sum += static_cast<float>(k * 100 + r * 4 + i);
+      const float expect = k == 1 ? sum / static_cast<float>(w) : sum;
+      ASSERT_EQ(bufs[k][i], expect) << "op " << k << " element " << i;
+    }
+}
+
 void all_gather_concatenates_in_rank_order(Communicator& c) {
   const int w = c.world_size();
   const size_t chunk = 3;
@@ -154,6 +190,7 @@ const Case kCases[] = {
      reduce_scatter_gives_each_rank_its_chunk},
     {"AsyncReduceScattersMatchInIssueOrder",
      async_reduce_scatters_match_in_issue_order},
+    {"AsyncAllReducesMatchInIssueOrder", async_all_reduces_match_in_issue_order},
     {"AllGatherConcatenatesInRankOrder", all_gather_concatenates_in_rank_order},
     {"AllGatherInPlaceFromOwnSlice", all_gather_in_place_from_own_slice},
     {"BroadcastFromEveryRoot", broadcast_from_every_root},

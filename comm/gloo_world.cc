@@ -165,6 +165,10 @@ void GlooCommunicator::all_reduce(Buffer buf, const AllReduceOptions& opts) {
 void GlooCommunicator::reduce_scatter(Buffer input, Buffer output,
                                       const ReduceScatterOptions& opts) {
   check_reduce_scatter_args(rank_, world_size_, input, output);
+#if TORCH_VERSION_MAJOR >= 2
+  reduce_scatter_async(input, output, opts)->wait();
+  return;
+#endif
   guarded("reduce_scatter", rank_, [&] {
     // Gloo has none: all-reduce a copy, keep this rank's chunk.
     at::Tensor copy = wrap(input).clone();
@@ -178,10 +182,109 @@ void GlooCommunicator::reduce_scatter(Buffer input, Buffer output,
   });
 }
 
+namespace {
+// An all-reduce in flight on Gloo's threads; wait() waits for it, averages
+// where asked and, for a reduce-scatter (an all-reduce of a copy of the
+// input), puts this rank's chunk in `output` (undefined for an all-reduce,
+// which reduces in place).
+class GlooWork final : public Work {
+ public:
+  GlooWork(const char* what, c10::intrusive_ptr<c10d::Work> work,
+           at::Tensor sum, at::Tensor output, int rank, int world,
+           bool average)
+      : what_(what),
+        work_(std::move(work)),
+        sum_(std::move(sum)),
+        output_(std::move(output)),
+        rank_(rank),
+        world_(world),
+        average_(average) {}
+  void wait() override {
+    if (done_) {
+      if (error_) std::rethrow_exception(error_);
+      return;
+    }
+    done_ = true;
+    try {
+      guarded(what_, rank_, [&] {
+        work_->wait();
+        if (average_) sum_.div_(world_);
+        if (!output_.defined()) return;
+        const int64_t n = output_.numel();
+        output_.copy_(sum_.narrow(0, rank_ * n, n));
+      });
+    } catch (...) {
+      error_ = std::current_exception();
+      throw;
+    }
+  }
+
+ private:
+  const char* what_;
+  c10::intrusive_ptr<c10d::Work> work_;
+  at::Tensor sum_, output_;
+  int rank_, world_;
+  bool average_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+}  // namespace
+
+// Issued now and finished in wait(), so the caller computes while Gloo's
+// threads move the data (stage 2's overlap_comm). LibTorch 2.x's Gloo has a
+// reduce-scatter (each rank receives its chunk's sum: half an all-reduce's
+// traffic); 1.13's has none, so there it is an all-reduce of a copy of the
+// input, of which this rank keeps its chunk.
 std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(
     Buffer input, Buffer output, const ReduceScatterOptions& opts) {
-  reduce_scatter(input, output, opts);
-  return std::make_shared<CompletedWork>();
+  check_reduce_scatter_args(rank_, world_size_, input, output);
+  std::shared_ptr<Work> out;
+#if TORCH_VERSION_MAJOR >= 2
+  if (output.numel == 0) return std::make_shared<CompletedWork>();
+  guarded("reduce_scatter", rank_, [&] {
+    at::Tensor in_t = wrap(input);
+    at::Tensor out_t = wrap(output);
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = c10d_op(opts.op);
+    auto work =
+        issue([&] { return impl_->pg->_reduce_scatter_base(out_t, in_t, o); });
+    // wait() averages the output in place; nothing to copy.
+    out = std::make_shared<GlooWork>("reduce_scatter", std::move(work), out_t,
+                                     at::Tensor(), rank_, world_size_,
+                                     opts.op == ReduceOp::kAvg);
+  });
+  return out;
+#endif
+  guarded("reduce_scatter", rank_, [&] {
+    at::Tensor copy = wrap(input).clone();
+    at::Tensor out_t = wrap(output);
+    std::vector<at::Tensor> t = {copy};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d_op(opts.op);
+    auto work = issue([&] { return impl_->pg->allreduce(t, o); });
+    out = std::make_shared<GlooWork>("reduce_scatter", std::move(work), copy,
+                                     out_t, rank_, world_size_,
+                                     opts.op == ReduceOp::kAvg);
+  });
+  return out;
+}
+
+// In place on the caller's buffer, finished in wait().
+std::shared_ptr<Work> GlooCommunicator::all_reduce_async(
+    Buffer buf, const AllReduceOptions& opts) {
+  if (buf.numel == 0) return std::make_shared<CompletedWork>();
+  std::shared_ptr<Work> out;
+  guarded("all_reduce", rank_, [&] {
+    at::Tensor t = wrap(buf);
+    std::vector<at::Tensor> ts = {t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d_op(opts.op);
+    auto work = issue([&] { return impl_->pg->allreduce(ts, o); });
+    out = std::make_shared<GlooWork>("all_reduce", std::move(work), t,
+                                     at::Tensor(), rank_, world_size_,
+                                     opts.op == ReduceOp::kAvg);
+  });
+  return out;
 }
 
 void GlooCommunicator::all_gather(Buffer input, Buffer output,

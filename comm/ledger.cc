@@ -88,6 +88,13 @@ void RecordingCommunicator::reduce_scatter(Buffer input, Buffer output,
   add(CollectiveKind::kReduceScatter, input.dtype, input.numel, opts.label);
 }
 
+std::shared_ptr<Work> RecordingCommunicator::all_reduce_async(
+    Buffer buf, const AllReduceOptions& opts) {
+  std::shared_ptr<Work> work = inner_->all_reduce_async(buf, opts);
+  add(CollectiveKind::kAllReduce, buf.dtype, buf.numel, opts.label);
+  return work;
+}
+
 std::shared_ptr<Work> RecordingCommunicator::reduce_scatter_async(
     Buffer input, Buffer output, const ReduceScatterOptions& opts) {
   std::shared_ptr<Work> work = inner_->reduce_scatter_async(input, output, opts);

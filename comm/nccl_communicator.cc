@@ -54,6 +54,29 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 
 }  // namespace
 
+namespace {
+// Completes when the compute stream has been told to wait for the
+// collective's event (no host wait); the event is this work's own.
+class DeviceWork final : public Work {
+ public:
+  DeviceWork(cudaEvent_t event, cudaStream_t compute, int rank)
+      : event_(event), compute_(compute), rank_(rank) {}
+  ~DeviceWork() override { cudaEventDestroy(event_); }
+  void wait() override {
+    if (waited_) return;
+    waited_ = true;
+    cuda_check(cudaStreamWaitEvent(compute_, event_, 0),
+               "cudaStreamWaitEvent", rank_);
+  }
+
+ private:
+  cudaEvent_t event_;
+  cudaStream_t compute_;
+  int rank_;
+  bool waited_ = false;
+};
+}  // namespace
+
 struct NcclCommunicator::Impl {
   int rank = 0;
   ncclComm_t comm = nullptr;
@@ -100,6 +123,16 @@ struct NcclCommunicator::Impl {
     cuda_check(cudaEventRecord(event, stream), "cudaEventRecord", rank);
     cuda_check(cudaStreamWaitEvent(compute, event, 0), "cudaStreamWaitEvent",
                rank);
+  }
+  // A Work for the collective just issued on `stream`: its own event,
+  // which the compute stream waits for in wait().
+  std::shared_ptr<Work> record_work() {
+    cudaEvent_t event = nullptr;
+    cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+               "cudaEventCreateWithFlags", rank);
+    auto work = std::make_shared<DeviceWork>(event, compute, rank);
+    cuda_check(cudaEventRecord(event, stream), "cudaEventRecord", rank);
+    return work;
   }
   void to_host(void* host, const void* dev, size_t bytes) {
     cuda_check(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, stream),
@@ -171,27 +204,6 @@ void check_same_memory(int rank, Buffer a, Buffer b) {
                      ": one buffer of a collective is device memory and the "
                      "other host memory; give both in the same memory");
 }
-
-// Completes when the compute stream has been told to wait for the
-// collective's event (no host wait); the event is this work's own.
-class DeviceWork final : public Work {
- public:
-  DeviceWork(cudaEvent_t event, cudaStream_t compute, int rank)
-      : event_(event), compute_(compute), rank_(rank) {}
-  ~DeviceWork() override { cudaEventDestroy(event_); }
-  void wait() override {
-    if (waited_) return;
-    waited_ = true;
-    cuda_check(cudaStreamWaitEvent(compute_, event_, 0),
-               "cudaStreamWaitEvent", rank_);
-  }
-
- private:
-  cudaEvent_t event_;
-  cudaStream_t compute_;
-  int rank_;
-  bool waited_ = false;
-};
 }  // namespace
 
 void NcclCommunicator::all_reduce(Buffer buf, const AllReduceOptions& opts) {
@@ -243,12 +255,20 @@ std::shared_ptr<Work> NcclCommunicator::reduce_scatter_async(
     return std::make_shared<CompletedWork>();
   }
   impl_->reduce_scatter_device(input, output, opts.op);
-  cudaEvent_t event = nullptr;
-  cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
-             "cudaEventCreateWithFlags", rank_);
-  auto work = std::make_shared<DeviceWork>(event, impl_->compute, rank_);
-  cuda_check(cudaEventRecord(event, impl_->stream), "cudaEventRecord", rank_);
-  return work;
+  return impl_->record_work();
+}
+
+std::shared_ptr<Work> NcclCommunicator::all_reduce_async(
+    Buffer buf, const AllReduceOptions& opts) {
+  if (!buf.device || buf.numel == 0) {
+    all_reduce(buf, opts);  // host buffers are staged and waited for
+    return std::make_shared<CompletedWork>();
+  }
+  impl_->begin_device();
+  nccl_check(ncclAllReduce(buf.data, buf.data, buf.numel, nccl_type(buf.dtype),
+                           nccl_op(opts.op), impl_->comm, impl_->stream),
+             "ncclAllReduce", rank_);
+  return impl_->record_work();
 }
 
 void NcclCommunicator::all_gather(Buffer input, Buffer output,

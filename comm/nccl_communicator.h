@@ -54,6 +54,8 @@ class NcclCommunicator final : public Communicator {
   void all_reduce(Buffer buf, const AllReduceOptions& opts) override;
   void reduce_scatter(Buffer input, Buffer output,
                       const ReduceScatterOptions& opts) override;
+  std::shared_ptr<Work> all_reduce_async(Buffer buf,
+                                         const AllReduceOptions& opts) override;
   std::shared_ptr<Work> reduce_scatter_async(
       Buffer input, Buffer output, const ReduceScatterOptions& opts) override;
   void all_gather(Buffer input, Buffer output,

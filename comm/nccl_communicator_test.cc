@@ -86,6 +86,13 @@ class OnDevice final : public Communicator {
     down(out, dout);
     return std::make_shared<CompletedWork>();
   }
+  std::shared_ptr<Work> all_reduce_async(
+      Buffer buf, const AllReduceOptions& opts) override {
+    const Buffer d = up(buf);
+    inner_->all_reduce_async(d, opts)->wait();
+    down(buf, d);
+    return std::make_shared<CompletedWork>();
+  }
   void all_gather(Buffer in, Buffer out, const AllGatherOptions& opts) override {
     const Buffer din = up(in), dout = up(out);
     inner_->all_gather(din, dout, opts);

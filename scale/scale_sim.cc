@@ -107,7 +107,10 @@ ScaleReport simulate_scale(const ModelShape& model,
         const Buffer one{nullptr, part, e.dtype};
         switch (e.kind) {
           case CollectiveKind::kAllReduce:
-            rec.all_reduce(full, {e.op, e.phase});
+            if (e.async)
+              works[i] = rec.all_reduce_async(full, {e.op, e.phase});
+            else
+              rec.all_reduce(full, {e.op, e.phase});
             break;
           case CollectiveKind::kReduceScatter:
             if (e.async)

@@ -83,6 +83,13 @@ std::shared_ptr<Work> ShapeOnlyCommunicator::reduce_scatter_async(
   return std::make_shared<ShapeWork>(this, end);
 }
 
+std::shared_ptr<Work> ShapeOnlyCommunicator::all_reduce_async(
+    Buffer buf, const AllReduceOptions& opts) {
+  const double end =
+      charge(CollectiveKind::kAllReduce, buf.bytes(), opts.label, true);
+  return std::make_shared<ShapeWork>(this, end);
+}
+
 void ShapeOnlyCommunicator::all_gather(Buffer input, Buffer output,
                                        const AllGatherOptions& opts) {
   check_multiple("all_gather", output.numel, input.numel, world_size_);

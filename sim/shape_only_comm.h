@@ -51,6 +51,8 @@ class ShapeOnlyCommunicator final : public Communicator {
                       const ReduceScatterOptions& opts) override;
   std::shared_ptr<Work> reduce_scatter_async(
       Buffer input, Buffer output, const ReduceScatterOptions& opts) override;
+  std::shared_ptr<Work> all_reduce_async(Buffer buf,
+                                         const AllReduceOptions& opts) override;
   void all_gather(Buffer input, Buffer output,
                   const AllGatherOptions& opts) override;
   void broadcast(Buffer buf, const BroadcastOptions& opts) override;

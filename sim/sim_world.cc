@@ -155,17 +155,20 @@ class SimWorld::RankComm final : public Communicator {
   std::string backend_name() const override { return "sim"; }
 
   void all_reduce(Buffer buf, const AllReduceOptions& opts) override {
-    Call c;
-    c.kind = CollectiveKind::kAllReduce;
-    c.op = opts.op;
-    c.input = buf;
-    c.output = buf;
-    c.label = opts.label;
-    world_->collective(rank_, c);
+    world_->collective(rank_, all_reduce_call(buf, opts));
   }
   void reduce_scatter(Buffer input, Buffer output,
                       const ReduceScatterOptions& opts) override {
     world_->collective(rank_, reduce_scatter_call(input, output, opts));
+  }
+  // As reduce_scatter_async: the data moves inside the call, the clock
+  // models the overlap.
+  std::shared_ptr<Work> all_reduce_async(
+      Buffer buf, const AllReduceOptions& opts) override {
+    Call c = all_reduce_call(buf, opts);
+    c.async = true;
+    const double end_s = world_->collective(rank_, c);
+    return std::make_shared<SimWork>(world_, rank_, end_s);
   }
   // The data moves inside the call (Note [Reduction order] needs every
   // rank's input at once anyway); the virtual clock models the overlap.
@@ -203,6 +206,15 @@ class SimWorld::RankComm final : public Communicator {
   }
 
  private:
+  static Call all_reduce_call(Buffer buf, const AllReduceOptions& opts) {
+    Call c;
+    c.kind = CollectiveKind::kAllReduce;
+    c.op = opts.op;
+    c.input = buf;
+    c.output = buf;
+    c.label = opts.label;
+    return c;
+  }
   Call reduce_scatter_call(Buffer input, Buffer output,
                            const ReduceScatterOptions& opts) {
     check_reduce_scatter_args(rank_, world_size(), input, output);

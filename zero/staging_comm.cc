@@ -94,6 +94,16 @@ std::shared_ptr<Work> StagingCommunicator::reduce_scatter_async(
                                       std::move(out), output, k_);
 }
 
+std::shared_ptr<Work> StagingCommunicator::all_reduce_async(
+    Buffer buf, const AllReduceOptions& opts) {
+  if (!buf.device) return inner_->all_reduce_async(buf, opts);
+  std::vector<float> host;
+  const Buffer h = stage(buf, &host, true);
+  auto inner = inner_->all_reduce_async(h, opts);
+  return std::make_shared<StagedWork>(std::move(inner), std::vector<float>(),
+                                      std::move(host), buf, k_);
+}
+
 void StagingCommunicator::broadcast(Buffer buf, const BroadcastOptions& opts) {
   const Buffer h = stage(buf, &in_, true);
   inner_->broadcast(h, opts);

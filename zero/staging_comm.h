@@ -41,6 +41,8 @@ class StagingCommunicator final : public Communicator {
                   const AllGatherOptions& opts) override;
   std::shared_ptr<Work> reduce_scatter_async(
       Buffer input, Buffer output, const ReduceScatterOptions& opts) override;
+  std::shared_ptr<Work> all_reduce_async(Buffer buf,
+                                         const AllReduceOptions& opts) override;
   void broadcast(Buffer buf, const BroadcastOptions& opts) override;
   void barrier() override { inner_->barrier(); }
 
