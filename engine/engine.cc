@@ -233,6 +233,8 @@ void Engine::backward(const torch::Tensor& loss, bool scale_wrt_gas) {
   const int64_t index = boundary_.window_backwards() + 1;
   try {
     stage_->begin_backward(index, boundary_.global_steps());
+    if (plan.reduce_window)
+      stage_->begin_boundary_backward(index, boundary_.global_steps());
     binding_->begin_backward();
     try {
       scaled.backward();

@@ -346,8 +346,10 @@ Config scenario_config(const Scenario& s, bool managed) {
   if (s.reduce_once_per_step) zero["reduce_once_per_step"] = true;
   // Unmanaged mode refuses overlap_comm at stages 0-1 (nothing to overlap
   // there); it changes when buckets are sent, never what is summed, so the
-  // file's setting is dropped rather than the scenario refused.
-  if (s.stage <= 1) zero.erase("overlap_comm");
+  // file's setting is dropped rather than the scenario refused. Managed
+  // mode keeps it at stage 0 (Note [Stage 0 buckets]), so the comparison
+  // checks that overlapping the boundary backward's buckets changes no bit.
+  if (s.stage == 1 || (s.stage == 0 && !managed)) zero.erase("overlap_comm");
   if (s.reduce_bucket_size > 0)
     zero["reduce_bucket_size"] = s.reduce_bucket_size;
   if (s.allgather_bucket_size > 0)

@@ -107,77 +107,95 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
     const size_t padded = layout.padded_numel;
     const std::vector<Span> buckets =
         internal::make_buckets(layout, o.reduce_bucket_size);
+    // The buckets' asynchronous collectives (stage 2's reduce-scatters,
+    // stage 0's all-reduces, Note [Stage 0 buckets]): with `backward`, the
+    // backward's compute first, with `overlap` each bucket launched as soon
+    // as the backward has passed every parameter it holds (reverse
+    // registration order); the rest after it in bucket order; then every
+    // one waited for, in launch order.
+    auto bucket_collectives = [&](CollectiveKind kind, const char* ph,
+                                  ReduceOp op, bool backward, bool overlap) {
+      std::vector<size_t> launched;  // event indices, in launch order
+      std::vector<bool> done(buckets.size(), false);
+      auto launch = [&](size_t b) {
+        done[b] = true;
+        launched.push_back(out.size());
+        out.push_back(collective(kind, DType::kFloat32, buckets[b].numel, ph,
+                                 op, true));
+      };
+      if (backward && overlap) {
+        // A bucket goes once its lowest parameter is done.
+        std::vector<size_t> first_param(buckets.size(), m.numels.size());
+        for (size_t b = 0; b < buckets.size(); ++b)
+          for (size_t p = 0; p < m.numels.size(); ++p) {
+            const size_t begin = layout.offsets[p];
+            if (m.numels[p] > 0 &&
+                begin < buckets[b].offset + buckets[b].numel &&
+                buckets[b].offset < begin + m.numels[p]) {
+              first_param[b] = p;
+              break;
+            }
+          }
+        for (size_t p = m.numels.size(); p-- > 0;) {
+          out.push_back(compute(Event::Work::kBackward,
+                                static_cast<double>(m.numels[p])));
+          for (size_t b = 0; b < buckets.size(); ++b)
+            if (!done[b] && first_param[b] == p) launch(b);
+        }
+      } else if (backward) {
+        out.push_back(compute(Event::Work::kBackward, total));
+      }
+      for (size_t b = 0; b < buckets.size(); ++b)
+        if (!done[b]) launch(b);
+      for (size_t idx : launched) {
+        Event e;
+        e.type = Event::Type::kWait;
+        e.waits_for = idx;
+        out.push_back(e);
+      }
+    };
+    // Stage 0's window reduce; `backward`: inside the boundary backward.
+    auto stage0_reduce = [&](const char* ph, bool backward) {
+      out.push_back(agreement(w, phase::kStep));
+      bucket_collectives(CollectiveKind::kAllReduce, ph, ReduceOp::kAvg,
+                         backward, o.overlap_comm);
+    };
     for (int k = 1; k <= o.backwards; ++k) {
       out.push_back(compute(Event::Work::kForward, total));
+      const bool boundary = o.managed && k == o.backwards;
       if (o.stage == 2) {
         out.push_back(agreement(w, phase::kBackward));
-        std::vector<size_t> launched;  // event indices, in launch order
-        std::vector<bool> done(buckets.size(), false);
-        auto launch = [&](size_t b) {
-          done[b] = true;
-          launched.push_back(out.size());
-          out.push_back(collective(CollectiveKind::kReduceScatter,
-                                   DType::kFloat32, buckets[b].numel,
-                                   phase::kBackward, ReduceOp::kSum, true));
-        };
-        if (o.overlap_comm) {
-          // Autograd finishes parameters in reverse registration order; a
-          // bucket goes once its lowest parameter is done.
-          std::vector<size_t> first_param(buckets.size(), m.numels.size());
-          for (size_t b = 0; b < buckets.size(); ++b)
-            for (size_t p = 0; p < m.numels.size(); ++p) {
-              const size_t begin = layout.offsets[p];
-              if (m.numels[p] > 0 &&
-                  begin < buckets[b].offset + buckets[b].numel &&
-                  buckets[b].offset < begin + m.numels[p]) {
-                first_param[b] = p;
-                break;
-              }
-            }
-          for (size_t p = m.numels.size(); p-- > 0;) {
-            out.push_back(compute(Event::Work::kBackward,
-                                  static_cast<double>(m.numels[p])));
-            for (size_t b = 0; b < buckets.size(); ++b)
-              if (!done[b] && first_param[b] == p) launch(b);
-          }
-        } else {
-          out.push_back(compute(Event::Work::kBackward, total));
-        }
-        // end_backward: buckets still unlaunched, in bucket order; then
-        // wait for every one in launch order.
-        for (size_t b = 0; b < buckets.size(); ++b)
-          if (!done[b]) launch(b);
-        for (size_t idx : launched) {
-          Event e;
-          e.type = Event::Type::kWait;
-          e.waits_for = idx;
-          out.push_back(e);
-        }
+        bucket_collectives(CollectiveKind::kReduceScatter, phase::kBackward,
+                           ReduceOp::kSum, true, o.overlap_comm);
+      } else if (boundary && o.stage == 0 && o.overlap_comm) {
+        // Note [Stage 0 buckets]: agreed before the autograd pass.
+        stage0_reduce(phase::kBackward, true);
+        continue;
       } else {
         out.push_back(compute(Event::Work::kBackward, total));
       }
       // Managed mode: the boundary backward agrees and reduces (stage 0/1).
-      if (o.managed && k == o.backwards) {
-        out.push_back(agreement(w, phase::kStep));
-        if (o.stage == 0)
-          out.push_back(collective(CollectiveKind::kAllReduce, DType::kFloat32,
-                                   padded, reduce_phase, ReduceOp::kAvg));
-        if (o.stage == 1)
+      if (boundary) {
+        if (o.stage == 0) stage0_reduce(reduce_phase, false);
+        if (o.stage == 2) out.push_back(agreement(w, phase::kStep));
+        if (o.stage == 1) {
+          out.push_back(agreement(w, phase::kStep));
           out.push_back(collective(CollectiveKind::kReduceScatter,
                                    DType::kFloat32, padded, reduce_phase,
                                    ReduceOp::kAvg));
+        }
       }
     }
     // step()
     if (!o.managed) {
-      out.push_back(agreement(w, phase::kStep));
-      if (o.stage == 0)
-        out.push_back(collective(CollectiveKind::kAllReduce, DType::kFloat32,
-                                 padded, reduce_phase, ReduceOp::kAvg));
-      if (o.stage == 1)
+      if (o.stage == 0) stage0_reduce(reduce_phase, false);
+      if (o.stage == 1) {
+        out.push_back(agreement(w, phase::kStep));
         out.push_back(collective(CollectiveKind::kReduceScatter,
                                  DType::kFloat32, padded, reduce_phase,
                                  ReduceOp::kAvg));
+      }
+      if (o.stage == 2) out.push_back(agreement(w, phase::kStep));
     }
     if (o.stage >= 1) out.push_back(norm());
     out.push_back(

@@ -27,7 +27,10 @@
 //
 // Order within a backward (what the virtual clock sees):
 //   stage 0/1  forward, backward (no collective; the boundary backward of
-//              managed mode ends with the window's agreement and reduce);
+//              managed mode ends with the window's agreement and reduce;
+//              stage 0's reduce is one asynchronous all-reduce per bucket,
+//              and with overlap_comm the boundary backward agrees first and
+//              launches them as stage 2 does: Note [Stage 0 buckets]);
 //   stage 2    forward, agreement, backward; the buckets' reduce-scatters
 //              are asynchronous: with overlap_comm each is launched as soon
 //              as the backward has passed every parameter it holds (reverse

@@ -9,6 +9,10 @@
 //
 //   begin_backward(k, s)    before the autograd pass of the window's k-th
 //                           backward (stages 2/3: agree on k, s).
+//   begin_boundary_backward(n, s)  managed mode, before the autograd pass of
+//                           the window's last backward, which ends in
+//                           reduce_window (stage 0 with overlap_comm: agree
+//                           now and reduce buckets during autograd).
 //   on_grad_ready(i)        during autograd, once parameter i's gradient of
 //                           this backward is complete (stage 2 with
 //                           overlap_comm: launch the buckets it completes).
@@ -211,6 +215,13 @@ class Stage {
   // Throws UsageError (Note [Window agreement]) or CommError; nothing has
   // changed on error.
   virtual void begin_backward(int64_t backward_index, int64_t global_steps) = 0;
+  // Managed mode: the backward about to run is the window's last (its
+  // reduce_window(n, s, ...) follows it). Throws as begin_backward.
+  virtual void begin_boundary_backward(int64_t window_backwards,
+                                       int64_t global_steps) {
+    (void)window_backwards;
+    (void)global_steps;
+  }
   virtual void on_grad_ready(size_t param_index) = 0;
   virtual void end_backward() = 0;
   // Whether on_grad_ready() does anything (the engine then installs hooks).

@@ -27,6 +27,24 @@ std::vector<Span> make_buckets(const FlatLayout& layout, int64_t bucket_size) {
   return buckets;
 }
 
+void index_buckets(const FlatLayout& layout, const std::vector<Span>& buckets,
+                   std::vector<std::vector<size_t>>* buckets_of_param,
+                   std::vector<size_t>* params_in_bucket) {
+  buckets_of_param->assign(layout.numels.size(), {});
+  params_in_bucket->assign(buckets.size(), 0);
+  for (size_t p = 0; p < layout.numels.size(); ++p) {
+    const size_t begin = layout.offsets[p];
+    const size_t end = begin + layout.numels[p];
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      const Span& b = buckets[k];
+      if (begin < b.offset + b.numel && b.offset < end && begin < end) {
+        (*buckets_of_param)[p].push_back(k);
+        ++(*params_in_bucket)[k];
+      }
+    }
+  }
+}
+
 }  // namespace internal
 
 namespace {
@@ -70,19 +88,8 @@ Stage2::Stage2(const StageOptions& options, FlatBuffers buffers,
   if (largest > allgather_piece_)
     gather_staging_ = k_.allocate(allgather_piece_ * layout_.world_size);
   // Which buckets each parameter touches, for overlap_comm's readiness.
-  buckets_of_param_.resize(layout_.numels.size());
-  params_in_bucket_.assign(buckets_.size(), 0);
-  for (size_t p = 0; p < layout_.numels.size(); ++p) {
-    const size_t begin = layout_.offsets[p];
-    const size_t end = begin + layout_.numels[p];
-    for (size_t k = 0; k < buckets_.size(); ++k) {
-      const Span& b = buckets_[k];
-      if (begin < b.offset + b.numel && b.offset < end && begin < end) {
-        buckets_of_param_[p].push_back(k);
-        ++params_in_bucket_[k];
-      }
-    }
-  }
+  internal::index_buckets(layout_, buckets_, &buckets_of_param_,
+                          &params_in_bucket_);
   launched_.assign(buckets_.size(), false);
   pending_ = params_in_bucket_;
 }

@@ -94,6 +94,11 @@ namespace internal {
 // Shared with zero/schedule.h, which plans the same collectives.
 size_t aligned_elements(int64_t n);
 std::vector<Span> make_buckets(const FlatLayout& layout, int64_t bucket_size);
+// For overlap_comm's readiness: the buckets each parameter's elements touch,
+// and how many parameters touch each bucket.
+void index_buckets(const FlatLayout& layout, const std::vector<Span>& buckets,
+                   std::vector<std::vector<size_t>>* buckets_of_param,
+                   std::vector<size_t>* params_in_bucket);
 }  // namespace internal
 
 }  // namespace zerostep
