@@ -10,7 +10,9 @@ goes first alternates between rounds, and the order of the modes inside a
 launch rotates):
   zerostep  tools/launch --nproc=2 zerostep_step, Gloo, ZeRO stages 0-3
             (DeepSpeed semantics) and stage2_once, stage3_once
-            (zero_optimization.reduce_once_per_step)
+            (zero_optimization.reduce_once_per_step), stage2_overlap
+            (overlap_comm), stage0_overlap (managed, overlap_comm: the
+            all-reduce inside the last backward, as DDP's)
   torch     torch_step.py, 2 gloo processes, ddp (no_sync) and fsdp2
             (fully_shard per block, set_requires_gradient_sync)
 Every launch also times plain forward+backward (no engine, no wrapper) in its
@@ -42,7 +44,8 @@ SIZES = {
     "26M": (4096, 512, 7, 8),
 }
 QUICK_SIZES = {"tiny": (64, 32, 2, 2)}
-ZEROSTEP_MODES = ["stage0", "stage1", "stage2", "stage3", "stage2_once", "stage3_once"]
+ZEROSTEP_MODES = ["stage0", "stage1", "stage2", "stage3", "stage2_once", "stage3_once",
+                  "stage0_overlap", "stage2_overlap"]
 TORCH_MODES = ["ddp", "fsdp2"]
 
 
@@ -194,7 +197,7 @@ def svg(rows, path):
     import plot_svg
     series = []
     for mode in dict.fromkeys(r["mode"] for r in rows):
-        series.append({"name": mode, "dash": mode.endswith("_once"),
+        series.append({"name": mode, "dash": not mode[-1].isdigit(),
                        "points": [(r["params"], r["ratio_faster_peer"]["median"])
                                   for r in rows if r["mode"] == mode]})
     first = [r for r in rows if r["mode"] == rows[0]["mode"]]
@@ -219,6 +222,8 @@ def main(argv):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--no-once", action="store_true", help="skip stage2_once, stage3_once")
+    p.add_argument("--zerostep-modes", default=",".join(ZEROSTEP_MODES),
+                   help="zerostep's modes, of " + ", ".join(ZEROSTEP_MODES))
     p.add_argument("--quick", action="store_true", help="a smoke run: tiny shapes, 1 round, 1 window")
     p.add_argument("--libtorch", choices=["torch", "debian"], default="torch",
                    help="the LibTorch zerostep is built against: the peer's own (PyPI torch "
@@ -244,7 +249,10 @@ def main(argv):
               "installs it (about 4.5 GB from PyPI)" % (TORCH_VERSION, TORCH_VERSION))
         return 0
     zbin, launch = (a.zerostep_bin, a.launch_bin) if a.zerostep_bin else build(a.libtorch)
-    zmodes = [m for m in ZEROSTEP_MODES if not (a.no_once and m.endswith("_once"))]
+    zmodes = a.zerostep_modes.split(",")
+    if set(zmodes) - set(ZEROSTEP_MODES):
+        p.error("--zerostep-modes: unknown %s" % sorted(set(zmodes) - set(ZEROSTEP_MODES)))
+    zmodes = [m for m in zmodes if not (a.no_once and m.endswith("_once"))]
     env_cmd = " ".join(["benchmarks/peers/run.py"] + argv)
 
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

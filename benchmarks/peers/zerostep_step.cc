@@ -14,7 +14,12 @@
 //   2. for each mode of --modes, in order, a fresh model and Engine and its
 //      unmanaged windows: N engine.backward() calls, then one engine.step()
 //      (AdamW). Modes: stage0 ... stage3 (DeepSpeed's semantics), and
-//      stage2_once, stage3_once (zero_optimization.reduce_once_per_step).
+//      stage2_once, stage3_once (zero_optimization.reduce_once_per_step),
+//      stage2_overlap (overlap_comm, buckets of DDP's 25 MiB), and
+//      stage0_overlap: managed mode (gradient_accumulation_steps = N, N
+//      backward(); step() pairs), overlap_comm, 25 MiB buckets: the window's
+//      all-reduce runs inside the last backward, as DDP's does when the
+//      caller leaves no_sync() (Note [Stage 0 buckets] in zero/stage0.h).
 // Each part runs --warmup windows, then --windows timed ones. Rank 0 prints
 // one JSON line per mode on stdout (benchmarks/peers/torch_step.py prints
 // the same fields; the forward+backward times are the same in every line):
@@ -78,10 +83,14 @@ Options parse(int argc, char** argv) {
       o.modes.clear();
       std::stringstream list(a.substr(8));
       for (std::string m; std::getline(list, m, ',');) {
-        if (m.size() < 6 || m.rfind("stage", 0) != 0 || m[5] < '0' ||
-            m[5] > '3' || (m.size() > 6 && (m.substr(6) != "_once" || m[5] < '2')))
+        static const char* const kModes[] = {
+            "stage0",      "stage1",      "stage2",         "stage3",
+            "stage2_once", "stage3_once", "stage0_overlap", "stage2_overlap"};
+        if (std::find(std::begin(kModes), std::end(kModes), m) ==
+            std::end(kModes))
           throw UsageError("zerostep_step: unknown mode '" + m +
-                           "' (stage0 ... stage3, stage2_once, stage3_once)");
+                           "' (stage0 ... stage3, stage2_once, stage3_once, "
+                           "stage0_overlap, stage2_overlap)");
         o.modes.push_back(m);
       }
       continue;
@@ -102,6 +111,12 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+bool is_overlap(const std::string& mode) {
+  return mode.size() > 6 && mode.substr(6) == "_overlap";
+}
+// stage0_overlap runs managed windows: only there can stage 0 overlap.
+bool is_managed(const std::string& mode) { return mode == "stage0_overlap"; }
+
 Config engine_config(const Options& o, const std::string& mode,
                      int world_size) {
   const int stage = mode[5] - '0';
@@ -110,11 +125,15 @@ Config engine_config(const Options& o, const std::string& mode,
                          // stage 3 here (DeepSpeed's default keeps the small
                          // ones whole).
                          {"stage3_param_persistence_threshold", 0}};
-  if (stage >= 2) zero["reduce_once_per_step"] = mode.size() > 6;
+  if (stage >= 2) zero["reduce_once_per_step"] = mode.size() > 6 && mode.substr(6) == "_once";
+  if (is_overlap(mode)) {
+    zero["overlap_comm"] = true;
+    zero["reduce_bucket_size"] = 25 << 20 >> 2;  // DDP's bucket_cap_mb = 25
+  }
   const nlohmann::json c = {
       {"train_micro_batch_size_per_gpu", o.micro_batch},
       {"gradient_accumulation_steps", o.backwards},
-      {"managed_gradient_accumulation", false},
+      {"managed_gradient_accumulation", is_managed(mode)},
       {"zero_optimization", zero},
       {"optimizer",
        {{"type", "AdamW"}, {"params", {{"lr", 1e-4}, {"weight_decay", 0.01}}}}}};
@@ -164,6 +183,7 @@ int main_impl(int argc, char** argv) {
   for (const std::string& mode : o.modes) {
     std::shared_ptr<torch::nn::Module> model = task->make_model(o.seed);
     Engine engine(model, engine_config(o, mode, world), comm.get());
+    const bool managed = is_managed(mode);
     std::vector<double> windows, forward, backward, step;
     for (int k = 0; k < o.warmup + o.windows; ++k) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -175,6 +195,9 @@ int main_impl(int argc, char** argv) {
         engine.backward(loss);
         f += std::chrono::duration<double>(tb - tf).count();
         b += seconds_since(tb);
+        // Managed: step() after every backward; only the N-th applies (its
+        // reduce ran in the backward), so the last one is timed below.
+        if (managed && i + 1 < o.backwards) engine.step();
       }
       const auto ts = std::chrono::steady_clock::now();
       engine.step();
