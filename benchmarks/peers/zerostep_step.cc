@@ -3,8 +3,10 @@
 // (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT: tools/launch,
 // torchrun, or benchmarks/peers/gpu_run.py):
 //
-//   bazel-bin/tools/launch --nproc=2 -- bazel-bin/benchmarks/peers/zerostep_step
-//       --modes=stage0,stage2,stage2_once --vocab=4096 --d-model=256 --n-layer=6 --n-head=4
+//   bazel-bin/tools/launch --nproc=2 --
+//   bazel-bin/benchmarks/peers/zerostep_step
+//       --modes=stage0,stage2,stage2_once --vocab=4096 --d-model=256
+//       --n-layer=6 --n-head=4
 //       --block-size=64 --micro-batch=4 --backwards=4 --threads=1
 //   (one command line)
 //
@@ -55,7 +57,8 @@
 // "memory": the engine's own accounting (Engine::memory(), bytes) and, on
 // cuda, LibTorch's CUDA caching allocator for the mode: peak allocated and
 // peak reserved bytes since the mode's model was made (the cache emptied and
-// the peaks reset first), and the device memory in use at the end
+// the peaks reset first), what was allocated at that reset (the baseline:
+// the data), and the device memory in use at the end
 // (cudaMemGetInfo: total - free, which also counts the CUDA context and
 // NCCL's buffers); plain forward+backward's peak is "fwdbwd_memory".
 #include <torch/cuda.h>
@@ -142,14 +145,13 @@ Mode parse_mode(const std::string& m) {
 Options parse(int argc, char** argv) {
   Options o;
   std::map<std::string, int64_t*> ints = {
-      {"--vocab", &o.model.vocab_size},  {"--d-model", &o.model.d_model},
-      {"--n-layer", &o.model.n_layer},   {"--n-head", &o.model.n_head},
-      {"--block-size", &o.model.block_size},
-      {"--micro-batch", &o.micro_batch}};
-  std::map<std::string, int*> small = {
-      {"--backwards", &o.backwards},
-      {"--threads", &o.threads}, {"--warmup", &o.warmup},
-      {"--windows", &o.windows}};
+      {"--vocab", &o.model.vocab_size},      {"--d-model", &o.model.d_model},
+      {"--n-layer", &o.model.n_layer},       {"--n-head", &o.model.n_head},
+      {"--block-size", &o.model.block_size}, {"--micro-batch", &o.micro_batch}};
+  std::map<std::string, int*> small = {{"--backwards", &o.backwards},
+                                       {"--threads", &o.threads},
+                                       {"--warmup", &o.warmup},
+                                       {"--windows", &o.windows}};
   std::map<std::string, std::string*> strings = {
       {"--device", &o.device},
       {"--backend", &o.backend},
@@ -176,8 +178,10 @@ Options parse(int argc, char** argv) {
       continue;
     }
     const long long v = std::atoll(value.c_str());
-    if (ints.count(key)) *ints[key] = v;
-    else *small[key] = static_cast<int>(v);
+    if (ints.count(key))
+      *ints[key] = v;
+    else
+      *small[key] = static_cast<int>(v);
   }
   if (o.backwards < 1 || o.windows < 1 || o.warmup < 0 || o.threads < 1 ||
       o.micro_batch < 1)
@@ -221,18 +225,30 @@ void use_device(int index) {
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
 }
 
+// The bytes LibTorch has allocated on the device now.
+int64_t allocated_now(int index) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+      static_cast<c10::DeviceIndex>(index));
+  return stats
+      .allocated_bytes[static_cast<size_t>(
+          c10::CachingAllocator::StatType::AGGREGATE)]
+      .current;
+}
+
 // Empties LibTorch's cache (what an earlier mode left there) and restarts
-// its peaks from what is allocated now.
-void reset_device_peaks(int index) {
+// its peaks from what is allocated now, which it returns (the baseline).
+int64_t reset_device_peaks(int index) {
   c10::cuda::CUDACachingAllocator::emptyCache();
   c10::cuda::CUDACachingAllocator::resetPeakStats(
       static_cast<c10::DeviceIndex>(index));
+  return allocated_now(index);
 }
 
 DeviceMemory device_memory(int index) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
       static_cast<c10::DeviceIndex>(index));
-  const size_t all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  const size_t all =
+      static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
   DeviceMemory m;
   m.peak_allocated = stats.allocated_bytes[all].peak;
   m.peak_reserved = stats.reserved_bytes[all].peak;
@@ -253,11 +269,10 @@ std::unique_ptr<Communicator> make_nccl(int rank, int world, int device,
 void use_device(int) {
   throw UsageError(std::string("zerostep_step: --device=cuda") + kNoCudaBuild);
 }
-void reset_device_peaks(int) {}
+int64_t reset_device_peaks(int) { return 0; }
 DeviceMemory device_memory(int) { return {}; }
 std::unique_ptr<Communicator> make_nccl(int, int, int, const std::string&) {
-  throw UsageError(std::string("zerostep_step: --backend=nccl") +
-                   kNoCudaBuild);
+  throw UsageError(std::string("zerostep_step: --backend=nccl") + kNoCudaBuild);
 }
 #endif
 
@@ -275,7 +290,8 @@ Config engine_config(const Options& o, const Mode& mode, int world_size) {
       {"managed_gradient_accumulation", mode.managed},
       {"zero_optimization", zero},
       {"optimizer",
-       {{"type", "AdamW"}, {"params", {{"lr", 1e-4}, {"weight_decay", 0.01}}}}}};
+       {{"type", "AdamW"},
+        {"params", {{"lr", 1e-4}, {"weight_decay", 0.01}}}}}};
   return parse_config(c.dump(), world_size);
 }
 
@@ -291,7 +307,7 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
-nlohmann::json memory_json(const Options& o, int device_index,
+nlohmann::json memory_json(const Options& o, int device_index, int64_t baseline,
                            const MemoryStats* engine) {
   nlohmann::json m = nlohmann::json::object();
   if (engine != nullptr)
@@ -304,6 +320,7 @@ nlohmann::json memory_json(const Options& o, int device_index,
     const DeviceMemory d = device_memory(device_index);
     m["device_peak_allocated_bytes"] = d.peak_allocated;
     m["device_peak_reserved_bytes"] = d.peak_reserved;
+    m["device_baseline_allocated_bytes"] = baseline;
     m["device_in_use_bytes"] = d.in_use;
   }
   return m;
@@ -340,8 +357,7 @@ int main_impl(int argc, char** argv) {
       const char* tmp = std::getenv("TMPDIR");
       const char* port = std::getenv("MASTER_PORT");
       id_path = std::string(tmp != nullptr && *tmp ? tmp : "/tmp") +
-                "/zerostep_step_nccl." + (port != nullptr ? port : "0") +
-                ".id";
+                "/zerostep_step_nccl." + (port != nullptr ? port : "0") + ".id";
     }
     comm = make_nccl(rank, world, local_rank, id_path);
   } else {
@@ -350,8 +366,9 @@ int main_impl(int argc, char** argv) {
   const int rank = comm->rank(), world = comm->world_size();
   const std::unique_ptr<Task> task = make_gpt_task(o.model);
   // Rank r's micro-batch i is sample block i * world + r of one data set.
-  const Batch host_data = task->make_data(
-      o.seed ^ 0x5eed, static_cast<int64_t>(o.backwards) * world * o.micro_batch);
+  const Batch host_data =
+      task->make_data(o.seed ^ 0x5eed, static_cast<int64_t>(o.backwards) *
+                                           world * o.micro_batch);
   const Batch data = {host_data.input.to(device), host_data.target.to(device)};
   auto micro = [&](int i) {
     return slice(data, (static_cast<int64_t>(i) * world + rank) * o.micro_batch,
@@ -359,7 +376,7 @@ int main_impl(int argc, char** argv) {
   };
 
   // 1. Plain forward+backward.
-  if (cuda) reset_device_peaks(local_rank);
+  int64_t baseline = cuda ? reset_device_peaks(local_rank) : 0;
   std::shared_ptr<torch::nn::Module> plain = task->make_model(o.seed);
   plain->to(device);
   std::vector<double> fwdbwd;
@@ -374,12 +391,13 @@ int main_impl(int argc, char** argv) {
   }
   int64_t params = 0;
   for (const auto& p : plain->parameters()) params += p.numel();
-  const nlohmann::json fwdbwd_memory = memory_json(o, local_rank, nullptr);
+  const nlohmann::json fwdbwd_memory =
+      memory_json(o, local_rank, baseline, nullptr);
   plain.reset();
 
   // 2. Engine windows, one fresh model and Engine per mode.
   for (const auto& [name, mode] : modes) {
-    if (cuda) reset_device_peaks(local_rank);
+    baseline = cuda ? reset_device_peaks(local_rank) : 0;
     std::shared_ptr<torch::nn::Module> model = task->make_model(o.seed);
     model->to(device);
     std::unique_ptr<Engine> engine;
@@ -428,7 +446,8 @@ int main_impl(int argc, char** argv) {
         backward.push_back(b);
       }
       if (!engine->was_step_applied() || engine->global_steps() != k + 1)
-        throw std::logic_error("zerostep_step: a window did not apply one update");
+        throw std::logic_error(
+            "zerostep_step: a window did not apply one update");
     }
     if (rank != 0) continue;
     const MemoryStats engine_memory = engine->memory();
@@ -447,7 +466,7 @@ int main_impl(int argc, char** argv) {
         {"window_s_median", median(windows)},
         {"fwdbwd_s", fwdbwd},
         {"fwdbwd_s_median", median(fwdbwd)},
-        {"memory", memory_json(o, local_rank, &engine_memory)},
+        {"memory", memory_json(o, local_rank, baseline, &engine_memory)},
         {"fwdbwd_memory", fwdbwd_memory},
         {"runtime", runtime_info()}};
     if (!cuda) {
