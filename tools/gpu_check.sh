@@ -16,26 +16,59 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# DeepSpeed for the node (issue 12 item 8), which has no network: PyPI has
+# DeepSpeed 0.19.8 as an sdist only, so it is built here into a pure-Python
+# wheel (DS_BUILD_OPS=0: no op compiled; the benchmark uses PyTorch's fused
+# AdamW, so none is JIT-built there either), with the wheels of its needs
+# that the node's /opt/torch/.venv lacks (for its Python 3.12). Needs PyPI;
+# without it the pack goes on and wheels/MISSING says why, which run.sh
+# reports.
+deepspeed_wheels() {
+  local out="$1" tmp
+  tmp="$(mktemp -d)"
+  mkdir -p "$out"
+  local plat=(--only-binary=:all: --python-version 3.12 --implementation cp
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+  if python3 -m pip download -q --no-deps --no-binary=:all: -d "$tmp" deepspeed==0.19.8 &&
+    DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps -w "$out" "$tmp"/deepspeed-0.19.8.tar.gz &&
+    python3 -m pip download -q --no-deps "${plat[@]}" -d "$out" \
+      pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
+      typing-inspection==0.4.5 typing-extensions==4.16.0 hjson==3.1.0; then
+    rm -f "$out/MISSING"
+  else
+    echo "DeepSpeed 0.19.8's wheels could not be made when packing (pip download/wheel failed: no PyPI?)" >"$out/MISSING"
+  fi
+  rm -rf "$tmp"
+  ls "$out"
+}
+
 pack() {
   local dir=gpu_pack
-  local targets=(//comm:nccl_communicator_test //tools:harness)
+  local targets=(//comm:nccl_communicator_test //tools:harness //benchmarks/peers:zerostep_step)
   echo "== building ${targets[*]} (--config=cuda)"
   ./bazelw build --config=cuda "${targets[@]}"
   local bin
   bin="$(./bazelw info --config=cuda bazel-bin 2>/dev/null)"
   rm -rf "$dir"
-  mkdir -p "$dir"
+  mkdir -p "$dir/peers"
   cp "$bin/comm/nccl_communicator_test" "$bin/tools/harness" "$dir/"
-  chmod u+w "$dir"/*
-  strip "$dir/nccl_communicator_test" "$dir/harness"
+  # The GPU benchmark against FSDP2 and DeepSpeed (benchmarks/peers/gpu_run.py).
+  cp "$bin/benchmarks/peers/zerostep_step" "$dir/peers/"
+  cp benchmarks/peers/gpu_run.py benchmarks/peers/torch_step.py \
+    benchmarks/peers/deepspeed_step.py "$dir/peers/"
+  chmod u+w "$dir"/* "$dir"/peers/*
+  strip "$dir/nccl_communicator_test" "$dir/harness" "$dir/peers/zerostep_step"
   # The Debian libraries they need that the node may lack (liburing,
   # libstdc++ of GCC 12, ...), into lib/; glibc, LibTorch and CUDA stay
   # the node's own.
   mkdir -p "$dir/lib"
-  ldd "$dir/nccl_communicator_test" "$dir/harness" | awk '$3 ~ /^\// {print $3}' | sort -u |
+  ldd "$dir/nccl_communicator_test" "$dir/harness" "$dir/peers/zerostep_step" |
+    awk '$3 ~ /^\// {print $3}' | sort -u |
     grep -v -E '/(libc|libm|libdl|librt|libpthread|libutil|ld-linux[^/]*)\.so|/torch[^/]*/|/libtorch-|/nvidia/|/cuda[^/]*/' |
     while read -r lib; do cp -L "$lib" "$dir/lib/"; done
   ls "$dir/lib"
+  echo "== DeepSpeed wheels for the node (Python 3.12)"
+  deepspeed_wheels "$dir/wheels"
   cp tools/gpu_run.sh "$dir/run.sh"
   cp third_party/libtorch/torch-*.txt "$dir/"
   du -sh "$dir"

@@ -4,8 +4,21 @@
 # TORCH_DIR=<site-packages/torch>. Prints what it runs; exits non-zero at the
 # first failure, and with 3 at the end when parts of the check are not built
 # yet (named below), so an incomplete check never reads as a pass.
+#
+#   run.sh                 # everything
+#   run.sh --only=peers    # only the GPU benchmark against FSDP2 and
+#                          # DeepSpeed (a rerun); PEERS_ARGS adds arguments
+#                          # to its driver (peers/gpu_run.py), e.g.
+#                          # PEERS_ARGS="--device=cpu --quick" as a smoke run
+#                          # where there is no GPU
 set -euo pipefail
 cd "$(dirname "$0")"
+only="all"
+case "${1:-}" in
+  "") ;;
+  --only=peers) only=peers ;;
+  *) echo "usage: run.sh [--only=peers]" >&2; exit 2 ;;
+esac
 
 torch_dir="${TORCH_DIR:-}"
 if [ -z "$torch_dir" ]; then
@@ -26,31 +39,92 @@ if [ "$have" != "$want" ]; then
   exit 2
 fi
 nvidia="$(dirname "$torch_dir")/nvidia"
+# The Python sides of the benchmark keep the caller's library path: lib/
+# holds Debian's libstdc++ of GCC 12, which torch's python must not see.
+caller_ld_library_path="${LD_LIBRARY_PATH:-}"
 export LD_LIBRARY_PATH="$torch_dir/lib:$nvidia/nccl/lib:$nvidia/cu13/lib:$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname)"
 echo "== devices"
 nvidia-smi -L 2>/dev/null || echo "(nvidia-smi not found)"
 
-echo "== nccl backend: Communicator conformance on devices"
-./nccl_communicator_test
+parity() {
+  echo "== nccl backend: Communicator conformance on devices"
+  ./nccl_communicator_test
 
-echo "== parity matrix on the simulator (CPU ranks, this LibTorch), worlds 1, 2, 4"
-./harness --stages=0,1,2,3 --world=1,2,4 --backwards=2,5,3
+  echo "== parity matrix on the simulator (CPU ranks, this LibTorch), worlds 1, 2, 4"
+  ./harness --stages=0,1,2,3 --world=1,2,4 --backwards=2,5,3
 
-echo "== parity on the device: the engine on cuda:0 (stages 0-2, ZeRO state on the device), worlds 1, 2, 4 (digests printed)"
-./harness --device=cuda --stages=0,1,2 --world=1,2,4 --backwards=2,5,3 --dtype=fp32,bf16
-./harness --device=cuda --stages=0,1,2 --world=1,2 --model=gpt --clip=1.0
+  echo "== parity on the device: the engine on cuda:0 (stages 0-2, ZeRO state on the device), worlds 1, 2, 4 (digests printed)"
+  ./harness --device=cuda --stages=0,1,2 --world=1,2,4 --backwards=2,5,3 --dtype=fp32,bf16
+  ./harness --device=cuda --stages=0,1,2 --world=1,2 --model=gpt --clip=1.0
 
-echo "== parity on the device: ZeRO-Offload, models and data on cuda:0, worlds 1, 2, 4 (digests printed)"
-./harness --device=cuda --stages=1,2 --offload=cpu --world=1,2,4 --backwards=2,5,3 --dtype=fp32,bf16
-./harness --device=cuda --stages=1,2 --offload=cpu --world=1,2 --model=gpt
-./harness --device=cuda --stages=2 --offload=cpu --world=1 --model=gpt --overlap-comm
+  echo "== parity on the device: ZeRO-Offload, models and data on cuda:0, worlds 1, 2, 4 (digests printed)"
+  ./harness --device=cuda --stages=1,2 --offload=cpu --world=1,2,4 --backwards=2,5,3 --dtype=fp32,bf16
+  ./harness --device=cuda --stages=1,2 --offload=cpu --world=1,2 --model=gpt
+  ./harness --device=cuda --stages=2 --offload=cpu --world=1 --model=gpt --overlap-comm
+}
 
-missing=(
+# The GPU benchmark against FSDP2 and DeepSpeed (issue 12 item 8,
+# benchmarks/peers/gpu_run.py): world 1 on cuda:0, GPT 125M and 350M, N = 4
+# backward calls per step, at most 2 rounds within 240 s. Writes
+# peers_gpu.json and peers_gpu.md here (and into $OUT when that is set).
+# Sets ds_state: "ran", or why DeepSpeed did not.
+peers() {
+  echo "== GPU benchmark against FSDP2 and DeepSpeed (issue 12, item 8): world 1, GPT 125M and 350M, N = 4, about 4 minutes"
+  # The venv of $torch_dir (<venv>/lib/python3.X/site-packages/torch): its
+  # python, not the one it links to, so that its site-packages come along.
+  local python
+  python="$(cd "$(dirname "$(readlink -f "$torch_dir")")/../../.." && pwd)/bin/python3"
+  [ -x "$python" ] || python="$(command -v python3)"
+  local ds_args=() ds_why=""
+  if [ -f wheels/MISSING ]; then
+    ds_why="$(cat wheels/MISSING)"
+  elif ! ls wheels/deepspeed-*.whl >/dev/null 2>&1; then
+    ds_why="the pack has no DeepSpeed wheel (tools/gpu_check.sh pack makes it)"
+  else
+    local site
+    site="$(mktemp -d)"
+    if LD_LIBRARY_PATH="$caller_ld_library_path" "$python" -m pip install -q --no-index --no-deps \
+        --no-compile --no-cache-dir --target "$site" wheels/*.whl; then
+      ds_args=(--deepspeed-site="$site")
+    else
+      ds_why="pip could not install the pack's DeepSpeed wheels into $site"
+    fi
+  fi
+  [ -n "$ds_why" ] && ds_args=(--no-deepspeed) && echo "   DeepSpeed not run: $ds_why"
+  local rc=0
+  # shellcheck disable=SC2086 # PEERS_ARGS is a list of arguments
+  LD_LIBRARY_PATH="$caller_ld_library_path" PYTHONUNBUFFERED=1 timeout 480 "$python" peers/gpu_run.py \
+    --zerostep-bin=peers/zerostep_step --zerostep-lib-path="$LD_LIBRARY_PATH" \
+    --python="$python" "${ds_args[@]}" --out=peers_gpu.json --table=peers_gpu.md ${PEERS_ARGS:-} ||
+    rc=$?
+  # What it measured, also when it failed or was stopped ("complete": false).
+  if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp peers_gpu.json peers_gpu.md "$OUT/" 2>/dev/null || true; fi
+  if [ "$rc" -ne 0 ]; then
+    echo "run.sh: the GPU benchmark exited $rc (124: stopped at 480 s); peers_gpu.json holds what it measured" >&2
+    exit "$rc"
+  fi
+  ds_state="$("$python" -c 'import json; print(json.load(open("peers_gpu.json"))["deepspeed"])')"
+  [ -n "$ds_why" ] && ds_state="not run: $ds_why"
+  return 0
+}
+
+ds_state=""
+[ "$only" = all ] && parity
+peers
+
+missing=()
+[ "$only" = all ] && missing+=(
   "parity on the device at stage 3: stage 3 keeps its partitions on the host (issue 12, item 2)"
-  "the GPU benchmark against FSDP2 and DeepSpeed (issue 12, item 8)"
 )
+if [ "$ds_state" != ran ]; then
+  missing+=("DeepSpeed in the GPU benchmark (issue 12, item 8): $ds_state")
+fi
+if [ "${#missing[@]}" -eq 0 ]; then
+  if [ "$only" = all ]; then echo "== all of the check ran"; else echo "== the benchmark ran (--only=peers: nothing else was run)"; fi
+  exit 0
+fi
 echo "== not built yet, so not run:"
 for m in "${missing[@]}"; do echo "   - $m"; done
 exit 3

@@ -4,7 +4,8 @@
   python torch_step.py --modes=ddp,fsdp2 --vocab=4096 --d-model=256 --n-layer=6
       --n-head=4 --block-size=64 --micro-batch=4 --backwards=4 --threads=1
 
-Starts --world processes (torch.multiprocessing, gloo on loopback), each
+Starts --world processes (torch.multiprocessing; --device=cpu: gloo on
+loopback; --device=cuda: one process per GPU on cuda:<rank>, nccl), each
 building the same tiny GPT as zerostep's models/tiny_gpt.cc (token and
 position embeddings, pre-LayerNorm blocks of causal attention and a GELU
 MLP, a final LayerNorm, an untied LM head; the same parameter count), and
@@ -17,14 +18,24 @@ times, like benchmarks/peers/zerostep_step.cc:
            no_sync() (one all-reduce, in the last backward);
      fsdp2 fully_shard on every block and then the root, with
            set_requires_gradient_sync(False) for the first N-1 backward
-           calls and True for the last (one reduce-scatter per window).
+           calls and True for the last (one reduce-scatter per window);
+     fsdp2_offload  the same with offload_policy=CPUOffloadPolicy()
+           (parameters, gradients and the AdamW step on the host).
 Rank 0 prints one JSON line per mode on stdout with the same fields as
-zerostep_step (the forward+backward times are the same in every line), with
-a window split into forward_s_median (the N loss computations),
+zerostep_step (the forward+backward times are the same in every line). On
+the CPU a window is split into forward_s_median (the N loss computations),
 backward_s_median (the N backward calls) and step_s_median (opt.step() and
-zero_grad()).
+zero_grad()); on cuda only whole windows are timed, with
+torch.cuda.synchronize() before the first forward and after the step (the
+host runs ahead of the device), and "memory" gives the CUDA caching
+allocator's peak allocated and reserved bytes of the mode (cache emptied and
+peaks reset when its model is made), what was still allocated then (the
+baseline: the data, and anything an earlier mode's framework kept) and the
+device memory in use at its end (torch.cuda.mem_get_info); "fwdbwd_memory" the same for plain
+forward+backward.
 --count-params prints the parameter count of the shape and exits (no
-processes, no timing).
+processes, no timing). benchmarks/peers/deepspeed_step.py runs DeepSpeed
+through the same processes, data, timing and output (run_ranks below).
 """
 import argparse
 import contextlib
@@ -38,9 +49,15 @@ import sys
 import time
 
 
-def parse(argv):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--modes", default="ddp", help="comma-separated: ddp, fsdp2")
+TORCH_MODES = ("ddp", "fsdp2", "fsdp2_offload")
+
+
+def parse(argv, modes=TORCH_MODES, description=None):
+    p = argparse.ArgumentParser(description=description or __doc__.splitlines()[0])
+    p.add_argument("--modes", default=modes[0], help="comma-separated: " + ", ".join(modes))
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--backend", choices=["gloo", "nccl"],
+                   help="default: gloo on cpu, nccl on cuda")
     p.add_argument("--vocab", type=int, default=64)
     p.add_argument("--d-model", type=int, default=32)
     p.add_argument("--n-layer", type=int, default=2)
@@ -56,10 +73,13 @@ def parse(argv):
     p.add_argument("--count-params", action="store_true")
     a = p.parse_args(argv)
     a.modes = a.modes.split(",")
-    if not a.modes or set(a.modes) - {"ddp", "fsdp2"}:
-        p.error("--modes: a comma-separated list of ddp and fsdp2")
+    if not a.modes or set(a.modes) - set(modes):
+        p.error("--modes: a comma-separated list of " + ", ".join(modes))
     if min(a.backwards, a.windows, a.threads, a.micro_batch, a.world) < 1 or a.warmup < 0:
         p.error("--backwards, --windows, --threads, --micro-batch and --world must be >= 1")
+    a.backend = a.backend or ("nccl" if a.device == "cuda" else "gloo")
+    if a.backend == "nccl" and a.device != "cuda":
+        p.error("--backend=nccl needs --device=cuda")
     return a
 
 
@@ -87,7 +107,7 @@ def build_model(a):
             q, k, v = (y.view(b, t, self.n_head, hd).transpose(1, 2)
                        for y in self.qkv(self.ln1(x)).chunk(3, dim=-1))
             att = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(hd)
-            mask = torch.ones(t, t, dtype=torch.bool).tril().logical_not()
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril().logical_not()
             att = att.masked_fill(mask, -1e9).softmax(-1)
             y = torch.matmul(att, v).transpose(1, 2).reshape(b, t, c)
             x = x + self.proj(y)
@@ -103,7 +123,7 @@ def build_model(a):
             self.head = nn.Linear(a.d_model, a.vocab)
 
         def forward(self, tokens):
-            x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1]))
+            x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
             for block in self.blocks:
                 x = block(x)
             return self.head(self.ln_f(x))
@@ -118,67 +138,136 @@ def param_count(a):
     return v * d + a.block_size * d + a.n_layer * block + 2 * d + d * v + v
 
 
-def run_mode(a, mode, loss_of):
-    """The timed windows of one mode: seconds per window, and their
-    forward (N loss computations), backward (N backward calls) and step
-    (optimizer step and zero_grad) parts."""
+def make_torch_mode(a, mode, device):
+    """A fresh model under `mode`'s wrapper and its optimizer: (net, within,
+    backward, step) for time_windows."""
     import torch
     torch.manual_seed(a.seed)
-    model = build_model(a)
+    model = build_model(a).to(device)
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
-        net = DistributedDataParallel(model)
+        net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        set_sync = lambda last: contextlib.nullcontext() if last else net.no_sync()
     else:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-        mesh = init_device_mesh("cpu", (a.world,))
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+        mesh = init_device_mesh(device.type, (a.world,))
+        # Pinned host memory needs a CUDA driver: on the CPU (the smoke run)
+        # the offload is a host-to-host no-op anyway.
+        policy = (CPUOffloadPolicy(pin_memory=device.type == "cuda") if mode == "fsdp2_offload"
+                  else OffloadPolicy())
         for block in model.blocks:
-            fully_shard(block, mesh=mesh)
-        net = fully_shard(model, mesh=mesh)
-    # PyTorch's fused CPU AdamW kernel (zerostep's optimizer is a fused
-    # kernel too: offload/fused_adam.h); zerostep_step's hyper-parameters.
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, weight_decay=0.01,
-                            fused=True)
+            fully_shard(block, mesh=mesh, offload_policy=policy)
+        net = fully_shard(model, mesh=mesh, offload_policy=policy)
+
+        def set_sync(last):
+            net.set_requires_gradient_sync(last)
+            return contextlib.nullcontext()
+    # PyTorch's fused AdamW kernel (zerostep's optimizer is a fused kernel
+    # too: offload/fused_adam.h on the host, _fused_adamw_ on a device);
+    # zerostep_step's hyper-parameters.
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+
+    def step(last):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return net, set_sync, lambda loss, last: loss.backward(), step
+
+
+def time_windows(a, net, within, backward, step, loss_of, sync, managed=False):
+    """The timed windows of one mode: seconds per window, and their
+    forward (N loss computations), backward (N backward calls) and step
+    parts. within(last) is the context of one forward and its backward
+    (DDP's no_sync() must hold the forward too), backward(loss, last) and
+    step(last) are the framework's calls; managed: step(last) after every
+    backward, else once after the N-th. sync() is called before the first
+    forward and after the step only."""
     times = {"window": [], "forward": [], "backward": [], "step": []}
     for k in range(a.warmup + a.windows):
+        sync()
         t0 = time.perf_counter()
-        fwd = bwd = 0.0
+        fwd = bwd = stp = 0.0
         for i in range(a.backwards):
             last = i == a.backwards - 1
-            if mode == "ddp":
-                sync = contextlib.nullcontext() if last else net.no_sync()
-            else:
-                net.set_requires_gradient_sync(last)
-                sync = contextlib.nullcontext()
-            with sync:
+            with within(last):
                 tf = time.perf_counter()
                 loss = loss_of(net, i)
                 tb = time.perf_counter()
-                loss.backward()
+                backward(loss, last)
+                ts = time.perf_counter()
             fwd += tb - tf
-            bwd += time.perf_counter() - tb
-        ts = time.perf_counter()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+            bwd += ts - tb
+            if managed or last:
+                step(last)
+                stp += time.perf_counter() - ts
+        sync()
         if k >= a.warmup:
-            now = time.perf_counter()
-            times["window"].append(now - t0)
-            times["step"].append(now - ts)
+            times["window"].append(time.perf_counter() - t0)
+            times["step"].append(stp)
             times["forward"].append(fwd)
             times["backward"].append(bwd)
     return times
 
 
-def rank_main(rank, a, port, queue):
+def torch_mode(a, mode, device, loss_of, sync):
+    net, within, backward, step = make_torch_mode(a, mode, device)
+    # The wrappers' loss is divided by N here (DeepSpeed's engine divides).
+    return time_windows(a, net, within, backward, step,
+                        lambda n, i: loss_of(n, i) / a.backwards, sync)
+
+
+def memory_reset(device):
+    """Frees what an earlier mode left in the CUDA cache and restarts the
+    allocator's peaks; returns the bytes still allocated (the baseline: the
+    data, and whatever an earlier mode's framework kept), 0 on the CPU."""
+    import gc
+    import torch
+    gc.collect()
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def memory_now(device, baseline):
+    """The caching allocator's peaks since memory_reset, its baseline and
+    the device memory in use (total - free), in bytes; {} on the CPU."""
+    import torch
+    if device.type != "cuda":
+        return {}
+    free, total = torch.cuda.mem_get_info(device)
+    return {"device_peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
+            "device_peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
+            "device_baseline_allocated_bytes": baseline,
+            "device_in_use_bytes": total - free}
+
+
+def rank_main(rank, a, port, queue, framework, run_mode):
+    """One rank: process group, the model's plain forward+backward, then
+    run_mode(a, mode, device, loss_of, sync) -> times for each mode (a
+    ModeUnsupported instead: reported, not timed); rank 0 puts the JSON
+    lines on `queue`, then None."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(a.threads)
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port,
+    device = torch.device("cuda", rank) if a.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(a.world),
+                      LOCAL_WORLD_SIZE=str(a.world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    dist.init_process_group(a.backend, init_method="tcp://127.0.0.1:%d" % port,
                             rank=rank, world_size=a.world,
-                            timeout=datetime.timedelta(seconds=120))
+                            timeout=datetime.timedelta(seconds=300),
+                            device_id=device if device.type == "cuda" else None)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     torch.manual_seed(a.seed)
-    model = build_model(a)
+    baseline = memory_reset(device)
+    model = build_model(a).to(device)
     params = sum(p.numel() for p in model.parameters())
     if params != param_count(a):
         raise SystemExit("torch_step: the model has %d parameters, TinyGpt's formula %d"
@@ -186,45 +275,66 @@ def rank_main(rank, a, port, queue):
     g = torch.Generator().manual_seed(a.seed + 1000 * rank)
     data = [torch.randint(a.vocab, (a.micro_batch, a.block_size + 1), generator=g)
             for _ in range(a.backwards)]
-    micro = [(d[:, :-1].contiguous(), d[:, 1:].contiguous()) for d in data]
+    micro = [(d[:, :-1].contiguous().to(device), d[:, 1:].contiguous().to(device)) for d in data]
 
     def loss_of(net, i):
+        """Mean cross-entropy of micro-batch i (not divided by N)."""
         x, y = micro[i]
-        return torch.nn.functional.cross_entropy(net(x).view(-1, a.vocab), y.view(-1)) / a.backwards
+        return torch.nn.functional.cross_entropy(net(x).view(-1, a.vocab), y.view(-1))
 
     # 1. Plain forward+backward.
     fwdbwd = []
     for k in range(a.warmup + a.windows):
         model.zero_grad(set_to_none=True)
+        sync()
         t0 = time.perf_counter()
         for i in range(a.backwards):
-            loss_of(model, i).backward()
+            (loss_of(model, i) / a.backwards).backward()
+        sync()
         if k >= a.warmup:
             fwdbwd.append(time.perf_counter() - t0)
+    fwdbwd_memory = memory_now(device, baseline)
     del model
 
-    # 2. Windows under DDP or FSDP2, a fresh model per mode.
+    # 2. Windows under each mode, a fresh model per mode.
     for mode in a.modes:
-        times = run_mode(a, mode, loss_of)
+        baseline = memory_reset(device)
+        try:
+            times = run_mode(a, mode, device, loss_of, sync)
+        except ModeUnsupported as e:
+            if rank == 0:
+                queue.put({"framework": framework, "mode": mode, "params": params,
+                           "device": a.device, "unsupported": str(e)})
+            continue
+        memory = memory_now(device, baseline)
         windows = times["window"]
         if rank == 0:
-            queue.put({
-                "framework": "torch", "mode": mode, "params": params, "world": a.world,
+            line = {
+                "framework": framework, "mode": mode, "params": params, "world": a.world,
+                "device": a.device, "backend": a.backend,
                 "threads": a.threads, "micro_batch": a.micro_batch, "seq": a.block_size,
                 "backwards": a.backwards, "window_s": windows,
                 "window_s_median": statistics.median(windows), "fwdbwd_s": fwdbwd,
-                "forward_s_median": statistics.median(times["forward"]),
-                "backward_s_median": statistics.median(times["backward"]),
-                "step_s_median": statistics.median(times["step"]),
                 "fwdbwd_s_median": statistics.median(fwdbwd),
+                "memory": memory, "fwdbwd_memory": fwdbwd_memory,
                 "runtime": "torch=%s torch_threads=%d %s" % (
                     torch.__version__, torch.get_num_threads(),
                     torch.backends.cpu.get_cpu_capability()),
-            })
+            }
+            if device.type == "cpu":
+                for phase in ("forward", "backward", "step"):
+                    line[phase + "_s_median"] = statistics.median(times[phase])
+            line.update(times.get("extra", {}))
+            queue.put(line)
     if rank == 0:
         queue.put(None)
     dist.barrier()
     dist.destroy_process_group()
+
+
+class ModeUnsupported(Exception):
+    """A mode that the framework refuses on this device or build; its
+    message is reported instead of a time."""
 
 
 def free_port():
@@ -233,19 +343,24 @@ def free_port():
         return s.getsockname()[1]
 
 
+def run_ranks(a, framework, run_mode):
+    """Starts a.world ranks of rank_main and prints rank 0's JSON lines."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.start_processes(rank_main, args=(a, free_port(), queue, framework, run_mode),
+                       nprocs=a.world, start_method="spawn")
+    for line in iter(queue.get, None):
+        print(json.dumps(line, sort_keys=True), flush=True)
+
+
 def main(argv):
     a = parse(argv)
     if a.count_params:
         print(param_count(a))
         return 0
-    os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
-    import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    mp.start_processes(rank_main, args=(a, free_port(), queue), nprocs=a.world,
-                       start_method="spawn")
-    for line in iter(queue.get, None):
-        print(json.dumps(line, sort_keys=True), flush=True)
+    run_ranks(a, "torch", torch_mode)
     return 0
 
 

@@ -1,10 +1,22 @@
 // zerostep_step: the zerostep side of the peer benchmark (benchmarks/peers/,
-// docs/benchmarks.md). One rank of a Gloo job started by tools/launch:
+// docs/benchmarks.md). One rank of a job started with torchrun's variables
+// (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT: tools/launch,
+// torchrun, or benchmarks/peers/gpu_run.py):
 //
-//   bazel-bin/tools/launch --nproc=2 -- bazel-bin/benchmarks/peers/zerostep_step
-//       --modes=stage0,stage2,stage2_once --vocab=4096 --d-model=256 --n-layer=6 --n-head=4
+//   bazel-bin/tools/launch --nproc=2 --
+//   bazel-bin/benchmarks/peers/zerostep_step
+//       --modes=stage0,stage2,stage2_once --vocab=4096 --d-model=256
+//       --n-layer=6 --n-head=4
 //       --block-size=64 --micro-batch=4 --backwards=4 --threads=1
 //   (one command line)
+//
+// --device=cpu (default) or cuda: where the model and data live (cuda:
+// cuda:LOCAL_RANK, the engine's ZeRO state on the device at stages 0-2
+// without offload, Note [Device kernels] in zero/kernels.h).
+// --backend=gloo (default on cpu) or nccl (default on cuda; only in a
+// --config=cuda build, which defines ZEROSTEP_STEP_CUDA: elsewhere it is a
+// UsageError naming the fix). NCCL's rendezvous is a file,
+// --nccl-id-path (default $TMPDIR/zerostep_step_nccl.<MASTER_PORT>.id).
 //
 // Each rank builds the tiny GPT (models/tiny_gpt.h) at the given shape and
 // times, on its own micro-batches:
@@ -12,26 +24,50 @@
 //      window into the model's own .grad (zeroed between windows), no
 //      communication and no optimizer: what LibTorch's compute costs;
 //   2. for each mode of --modes, in order, a fresh model and Engine and its
-//      unmanaged windows: N engine.backward() calls, then one engine.step()
-//      (AdamW). Modes: stage0 ... stage3 (DeepSpeed's semantics), and
-//      stage2_once, stage3_once (zero_optimization.reduce_once_per_step),
-//      stage2_overlap (overlap_comm, buckets of DDP's 25 MiB), and
-//      stage0_overlap: managed mode (gradient_accumulation_steps = N, N
-//      backward(); step() pairs), overlap_comm, 25 MiB buckets: the window's
-//      all-reduce runs inside the last backward, as DDP's does when the
-//      caller leaves no_sync() (Note [Stage 0 buckets] in zero/stage0.h).
+//      windows. A mode is stage0 ... stage3 (DeepSpeed's semantics, an
+//      unmanaged window: N engine.backward() calls, then one engine.step(),
+//      AdamW), with any of the suffixes
+//        _once     zero_optimization.reduce_once_per_step (stages 2-3)
+//        _offload  offload_optimizer.device "cpu" (ZeRO-Offload)
+//        _managed  managed_gradient_accumulation with
+//                  gradient_accumulation_steps = N: N (backward, step())
+//                  pairs, of which the last applies the update
+//        _overlap  overlap_comm with DDP's 25 MiB buckets; at stages 0-1
+//                  it implies _managed (unmanaged mode refuses overlap_comm
+//                  there): stage0_overlap all-reduces the window's buckets
+//                  inside the last backward, as DDP does when the caller
+//                  leaves no_sync() (Note [Stage 0 buckets] in
+//                  zero/stage0.h)
+//      e.g. stage2_offload, stage2_managed, stage0_overlap.
 // Each part runs --warmup windows, then --windows timed ones. Rank 0 prints
 // one JSON line per mode on stdout (benchmarks/peers/torch_step.py prints
 // the same fields; the forward+backward times are the same in every line):
 //   {"framework": "zerostep", "mode": "stage2", "params": ...,
 //    "window_s": [...], "window_s_median": ..., "fwdbwd_s": [...],
 //    "fwdbwd_s_median": ..., "forward_s_median": ...,
-//    "backward_s_median": ..., "step_s_median": ..., ...}
-// forward, backward and step split a window: the N loss computations
-// (the forward passes; stage 3 gathers there), the N engine.backward()
-// calls, and step(), each summed over the window.
+//    "backward_s_median": ..., "step_s_median": ..., "memory": {...}, ...}
+// A mode whose Engine refuses the configuration on this device (stage 3 on
+// cuda: its partitions live on the host) prints
+//   {"framework": "zerostep", "mode": "stage3", "unsupported": "<the
+//    engine's UsageError>"}
+// instead, and the next mode runs: nothing is timed for it.
+// On the CPU, forward, backward and step split a window: the N loss
+// computations (the forward passes; stage 3 gathers there), the N
+// engine.backward() calls, and step(), each summed over the window. On
+// cuda the host runs ahead of the device, so only whole windows are timed,
+// with torch::cuda::synchronize() before the first forward and after
+// step() (the only synchronisations the benchmark adds), and the split is
+// left out.
 // Window times are rank 0's wall time from the first forward to the end of
-// step() (the collectives make both ranks wait for each other).
+// step() (the collectives make the ranks wait for each other).
+// "memory": the engine's own accounting (Engine::memory(), bytes) and, on
+// cuda, LibTorch's CUDA caching allocator for the mode: peak allocated and
+// peak reserved bytes since the mode's model was made (the cache emptied and
+// the peaks reset first), what was allocated at that reset (the baseline:
+// the data), and the device memory in use at the end
+// (cudaMemGetInfo: total - free, which also counts the CUDA context and
+// NCCL's buffers); plain forward+backward's peak is "fwdbwd_memory".
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -52,12 +88,23 @@
 #include "models/task.h"
 #include "runtime/runtime_info.h"
 
+#ifdef ZEROSTEP_STEP_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
+
+#include "comm/nccl_communicator.h"
+#endif
+
 namespace zerostep {
 namespace {
 
 struct Options {
   TinyGptOptions model;
   std::vector<std::string> modes = {"stage0"};
+  std::string device = "cpu";
+  std::string backend;  // "" = gloo on cpu, nccl on cuda
+  std::string nccl_id_path;
   int64_t micro_batch = 4;
   int backwards = 4;
   int threads = 1;
@@ -66,77 +113,199 @@ struct Options {
   uint64_t seed = 1;
 };
 
+// A --modes entry: stage<k> and its suffixes.
+struct Mode {
+  int stage = 0;
+  bool once = false;
+  bool offload = false;
+  bool managed = false;
+  bool overlap = false;
+};
+
+Mode parse_mode(const std::string& m) {
+  const std::string what =
+      "zerostep_step: unknown mode '" + m +
+      "' (stage0 ... stage3, each with any of the suffixes _once (stages "
+      "2-3), _offload (stages 1-2), _managed, _overlap; e.g. "
+      "stage2_offload)";
+  if (m.size() < 6 || m.rfind("stage", 0) != 0 || m[5] < '0' || m[5] > '3')
+    throw UsageError(what);
+  Mode mode;
+  mode.stage = m[5] - '0';
+  std::stringstream rest(m.substr(6));
+  std::string part;
+  std::getline(rest, part, '_');  // "" before the first '_'
+  if (!part.empty()) throw UsageError(what);
+  while (std::getline(rest, part, '_')) {
+    bool* flag = part == "once"      ? &mode.once
+                 : part == "offload" ? &mode.offload
+                 : part == "managed" ? &mode.managed
+                 : part == "overlap" ? &mode.overlap
+                                     : nullptr;
+    if (flag == nullptr || *flag) throw UsageError(what);
+    *flag = true;
+  }
+  if ((mode.once && mode.stage < 2) ||
+      (mode.offload && (mode.stage < 1 || mode.stage > 2)))
+    throw UsageError(what);
+  if (mode.overlap && mode.stage < 2) mode.managed = true;
+  return mode;
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   std::map<std::string, int64_t*> ints = {
-      {"--vocab", &o.model.vocab_size},  {"--d-model", &o.model.d_model},
-      {"--n-layer", &o.model.n_layer},   {"--n-head", &o.model.n_head},
-      {"--block-size", &o.model.block_size},
-      {"--micro-batch", &o.micro_batch}};
-  std::map<std::string, int*> small = {
-      {"--backwards", &o.backwards},
-      {"--threads", &o.threads}, {"--warmup", &o.warmup},
-      {"--windows", &o.windows}};
+      {"--vocab", &o.model.vocab_size},      {"--d-model", &o.model.d_model},
+      {"--n-layer", &o.model.n_layer},       {"--n-head", &o.model.n_head},
+      {"--block-size", &o.model.block_size}, {"--micro-batch", &o.micro_batch}};
+  std::map<std::string, int*> small = {{"--backwards", &o.backwards},
+                                       {"--threads", &o.threads},
+                                       {"--warmup", &o.warmup},
+                                       {"--windows", &o.windows}};
+  std::map<std::string, std::string*> strings = {
+      {"--device", &o.device},
+      {"--backend", &o.backend},
+      {"--nccl-id-path", &o.nccl_id_path}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--modes=", 0) == 0) {
       o.modes.clear();
       std::stringstream list(a.substr(8));
       for (std::string m; std::getline(list, m, ',');) {
-        static const char* const kModes[] = {
-            "stage0",      "stage1",      "stage2",         "stage3",
-            "stage2_once", "stage3_once", "stage0_overlap", "stage2_overlap"};
-        if (std::find(std::begin(kModes), std::end(kModes), m) ==
-            std::end(kModes))
-          throw UsageError("zerostep_step: unknown mode '" + m +
-                           "' (stage0 ... stage3, stage2_once, stage3_once, "
-                           "stage0_overlap, stage2_overlap)");
+        parse_mode(m);
         o.modes.push_back(m);
       }
       continue;
     }
     const size_t eq = a.find('=');
     const std::string key = a.substr(0, eq);
-    if (eq == std::string::npos || (!ints.count(key) && !small.count(key)))
+    if (eq == std::string::npos ||
+        (!ints.count(key) && !small.count(key) && !strings.count(key)))
       throw UsageError("zerostep_step: unknown argument '" + a + "'");
-    const long long v = std::atoll(a.c_str() + eq + 1);
-    if (ints.count(key)) *ints[key] = v;
-    else *small[key] = static_cast<int>(v);
+    const std::string value = a.substr(eq + 1);
+    if (strings.count(key)) {
+      *strings[key] = value;
+      continue;
+    }
+    const long long v = std::atoll(value.c_str());
+    if (ints.count(key))
+      *ints[key] = v;
+    else
+      *small[key] = static_cast<int>(v);
   }
   if (o.backwards < 1 || o.windows < 1 || o.warmup < 0 || o.threads < 1 ||
       o.micro_batch < 1)
     throw UsageError(
         "zerostep_step: --backwards, --windows, --threads and --micro-batch "
         "must be >= 1, --warmup >= 0");
+  if (o.device != "cpu" && o.device != "cuda")
+    throw UsageError("zerostep_step: --device=" + o.device +
+                     " is not one of cpu, cuda");
+  if (o.backend.empty()) o.backend = o.device == "cuda" ? "nccl" : "gloo";
+  if (o.backend != "gloo" && o.backend != "nccl")
+    throw UsageError("zerostep_step: --backend=" + o.backend +
+                     " is not one of gloo, nccl");
+  if (o.backend == "nccl" && o.device != "cuda")
+    throw UsageError(
+        "zerostep_step: --backend=nccl needs --device=cuda (NCCL reduces "
+        "device buffers)");
   return o;
 }
 
-bool is_overlap(const std::string& mode) {
-  return mode.size() > 6 && mode.substr(6) == "_overlap";
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v == nullptr || *v == '\0' ? fallback : std::atoi(v);
 }
-// stage0_overlap runs managed windows: only there can stage 0 overlap.
-bool is_managed(const std::string& mode) { return mode == "stage0_overlap"; }
 
-Config engine_config(const Options& o, const std::string& mode,
-                     int world_size) {
-  const int stage = mode[5] - '0';
-  nlohmann::json zero = {{"stage", stage},
+// What LibTorch's CUDA caching allocator saw on one device (bytes).
+struct DeviceMemory {
+  int64_t peak_allocated = 0;
+  int64_t peak_reserved = 0;
+  int64_t in_use = 0;  // cudaMemGetInfo: total - free
+};
+
+const char kNoCudaBuild[] =
+    " needs a --config=cuda build of zerostep_step (this one was built "
+    "against a LibTorch without CUDA, so it has neither NCCL nor the CUDA "
+    "allocator). Fix: ./bazelw build --config=cuda "
+    "//benchmarks/peers:zerostep_step";
+
+#ifdef ZEROSTEP_STEP_CUDA
+void use_device(int index) {
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
+}
+
+// The bytes LibTorch has allocated on the device now.
+int64_t allocated_now(int index) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+      static_cast<c10::DeviceIndex>(index));
+  return stats
+      .allocated_bytes[static_cast<size_t>(
+          c10::CachingAllocator::StatType::AGGREGATE)]
+      .current;
+}
+
+// Empties LibTorch's cache (what an earlier mode left there) and restarts
+// its peaks from what is allocated now, which it returns (the baseline).
+int64_t reset_device_peaks(int index) {
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  c10::cuda::CUDACachingAllocator::resetPeakStats(
+      static_cast<c10::DeviceIndex>(index));
+  return allocated_now(index);
+}
+
+DeviceMemory device_memory(int index) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+      static_cast<c10::DeviceIndex>(index));
+  const size_t all =
+      static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  DeviceMemory m;
+  m.peak_allocated = stats.allocated_bytes[all].peak;
+  m.peak_reserved = stats.reserved_bytes[all].peak;
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) == cudaSuccess)
+    m.in_use = static_cast<int64_t>(total - free);
+  return m;
+}
+
+std::unique_ptr<Communicator> make_nccl(int rank, int world, int device,
+                                        const std::string& id_path) {
+  NcclOptions n;
+  n.device = device;
+  n.id_path = id_path;
+  return std::make_unique<NcclCommunicator>(rank, world, n);
+}
+#else
+void use_device(int) {
+  throw UsageError(std::string("zerostep_step: --device=cuda") + kNoCudaBuild);
+}
+int64_t reset_device_peaks(int) { return 0; }
+DeviceMemory device_memory(int) { return {}; }
+std::unique_ptr<Communicator> make_nccl(int, int, int, const std::string&) {
+  throw UsageError(std::string("zerostep_step: --backend=nccl") + kNoCudaBuild);
+}
+#endif
+
+Config engine_config(const Options& o, const Mode& mode, int world_size) {
+  nlohmann::json zero = {{"stage", mode.stage},
                          // FSDP2 shards every parameter of a block: so does
                          // stage 3 here (DeepSpeed's default keeps the small
                          // ones whole).
                          {"stage3_param_persistence_threshold", 0}};
-  if (stage >= 2) zero["reduce_once_per_step"] = mode.size() > 6 && mode.substr(6) == "_once";
-  if (is_overlap(mode)) {
+  if (mode.stage >= 2) zero["reduce_once_per_step"] = mode.once;
+  if (mode.offload) zero["offload_optimizer"] = {{"device", "cpu"}};
+  if (mode.overlap) {
     zero["overlap_comm"] = true;
     zero["reduce_bucket_size"] = 25 << 20 >> 2;  // DDP's bucket_cap_mb = 25
   }
   const nlohmann::json c = {
       {"train_micro_batch_size_per_gpu", o.micro_batch},
       {"gradient_accumulation_steps", o.backwards},
-      {"managed_gradient_accumulation", is_managed(mode)},
+      {"managed_gradient_accumulation", mode.managed},
       {"zero_optimization", zero},
       {"optimizer",
-       {{"type", "AdamW"}, {"params", {{"lr", 1e-4}, {"weight_decay", 0.01}}}}}};
+       {{"type", "AdamW"},
+        {"params", {{"lr", 1e-4}, {"weight_decay", 0.01}}}}}};
   return parse_config(c.dump(), world_size);
 }
 
@@ -146,88 +315,179 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 double median(std::vector<double> v) {
+  if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   const size_t m = v.size() / 2;
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
+nlohmann::json memory_json(const Options& o, int device_index, int64_t baseline,
+                           const MemoryStats* engine) {
+  nlohmann::json m = nlohmann::json::object();
+  if (engine != nullptr)
+    m["engine_bytes"] = {{"param", engine->param_bytes},
+                         {"grad", engine->grad_bytes},
+                         {"optimizer_state", engine->optimizer_state_bytes},
+                         {"rollback", engine->rollback_bytes},
+                         {"peak", engine->peak_bytes}};
+  if (o.device == "cuda") {
+    const DeviceMemory d = device_memory(device_index);
+    m["device_peak_allocated_bytes"] = d.peak_allocated;
+    m["device_peak_reserved_bytes"] = d.peak_reserved;
+    m["device_baseline_allocated_bytes"] = baseline;
+    m["device_in_use_bytes"] = d.in_use;
+  }
+  return m;
+}
+
 int main_impl(int argc, char** argv) {
   const Options o = parse(argc, argv);
+  std::vector<std::pair<std::string, Mode>> modes;
+  for (const std::string& m : o.modes) modes.emplace_back(m, parse_mode(m));
   set_compute_threads(o.threads);
-  std::unique_ptr<GlooCommunicator> comm = GlooCommunicator::from_environment();
+  const bool cuda = o.device == "cuda";
+  const int local_rank = env_int("LOCAL_RANK", 0);
+  if (cuda) {
+    check_engine_device("cuda");
+    use_device(local_rank);
+  }
+  const torch::Device device =
+      cuda ? torch::Device(torch::kCUDA,
+                           static_cast<c10::DeviceIndex>(local_rank))
+           : torch::Device(torch::kCPU);
+  auto sync = [&] {
+    if (cuda) torch::cuda::synchronize(local_rank);
+  };
+
+  std::unique_ptr<Communicator> comm;
+  if (o.backend == "nccl") {
+    const int rank = env_int("RANK", -1), world = env_int("WORLD_SIZE", -1);
+    if (rank < 0 || world < 1 || rank >= world)
+      throw UsageError(
+          "zerostep_step: --backend=nccl needs RANK and WORLD_SIZE in the "
+          "environment (torchrun's variables; tools/launch sets them)");
+    std::string id_path = o.nccl_id_path;
+    if (id_path.empty()) {
+      const char* tmp = std::getenv("TMPDIR");
+      const char* port = std::getenv("MASTER_PORT");
+      id_path = std::string(tmp != nullptr && *tmp ? tmp : "/tmp") +
+                "/zerostep_step_nccl." + (port != nullptr ? port : "0") + ".id";
+    }
+    comm = make_nccl(rank, world, local_rank, id_path);
+  } else {
+    comm = GlooCommunicator::from_environment();
+  }
   const int rank = comm->rank(), world = comm->world_size();
   const std::unique_ptr<Task> task = make_gpt_task(o.model);
   // Rank r's micro-batch i is sample block i * world + r of one data set.
-  const Batch data = task->make_data(
-      o.seed ^ 0x5eed, static_cast<int64_t>(o.backwards) * world * o.micro_batch);
+  const Batch host_data =
+      task->make_data(o.seed ^ 0x5eed, static_cast<int64_t>(o.backwards) *
+                                           world * o.micro_batch);
+  const Batch data = {host_data.input.to(device), host_data.target.to(device)};
   auto micro = [&](int i) {
     return slice(data, (static_cast<int64_t>(i) * world + rank) * o.micro_batch,
                  o.micro_batch);
   };
 
   // 1. Plain forward+backward.
+  int64_t baseline = cuda ? reset_device_peaks(local_rank) : 0;
   std::shared_ptr<torch::nn::Module> plain = task->make_model(o.seed);
+  plain->to(device);
   std::vector<double> fwdbwd;
   for (int k = 0; k < o.warmup + o.windows; ++k) {
     for (auto& p : plain->parameters()) p.mutable_grad() = torch::Tensor();
+    sync();
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < o.backwards; ++i)
       (task->loss(*plain, micro(i)) / o.backwards).backward();
+    sync();
     if (k >= o.warmup) fwdbwd.push_back(seconds_since(t0));
   }
   int64_t params = 0;
   for (const auto& p : plain->parameters()) params += p.numel();
+  const nlohmann::json fwdbwd_memory =
+      memory_json(o, local_rank, baseline, nullptr);
   plain.reset();
 
   // 2. Engine windows, one fresh model and Engine per mode.
-  for (const std::string& mode : o.modes) {
+  for (const auto& [name, mode] : modes) {
+    baseline = cuda ? reset_device_peaks(local_rank) : 0;
     std::shared_ptr<torch::nn::Module> model = task->make_model(o.seed);
-    Engine engine(model, engine_config(o, mode, world), comm.get());
-    const bool managed = is_managed(mode);
+    model->to(device);
+    std::unique_ptr<Engine> engine;
+    try {
+      engine = std::make_unique<Engine>(model, engine_config(o, mode, world),
+                                        comm.get());
+    } catch (const UsageError& e) {
+      // The engine's own refusal of this mode here (stage 3 on cuda): said,
+      // not timed. Every rank refuses alike, before any collective.
+      if (rank == 0) {
+        const nlohmann::json out = {{"framework", "zerostep"},
+                                    {"mode", name},
+                                    {"params", params},
+                                    {"device", o.device},
+                                    {"unsupported", e.what()}};
+        std::printf("%s\n", out.dump().c_str());
+        std::fflush(stdout);
+      }
+      continue;
+    }
     std::vector<double> windows, forward, backward, step;
     for (int k = 0; k < o.warmup + o.windows; ++k) {
+      sync();
       const auto t0 = std::chrono::steady_clock::now();
-      double f = 0, b = 0;
+      double f = 0, b = 0, s = 0;
       for (int i = 0; i < o.backwards; ++i) {
         const auto tf = std::chrono::steady_clock::now();
         const torch::Tensor loss = task->loss(*model, micro(i));
         const auto tb = std::chrono::steady_clock::now();
-        engine.backward(loss);
+        engine->backward(loss);
         f += std::chrono::duration<double>(tb - tf).count();
         b += seconds_since(tb);
-        // Managed: step() after every backward; only the N-th applies (its
-        // reduce ran in the backward), so the last one is timed below.
-        if (managed && i + 1 < o.backwards) engine.step();
+        // Managed: every backward has its step(), which applies the update
+        // on the N-th; unmanaged: one step() after the N backward calls.
+        if (mode.managed || i == o.backwards - 1) {
+          const auto ts = std::chrono::steady_clock::now();
+          engine->step();
+          s += seconds_since(ts);
+        }
       }
-      const auto ts = std::chrono::steady_clock::now();
-      engine.step();
+      sync();
       if (k >= o.warmup) {
         windows.push_back(seconds_since(t0));
-        step.push_back(seconds_since(ts));
+        step.push_back(s);
         forward.push_back(f);
         backward.push_back(b);
       }
-      if (!engine.was_step_applied() || engine.global_steps() != k + 1)
-        throw std::logic_error("zerostep_step: a window did not apply one update");
+      if (!engine->was_step_applied() || engine->global_steps() != k + 1)
+        throw std::logic_error(
+            "zerostep_step: a window did not apply one update");
     }
     if (rank != 0) continue;
-    const nlohmann::json out = {
+    const MemoryStats engine_memory = engine->memory();
+    nlohmann::json out = {
         {"framework", "zerostep"},
-        {"mode", mode},
+        {"mode", name},
         {"params", params},
         {"world", world},
+        {"device", o.device},
+        {"backend", comm->backend_name()},
         {"threads", o.threads},
         {"micro_batch", o.micro_batch},
         {"seq", o.model.block_size},
         {"backwards", o.backwards},
         {"window_s", windows},
         {"window_s_median", median(windows)},
-        {"forward_s_median", median(forward)},
-        {"backward_s_median", median(backward)},
-        {"step_s_median", median(step)},
         {"fwdbwd_s", fwdbwd},
         {"fwdbwd_s_median", median(fwdbwd)},
+        {"memory", memory_json(o, local_rank, baseline, &engine_memory)},
+        {"fwdbwd_memory", fwdbwd_memory},
         {"runtime", runtime_info()}};
+    if (!cuda) {
+      out["forward_s_median"] = median(forward);
+      out["backward_s_median"] = median(backward);
+      out["step_s_median"] = median(step);
+    }
     std::printf("%s\n", out.dump().c_str());
     std::fflush(stdout);
   }
