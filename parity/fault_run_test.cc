@@ -96,7 +96,7 @@ TEST(FaultRunTest, NoPartialUpdateWithOffloadToo) {
         int in_step = 0;
         for (const CollectiveTiming& c : schedule) {
           if (!in(c, phase::kStep)) continue;
-          for (const std::string& cls : {"crash", "lost"}) {
+          for (const std::string cls : {"crash", "lost"}) {
             f.faults = parse_fault_options(
                 cls + ":" + std::to_string(c.seq % 3) + "@" +
                 std::to_string(c.seq));
