@@ -54,7 +54,7 @@ pack() {
   cp "$bin/comm/nccl_communicator_test" "$bin/tools/harness" "$dir/"
   # The GPU benchmark against FSDP2 and DeepSpeed (benchmarks/peers/gpu_run.py).
   cp "$bin/benchmarks/peers/zerostep_step" "$dir/peers/"
-  cp benchmarks/peers/gpu_run.py benchmarks/peers/torch_step.py \
+  cp benchmarks/peers/gpu_run.py benchmarks/peers/run.py benchmarks/peers/torch_step.py \
     benchmarks/peers/deepspeed_step.py "$dir/peers/"
   chmod u+w "$dir"/* "$dir"/peers/*
   strip "$dir/nccl_communicator_test" "$dir/harness" "$dir/peers/zerostep_step"

@@ -54,6 +54,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from run import cpu_model  # noqa: E402  (run.py sits beside this file, packed with it)
 
 # name: (vocab, d_model, n_layer, n_head); --block-size 512:
 # 124,796,416 and 355,290,112 parameters (untied LM head).
@@ -286,16 +288,6 @@ def gpu_name():
                               text=True, timeout=20).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def cpu_model():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def report(a, argv, sizes, runs, unsupported, failures, round_s, started, t_start, complete):
