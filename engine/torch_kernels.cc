@@ -34,14 +34,6 @@ TorchKernels::TorchKernels(torch::Device device, bool host_addressable)
       host_addressable_(host_addressable && device.is_cpu()),
       options_(torch::TensorOptions().dtype(torch::kFloat32).device(device)) {}
 
-bool TorchKernels::fused_adam_available() {
-#if TORCH_VERSION_MAJOR >= 2
-  return true;
-#else
-  return false;
-#endif
-}
-
 torch::Tensor TorchKernels::view(const float* p, size_t n) const {
   return torch::from_blob(const_cast<float*>(p), {static_cast<int64_t>(n)},
                           options_);

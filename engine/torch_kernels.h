@@ -40,9 +40,6 @@ class TorchKernels final : public Kernels {
 
   std::string device() const override { return device_.str(); }
   bool host_addressable() const override { return host_addressable_; }
-  torch::Device torch_device() const { return device_; }
-  // Whether adam() runs LibTorch's fused kernel (LibTorch >= 2).
-  static bool fused_adam_available();
 
   DeviceArray allocate(size_t n) override;
   void copy(float* dst, const float* src, size_t n) override;

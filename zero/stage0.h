@@ -41,8 +41,6 @@ class Stage0 final : public FlatStage {
                      const char* phase) override;
   void apply_update(const OptimizerHyper& hyper) override;
 
-  const std::vector<Span>& buckets() const { return buckets_; }
-
  private:
   void launch(size_t bucket, const char* phase);
 
