@@ -1,7 +1,7 @@
 // The engine's device path on the CPU (Note [Device kernels] in
-// zero/kernels.h): stages 0-2 with their flat buffers in the memory of
-// kernels that are not the host's, every collective staged through host
-// copies (zero/staging_comm.h).
+// zero/kernels.h, Note [Stage 3 on a device] in zero/stage3.h): every stage
+// with its buffers in the memory of kernels that are not the host's, every
+// collective staged through host copies (zero/staging_comm.h).
 //   FarKernels   the host's own kernels posing as a device's: the run must
 //                give the host run's bits, so every buffer, fold, rounding
 //                and collective of the device path is checked to the bit.
@@ -25,15 +25,29 @@
 namespace zerostep {
 namespace {
 
-std::string config_json(int stage, bool managed, const std::string& dtype) {
+// Stage 3 variants: the MLP's layers are blocks of their own (threshold 0:
+// every group gathered into pool slots), or its biases persistent
+// (threshold 100); reduce_once_per_step.
+struct Stage3Options {
+  int64_t persistence_threshold = 0;
+  bool reduce_once = false;
+};
+
+std::string config_json(int stage, bool managed, const std::string& dtype,
+                        const Stage3Options& s3 = {}) {
   return "{\"train_micro_batch_size_per_gpu\": 2, "
          "\"gradient_accumulation_steps\": 3, "
          "\"managed_gradient_accumulation\": " +
          std::string(managed ? "true" : "false") +
          ", \"gradient_clipping\": 0.05, "
-         "\"zero_optimization\": {\"stage\": " + std::to_string(stage) +
-         ", \"reduce_bucket_size\": 200}, " +
-         (dtype == "bf16" ? "\"bf16\": {\"enabled\": true}, " : "") +
+         "\"zero_optimization\": {\"stage\": " +
+         std::to_string(stage) +
+         ", \"reduce_bucket_size\": 200, "
+         "\"stage3_param_persistence_threshold\": " +
+         std::to_string(s3.persistence_threshold) +
+         ", \"reduce_once_per_step\": " + (s3.reduce_once ? "true" : "false") +
+         "}, " + (dtype == "bf16" ? "\"bf16\": {\"enabled\": true}, " : "") +
+         (dtype == "fp16" ? "\"fp16\": {\"enabled\": true}, " : "") +
          "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, "
          "\"weight_decay\": 0.1}}}";
 }
@@ -45,13 +59,19 @@ enum class Kind { kHost, kFar, kTorch };
 struct Trained {
   std::vector<torch::Tensor> params;  // per rank, after training
   int64_t norms = 0;                  // FarKernels: norms taken
+  // FarKernels: downloads while training, i.e. collectives staged (only
+  // buffers marked as device memory are).
+  int64_t downloads = 0;
 };
 
 // Two windows of 3 backward() calls per rank, managed or not; `save_dir`:
 // then a checkpoint "t" there.
-Trained train_windows(int stage, int world, bool managed, const std::string& dtype,
-                  Kind kind, const std::string& save_dir = "") {
-  MlpWorld w(world, parse_config(config_json(stage, managed, dtype), world));
+Trained train_windows(int stage, int world, bool managed,
+                      const std::string& dtype, Kind kind,
+                      const std::string& save_dir = "",
+                      const Stage3Options& s3 = {}) {
+  MlpWorld w(world,
+             parse_config(config_json(stage, managed, dtype, s3), world));
   std::vector<std::unique_ptr<Kernels>> kernels(world);
   for (int r = 0; r < world; ++r) {
     if (kind == Kind::kFar) kernels[r] = std::make_unique<FarKernels>();
@@ -69,7 +89,13 @@ Trained train_windows(int stage, int world, bool managed, const std::string& dty
       for (auto& k : kernels) n += static_cast<FarKernels&>(*k).norms;
     return n;
   };
-  const int64_t before = norms();
+  auto downloads = [&] {
+    int64_t n = 0;
+    if (kind == Kind::kFar)
+      for (auto& k : kernels) n += static_cast<FarKernels&>(*k).downloads;
+    return n;
+  };
+  const int64_t before = norms(), downloads_before = downloads();
   w.world->run([&](int r) {
     Engine& e = *w.engines[r];
     for (int k = 0; k < 2; ++k) {
@@ -83,6 +109,7 @@ Trained train_windows(int stage, int world, bool managed, const std::string& dty
   });
   Trained out;
   out.norms = norms() - before;
+  out.downloads = downloads() - downloads_before;
   out.params = w.full_parameters();
   if (!save_dir.empty())
     w.world->run([&](int r) { w.engines[r]->save_checkpoint(save_dir, "t"); });
@@ -95,26 +122,56 @@ std::string what(int stage, int world, const std::string& dtype) {
 }
 
 TEST(DeviceEngineTest, FarKernelsGiveTheHostRunsBitsWithOneNormPerStep) {
-  for (int stage : {0, 1, 2})
+  for (int stage : {0, 1, 2, 3})
     for (int world : {1, 2})
-      for (const std::string dtype : {"fp32", "bf16"}) {
-        const Trained host = train_windows(stage, world, false, dtype, Kind::kHost);
-        const Trained far = train_windows(stage, world, false, dtype, Kind::kFar);
+      for (const std::string dtype : {"fp32", "bf16", "fp16"}) {
+        const Trained host =
+            train_windows(stage, world, false, dtype, Kind::kHost);
+        const Trained far =
+            train_windows(stage, world, false, dtype, Kind::kFar);
         for (int r = 0; r < world; ++r)
           EXPECT_TRUE(same_bits(host.params[r], far.params[r]))
               << what(stage, world, dtype);
         // Two steps on every rank: one norm each, nothing per backward.
         EXPECT_EQ(far.norms, 2 * world) << what(stage, world, dtype);
+        EXPECT_GT(far.downloads, 0) << what(stage, world, dtype);
       }
 }
 
+// Stage 3's other paths on the device: persistent groups (refreshed by the
+// step's all-gather) and reduce_once_per_step (full gradients kept in the
+// groups' own storages over the window).
+TEST(DeviceEngineTest, FarKernelsGiveTheHostRunsBitsAtStage3sVariants) {
+  for (const Stage3Options s3 :
+       {Stage3Options{100, false}, Stage3Options{0, true},
+        Stage3Options{100, true}})
+    for (const std::string dtype : {"fp32", "bf16"}) {
+      const std::string name = what(3, 2, dtype) + " threshold " +
+                               std::to_string(s3.persistence_threshold) +
+                               (s3.reduce_once ? " reduce_once" : "");
+      const Trained host =
+          train_windows(3, 2, false, dtype, Kind::kHost, "", s3);
+      const Trained far = train_windows(3, 2, false, dtype, Kind::kFar, "", s3);
+      const Trained managed =
+          train_windows(3, 2, true, dtype, Kind::kFar, "", s3);
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_TRUE(same_bits(host.params[r], far.params[r])) << name;
+        EXPECT_TRUE(same_bits(far.params[r], managed.params[r])) << name;
+      }
+      EXPECT_EQ(far.norms, 4) << name;
+    }
+}
+
 TEST(DeviceEngineTest, TorchKernelsManagedEqualsUnmanagedBitwise) {
-  for (int stage : {0, 1, 2})
+  for (int stage : {0, 1, 2, 3})
     for (int world : {1, 2})
       for (const std::string dtype : {"fp32", "bf16"}) {
-        const Trained u = train_windows(stage, world, false, dtype, Kind::kTorch);
-        const Trained m = train_windows(stage, world, true, dtype, Kind::kTorch);
-        const Trained host = train_windows(stage, world, false, dtype, Kind::kHost);
+        const Trained u =
+            train_windows(stage, world, false, dtype, Kind::kTorch);
+        const Trained m =
+            train_windows(stage, world, true, dtype, Kind::kTorch);
+        const Trained host =
+            train_windows(stage, world, false, dtype, Kind::kHost);
         for (int r = 0; r < world; ++r) {
           EXPECT_TRUE(same_bits(u.params[r], m.params[r]))
               << what(stage, world, dtype);
@@ -132,39 +189,48 @@ TEST(DeviceEngineTest, TorchKernelsManagedEqualsUnmanagedBitwise) {
 // A checkpoint written from the device's buffers loads on the host and
 // back, to the bit.
 TEST(DeviceEngineTest, CheckpointsMoveBetweenDeviceAndHost) {
-  const std::string dir = make_temp_dir("zs_device_ckpt_");
-  const Trained far = train_windows(1, 2, false, "fp32", Kind::kFar, dir + "/far");
-  const Trained host = train_windows(1, 2, false, "fp32", Kind::kHost, dir + "/host");
-  for (const char* from : {"far", "host"})
-    for (Kind into : {Kind::kHost, Kind::kFar}) {
-      MlpWorld w(2, parse_config(config_json(1, false, "fp32"), 2));
-      std::vector<std::unique_ptr<FarKernels>> k(2);
-      w.make_engines([&](int r) {
-        EngineOptions o;
-        if (into == Kind::kFar) {
-          k[r] = std::make_unique<FarKernels>();
-          o.kernels = k[r].get();
-        }
-        return o;
-      });
-      std::vector<std::vector<float>> m(2);
-      w.world->run([&](int r) {
-        w.engines[r]->load_checkpoint(dir + "/" + from, "t");
-        m[r] = w.engines[r]->optimizer().exp_avg();
-      });
-      const auto params = w.full_parameters();
-      for (int r = 0; r < 2; ++r)
-        EXPECT_TRUE(same_bits(params[r], host.params[r])) << from;
-      // And training goes on from there on both sides alike.
-      EXPECT_FALSE(m[0].empty());
-    }
-  (void)far;
-  std::filesystem::remove_all(dir);
+  for (int stage : {1, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const Stage3Options s3{100, false};  // persistent groups are loaded too
+    const std::string dir = make_temp_dir("zs_device_ckpt_");
+    const Trained far =
+        train_windows(stage, 2, false, "fp32", Kind::kFar, dir + "/far", s3);
+    const Trained host =
+        train_windows(stage, 2, false, "fp32", Kind::kHost, dir + "/host", s3);
+    for (const char* from : {"far", "host"})
+      for (Kind into : {Kind::kHost, Kind::kFar}) {
+        MlpWorld w(2, parse_config(config_json(stage, false, "fp32", s3), 2));
+        std::vector<std::unique_ptr<FarKernels>> k(2);
+        w.make_engines([&](int r) {
+          EngineOptions o;
+          if (into == Kind::kFar) {
+            k[r] = std::make_unique<FarKernels>();
+            o.kernels = k[r].get();
+          }
+          return o;
+        });
+        std::vector<std::vector<float>> m(2);
+        w.world->run([&](int r) {
+          w.engines[r]->load_checkpoint(dir + "/" + from, "t");
+          m[r] = w.engines[r]->optimizer().exp_avg();
+        });
+        const auto params = w.full_parameters();
+        for (int r = 0; r < 2; ++r)
+          EXPECT_TRUE(same_bits(params[r], host.params[r])) << from;
+        // And training goes on from there on both sides alike.
+        EXPECT_FALSE(m[0].empty());
+      }
+    (void)far;
+    std::filesystem::remove_all(dir);
+  }
 }
 
 TEST(DeviceEngineTest, KernelsAreRefusedWhereTheStateStaysOnTheHost) {
   for (const std::string extra :
-       {"\"zero_optimization\": {\"stage\": 3}",
+       {"\"zero_optimization\": {\"stage\": 3, \"offload_param\": "
+        "{\"device\": \"cpu\"}}",
+        "\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": "
+        "{\"device\": \"cpu\"}}",
         "\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": "
         "{\"device\": \"cpu\"}}"}) {
     const std::string json =

@@ -41,9 +41,10 @@ LossScalerOptions scaler_options(const PrecisionConfig& p) {
   return o;
 }
 
-// Float32 parameters, all on one device; off the host at stages 0-2 (the
-// stage on the device, Note [Device kernels] in zero/kernels.h, or on the
-// host with ZeRO-Offload, Note [ZeRO-Offload] in engine/flat_binding.h).
+// Float32 parameters, all on one device; off the host, the stage works on
+// that device (Note [Device kernels] in zero/kernels.h, Note [Stage 3 on a
+// device] in zero/stage3.h) or, at stages 1-2 with ZeRO-Offload, on the
+// host (Note [ZeRO-Offload] in engine/flat_binding.h).
 void check_parameter_devices(const std::vector<torch::Tensor>& params,
                              const ZeroConfig& zero) {
   for (const torch::Tensor& p : params) {
@@ -62,13 +63,20 @@ void check_parameter_devices(const std::vector<torch::Tensor>& params,
   }
   if (params.empty() || params.front().device().is_cpu()) return;
   if (zero.stage <= 2) return;
+  const char* key = zero.offload_optimizer.device != OffloadDevice::kNone
+                        ? "offload_optimizer"
+                        : zero.offload_param.device != OffloadDevice::kNone
+                              ? "offload_param"
+                              : nullptr;
+  if (key == nullptr) return;
   throw UsageError(
       "trainable parameters on " + params.front().device().str() +
-      " with zero_optimization.stage 3: this build keeps stage 3's "
-      "partitions and gathered storages on the host, so a model off the CPU "
-      "trains at stages 0-2 only (its ZeRO state on the device, or on the "
-      "host with offload_optimizer at stages 1-2). Fix: set "
-      "zero_optimization.stage to 0, 1 or 2, or train the model on the CPU");
+      " with zero_optimization.stage 3 and " + key +
+      ": this build offloads stage 3's state only for a model on the CPU "
+      "(on a device, stage 3 keeps its partitions there, and "
+      "offload_optimizer works at stages 1-2). Fix: drop "
+      "zero_optimization." + key + ", set zero_optimization.stage to 1 or 2, "
+      "or train the model on the CPU");
 }
 
 // The kernels of a stage's flat buffers (Note [Device kernels]): the
@@ -76,15 +84,16 @@ void check_parameter_devices(const std::vector<torch::Tensor>& params,
 Kernels* choose_kernels(const std::vector<torch::Tensor>& params,
                         const ZeroConfig& zero, Kernels* given,
                         std::unique_ptr<Kernels>* own) {
-  const bool offload = zero.offload_optimizer.device != OffloadDevice::kNone;
+  const bool offload =
+      zero.offload_optimizer.device != OffloadDevice::kNone ||
+      (zero.stage == 3 && zero.offload_param.device != OffloadDevice::kNone);
   if (given != nullptr) {
-    if (zero.stage == 3 || offload)
+    if (offload)
       throw UsageError(
           "EngineOptions::kernels is given with zero_optimization.stage " +
           std::to_string(zero.stage) +
-          (offload ? " and offload_optimizer" : "") +
-          ": the kernels choose where stages 0-2 keep their state, and this "
-          "configuration keeps it on the host. Fix: leave "
+          " and offload: the kernels choose where the stage keeps its "
+          "state, and offload keeps it on the host. Fix: leave "
           "EngineOptions::kernels unset");
     return given;
   }

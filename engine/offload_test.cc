@@ -251,10 +251,11 @@ TEST(OffloadTest, CpuOffloadKeepsTheModelsBuffersApartFromTheMaster) {
   }
 }
 
-// A model off the host trains only where the binding keeps the ZeRO state
-// on the host (stages 1-2 with offload); every other case is a UsageError
-// naming the device and the fix. The meta device stands in for a GPU.
-TEST(OffloadTest, AModelOffTheCpuIsRefusedAtStage3) {
+// A model off the host trains with its ZeRO state on its device (every
+// stage) or offloaded to the host (stages 1-2); stage 3 with offload is a
+// UsageError naming the device, the key and the fix, and so are mixed
+// devices and dtypes. The meta device stands in for a GPU.
+TEST(OffloadTest, AModelOffTheCpuIsRefusedAtStage3WithOffload) {
   auto expect_error = [](int stage, const std::string& offload,
                          const std::string& needle) {
     const Config config = parse_config(config_json(stage, offload), 1);
@@ -272,10 +273,10 @@ TEST(OffloadTest, AModelOffTheCpuIsRefusedAtStage3) {
       }
     });
   };
-  // Stages 0-2 take it (their state on the device, or offloaded):
-  // engine/device_engine_test.cc. Stage 3 keeps its storages on the host.
-  expect_error(3, "{\"device\": \"cpu\"}", "stages 0-2 only");
-  expect_error(3, "null", "stages 0-2 only");
+  // Without offload every stage takes it (its state on the device):
+  // engine/device_engine_test.cc.
+  expect_error(3, "{\"device\": \"cpu\"}",
+               "Fix: drop zero_optimization.offload_optimizer");
 
   const Config config = parse_config(config_json(2, "null"), 1);
   SimWorld world({1, 1});

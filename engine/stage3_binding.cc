@@ -1,7 +1,5 @@
 #include "engine/stage3_binding.h"
 
-#include <ATen/native/Resize.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -14,16 +12,32 @@
 namespace zerostep {
 namespace {
 
-void* resize_storage(torch::Tensor& t, bool zero) {
+// Zeroes t: memset on the host, LibTorch's fill on a device.
+void clear(torch::Tensor& t) {
+  if (t.is_cpu())
+    std::memset(t.data_ptr(), 0,
+                static_cast<size_t>(t.numel()) * t.element_size());
+  else
+    t.zero_();
+}
+
+// A group's own storage, sized to t: memory from t's device's allocator
+// when it holds none (freed after the stage's construction).
+void* own_storage(torch::Tensor& t, bool zero) {
   const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
-  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), bytes);
-  void* data = t.data_ptr();
-  if (zero) std::memset(data, 0, bytes);
-  return data;
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s->nbytes() < bytes) {
+    s->set_data_ptr(c10::GetAllocator(t.device().type())->allocate(bytes));
+    s->set_nbytes(bytes);
+  }
+  if (zero) clear(t);
+  return t.data_ptr();
 }
 
 void free_storage(torch::Tensor& t) {
-  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), 0);
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
 }
 
 }  // namespace
@@ -34,7 +48,7 @@ void free_storage(torch::Tensor& t) {
 void* Stage3Binding::Pool::attach(size_t slot, torch::Tensor& t, bool zero) {
   ZS_CHECK(slot <= slots.size());
   if (slot == slots.size()) {
-    slots.push_back(c10::GetCPUAllocator()->allocate(slot_bytes));
+    slots.push_back(c10::GetAllocator(t.device().type())->allocate(slot_bytes));
     ++allocated;
   }
   const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
@@ -47,9 +61,8 @@ void* Stage3Binding::Pool::attach(size_t slot, torch::Tensor& t, bool zero) {
   // stage's construction).
   at::DataPtr old = s->set_data_ptr(std::move(memory));
   s->set_nbytes(bytes);
-  void* data = t.data_ptr();
-  if (zero) std::memset(data, 0, bytes);
-  return data;
+  if (zero) clear(t);
+  return t.data_ptr();
 }
 
 // The storage gives the memory back and holds zero bytes.
@@ -102,6 +115,10 @@ Stage3Binding::Stage3Binding(std::shared_ptr<torch::nn::Module> model,
       numel_(options.stage.layout.numel),
       latch_(latch) {
   ZS_CHECK(latch_ != nullptr);
+  Kernels* k = options.stage.kernels;
+  if (k != nullptr && !k->host_addressable()) kernels_ = k;
+  const torch::Device device =
+      params_.empty() ? torch::Device(torch::kCPU) : params_[0].device();
   const Zero3BlockMap map = map_zero3_blocks(*model_);
   ModelShape shape;
   shape.numels = options.stage.layout.numels;
@@ -119,9 +136,12 @@ Stage3Binding::Stage3Binding(std::shared_ptr<torch::nn::Module> model,
   {
     torch::NoGradGuard no_grad;
     const bool bf16 = dtype_ == Precision::kBf16;
-    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
-    const auto model_dtype =
-        torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32);
+    // Note [Stage 3 on a device] (zero/stage3.h): on the model's device.
+    const auto f32 =
+        torch::TensorOptions().dtype(torch::kFloat32).device(device);
+    const auto model_dtype = torch::TensorOptions()
+                                 .dtype(bf16 ? torch::kBFloat16 : torch::kFloat32)
+                                 .device(device);
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       const Stage3Group& g = groups[gi];
       if (g.block >= 0) block_group_[map.blocks[g.block]] = gi;
@@ -143,8 +163,16 @@ Stage3Binding::Stage3Binding(std::shared_ptr<torch::nn::Module> model,
         p.mutable_grad() = group_grads_.back().narrow(0, at, n).view(p.sizes());
         at += n;
       }
-      broadcast_initial_parameters(*comm, master.data_ptr<float>(),
-                                   static_cast<size_t>(padded));
+      if (kernels_ != nullptr) {
+        // Once per run: rank 0's values through the host.
+        std::vector<float> host(static_cast<size_t>(padded));
+        kernels_->download(host.data(), master.data_ptr<float>(), host.size());
+        broadcast_initial_parameters(*comm, host.data(), host.size());
+        kernels_->upload(master.data_ptr<float>(), host.data(), host.size());
+      } else {
+        broadcast_initial_parameters(*comm, master.data_ptr<float>(),
+                                     static_cast<size_t>(padded));
+      }
       if (bf16) group_params_.back().copy_(master);
       initial.push_back(master.data_ptr<float>());
     }
@@ -192,11 +220,11 @@ Stage3Binding::~Stage3Binding() {
 float* Stage3Binding::materialize_params(size_t g, size_t slot) {
   const bool bf16 = !group_params32_.empty();
   void* model = slot == kOwn
-                    ? resize_storage(group_params_[g], false)
+                    ? own_storage(group_params_[g], false)
                     : params_pool_.attach(slot, group_params_[g], false);
   if (!bf16) return static_cast<float*>(model);
   return static_cast<float*>(
-      slot == kOwn ? resize_storage(group_params32_[g], false)
+      slot == kOwn ? own_storage(group_params32_[g], false)
                    : params32_pool_.attach(slot, group_params32_[g], false));
 }
 
@@ -209,11 +237,11 @@ void Stage3Binding::release_params(size_t g, size_t slot) {
 float* Stage3Binding::materialize_grads(size_t g, size_t slot) {
   const bool bf16 = !group_grads32_.empty();
   if (slot == kOwn) own_grads_[g] = true;
-  void* model = slot == kOwn ? resize_storage(group_grads_[g], true)
+  void* model = slot == kOwn ? own_storage(group_grads_[g], true)
                              : grads_pool_.attach(slot, group_grads_[g], true);
   if (!bf16) return static_cast<float*>(model);
   return static_cast<float*>(
-      slot == kOwn ? resize_storage(group_grads32_[g], true)
+      slot == kOwn ? own_storage(group_grads32_[g], true)
                    : grads32_pool_.attach(slot, group_grads32_[g], true));
 }
 
@@ -226,6 +254,10 @@ void Stage3Binding::release_grads(size_t g, size_t slot) {
 void Stage3Binding::params_written(size_t g) {
   if (group_params32_.empty()) return;
   torch::Tensor& model = group_params_[g];
+  if (kernels_ != nullptr) {  // LibTorch's rounding, on the device
+    model.copy_(group_params32_[g]);
+    return;
+  }
   to_bf16(group_params32_[g].data_ptr<float>(),
           reinterpret_cast<uint16_t*>(model.data_ptr()),
           static_cast<size_t>(model.numel()));
@@ -234,6 +266,20 @@ void Stage3Binding::params_written(size_t g) {
 void Stage3Binding::grads_ready(size_t g) {
   torch::Tensor& model = group_grads_[g];
   const size_t n = static_cast<size_t>(model.numel());
+  if (kernels_ != nullptr) {
+    // On the device: the same roundings and sums as the host's loops below
+    // (bf16 to float32 is exact, so accumulating it is one addition).
+    if (dtype_ == Precision::kFp16)
+      model.copy_(model.to(torch::kHalf));
+    else if (dtype_ == Precision::kBf16) {
+      const torch::Tensor g32 = model.to(torch::kFloat32);
+      kernels_->accumulate(group_grads32_[g].data_ptr<float>(),
+                           g32.data_ptr<float>(), n, Precision::kFp32,
+                           Precision::kFp32);
+      model.zero_();
+    }
+    return;
+  }
   switch (dtype_) {
     case Precision::kFp32:
       return;

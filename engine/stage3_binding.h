@@ -17,6 +17,11 @@
 // bf16: the model views bf16 storages; the stage gathers into and reduces
 // from float32 ones, converted in params_written / grads_ready.
 //
+// A model on a device (Note [Stage 3 on a device] in zero/stage3.h): every
+// storage and pool slot is on that device (its LibTorch allocator), the
+// conversions are LibTorch ops there, and the stage gets the device's
+// kernels.
+//
 // Thread safety: none (engine/param_binding.h); the blocks point at this
 // binding until it is destroyed.
 #ifndef ZEROSTEP_ENGINE_STAGE3_BINDING_H_
@@ -92,6 +97,9 @@ class Stage3Binding final : public ParamBinding,
   Precision dtype_;
   size_t numel_;
   FailureLatch* latch_;
+  // Note [Stage 3 on a device] (zero/stage3.h): the device's kernels, when
+  // the storages are off the host; nullptr on the host.
+  Kernels* kernels_ = nullptr;
   std::vector<torch::Tensor> group_params_;  // bf16 when training in bf16
   std::vector<torch::Tensor> group_grads_;   // bf16 when training in bf16
   // bf16 only: the float32 storages the stage gathers into and reduces

@@ -458,33 +458,42 @@ std::vector<std::string> rest_memory_failures(const ScenarioResult& r) {
 std::string device_problem(const Scenario& s) {
   if (s.kernels != "host" && s.kernels != "torch")
     return "kernels '" + s.kernels + "' is not one of host, torch";
-  if (s.kernels == "torch" &&
-      (s.stage == 3 || s.offload != OffloadDevice::kNone || s.device != "cpu"))
-    return "--kernels=torch with stage " + std::to_string(s.stage) +
-           ", offload " + to_string(s.offload) + " on " + s.device +
-           ": it runs the device path of stages 0-2 without offload on the "
-           "CPU. Fix: --stages=0,1,2 --offload=none --device=cpu";
+  const bool offload = s.offload != OffloadDevice::kNone ||
+                       (s.stage == 3 && s.offload_param != OffloadDevice::kNone);
+  if (s.kernels == "torch" && (offload || s.device != "cpu"))
+    return std::string("--kernels=torch with offload ") +
+           to_string(s.offload) +
+           (s.stage == 3
+                ? std::string(", offload_param ") + to_string(s.offload_param)
+                : std::string()) +
+           " on " + s.device +
+           ": it runs the engine's device path, without offload, on the "
+           "CPU. Fix: --offload=none --device=cpu";
   if (s.device == "cpu") return "";
   if (s.device != "cuda")
     return "device '" + s.device + "' is not one of cpu, cuda";
-  if (s.stage <= 2) {
-    // LibTorch runs every backward on a device through one autograd thread
-    // per device, shared by the whole process: a rank whose gradient hook
-    // waits in a collective (overlap_comm) would stop the other ranks'
-    // backward passes, which that collective waits for.
-    if (s.overlap_comm && s.stage == 2 && s.world_size > 1)
-      return "overlap_comm at world " + std::to_string(s.world_size) +
-             " on cuda: the ranks of one process share LibTorch's one "
-             "autograd thread for the device, so a rank that waits in a "
-             "collective inside its backward would stop the others' "
-             "backward and hang. Fix: drop --overlap-comm, or run one "
-             "process per rank";
-    return "";
-  }
-  return "stage " + std::to_string(s.stage) +
-         " on cuda: stage 3 keeps its partitions and gathered storages on "
-         "the host, so the engine takes a CUDA model at stages 0-2 only. "
-         "Fix: --stages=0,1,2";
+  if (s.stage == 3 && offload)
+    return "stage 3 with offload on cuda: the engine offloads stage 3's "
+           "state only for a model on the CPU. Fix: --offload=none and no "
+           "--offload-param at stage 3, or --stages=1,2";
+  // LibTorch runs every backward on a device through one autograd thread
+  // per device, shared by the whole process: a rank that waits in a
+  // collective inside its backward (stage 3 always: it gathers each block's
+  // parameters and reduce-scatters its gradients there; stage 2 with
+  // overlap_comm) stops the other ranks' backward passes, which that
+  // collective waits for.
+  if (s.world_size > 1 && (s.stage == 3 || (s.stage == 2 && s.overlap_comm)))
+    return std::string(s.stage == 3 ? "stage 3" : "overlap_comm") +
+           " at world " + std::to_string(s.world_size) +
+           " on cuda: the ranks of one process share LibTorch's one "
+           "autograd thread for the device, so a rank that waits in a "
+           "collective inside its backward would stop the others' "
+           "backward and hang. Fix: " +
+           (s.stage == 3 ? "--world=1 for stage 3"
+                         : "drop --overlap-comm") +
+           ", or run one process per rank (NCCL: gpu_check.sh's step "
+           "benchmark)";
+  return "";
 }
 
 ScenarioResult run_scenario(const Scenario& s) {

@@ -207,18 +207,19 @@ struct Scenario {
   // else (optimizer, clipping, scheduler, ...) is kept.
   std::string base_config_json;
   // Where the ranks' models and data live: "cpu" or "cuda" (device 0, every
-  // rank). On cuda the engine takes the model at stages 0-2: its ZeRO
-  // state on the device (Note [Device kernels] in zero/kernels.h), or on
-  // the host with ZeRO-Offload (Note [ZeRO-Offload] in
-  // engine/flat_binding.h); stage 3 is refused (device_problem). The
-  // reference run is on the CPU (a cross-device check, within the
-  // tolerance), and an offload run's no-offload twin is not run
+  // rank). On cuda the engine keeps the ZeRO state on the device (Note
+  // [Device kernels] in zero/kernels.h, Note [Stage 3 on a device] in
+  // zero/stage3.h), or on the host with ZeRO-Offload at stages 1-2 (Note
+  // [ZeRO-Offload] in engine/flat_binding.h); device_problem refuses what
+  // cannot run (stage 3 with offload; stage 3 at world > 1). The reference
+  // run is on the CPU (a cross-device check, within the tolerance), and an
+  // offload run's no-offload twin is not run
   // (ScenarioResult::offload_compared).
   std::string device = "cpu";
-  // Stages 0-2 on the CPU: "host" (host_kernels()) or "torch" (a CPU
-  // TorchKernels posing as a device's: the engine's device path, Note
-  // [Device kernels] in zero/kernels.h, with its collectives staged).
-  // device_problem refuses "torch" with offload or at stage 3.
+  // On the CPU: "host" (host_kernels()) or "torch" (a CPU TorchKernels
+  // posing as a device's: the engine's device path, Note [Device kernels]
+  // in zero/kernels.h, with its collectives staged). device_problem
+  // refuses "torch" with offload.
   std::string kernels = "host";
 };
 
@@ -298,10 +299,10 @@ struct ScenarioResult {
 };
 
 // Why the scenario cannot run on its device ("" when it can): an unknown
-// device, cuda without ZeRO-Offload at stages 1-2 (Scenario::device), or
-// cuda with overlap_comm at stage 2 and several ranks (they share one
-// autograd thread for the device: a hook waiting in a collective would
-// hang them).
+// device or kernels, kernels "torch" with offload, cuda at stage 3 with
+// offload, or cuda with several ranks where a rank waits in a collective
+// inside its backward (stage 3; overlap_comm at stage 2): the ranks share
+// one autograd thread for the device, so they would hang.
 std::string device_problem(const Scenario& s);
 
 // Throws ConfigError if the scenario's config is invalid, UsageError for a

@@ -480,10 +480,11 @@ TEST(ScenarioTest, Stage3ParameterOffloadToNvmeIsBitwise) {
     }
 }
 
-// A CUDA scenario runs at stages 0-2, with or without offload (the engine
-// on the device, or ZeRO-Offload); stage 3, and overlap_comm at stage 2
-// with several ranks, are refused before a run starts, naming the fix.
-TEST(ScenarioTest, DeviceScenariosRunAtStages0To2) {
+// A CUDA scenario runs at every stage, with or without offload at stages
+// 1-2 (the engine on the device, or ZeRO-Offload); stage 3 with offload,
+// and a collective inside backward with several ranks (stage 3, or
+// overlap_comm at stage 2), are refused before a run starts, naming the fix.
+TEST(ScenarioTest, DeviceScenariosRefuseWhatCannotRunOnOneDevice) {
   Scenario s = base(2, 2);
   EXPECT_EQ(device_problem(s), "");
   s.device = "cuda";
@@ -501,16 +502,29 @@ TEST(ScenarioTest, DeviceScenariosRunAtStages0To2) {
     EXPECT_EQ(device_problem(s), "") << stage;
   }
   s.stage = 3;
-  EXPECT_NE(device_problem(s).find("Fix: --stages=0,1,2"), std::string::npos)
+  s.overlap_comm = false;
+  EXPECT_EQ(device_problem(s), "");
+  s.world_size = 2;
+  EXPECT_NE(device_problem(s).find("Fix: --world=1 for stage 3"),
+            std::string::npos)
+      << device_problem(s);
+  s.world_size = 1;
+  s.offload_param = OffloadDevice::kCpu;
+  EXPECT_NE(device_problem(s).find("Fix: --offload=none"), std::string::npos)
+      << device_problem(s);
+  s.offload_param = OffloadDevice::kNone;
+  s.offload = OffloadDevice::kCpu;
+  EXPECT_NE(device_problem(s).find("stage 3 with offload"), std::string::npos)
       << device_problem(s);
   s.device = "tpu";
   EXPECT_THROW(run_scenario(s), UsageError);
 }
 
 // The engine's device path on the CPU (Scenario::kernels = "torch"):
-// managed equals unmanaged to the bit at stages 0-2, the reference agrees.
-TEST(ScenarioTest, DevicePathOnTheCpuIsOkAtStages0To2) {
-  for (int stage : {0, 1, 2})
+// managed equals unmanaged to the bit at every stage, the reference
+// agrees; with offload it is refused.
+TEST(ScenarioTest, DevicePathOnTheCpuIsOkAtEveryStage) {
+  for (int stage : {0, 1, 2, 3})
     for (int world : {1, 2}) {
       Scenario s = base(stage, world);
       s.kernels = "torch";
@@ -521,7 +535,10 @@ TEST(ScenarioTest, DevicePathOnTheCpuIsOkAtStages0To2) {
     }
   Scenario s = base(3, 1);
   s.kernels = "torch";
-  EXPECT_NE(device_problem(s).find("Fix: --stages=0,1,2"), std::string::npos);
+  s.offload_param = OffloadDevice::kCpu;
+  EXPECT_NE(device_problem(s).find("Fix: --offload=none --device=cpu"),
+            std::string::npos)
+      << device_problem(s);
 }
 
 TEST(ScenarioGlooTest, EveryStageIsOkOnGlooAndAgreesWithSim) {

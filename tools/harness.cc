@@ -654,9 +654,10 @@ int main_impl(int argc, char** argv) {
     if (const std::string why = device_problem(s); !why.empty())
       throw FlagError("--device=" + f.device + ": " + why);
   if (f.device == "cuda")
-    std::cerr << "  device=cuda: models and data on cuda:0, ZeRO state on "
-                 "the host (ZeRO-Offload); reference runs on the CPU; the "
-                 "no-offload twin is not run (offload_compared false)\n";
+    std::cerr << "  device=cuda: models, data and ZeRO state on cuda:0 (with "
+                 "--offload: the state on the host); reference runs on the "
+                 "CPU; the no-offload twin is not run (offload_compared "
+                 "false)\n";
   switch (f.mode) {
     case HarnessMode::kFaults:
       return run_faults_mode(f, scenarios);

@@ -17,12 +17,14 @@ const char* const kHarnessUsage = R"(usage: harness [flags]
   --backend=sim|gloo    simulator (default) or real Gloo over loopback TCP
   --device=cpu|cuda     where the ranks' models and data live (default
                         cpu). cuda needs a device and a CUDA LibTorch
-                        (else it fails at once, naming why); stages 0-2
-                        (the engine on the device, or --offload=cpu)
-  --kernels=host|torch  the kernels of stages 0-2 on a CPU model: the
-                        host's (default) or LibTorch's ops posing as a
-                        device's, which runs the engine's device path
-                        (device buffers, staged collectives) on the CPU
+                        (else it fails at once, naming why); the engine
+                        on the device (or --offload=cpu at stages 1-2);
+                        stage 3 at world 1 (ranks of one process share
+                        one autograd thread on the device)
+  --kernels=host|torch  the kernels of a CPU model's stage: the host's
+                        (default) or LibTorch's ops posing as a device's,
+                        which runs the engine's device path (device
+                        buffers, staged collectives) on the CPU
   --model-scale=S       width multiplier (default 1)
   --micro-batch=B       samples per backward per rank (default 2)
   --clip=C              gradient_clipping (default 0 = off)

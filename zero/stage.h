@@ -160,9 +160,10 @@ struct StageOptions {
   OptimizerSwap optimizer_swap;
   // Stage 3 only: where the parameter partitions live.
   ParamSwap param_swap;
-  // Stages 0-2: the memory the flat buffers are in and the kernels that
-  // work on it (Note [Device kernels] in zero/kernels.h); nullptr:
-  // host_kernels(). Must outlive the stage. Stage 3 runs on the host.
+  // The memory the stage's buffers are in and the kernels that work on it
+  // (Note [Device kernels] in zero/kernels.h; stage 3: Note [Stage 3 on a
+  // device] in zero/stage3.h); nullptr: host_kernels(). Must outlive the
+  // stage.
   Kernels* kernels = nullptr;
 };
 

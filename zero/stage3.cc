@@ -17,6 +17,7 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
       param_offset_(param_numels.size(), 0),
       param_numel_(param_numels),
       group_of_(param_numels.size(), 0),
+      k_(options.kernels != nullptr ? *options.kernels : host_kernels()),
       storage_(storage),
       comm_(comm),
       grad_accum_(options.grad_accum),
@@ -32,7 +33,7 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
                    comm->world_size();
             return n;
           }(),
-          AdamKernel::kFused, options.optimizer_swap) {
+          AdamKernel::kFused, options.optimizer_swap, &k_) {
   ZS_CHECK(storage_ != nullptr);
   ZS_CHECK(initial_params.size() == groups_.size());
   size_t canonical = 0;
@@ -64,6 +65,11 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
   const ParamSwap& swap = options.param_swap;
   if (swap.device != nullptr) {
     // Note [NVMe parameter partitions].
+    if (!k_.host_addressable())
+      throw UsageError("Stage3: offload_param keeps the partitions on the "
+                       "host, and the kernels' memory is " + k_.device() +
+                       "'s. Fix: train a model on the CPU with "
+                       "offload_param, or drop offload_param");
     if (swap.sub_group_numel < 1 || swap.buffer_count < 2)
       throw UsageError("Stage3: offload_param needs sub_group_numel >= 1 and "
                        "buffer_count >= 2 (got " +
@@ -77,13 +83,13 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
     param_store_ = std::make_unique<SwapStore>(swap.device, o);
     part_scratch_.assign(largest, 0.0f);
   } else {
-    part_params_.assign(owned_numel_, 0.0f);
+    part_params_ = k_.allocate(owned_numel_);
     // Note [Transactional update]: the copy is held for the stage's life.
-    saved_params_.assign(owned_numel_, 0.0f);
+    saved_params_ = k_.allocate(owned_numel_);
   }
-  part_grads_.assign(owned_numel_, 0.0f);
+  part_grads_ = k_.allocate(owned_numel_);
   optimizer_.save(&saved_optimizer_);
-  scratch_.assign(largest, 0.0f);
+  scratch_ = k_.allocate(largest);
   full_params_.assign(groups_.size(), nullptr);
   full_grads_.assign(groups_.size(), nullptr);
   param_slot_.assign(groups_.size(), GroupStorage::kOwn);
@@ -112,9 +118,8 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
   }
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (!param_store_)
-      std::memcpy(part_params_.data() + part_offset_[g],
-                  initial_params[g] + rank_ * partition_[g],
-                  partition_[g] * sizeof(float));
+      k_.copy(part_params_.data() + part_offset_[g],
+              initial_params[g] + rank_ * partition_[g], partition_[g]);
     // The others' initial storage is the engine's to free (their pool
     // slots come with the first use).
     if (groups_[g].persistent) {
@@ -159,7 +164,7 @@ MemoryStats Stage3::memory() const {
 }
 
 size_t Stage3::rollback_bytes() const {
-  return saved_params_.capacity() * sizeof(float) + saved_optimizer_.bytes();
+  return saved_params_.bytes() + saved_optimizer_.bytes();
 }
 
 void Stage3::note_memory() {
@@ -184,8 +189,8 @@ void Stage3::gather(size_t g, const char* phase) {
   float* part = partition_of(g);
   ++refs_[g];
   take_params(g);
-  comm_->all_gather(Buffer::of(part, partition_[g]),
-                    Buffer::of(full_params_[g], padded_[g]), {phase});
+  comm_->all_gather(buffer(part, partition_[g]),
+                    buffer(full_params_[g], padded_[g]), {phase});
   storage_->params_written(g);
 }
 
@@ -277,14 +282,14 @@ void Stage3::reduce_group(size_t g) {
 }
 
 void Stage3::reduce_scatter_group(size_t g, const char* phase) {
-  comm_->reduce_scatter(Buffer::of(full_grads_[g], padded_[g]),
-                        Buffer::of(scratch_.data(), partition_[g]),
+  comm_->reduce_scatter(buffer(full_grads_[g], padded_[g]),
+                        buffer(scratch_.data(), partition_[g]),
                         {ReduceOp::kSum, phase});
-  accumulate(part_grads_.data() + part_offset_[g], scratch_.data(),
-             partition_[g], Precision::kFp32, grad_accum_);
+  k_.accumulate(part_grads_.data() + part_offset_[g], scratch_.data(),
+                partition_[g], Precision::kFp32, grad_accum_);
   reduced_[g] = true;
   if (groups_[g].persistent || reduce_once_) {
-    std::memset(full_grads_[g], 0, padded_[g] * sizeof(float));
+    k_.zero(full_grads_[g], padded_[g]);
     return;
   }
   drop_grads(g);
@@ -327,8 +332,8 @@ void Stage3::reduce_window(int64_t window_backwards, int64_t global_steps,
 
 GradStats Stage3::finalize(double divisor, double clip) {
   // The partition holds the sum over ranks: make it the average first.
-  host_kernels().divide(part_grads_.data(), part_grads_.size(), world_);
-  return internal::finalize_gradient(host_kernels(), comm_, part_grads_.data(),
+  k_.divide(part_grads_.data(), part_grads_.size(), world_);
+  return internal::finalize_gradient(k_, comm_, part_grads_.data(),
                                      part_grads_.size(), divisor, clip);
 }
 
@@ -339,7 +344,7 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
   }
   // Note [Transactional update]: keep what the update changes until the
   // persistent groups' all-gather has succeeded.
-  saved_params_.assign(part_params_.begin(), part_params_.end());
+  k_.copy(saved_params_.data(), part_params_.data(), owned_numel_);
   optimizer_.save(&saved_optimizer_);
   try {
     internal::step_and_agree(*comm_, optimizer_.swapped(), [&] {
@@ -353,12 +358,12 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
       if (!groups_[g].persistent) continue;
       ZS_CHECK(full_grads_[g] != nullptr);
       comm_->all_gather(
-          Buffer::of(part_params_.data() + part_offset_[g], partition_[g]),
-          Buffer::of(full_grads_[g], padded_[g]), {phase::kStep});
+          buffer(part_params_.data() + part_offset_[g], partition_[g]),
+          buffer(full_grads_[g], padded_[g]), {phase::kStep});
     }
     optimizer_.commit();  // NVMe: the new moments count from here
   } catch (...) {
-    part_params_.assign(saved_params_.begin(), saved_params_.end());
+    k_.copy(part_params_.data(), saved_params_.data(), owned_numel_);
     optimizer_.restore(saved_optimizer_);
     throw;
   }
@@ -368,8 +373,8 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
 void Stage3::publish_persistent() {
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (!groups_[g].persistent) continue;
-    std::memcpy(full_params_[g], full_grads_[g], padded_[g] * sizeof(float));
-    std::memset(full_grads_[g], 0, padded_[g] * sizeof(float));
+    k_.copy(full_params_[g], full_grads_[g], padded_[g]);
+    k_.zero(full_grads_[g], padded_[g]);
     storage_->params_written(g);
   }
 }
@@ -420,16 +425,17 @@ void Stage3::apply_update_offloaded(const OptimizerHyper& hyper) {
 }
 
 std::vector<float> Stage3::owned_parameters() const {
-  if (!param_store_) return part_params_;
   std::vector<float> out(owned_numel_);
+  if (!param_store_) {
+    k_.download(out.data(), part_params_.data(), owned_numel_);
+    return out;
+  }
   float* arrays[1] = {out.data()};
   param_store_->read_arrays(arrays);
   return out;
 }
 
-void Stage3::zero_grad() {
-  std::fill(part_grads_.begin(), part_grads_.end(), 0.0f);
-}
+void Stage3::zero_grad() { k_.zero(part_grads_.data(), part_grads_.size()); }
 
 std::vector<Segment> Stage3::owned_segments() const {
   // Rank r owns [r·P_g, (r+1)·P_g) of each group: cut it at the group's
@@ -475,30 +481,30 @@ void Stage3::load_state(const std::vector<float>& params,
     param_store_->write_arrays(arrays);
   }
   optimizer_.load_state(optimizer_steps, owned(exp_avg), owned(exp_avg_sq));
-  if (!param_store_) part_params_ = owned(params);
+  if (!param_store_)
+    k_.upload(part_params_.data(), owned(params).data(), owned_numel_);
   // Persistent groups are whole on every rank: refresh them from the
   // canonical vector directly.
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (!groups_[g].persistent) continue;
     for (size_t p : groups_[g].params)
-      std::memcpy(full_params_[g] + param_offset_[p],
-                  params.data() + canonical_offset_[p],
-                  param_numel_[p] * sizeof(float));
+      k_.upload(full_params_[g] + param_offset_[p],
+                params.data() + canonical_offset_[p], param_numel_[p]);
     storage_->params_written(g);
   }
 }
 
 void Stage3::full_parameters(float* out, const char* phase) {
-  std::vector<float> staging;
   for (size_t g = 0; g < groups_.size(); ++g) {
-    staging.assign(padded_[g], 0.0f);
-    comm_->all_gather(Buffer::of(partition_of(g), partition_[g]),
-                      Buffer::of(staging.data(), padded_[g]), {phase});
+    // In the kernels' memory; `out` is the host's.
+    const DeviceArray staging = k_.allocate(padded_[g]);
+    comm_->all_gather(buffer(partition_of(g), partition_[g]),
+                      buffer(staging.data(), padded_[g]), {phase});
     size_t out_at = 0;
     for (size_t p = 0; p < param_numel_.size(); ++p) {
       if (group_of_[p] == g)
-        std::memcpy(out + out_at, staging.data() + param_offset_[p],
-                    param_numel_[p] * sizeof(float));
+        k_.download(out + out_at, staging.data() + param_offset_[p],
+                    param_numel_[p]);
       out_at += param_numel_[p];
     }
   }

@@ -83,6 +83,20 @@
 // one partition-sized buffer more (the optimizer takes its span whole; a
 // range-wise optimizer step would stream it instead).
 //
+// Note [Stage 3 on a device]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With StageOptions::kernels set (Note [Device kernels] in
+// zero/kernels.h), every buffer above lives in the kernels' memory: the
+// partitions, their accumulated gradient, the reduced chunk, the rollback
+// copy and the optimizer state, and the GroupStorage's materialized
+// storages too (the engine's Stage3Binding allocates them on the model's
+// device). The stage copies, clears, accumulates and divides through the
+// kernels; collectives get the buffers marked as device memory. Host waits:
+// the norm in finalize() (once per step), and what leaves the device for
+// the host by nature: full_parameters(), owned_parameters() and a
+// checkpoint's load. Nothing per backward or per group. The NVMe partitions
+// (param_swap) stay on the host: with them the kernels must be the host's.
+//
 // Ownership: `comm` and `storage` must outlive the Stage3.
 // Thread safety: none; one Stage3 per rank.
 #ifndef ZEROSTEP_ZERO_STAGE3_H_
@@ -195,6 +209,13 @@ class Stage3 final : public Stage {
   // Group g's partition: in memory, or read from the store into
   // part_scratch_ (IoError).
   float* partition_of(size_t group);
+  // A collective's view of n floats of this stage's memory (Note [Stage 3
+  // on a device]).
+  Buffer buffer(float* p, size_t n) const {
+    Buffer b = Buffer::of(p, n);
+    b.device = !k_.host_addressable();
+    return b;
+  }
   // apply_update with the partitions on the device.
   void apply_update_offloaded(const OptimizerHyper& hyper);
   // The persistent groups' parameters := their gradient storage, which
@@ -207,6 +228,7 @@ class Stage3 final : public Stage {
   std::vector<size_t> param_numel_;
   std::vector<size_t> group_of_;
   std::vector<size_t> padded_, partition_, part_offset_;
+  Kernels& k_;  // the memory of every buffer below but the NVMe scratches
   GroupStorage* storage_;
   Communicator* comm_;
   Precision grad_accum_;
@@ -217,19 +239,19 @@ class Stage3 final : public Stage {
   int rank_;
   std::vector<Span> owned_;
   size_t owned_numel_ = 0;
-  std::vector<float> part_params_;  // the rank's partitions, concatenated
-                                    // (empty when offloaded)
+  DeviceArray part_params_;  // the rank's partitions, concatenated
+                             // (empty when offloaded)
   // Note [NVMe parameter partitions]: the store, a scratch of the largest
   // partition, and the partitions during an update (empty otherwise).
   std::unique_ptr<SwapStore> param_store_;
   std::vector<float> part_scratch_;
   std::vector<float> step_params_;
-  std::vector<float> part_grads_;   // accumulated over the window
-  std::vector<float> scratch_;      // one group's reduced chunk
+  DeviceArray part_grads_;  // accumulated over the window
+  DeviceArray scratch_;     // one group's reduced chunk
   FlatOptimizer optimizer_;
   // Note [Transactional update]: the partition and the optimizer state as
   // they were before the update in progress.
-  std::vector<float> saved_params_;
+  DeviceArray saved_params_;
   FlatOptimizer::Snapshot saved_optimizer_;
   // Per group, live state.
   std::vector<float*> full_params_;  // nullptr while released

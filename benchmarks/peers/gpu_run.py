@@ -14,12 +14,12 @@ round to round and size to size), on GPT shapes of about 125M and 350M
 parameters (the tiny GPT of models/tiny_gpt.h, written out module for module
 in torch_step.py; the driver checks that every framework counts the same
 parameters), N = 4 backward calls per optimizer step, fp32, AdamW:
-  zerostep   zerostep_step --device=cuda --backend=nccl: stage0, stage1,
-             stage2 (ZeRO state on the device), stage1_offload,
-             stage2_offload (offload_optimizer cpu), stage3 (which the engine
-             refuses on cuda: its refusal is reported, nothing is timed), and
-             stage2_managed (managed accumulation, for the unmanaged /
-             managed ratio); unmanaged windows otherwise
+  zerostep   zerostep_step --device=cuda --backend=nccl: stage0 to stage3
+             (ZeRO state on the device), stage1_offload, stage2_offload
+             (offload_optimizer cpu), and stage2_managed (managed
+             accumulation, for the unmanaged / managed ratio); unmanaged
+             windows otherwise. A mode the engine refuses is reported with
+             its error, nothing is timed for it
   DeepSpeed  deepspeed_step.py (0.19.8): the same stages and offloads with
              managed_gradient_accumulation false, and stage2_managed
   FSDP2      torch_step.py: fully_shard, set_requires_gradient_sync(False)

@@ -11,8 +11,8 @@
 //   (one command line)
 //
 // --device=cpu (default) or cuda: where the model and data live (cuda:
-// cuda:LOCAL_RANK, the engine's ZeRO state on the device at stages 0-2
-// without offload, Note [Device kernels] in zero/kernels.h).
+// cuda:LOCAL_RANK, the engine's ZeRO state on the device without offload,
+// Note [Device kernels] in zero/kernels.h).
 // --backend=gloo (default on cpu) or nccl (default on cuda; only in a
 // --config=cuda build, which defines ZEROSTEP_STEP_CUDA: elsewhere it is a
 // UsageError naming the fix). NCCL's rendezvous is a file,
@@ -46,8 +46,8 @@
 //    "window_s": [...], "window_s_median": ..., "fwdbwd_s": [...],
 //    "fwdbwd_s_median": ..., "forward_s_median": ...,
 //    "backward_s_median": ..., "step_s_median": ..., "memory": {...}, ...}
-// A mode whose Engine refuses the configuration on this device (stage 3 on
-// cuda: its partitions live on the host) prints
+// A mode whose Engine refuses the configuration on this device (stage 3
+// with offload on cuda) prints
 //   {"framework": "zerostep", "mode": "stage3", "unsupported": "<the
 //    engine's UsageError>"}
 // instead, and the next mode runs: nothing is timed for it.
