@@ -126,12 +126,18 @@ struct EngineOptions {
   // e.g. a decorator that stops a save after its k-th operation in tests).
   // nullptr: posix_checkpoint_files(). Must outlive the engine.
   CheckpointFiles* checkpoint_files = nullptr;
-  // Stages 0-2 without offload: the kernels the stage's flat buffers live
-  // and are worked on with (Note [Device kernels] in zero/kernels.h), e.g.
+  // Without offload: the kernels the stage's buffers live and are worked
+  // on with (Note [Device kernels] in zero/kernels.h), e.g.
   // zero/far_kernels.h or a CPU TorchKernels in tests, which run the
   // device path on the CPU. nullptr: the host's for a CPU model, a
   // TorchKernels on the model's device otherwise. Must outlive the engine.
   Kernels* kernels = nullptr;
+  // Stage 3: no collective inside backward (Note [Stage 3 collectives
+  // outside backward] in zero/stage3.h), for several ranks of one process
+  // on one CUDA device, whose backward passes share one autograd thread.
+  // Same bits; every group's parameters and gradient are held from its
+  // forward to the end of the backward.
+  bool stage3_collectives_outside_backward = false;
 };
 
 class Engine final {

@@ -241,6 +241,110 @@ TEST(EngineTest, Stage2OverlapLaunchesBucketsInGradientReadyOrder) {
   EXPECT_TRUE(torch::equal(finals[0], finals[1]));
 }
 
+// Counts the collectives issued inside autograd's backward: during an
+// Engine::backward() call (`in_call`, set by the test), autograd runs the
+// backward's functions and hooks with gradients disabled, while the
+// engine's own begin/end of the backward run with them enabled.
+class InsideBackwardSpy final : public Communicator {
+ public:
+  explicit InsideBackwardSpy(Communicator* inner) : inner_(inner) {}
+  bool in_call = false;
+  int inside = 0, outside = 0;
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string backend_name() const override { return "spy"; }
+  void all_reduce(Buffer b, const AllReduceOptions& o) override {
+    note();
+    inner_->all_reduce(b, o);
+  }
+  void reduce_scatter(Buffer i, Buffer out,
+                      const ReduceScatterOptions& o) override {
+    note();
+    inner_->reduce_scatter(i, out, o);
+  }
+  std::shared_ptr<Work> reduce_scatter_async(
+      Buffer i, Buffer out, const ReduceScatterOptions& o) override {
+    note();
+    return inner_->reduce_scatter_async(i, out, o);
+  }
+  void all_gather(Buffer i, Buffer out, const AllGatherOptions& o) override {
+    note();
+    inner_->all_gather(i, out, o);
+  }
+  void broadcast(Buffer b, const BroadcastOptions& o) override {
+    note();
+    inner_->broadcast(b, o);
+  }
+  void barrier() override { inner_->barrier(); }
+
+ private:
+  void note() {
+    ++(in_call && !torch::GradMode::is_enabled() ? inside : outside);
+  }
+  Communicator* inner_;
+};
+
+// Note [Stage 3 collectives outside backward] (zero/stage3.h): with
+// EngineOptions::stage3_collectives_outside_backward no collective runs
+// inside backward (without it, stage 3 gathers and reduce-scatters there),
+// and the parameters are the same bits, managed or not, with every group
+// in pool slots or the small ones persistent, in fp32 and bf16. A forward
+// whose backward never comes is dropped at the step, not left stale.
+TEST(EngineTest, Stage3CollectivesOutsideBackwardGiveTheSameBits) {
+  for (const std::string threshold : {"0", "100"})
+    for (const std::string dtype : {"fp32", "bf16"})
+      for (bool managed : {false, true}) {
+        const std::string what = "threshold " + threshold + " " + dtype +
+                                 (managed ? " managed" : " unmanaged");
+        std::vector<torch::Tensor> finals;
+        std::vector<int> inside;
+        for (bool outside : {false, true}) {
+          MlpWorld fx(
+              2, parse_config(
+                     "{\"train_micro_batch_size_per_gpu\": 2, "
+                     "\"gradient_accumulation_steps\": 3, "
+                     "\"managed_gradient_accumulation\": " +
+                         std::string(managed ? "true" : "false") + ", " +
+                         (dtype == "bf16" ? "\"bf16\": {\"enabled\": true}, "
+                                          : "") +
+                         "\"zero_optimization\": {\"stage\": 3, "
+                         "\"stage3_param_persistence_threshold\": " +
+                         threshold + "}}",
+                     2));
+          std::vector<torch::Tensor> params(2);
+          int in_backward = 0;
+          fx.world->run([&](int r) {
+            InsideBackwardSpy spy(&fx.world->comm(r));
+            EngineOptions o;
+            o.stage3_collectives_outside_backward = outside;
+            Engine e(fx.models[r], fx.config, &spy, o);
+            for (int k = 0; k < 2; ++k) {
+              for (int b = 0; b < 3; ++b) {
+                torch::Tensor loss = fx.loss(r, 3 * k + b);
+                spy.in_call = true;
+                e.backward(loss);
+                spy.in_call = false;
+                // Before window 0's step: a forward with gradients whose
+                // backward never comes (its held groups would be stale
+                // after the step).
+                if (k == 0 && b == 2) (void)fx.loss(r, 40);
+                if (managed) e.step();
+              }
+              if (!managed) e.step();
+            }
+            params[r] = e.full_parameters();
+            if (r == 0) in_backward = spy.inside;
+          });
+          EXPECT_TRUE(torch::equal(params[0], params[1])) << what;
+          finals.push_back(params[0]);
+          inside.push_back(in_backward);
+        }
+        EXPECT_TRUE(same_bits(finals[0], finals[1])) << what;
+        EXPECT_GT(inside[0], 0) << what << ": the spy sees nothing";
+        EXPECT_EQ(inside[1], 0) << what;
+      }
+}
+
 size_t total(const MemoryStats& m) {
   return m.param_bytes + m.grad_bytes + m.optimizer_state_bytes;
 }

@@ -316,8 +316,12 @@ bool Stage3Binding::enter(torch::nn::Module& block) {
 torch::Tensor Stage3Binding::exit(torch::nn::Module& block,
                                   const torch::Tensor& output) {
   const size_t g = block_group_.at(&block);
+  const bool backward =
+      torch::GradMode::is_enabled() && output.requires_grad();
+  // Note [Stage 3 collectives outside backward]: kept for the backward.
+  if (backward && stage3_->collectives_outside_backward()) stage3_->hold(g);
   stage3_->release(g);
-  if (!torch::GradMode::is_enabled() || !output.requires_grad()) return output;
+  if (!backward) return output;
   return GatherForBackward::apply(
       output, c10::make_intrusive<GroupRef>(stage3_.get(), g));
 }

@@ -138,6 +138,9 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& host_data,
       kernels = std::make_unique<TorchKernels>(torch::kCPU);
       options.kernels = kernels.get();
     }
+    // The ranks share the device's one autograd thread (device_problem).
+    options.stage3_collectives_outside_backward =
+        s.device == "cuda" && s.world_size > 1;
     Engine engine(models[r], run.config, &world.comm(r), options);
     lr_initial[r] = engine.get_lr();
     const bool element = s.overflow_kind == OverflowKind::kElement;
@@ -478,21 +481,17 @@ std::string device_problem(const Scenario& s) {
            "--offload-param at stage 3, or --stages=1,2";
   // LibTorch runs every backward on a device through one autograd thread
   // per device, shared by the whole process: a rank that waits in a
-  // collective inside its backward (stage 3 always: it gathers each block's
-  // parameters and reduce-scatters its gradients there; stage 2 with
-  // overlap_comm) stops the other ranks' backward passes, which that
-  // collective waits for.
-  if (s.world_size > 1 && (s.stage == 3 || (s.stage == 2 && s.overlap_comm)))
-    return std::string(s.stage == 3 ? "stage 3" : "overlap_comm") +
-           " at world " + std::to_string(s.world_size) +
+  // collective inside its backward (stage 2 with overlap_comm) stops the
+  // other ranks' backward passes, which that collective waits for. Stage 3
+  // runs its collectives outside backward there (run_scenario: Note [Stage
+  // 3 collectives outside backward] in zero/stage3.h).
+  if (s.world_size > 1 && s.stage == 2 && s.overlap_comm)
+    return "overlap_comm at world " + std::to_string(s.world_size) +
            " on cuda: the ranks of one process share LibTorch's one "
            "autograd thread for the device, so a rank that waits in a "
            "collective inside its backward would stop the others' "
-           "backward and hang. Fix: " +
-           (s.stage == 3 ? "--world=1 for stage 3"
-                         : "drop --overlap-comm") +
-           ", or run one process per rank (NCCL: gpu_check.sh's step "
-           "benchmark)";
+           "backward and hang. Fix: drop --overlap-comm, or run one "
+           "process per rank (NCCL: gpu_check.sh's step benchmark)";
   return "";
 }
 

@@ -44,25 +44,26 @@ deepspeed_wheels() {
 
 pack() {
   local dir=gpu_pack
-  local targets=(//comm:nccl_communicator_test //tools:harness //benchmarks/peers:zerostep_step)
+  local targets=(//comm:nccl_communicator_test //tools:harness //benchmarks/peers:zerostep_step
+    //benchmarks:device_adam_bench)
   echo "== building ${targets[*]} (--config=cuda)"
   ./bazelw build --config=cuda "${targets[@]}"
   local bin
   bin="$(./bazelw info --config=cuda bazel-bin 2>/dev/null)"
   rm -rf "$dir"
   mkdir -p "$dir/peers"
-  cp "$bin/comm/nccl_communicator_test" "$bin/tools/harness" "$dir/"
+  cp "$bin/comm/nccl_communicator_test" "$bin/tools/harness" "$bin/benchmarks/device_adam_bench" "$dir/"
   # The GPU benchmark against FSDP2 and DeepSpeed (benchmarks/peers/gpu_run.py).
   cp "$bin/benchmarks/peers/zerostep_step" "$dir/peers/"
   cp benchmarks/peers/gpu_run.py benchmarks/peers/run.py benchmarks/peers/torch_step.py \
     benchmarks/peers/deepspeed_step.py "$dir/peers/"
   chmod u+w "$dir"/* "$dir"/peers/*
-  strip "$dir/nccl_communicator_test" "$dir/harness" "$dir/peers/zerostep_step"
+  strip "$dir/nccl_communicator_test" "$dir/harness" "$dir/device_adam_bench" "$dir/peers/zerostep_step"
   # The Debian libraries they need that the node may lack (liburing,
   # libstdc++ of GCC 12, ...), into lib/; glibc, LibTorch and CUDA stay
   # the node's own.
   mkdir -p "$dir/lib"
-  ldd "$dir/nccl_communicator_test" "$dir/harness" "$dir/peers/zerostep_step" |
+  ldd "$dir/nccl_communicator_test" "$dir/harness" "$dir/device_adam_bench" "$dir/peers/zerostep_step" |
     awk '$3 ~ /^\// {print $3}' | sort -u |
     grep -v -E '/(libc|libm|libdl|librt|libpthread|libutil|ld-linux[^/]*)\.so|/torch[^/]*/|/libtorch-|/nvidia/|/cuda[^/]*/' |
     while read -r lib; do cp -L "$lib" "$dir/lib/"; done
@@ -77,6 +78,9 @@ pack() {
 
 case "${1:-all}" in
   pack) pack ;;
-  all) pack && gpu_pack/run.sh ;;
+  all)
+    pack  # not `pack && ...`: set -e does not apply inside a function of an && list
+    gpu_pack/run.sh
+    ;;
   *) echo "usage: tools/gpu_check.sh [pack]" >&2; exit 2 ;;
 esac

@@ -19,8 +19,8 @@ const char* const kHarnessUsage = R"(usage: harness [flags]
                         cpu). cuda needs a device and a CUDA LibTorch
                         (else it fails at once, naming why); the engine
                         on the device (or --offload=cpu at stages 1-2);
-                        stage 3 at world 1 (ranks of one process share
-                        one autograd thread on the device)
+                        no --overlap-comm at stage 2 with several ranks
+                        (they share one autograd thread on the device)
   --kernels=host|torch  the kernels of a CPU model's stage: the host's
                         (default) or LibTorch's ops posing as a device's,
                         which runs the engine's device path (device

@@ -155,6 +155,10 @@ struct StageOptions {
   // Stages 2/3: zero_optimization.reduce_once_per_step (Note [Reduce once
   // per step]). Stages 0/1 reduce once per window anyway.
   bool reduce_once_per_step = false;
+  // Stage 3: no collective inside backward (Note [Stage 3 collectives
+  // outside backward] in zero/stage3.h), for ranks that share one autograd
+  // thread.
+  bool collectives_outside_backward = false;
   // Where the optimizer keeps its state (zero/optimizer.h Note [NVMe
   // optimizer state]); in memory by default.
   OptimizerSwap optimizer_swap;

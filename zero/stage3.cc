@@ -22,6 +22,7 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
       comm_(comm),
       grad_accum_(options.grad_accum),
       reduce_once_(options.reduce_once_per_step),
+      outside_backward_(options.collectives_outside_backward),
       world_(comm->world_size()),
       rank_(comm->rank()),
       optimizer_(
@@ -254,8 +255,33 @@ void Stage3::drop_grads(size_t g) {
 }
 
 void Stage3::gather_for_backward(size_t g) {
+  if (outside_backward_ && full_params_[g] == nullptr)
+    throw UsageError(
+        "Stage3: group " + std::to_string(g) +
+        " has no gathered parameters at its backward, and "
+        "collectives_outside_backward forbids gathering them there (Note "
+        "[Stage 3 collectives outside backward]): its forward ran without "
+        "gradients, or its gathered parameters were dropped by a step or a "
+        "load in between. Fix: run forward and backward in the same window, "
+        "with gradients enabled");
   gather(g, phase::kBackward);
   if (full_grads_[g] == nullptr) take_grads(g);
+}
+
+void Stage3::hold(size_t g) {
+  ZS_CHECK(outside_backward_);
+  ZS_CHECK(g < groups_.size());
+  ZS_CHECK(refs_[g] > 0);
+  ++refs_[g];
+}
+
+void Stage3::drop_held() {
+  if (!outside_backward_) return;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g].persistent || full_params_[g] == nullptr) continue;
+    refs_[g] = 0;
+    drop_params(g);
+  }
 }
 
 void Stage3::begin_backward(int64_t backward_index, int64_t global_steps) {
@@ -302,7 +328,9 @@ void Stage3::on_grad_ready(size_t param_index) {
   ZS_CHECK(param_index < group_of_.size());
   const size_t g = group_of_[param_index];
   ZS_CHECK(pending_[g] > 0);
-  if (--pending_[g] == 0 && !reduced_[g]) reduce_group(g);
+  // Note [Stage 3 collectives outside backward]: end_backward() reduces.
+  if (--pending_[g] == 0 && !reduced_[g] && !outside_backward_)
+    reduce_group(g);
 }
 
 void Stage3::end_backward() {
@@ -338,6 +366,7 @@ GradStats Stage3::finalize(double divisor, double clip) {
 }
 
 void Stage3::apply_update(const OptimizerHyper& hyper) {
+  drop_held();
   if (param_store_) {
     apply_update_offloaded(hyper);
     return;
@@ -464,6 +493,7 @@ void Stage3::load_state(const std::vector<float>& params,
   if (params.size() != numel)
     throw UsageError("checkpoint holds " + std::to_string(params.size()) +
                      " parameters; this model has " + std::to_string(numel));
+  drop_held();
   const std::vector<Segment> segs = owned_segments();
   auto owned = [&](const std::vector<float>& full) {
     std::vector<float> out;

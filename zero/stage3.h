@@ -97,6 +97,31 @@
 // checkpoint's load. Nothing per backward or per group. The NVMe partitions
 // (param_swap) stay on the host: with them the kernels must be the host's.
 //
+// Note [Stage 3 collectives outside backward]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// By default stage 3 communicates inside backward: gather_for_backward
+// all-gathers a block's parameters before its backward, and a group's
+// gradient is reduce-scattered as soon as it is complete. Ranks whose
+// backward passes run on one thread (the simulated ranks of one process on
+// one CUDA device: LibTorch runs every backward on a device through that
+// device's one autograd thread) would hang there, each waiting in a
+// collective for ranks queued behind it. With
+// StageOptions::collectives_outside_backward:
+//   - the engine holds a group's parameters from the end of its forward
+//     (hold()) to its backward, so gather_for_backward finds them gathered
+//     and communicates nothing (a group that was not held is a UsageError
+//     there, not a hang);
+//   - no group is reduced in on_grad_ready; end_backward() reduce-scatters
+//     every group, in group order, after backward has returned.
+// The bits are the same: each group's reduction adds into its own range of
+// the partition gradient, whatever the order of the groups. The cost is
+// memory: every group's full parameters and gradient are materialized
+// from its forward to the end of the backward (about stage 0's
+// parameters and gradients at the peak), so it serves the simulator's
+// ranks on one device, not memory savings. apply_update() and
+// load_state() drop what a forward without backward left held, so a held
+// group never outlives the values it was gathered from.
+//
 // Ownership: `comm` and `storage` must outlive the Stage3.
 // Thread safety: none; one Stage3 per rank.
 #ifndef ZEROSTEP_ZERO_STAGE3_H_
@@ -177,6 +202,11 @@ class Stage3 final : public Stage {
   // Backward: the group's parameters and zeroed gradient storage, before
   // the block's backward runs.
   void gather_for_backward(size_t group);
+  // Forward, after the block (Note [Stage 3 collectives outside
+  // backward]): one more reference to the gathered group, which its
+  // backward's reduction drops. Only with collectives_outside_backward.
+  void hold(size_t group);
+  bool collectives_outside_backward() const { return outside_backward_; }
   // Every rank calls it: all-gathers every group into `out` (the
   // parameters in registration order, param_numels concatenated).
   void full_parameters(float* out, const char* phase);
@@ -193,6 +223,9 @@ class Stage3 final : public Stage {
   // A group's gradient is complete for this backward: reduce it (by
   // default) or keep it for the step (reduce_once_per_step).
   void reduce_group(size_t group);
+  // Note [Stage 3 collectives outside backward]: drops the parameters of
+  // every non-persistent group still gathered.
+  void drop_held();
   // Reduce-scatter the group's full gradient into its partition
   // accumulator, then clear it (persistent groups, reduce_once_per_step)
   // or release it and the parameters.
@@ -235,6 +268,7 @@ class Stage3 final : public Stage {
   // Note [Reduce once per step] in zero/stage.h: the groups' full gradients
   // accumulate over the window, each in the group's own storage.
   bool reduce_once_;
+  bool outside_backward_;  // Note [Stage 3 collectives outside backward]
   int world_;
   int rank_;
   std::vector<Span> owned_;
