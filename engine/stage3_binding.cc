@@ -1,5 +1,7 @@
 #include "engine/stage3_binding.h"
 
+#include <c10/core/DeviceGuard.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -27,6 +29,7 @@ void* own_storage(torch::Tensor& t, bool zero) {
   const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   if (s->nbytes() < bytes) {
+    const c10::DeviceGuard on(t.device());  // cuda:1's memory for cuda:1
     s->set_data_ptr(c10::GetAllocator(t.device().type())->allocate(bytes));
     s->set_nbytes(bytes);
   }
@@ -48,6 +51,7 @@ void free_storage(torch::Tensor& t) {
 void* Stage3Binding::Pool::attach(size_t slot, torch::Tensor& t, bool zero) {
   ZS_CHECK(slot <= slots.size());
   if (slot == slots.size()) {
+    const c10::DeviceGuard on(t.device());  // cuda:1's memory for cuda:1
     slots.push_back(c10::GetAllocator(t.device().type())->allocate(slot_bytes));
     ++allocated;
   }

@@ -272,6 +272,7 @@ void Stage3::hold(size_t g) {
   ZS_CHECK(outside_backward_);
   ZS_CHECK(g < groups_.size());
   ZS_CHECK(refs_[g] > 0);
+  if (groups_[g].persistent) return;  // always gathered
   ++refs_[g];
 }
 
