@@ -196,6 +196,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   bo.persistence_threshold = config_.zero.stage3_param_persistence_threshold;
   bo.offload = config_.zero.offload_optimizer.device != OffloadDevice::kNone;
   bo.pin_memory = config_.zero.offload_optimizer.pin_memory;
+  bo.offload_staging_on_cpu = options.offload_staging_on_cpu;
   binding_ = make_param_binding(model_, params_, bo, comm_, &latch_);
   stage_ = &binding_->stage();
   // Once per run, not once per rank.

@@ -138,6 +138,11 @@ struct EngineOptions {
   // Same bits; every group's parameters and gradient are held from its
   // forward to the end of the backward.
   bool stage3_collectives_outside_backward = false;
+  // Tests: with offload_optimizer at stages 1-2, a CPU model's gradients and
+  // weights go through host staging buffers, hooks and copies as a CUDA
+  // model's do (Note [Offload copies] in engine/flat_binding.h), so the
+  // tests here run that path (all but the copy stream).
+  bool offload_staging_on_cpu = false;
 };
 
 class Engine final {

@@ -1,5 +1,9 @@
 #include "engine/flat_binding.h"
 
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <cstring>
 
 #include "common/errors.h"
@@ -16,7 +20,8 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
       dtype_(options.dtype),
       fold_accum_(options.stage.stage >= 2 ? Precision::kFp32
                                            : options.stage.grad_accum),
-      folded_(params_.size(), 0) {
+      folded_(params_.size(), 0),
+      copied_(params_.size(), 0) {
   Kernels* k = options.stage.kernels;
   if (k != nullptr && !k->host_addressable()) kernels_ = k;
   ZS_CHECK(!(state_on_device() && options.offload));
@@ -38,13 +43,18 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
   if (dtype_ != Precision::kFp32 || options.offload)
     model_grads_ = torch::zeros(
         {padded}, on_device.dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
-  if (!device.is_cpu() && !state_on_device()) {
+  if ((!device.is_cpu() || (options.offload && options.offload_staging_on_cpu)) &&
+      !state_on_device()) {
     const auto host = torch::TensorOptions().pinned_memory(
         options.pin_memory && device.is_cuda());
     if (bf16)  // rounded on the host, then copied
       host_params_ = torch::empty({padded}, host.dtype(torch::kBFloat16));
     if (model_grads_.defined())
       host_grads_ = torch::empty({padded}, host.dtype(model_grads_.dtype()));
+    // Note [Offload copies]: a stream of LibTorch's pool for the copies.
+    if (host_grads_.defined() && device.is_cuda())
+      copy_stream_ = c10::impl::VirtualGuardImpl(device.type())
+                         .getStreamFromGlobalPool(device);
   }
   {
     torch::NoGradGuard no_grad;
@@ -75,37 +85,65 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
   stage_ = make_stage(
       options.stage,
       {flat_params_.data_ptr<float>(), flat_grads_.data_ptr<float>()}, comm);
-  install_grad_ready_hooks(params_);
+  // Note [Offload copies]: each gradient leaves the device as it completes.
+  install_grad_ready_hooks(params_, /*binding_wants=*/host_grads_.defined());
 }
 
 void FlatBinding::begin_backward() {
   std::fill(folded_.begin(), folded_.end(), 0);
+  std::fill(copied_.begin(), copied_.end(), 0);
 }
 
 void FlatBinding::end_backward() {
   if (!folds_grads()) return;
-  // A model off the host: one copy of every gradient not folded yet (the
-  // folded ones are zero on the device by now).
+  // Note [Offload copies]: the gradients no hook copied, one wait, then
+  // every fold on the host.
   if (host_grads_.defined()) {
-    host_grads_.copy_(model_grads_);
-    model_grads_.zero_();
+    for (size_t i = 0; i < params_.size(); ++i) copy_grad_to_host(i);
+    wait_for_copies();
   }
   for (size_t i = 0; i < params_.size(); ++i) fold_grad(i);
 }
 
-void FlatBinding::on_grad_ready(size_t i) {
-  if (folds_grads()) {
-    // The gradient completes here: copy it to the host now (a wait per
-    // parameter on a device) rather than in end_backward's one copy.
-    if (host_grads_.defined() && !folded_[i]) {
-      const int64_t off = static_cast<int64_t>(layout_.offsets[i]);
-      const int64_t n = static_cast<int64_t>(layout_.numels[i]);
-      host_grads_.narrow(0, off, n).copy_(model_grads_.narrow(0, off, n));
-      model_grads_.narrow(0, off, n).zero_();
-    }
-    fold_grad(i);
+void FlatBinding::copy_grad_to_host(size_t i) {
+  if (copied_[i]) return;
+  copied_[i] = 1;
+  const int64_t off = static_cast<int64_t>(layout_.offsets[i]);
+  const int64_t n = static_cast<int64_t>(layout_.numels[i]);
+  torch::Tensor grad = model_grads_.narrow(0, off, n);
+  torch::Tensor host = host_grads_.narrow(0, off, n);
+  if (!copy_stream_) {  // the CPU: synchronous
+    host.copy_(grad);
+    grad.zero_();
+    return;
   }
-  stage_->on_grad_ready(i);
+  const c10::Device device = model_grads_.device();
+  // After what autograd queued on its stream, which wrote the gradient.
+  c10::Event written(device.type());
+  written.record(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
+  copy_stream_->wait(written);
+  const c10::StreamGuard on_copy_stream(*copy_stream_);
+  host.copy_(grad, /*non_blocking=*/true);
+  grad.zero_();
+}
+
+void FlatBinding::wait_for_copies() {
+  if (copy_stream_) copy_stream_->synchronize();
+}
+
+void FlatBinding::on_grad_ready(size_t i) {
+  if (!folds_grads()) {
+    stage_->on_grad_ready(i);
+    return;
+  }
+  if (host_grads_.defined()) copy_grad_to_host(i);
+  // overlap_comm: the stage reduces from the fold now, so the copy must
+  // have landed (a wait per parameter on a device).
+  if (stage_->wants_grad_ready()) {
+    if (host_grads_.defined()) wait_for_copies();
+    fold_grad(i);
+    stage_->on_grad_ready(i);
+  }
 }
 
 const void* FlatBinding::grad_on_host(size_t i) {

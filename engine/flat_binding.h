@@ -33,9 +33,31 @@
 // same run without it (the harness's offload_bitwise_equal). On a CPU model
 // the device buffers are host memory too: the tests here run this path,
 // copies included. Cost there: one more copy of the weights and gradients.
-// Host synchronisation: a CUDA model's gradient copy to the host is waited
-// for once per backward (once per parameter with overlap_comm), the copy
-// back once per step; the copies run on the current stream.
+// Host synchronisation: once per backward for the gradients (once per
+// parameter with overlap_comm), once per step for the weights going back.
+//
+// Note [Offload copies]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A model off the host (a CUDA device) sends each parameter's gradient to
+// the host as soon as autograd has finished it (the grad-ready hook), not
+// after backward: the copy into host_grads_ (page-locked with
+// offload_optimizer.pin_memory, which a copy needs to run asynchronously)
+// and the clearing of the device gradient are queued on a copy stream of
+// their own, after an event on the stream autograd wrote the gradient on,
+// so they overlap the rest of backward. end_backward() queues the
+// parameters no hook saw (no gradient this backward), waits for the copy
+// stream once, and folds every gradient into the float32 accumulation on
+// the host, in parameter order. With overlap_comm the stage reduces a
+// bucket from the hook, which needs the folded gradient: the hook waits for
+// its copy and folds at once (a wait per parameter). The next backward
+// writes the device gradients only after end_backward's wait, so the
+// clears are ordered before it. Each parameter is copied once per backward
+// (copied_); the folds are the same additions in the same order as before,
+// so the bits do not change. The weights go back to the device in
+// params_written() with one synchronous copy per step.
+// A CPU model has no streams: with BindingOptions::offload_staging_on_cpu
+// (tests) it takes the same path with synchronous copies, so the tests here
+// run everything of it but the stream and the event.
 //
 // On the device (StageOptions::kernels not host-addressable, no offload:
 // Note [Device kernels] in zero/kernels.h) every flat buffer is on the
@@ -50,6 +72,7 @@
 #define ZEROSTEP_ENGINE_FLAT_BINDING_H_
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "engine/param_binding.h"
@@ -84,6 +107,11 @@ class FlatBinding final : public ParamBinding {
   // Where the fold reads parameter i's gradient: model_grads_ itself when
   // it is host memory, else host_grads_ after copying it there.
   const void* grad_on_host(size_t param_index);
+  // Note [Offload copies]: queues parameter i's gradient copy to
+  // host_grads_ and the clearing of the device gradient, once per backward.
+  void copy_grad_to_host(size_t param_index);
+  // Waits for every copy queued so far (nothing to wait for on the CPU).
+  void wait_for_copies();
 
   std::shared_ptr<torch::nn::Module> model_;
   std::vector<torch::Tensor> params_;
@@ -105,6 +133,9 @@ class FlatBinding final : public ParamBinding {
   torch::Tensor host_params_;
   torch::Tensor host_grads_;
   std::vector<char> folded_;  // per parameter, in this backward
+  std::vector<char> copied_;  // per parameter: copy queued this backward
+  // Note [Offload copies]: the copy stream of a CUDA model's offload.
+  std::optional<c10::Stream> copy_stream_;
   // Note [Device kernels]: the stage's kernels when they are a device's
   // (nullptr on the host).
   Kernels* kernels_ = nullptr;

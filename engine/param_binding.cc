@@ -33,8 +33,8 @@ class GradReadyHook final : public torch::autograd::FunctionPostHook {
 }  // namespace
 
 void ParamBinding::install_grad_ready_hooks(
-    const std::vector<torch::Tensor>& params) {
-  if (!stage().wants_grad_ready()) return;
+    const std::vector<torch::Tensor>& params, bool binding_wants) {
+  if (!stage().wants_grad_ready() && !binding_wants) return;
   for (size_t i = 0; i < params.size(); ++i) {
     grad_accumulators_.push_back(
         torch::autograd::impl::grad_accumulator(params[i]));

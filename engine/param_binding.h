@@ -71,9 +71,11 @@ class ParamBinding {
   // Autograd finished parameter i's gradient of this backward (the hook
   // installed by install_grad_ready_hooks).
   virtual void on_grad_ready(size_t param_index) = 0;
-  // When the stage wants on_grad_ready (overlap_comm, stage 3), hooks every
-  // parameter's AccumulateGrad node to call it.
-  void install_grad_ready_hooks(const std::vector<torch::Tensor>& params);
+  // When the stage wants on_grad_ready (overlap_comm, stage 3), or the
+  // binding itself does (`binding_wants`), hooks every parameter's
+  // AccumulateGrad node to call it.
+  void install_grad_ready_hooks(const std::vector<torch::Tensor>& params,
+                                bool binding_wants = false);
 
  private:
   // The AccumulateGrad nodes carrying the hooks: a parameter holds its
@@ -100,6 +102,9 @@ struct BindingOptions {
   // offload_optimizer.pin_memory: the host buffers that take the model's
   // gradients are page-locked when the model is on a CUDA device.
   bool pin_memory = false;
+  // Tests: a CPU model's offload goes through host staging buffers as a
+  // device model's does (Note [Offload copies] in engine/flat_binding.h).
+  bool offload_staging_on_cpu = false;
 };
 
 // `params` are the model's trainable parameters (trainable_parameters() in

@@ -46,7 +46,8 @@ def ds_config(a, mode):
     stage = int(mode[5])
     zero = {"stage": stage}
     if "_offload" in mode:
-        zero["offload_optimizer"] = {"device": "cpu"}
+        # Page-locked host buffers on cuda, as FSDP2's CPUOffloadPolicy there.
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": a.device == "cuda"}
     if stage == 3:
         zero["stage3_param_persistence_threshold"] = 0
     return {

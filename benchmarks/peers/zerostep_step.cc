@@ -293,7 +293,10 @@ Config engine_config(const Options& o, const Mode& mode, int world_size) {
                          // ones whole).
                          {"stage3_param_persistence_threshold", 0}};
   if (mode.stage >= 2) zero["reduce_once_per_step"] = mode.once;
-  if (mode.offload) zero["offload_optimizer"] = {{"device", "cpu"}};
+  // Page-locked host buffers on cuda, as FSDP2's CPUOffloadPolicy there.
+  if (mode.offload)
+    zero["offload_optimizer"] = {{"device", "cpu"},
+                                 {"pin_memory", o.device == "cuda"}};
   if (mode.overlap) {
     zero["overlap_comm"] = true;
     zero["reduce_bucket_size"] = 25 << 20 >> 2;  // DDP's bucket_cap_mb = 25
