@@ -31,6 +31,9 @@ namespace {
 struct Stage3Options {
   int64_t persistence_threshold = 0;
   bool reduce_once = false;
+  // "", "offload_optimizer" or "offload_param": that section with device
+  // "cpu" (Note [Stage 3 offload from a device] in zero/stage3.h).
+  std::string offload = "";
 };
 
 std::string config_json(int stage, bool managed, const std::string& dtype,
@@ -46,6 +49,8 @@ std::string config_json(int stage, bool managed, const std::string& dtype,
          "\"stage3_param_persistence_threshold\": " +
          std::to_string(s3.persistence_threshold) +
          ", \"reduce_once_per_step\": " + (s3.reduce_once ? "true" : "false") +
+         (s3.offload.empty() ? std::string()
+                             : ", \"" + s3.offload + "\": {\"device\": \"cpu\"}") +
          "}, " + (dtype == "bf16" ? "\"bf16\": {\"enabled\": true}, " : "") +
          (dtype == "fp16" ? "\"fp16\": {\"enabled\": true}, " : "") +
          "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, "
@@ -162,6 +167,36 @@ TEST(DeviceEngineTest, FarKernelsGiveTheHostRunsBitsAtStage3sVariants) {
     }
 }
 
+// Stage 3 with offload from a device (Note [Stage 3 offload from a device]
+// in zero/stage3.h): the partitions and the optimizer on the host, the
+// gathered groups in the device's memory, every collective moving between
+// the two: the host run's bits (which are the run without offload's), one
+// norm per step, managed equal to unmanaged.
+TEST(DeviceEngineTest, Stage3OffloadFromADeviceGivesTheHostRunsBits) {
+  for (const std::string offload : {"offload_optimizer", "offload_param"})
+    for (const std::string dtype : {"fp32", "bf16"})
+      for (int64_t threshold : {0, 100}) {
+        const std::string name = what(3, 2, dtype) + " " + offload +
+                                 " threshold " + std::to_string(threshold);
+        const Stage3Options s3{threshold, false, offload};
+        const Stage3Options none{threshold, false, ""};
+        const Trained plain =
+            train_windows(3, 2, false, dtype, Kind::kHost, "", none);
+        const Trained host =
+            train_windows(3, 2, false, dtype, Kind::kHost, "", s3);
+        const Trained far = train_windows(3, 2, false, dtype, Kind::kFar, "", s3);
+        const Trained managed =
+            train_windows(3, 2, true, dtype, Kind::kFar, "", s3);
+        for (int r = 0; r < 2; ++r) {
+          EXPECT_TRUE(same_bits(plain.params[r], host.params[r])) << name;
+          EXPECT_TRUE(same_bits(host.params[r], far.params[r])) << name;
+          EXPECT_TRUE(same_bits(far.params[r], managed.params[r])) << name;
+        }
+        EXPECT_EQ(far.norms, 0) << name << ": the norm is the host's";
+        EXPECT_GT(far.downloads, 0) << name;
+      }
+}
+
 TEST(DeviceEngineTest, TorchKernelsManagedEqualsUnmanagedBitwise) {
   for (int stage : {0, 1, 2, 3})
     for (int world : {1, 2})
@@ -227,9 +262,7 @@ TEST(DeviceEngineTest, CheckpointsMoveBetweenDeviceAndHost) {
 
 TEST(DeviceEngineTest, KernelsAreRefusedWhereTheStateStaysOnTheHost) {
   for (const std::string extra :
-       {"\"zero_optimization\": {\"stage\": 3, \"offload_param\": "
-        "{\"device\": \"cpu\"}}",
-        "\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": "
+       {"\"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": "
         "{\"device\": \"cpu\"}}",
         "\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": "
         "{\"device\": \"cpu\"}}"}) {

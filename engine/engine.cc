@@ -43,10 +43,10 @@ LossScalerOptions scaler_options(const PrecisionConfig& p) {
 
 // Float32 parameters, all on one device; off the host, the stage works on
 // that device (Note [Device kernels] in zero/kernels.h, Note [Stage 3 on a
-// device] in zero/stage3.h) or, at stages 1-2 with ZeRO-Offload, on the
-// host (Note [ZeRO-Offload] in engine/flat_binding.h).
-void check_parameter_devices(const std::vector<torch::Tensor>& params,
-                             const ZeroConfig& zero) {
+// device] in zero/stage3.h) or, with offload, on the host (Note
+// [ZeRO-Offload] in engine/flat_binding.h, Note [Stage 3 offload from a
+// device] in zero/stage3.h).
+void check_parameter_devices(const std::vector<torch::Tensor>& params) {
   for (const torch::Tensor& p : params) {
     if (p.scalar_type() != torch::kFloat32)
       throw UsageError("trainable parameter of dtype " +
@@ -61,46 +61,39 @@ void check_parameter_devices(const std::vector<torch::Tensor>& params,
                        ": every trainable parameter must be on one device. "
                        "Fix: move the whole model with model->to(device)");
   }
-  if (params.empty() || params.front().device().is_cpu()) return;
-  if (zero.stage <= 2) return;
-  const char* key = zero.offload_optimizer.device != OffloadDevice::kNone
-                        ? "offload_optimizer"
-                        : zero.offload_param.device != OffloadDevice::kNone
-                              ? "offload_param"
-                              : nullptr;
-  if (key == nullptr) return;
-  throw UsageError(
-      "trainable parameters on " + params.front().device().str() +
-      " with zero_optimization.stage 3 and " + key +
-      ": this build offloads stage 3's state only for a model on the CPU "
-      "(on a device, stage 3 keeps its partitions there, and "
-      "offload_optimizer works at stages 1-2). Fix: drop "
-      "zero_optimization." + key + ", set zero_optimization.stage to 1 or 2, "
-      "or train the model on the CPU");
 }
 
-// The kernels of a stage's flat buffers (Note [Device kernels]): the
-// caller's, a TorchKernels on the model's device, or nullptr (the host's).
-Kernels* choose_kernels(const std::vector<torch::Tensor>& params,
-                        const ZeroConfig& zero, Kernels* given,
-                        std::unique_ptr<Kernels>* own) {
+// Which kernels work on which memory (Note [Device kernels]): `stage`, the
+// stage's own buffers (nullptr: the host's); `groups`, stage 3's gathered
+// groups when they are elsewhere (Note [Stage 3 offload from a device]).
+struct ChosenKernels {
+  Kernels* stage = nullptr;
+  Kernels* groups = nullptr;
+};
+
+// The caller's kernels, a TorchKernels on the model's device, or none.
+ChosenKernels choose_kernels(const std::vector<torch::Tensor>& params,
+                             const ZeroConfig& zero, Kernels* given,
+                             std::unique_ptr<Kernels>* own) {
   const bool offload =
       zero.offload_optimizer.device != OffloadDevice::kNone ||
       (zero.stage == 3 && zero.offload_param.device != OffloadDevice::kNone);
   if (given != nullptr) {
-    if (offload)
+    if (offload && zero.stage != 3)
       throw UsageError(
           "EngineOptions::kernels is given with zero_optimization.stage " +
           std::to_string(zero.stage) +
-          " and offload: the kernels choose where the stage keeps its "
-          "state, and offload keeps it on the host. Fix: leave "
+          " and offload_optimizer: at stages 1-2 offload keeps the state on "
+          "the host and moves the model's gradients and weights with "
+          "LibTorch copies, so no kernels are used. Fix: leave "
           "EngineOptions::kernels unset");
-    return given;
+    return offload ? ChosenKernels{nullptr, given} : ChosenKernels{given, nullptr};
   }
-  if (params.empty() || params.front().device().is_cpu() || offload)
-    return nullptr;
+  if (params.empty() || params.front().device().is_cpu()) return {};
+  if (offload && zero.stage != 3) return {};  // Note [ZeRO-Offload]
   *own = std::make_unique<TorchKernels>(params.front().device());
-  return own->get();
+  return offload ? ChosenKernels{nullptr, own->get()}
+                 : ChosenKernels{own->get(), nullptr};
 }
 
 void check_overrides(const StepOverrides& o) {
@@ -163,13 +156,14 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
                      " ranks. Fix: pass the communicator's world size to "
                      "parse_config");
   }
-  check_parameter_devices(params_, config_.zero);
-  Kernels* kernels = choose_kernels(params_, config_.zero, options.kernels,
-                                    &own_kernels_);
+  check_parameter_devices(params_);
+  const ChosenKernels kernels =
+      choose_kernels(params_, config_.zero, options.kernels, &own_kernels_);
   // A host-memory backend carries the device's buffers through host copies.
-  if (kernels != nullptr && !kernels->host_addressable() &&
+  Kernels* device = kernels.groups != nullptr ? kernels.groups : kernels.stage;
+  if (device != nullptr && !device->host_addressable() &&
       !comm_->reads_device_memory()) {
-    staging_ = std::make_unique<StagingCommunicator>(comm_, kernels);
+    staging_ = std::make_unique<StagingCommunicator>(comm_, device);
     comm_ = staging_.get();
   }
   offload_ = std::make_unique<OffloadDevices>(config_.zero, comm_->rank(),
@@ -191,7 +185,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
       options.stage3_collectives_outside_backward;
   bo.stage.optimizer_swap = offload_->optimizer_swap();
   bo.stage.param_swap = offload_->param_swap();
-  bo.stage.kernels = kernels;
+  bo.stage.kernels = kernels.stage;
+  bo.stage.group_kernels = kernels.groups;
   bo.dtype = dtype();
   bo.persistence_threshold = config_.zero.stage3_param_persistence_threshold;
   bo.offload = config_.zero.offload_optimizer.device != OffloadDevice::kNone;

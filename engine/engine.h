@@ -126,11 +126,14 @@ struct EngineOptions {
   // e.g. a decorator that stops a save after its k-th operation in tests).
   // nullptr: posix_checkpoint_files(). Must outlive the engine.
   CheckpointFiles* checkpoint_files = nullptr;
-  // Without offload: the kernels the stage's buffers live and are worked
-  // on with (Note [Device kernels] in zero/kernels.h), e.g.
-  // zero/far_kernels.h or a CPU TorchKernels in tests, which run the
-  // device path on the CPU. nullptr: the host's for a CPU model, a
-  // TorchKernels on the model's device otherwise. Must outlive the engine.
+  // The kernels of the model's device memory (Note [Device kernels] in
+  // zero/kernels.h), e.g. zero/far_kernels.h or a CPU TorchKernels in
+  // tests, which run the device path on the CPU: without offload the
+  // stage's buffers live there; at stage 3 with offload only the gathered
+  // groups (Note [Stage 3 offload from a device] in zero/stage3.h); at
+  // stages 1-2 with offload it is a UsageError. nullptr: the host's for a
+  // CPU model, a TorchKernels on the model's device otherwise. Must outlive
+  // the engine.
   Kernels* kernels = nullptr;
   // Stage 3: no collective inside backward (Note [Stage 3 collectives
   // outside backward] in zero/stage3.h), for several ranks of one process

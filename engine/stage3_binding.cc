@@ -119,7 +119,11 @@ Stage3Binding::Stage3Binding(std::shared_ptr<torch::nn::Module> model,
       numel_(options.stage.layout.numel),
       latch_(latch) {
   ZS_CHECK(latch_ != nullptr);
-  Kernels* k = options.stage.kernels;
+  // The groups' memory: the stage's kernels, or with offload from a device
+  // its group_kernels (Note [Stage 3 offload from a device]).
+  Kernels* k = options.stage.group_kernels != nullptr
+                   ? options.stage.group_kernels
+                   : options.stage.kernels;
   if (k != nullptr && !k->host_addressable()) kernels_ = k;
   const torch::Device device =
       params_.empty() ? torch::Device(torch::kCPU) : params_[0].device();

@@ -210,19 +210,19 @@ struct Scenario {
   // rank). On cuda the engine keeps the ZeRO state on the device (Note
   // [Device kernels] in zero/kernels.h, Note [Stage 3 on a device] in
   // zero/stage3.h), or on the host with ZeRO-Offload at stages 1-2 (Note
-  // [ZeRO-Offload] in engine/flat_binding.h); device_problem refuses what
-  // cannot run (stage 3 with offload; overlap_comm at stage 2 with several
-  // ranks). Several ranks at stage 3 run its collectives outside backward
-  // (Note [Stage 3 collectives outside backward] in zero/stage3.h). The
-  // reference
-  // run is on the CPU (a cross-device check, within the tolerance), and an
+  // [ZeRO-Offload] in engine/flat_binding.h; stage 3: Note [Stage 3
+  // offload from a device] in zero/stage3.h); device_problem refuses what
+  // cannot run (overlap_comm at stage 2 with several ranks). Several ranks
+  // at stage 3 run its collectives outside backward (Note [Stage 3
+  // collectives outside backward] in zero/stage3.h). The reference run is
+  // on the CPU (a cross-device check, within the tolerance), and an
   // offload run's no-offload twin is not run
   // (ScenarioResult::offload_compared).
   std::string device = "cpu";
   // On the CPU: "host" (host_kernels()) or "torch" (a CPU TorchKernels
   // posing as a device's: the engine's device path, Note [Device kernels]
   // in zero/kernels.h, with its collectives staged). device_problem
-  // refuses "torch" with offload.
+  // refuses "torch" with offload at stages 1-2.
   std::string kernels = "host";
 };
 
@@ -302,10 +302,10 @@ struct ScenarioResult {
 };
 
 // Why the scenario cannot run on its device ("" when it can): an unknown
-// device or kernels, kernels "torch" with offload, cuda at stage 3 with
-// offload, or cuda with overlap_comm at stage 2 and several ranks: a rank
-// would wait in a collective inside its backward, and the ranks share one
-// autograd thread for the device, so they would hang.
+// device or kernels, kernels "torch" with offload at stages 1-2, or cuda
+// with overlap_comm at stage 2 and several ranks: a rank would wait in a
+// collective inside its backward, and the ranks share one autograd thread
+// for the device, so they would hang.
 std::string device_problem(const Scenario& s);
 
 // Throws ConfigError if the scenario's config is invalid, UsageError for a

@@ -68,8 +68,9 @@ parity() {
   ./harness --device=cuda --stages=3 --world=1,2,4 --backwards=2,5,3 --dtype=fp32,bf16,fp16
   ./harness --device=cuda --stages=3 --world=1,2 --model=gpt --clip=1.0 --persistence-threshold=100000
 
-  echo "== parity on the device: ZeRO-Offload, models and data on cuda:0, worlds 1, 2, 4 (digests printed)"
-  ./harness --device=cuda --stages=1,2 --offload=cpu --world=1,2,4 --backwards=2,5,3 --dtype=fp32,bf16
+  echo "== parity on the device: ZeRO-Offload (stage 3: partitions on the host, gathered groups on cuda:0), models and data on cuda:0, worlds 1, 2, 4 (digests printed)"
+  ./harness --device=cuda --stages=1,2,3 --offload=cpu --world=1,2,4 --backwards=2,5,3 --dtype=fp32,bf16
+  ./harness --device=cuda --stages=3 --offload=cpu --offload-param --world=1,2 --backwards=2,5,3
   ./harness --device=cuda --stages=1,2 --offload=cpu --world=1,2 --model=gpt
   ./harness --device=cuda --stages=2 --offload=cpu --world=1 --model=gpt --overlap-comm
 }

@@ -169,6 +169,11 @@ struct StageOptions {
   // device] in zero/stage3.h); nullptr: host_kernels(). Must outlive the
   // stage.
   Kernels* kernels = nullptr;
+  // Stage 3: the memory of the gathered groups (the GroupStorage's
+  // buffers) when it is not `kernels`' (Note [Stage 3 offload from a
+  // device] in zero/stage3.h: the partitions on the host, the groups on
+  // the model's device); nullptr: `kernels`. Must outlive the stage.
+  Kernels* group_kernels = nullptr;
 };
 
 // Views of the engine's flat buffers; each holds layout.padded_numel floats,

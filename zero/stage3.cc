@@ -18,6 +18,7 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
       param_numel_(param_numels),
       group_of_(param_numels.size(), 0),
       k_(options.kernels != nullptr ? *options.kernels : host_kernels()),
+      gk_(options.group_kernels != nullptr ? *options.group_kernels : k_),
       storage_(storage),
       comm_(comm),
       grad_accum_(options.grad_accum),
@@ -37,6 +38,9 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
           AdamKernel::kFused, options.optimizer_swap, &k_) {
   ZS_CHECK(storage_ != nullptr);
   ZS_CHECK(initial_params.size() == groups_.size());
+  // Note [Stage 3 offload from a device]: partitions apart from the groups
+  // are the host's.
+  ZS_CHECK(&gk_ == &k_ || k_.host_addressable());
   size_t canonical = 0;
   for (size_t n : param_numels) {
     canonical_offset_.push_back(canonical);
@@ -110,17 +114,20 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
         const size_t hi =
             std::min<size_t>(s.first + s.count, part_offset_[g] + partition_[g]);
         if (lo >= hi) continue;
-        std::memcpy(s.arrays[0] + (lo - s.first),
-                    initial_params[g] + rank_ * partition_[g] +
-                        (lo - part_offset_[g]),
-                    (hi - lo) * sizeof(float));
+        gk_.download(s.arrays[0] + (lo - s.first),
+                     initial_params[g] + rank_ * partition_[g] +
+                         (lo - part_offset_[g]),
+                     hi - lo);
       }
     });
   }
   for (size_t g = 0; g < groups_.size(); ++g) {
-    if (!param_store_)
+    if (!param_store_ && &gk_ == &k_)
       k_.copy(part_params_.data() + part_offset_[g],
               initial_params[g] + rank_ * partition_[g], partition_[g]);
+    else if (!param_store_)  // from the device's storage to the host
+      gk_.download(part_params_.data() + part_offset_[g],
+                   initial_params[g] + rank_ * partition_[g], partition_[g]);
     // The others' initial storage is the engine's to free (their pool
     // slots come with the first use).
     if (groups_[g].persistent) {
@@ -191,7 +198,7 @@ void Stage3::gather(size_t g, const char* phase) {
   ++refs_[g];
   take_params(g);
   comm_->all_gather(buffer(part, partition_[g]),
-                    buffer(full_params_[g], padded_[g]), {phase});
+                    group_buffer(full_params_[g], padded_[g]), {phase});
   storage_->params_written(g);
 }
 
@@ -309,14 +316,14 @@ void Stage3::reduce_group(size_t g) {
 }
 
 void Stage3::reduce_scatter_group(size_t g, const char* phase) {
-  comm_->reduce_scatter(buffer(full_grads_[g], padded_[g]),
+  comm_->reduce_scatter(group_buffer(full_grads_[g], padded_[g]),
                         buffer(scratch_.data(), partition_[g]),
                         {ReduceOp::kSum, phase});
   k_.accumulate(part_grads_.data() + part_offset_[g], scratch_.data(),
                 partition_[g], Precision::kFp32, grad_accum_);
   reduced_[g] = true;
   if (groups_[g].persistent || reduce_once_) {
-    k_.zero(full_grads_[g], padded_[g]);
+    gk_.zero(full_grads_[g], padded_[g]);
     return;
   }
   drop_grads(g);
@@ -389,7 +396,7 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
       ZS_CHECK(full_grads_[g] != nullptr);
       comm_->all_gather(
           buffer(part_params_.data() + part_offset_[g], partition_[g]),
-          buffer(full_grads_[g], padded_[g]), {phase::kStep});
+          group_buffer(full_grads_[g], padded_[g]), {phase::kStep});
     }
     optimizer_.commit();  // NVMe: the new moments count from here
   } catch (...) {
@@ -403,8 +410,8 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
 void Stage3::publish_persistent() {
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (!groups_[g].persistent) continue;
-    k_.copy(full_params_[g], full_grads_[g], padded_[g]);
-    k_.zero(full_grads_[g], padded_[g]);
+    gk_.copy(full_params_[g], full_grads_[g], padded_[g]);
+    gk_.zero(full_grads_[g], padded_[g]);
     storage_->params_written(g);
   }
 }
@@ -433,7 +440,7 @@ void Stage3::apply_update_offloaded(const OptimizerHyper& hyper) {
       ZS_CHECK(full_grads_[g] != nullptr);
       comm_->all_gather(
           Buffer::of(step_params_.data() + part_offset_[g], partition_[g]),
-          Buffer::of(full_grads_[g], padded_[g]), {phase::kStep});
+          group_buffer(full_grads_[g], padded_[g]), {phase::kStep});
     }
     // The commits: old partitions and moments or new ones, never a mix
     // (but for the indeterminate commit of zero/optimizer.h).
@@ -446,7 +453,7 @@ void Stage3::apply_update_offloaded(const OptimizerHyper& hyper) {
     // it must be zero for the next backward to accumulate into.
     for (size_t g = 0; g < groups_.size(); ++g)
       if (groups_[g].persistent && full_grads_[g] != nullptr)
-        std::memset(full_grads_[g], 0, padded_[g] * sizeof(float));
+        gk_.zero(full_grads_[g], padded_[g]);
     std::vector<float>().swap(step_params_);
     throw;
   }
@@ -519,7 +526,7 @@ void Stage3::load_state(const std::vector<float>& params,
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (!groups_[g].persistent) continue;
     for (size_t p : groups_[g].params)
-      k_.upload(full_params_[g] + param_offset_[p],
+      gk_.upload(full_params_[g] + param_offset_[p],
                 params.data() + canonical_offset_[p], param_numel_[p]);
     storage_->params_written(g);
   }

@@ -122,6 +122,21 @@
 // load_state() drop what a forward without backward left held, so a held
 // group never outlives the values it was gathered from.
 //
+// Note [Stage 3 offload from a device]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A model on a device with offload_optimizer (or offload_param) keeps the
+// gathered groups on its device and the rank's partitions on the host:
+// StageOptions::kernels are the host's (the partitions, their gradient,
+// the optimizer state, the NVMe store) and StageOptions::group_kernels
+// the device's (the GroupStorage's full parameters and gradients). Each
+// collective's buffers are marked by where they live: a gather reads a
+// host partition into device storage, a reduce-scatter reads device
+// gradients into a host chunk; the clears and copies of group storage go
+// through group_kernels, the initial partitions are downloaded from the
+// device storage once. The fused CPU Adam updates the partitions; the
+// next gather brings them to the device. Without group_kernels both are
+// the same kernels.
+//
 // Ownership: `comm` and `storage` must outlive the Stage3.
 // Thread safety: none; one Stage3 per rank.
 #ifndef ZEROSTEP_ZERO_STAGE3_H_
@@ -249,6 +264,13 @@ class Stage3 final : public Stage {
     b.device = !k_.host_addressable();
     return b;
   }
+  // The same for the gathered groups' memory (Note [Stage 3 offload from a
+  // device]).
+  Buffer group_buffer(float* p, size_t n) const {
+    Buffer b = Buffer::of(p, n);
+    b.device = !gk_.host_addressable();
+    return b;
+  }
   // apply_update with the partitions on the device.
   void apply_update_offloaded(const OptimizerHyper& hyper);
   // The persistent groups' parameters := their gradient storage, which
@@ -262,6 +284,8 @@ class Stage3 final : public Stage {
   std::vector<size_t> group_of_;
   std::vector<size_t> padded_, partition_, part_offset_;
   Kernels& k_;  // the memory of every buffer below but the NVMe scratches
+  Kernels& gk_;  // the GroupStorage's memory (Note [Stage 3 offload from a
+                 // device]); k_ unless given
   GroupStorage* storage_;
   Communicator* comm_;
   Precision grad_accum_;

@@ -9,7 +9,7 @@ The same processes, model (torch_step.build_model: TinyGpt module for
 module), data, timing and JSON lines as torch_step.py, with the model under
 deepspeed.initialize (DeepSpeed 0.19.8) instead of DDP or FSDP2. A mode is
 stage<k> (ZeRO stage k, 0-3) with any of the suffixes
-  _offload  zero_optimization.offload_optimizer.device "cpu" (stages 1-2)
+  _offload  zero_optimization.offload_optimizer.device "cpu" (stages 1-3)
   _managed  managed_gradient_accumulation true: N (backward, step) pairs,
             DeepSpeed's own accumulation counting the boundary
 and without _managed DeepSpeed 0.19.8's managed_gradient_accumulation:
@@ -38,6 +38,7 @@ import torch_step  # noqa: E402
 
 DEEPSPEED_VERSION = "0.19.8"
 DEEPSPEED_MODES = ("stage0", "stage1", "stage2", "stage3", "stage1_offload", "stage2_offload",
+                   "stage3_offload",
                    "stage0_managed", "stage1_managed", "stage2_managed", "stage3_managed",
                    "stage1_offload_managed", "stage2_offload_managed")
 

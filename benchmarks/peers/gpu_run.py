@@ -15,7 +15,7 @@ parameters (the tiny GPT of models/tiny_gpt.h, written out module for module
 in torch_step.py; the driver checks that every framework counts the same
 parameters), N = 4 backward calls per optimizer step, fp32, AdamW:
   zerostep   zerostep_step --device=cuda --backend=nccl: stage0 to stage3
-             (ZeRO state on the device), stage1_offload, stage2_offload
+             (ZeRO state on the device), stage1_offload to stage3_offload
              (offload_optimizer cpu), and stage2_managed (managed
              accumulation, for the unmanaged / managed ratio); unmanaged
              windows otherwise. A mode the engine refuses is reported with
@@ -62,10 +62,11 @@ from run import cpu_model  # noqa: E402  (run.py sits beside this file, packed w
 GPU_SIZES = {"125M": (25600, 768, 12, 12), "350M": (25600, 1024, 24, 16)}
 QUICK_SIZES = {"tiny": (64, 32, 2, 2)}
 ZEROSTEP_MODES = ["stage0", "stage1", "stage2", "stage3", "stage1_offload", "stage2_offload",
-                  "stage2_managed"]
+                  "stage3_offload", "stage2_managed"]
 DEEPSPEED_MODES = list(ZEROSTEP_MODES)
 TORCH_MODES = ["fsdp2", "fsdp2_offload"]
-ROWS = ["stage0", "stage1", "stage2", "stage3", "stage1_offload", "stage2_offload"]
+ROWS = ["stage0", "stage1", "stage2", "stage3", "stage1_offload", "stage2_offload",
+        "stage3_offload"]
 MANAGED = ("stage2", "stage2_managed")
 
 

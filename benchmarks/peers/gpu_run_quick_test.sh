@@ -26,7 +26,8 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 assert not r["failures"], r["failures"]
 rows = {x["mode"]: x for x in r["summary"]}
-assert list(rows) == ["stage0", "stage1", "stage2", "stage3", "stage1_offload", "stage2_offload"], list(rows)
+assert list(rows) == ["stage0", "stage1", "stage2", "stage3", "stage1_offload", "stage2_offload",
+                      "stage3_offload"], list(rows)
 for mode, row in rows.items():
     assert row["zerostep"]["window_s"]["median"] > 0, (mode, row)  # stage 3 runs on the CPU
     assert row["fsdp2"]["window_s"]["median"] > 0, (mode, row)

@@ -126,7 +126,7 @@ Mode parse_mode(const std::string& m) {
   const std::string what =
       "zerostep_step: unknown mode '" + m +
       "' (stage0 ... stage3, each with any of the suffixes _once (stages "
-      "2-3), _offload (stages 1-2), _managed, _overlap; e.g. "
+      "2-3), _offload (stages 1-3), _managed, _overlap; e.g. "
       "stage2_offload)";
   if (m.size() < 6 || m.rfind("stage", 0) != 0 || m[5] < '0' || m[5] > '3')
     throw UsageError(what);
@@ -146,7 +146,7 @@ Mode parse_mode(const std::string& m) {
     *flag = true;
   }
   if ((mode.once && mode.stage < 2) ||
-      (mode.offload && (mode.stage < 1 || mode.stage > 2)))
+      (mode.offload && mode.stage < 1))
     throw UsageError(what);
   if (mode.overlap && mode.stage < 2) mode.managed = true;
   return mode;
