@@ -140,7 +140,8 @@ RunDigest train(const Scenario& s, const Task& task, const Batch& host_data,
     }
     // The ranks share the device's one autograd thread (device_problem).
     options.stage3_collectives_outside_backward =
-        s.device == "cuda" && s.world_size > 1;
+        s.stage3_collectives_outside_backward ||
+        (s.device == "cuda" && s.world_size > 1);
     Engine engine(models[r], run.config, &world.comm(r), options);
     lr_initial[r] = engine.get_lr();
     const bool element = s.overflow_kind == OverflowKind::kElement;

@@ -224,6 +224,10 @@ struct Scenario {
   // in zero/kernels.h, with its collectives staged). device_problem
   // refuses "torch" with offload at stages 1-2.
   std::string kernels = "host";
+  // Stage 3: EngineOptions::stage3_collectives_outside_backward (Note
+  // [Stage 3 collectives outside backward] in zero/stage3.h). run_scenario
+  // turns it on for several ranks on cuda; true runs it anywhere (tests).
+  bool stage3_collectives_outside_backward = false;
 };
 
 struct RunDigest {

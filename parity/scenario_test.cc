@@ -541,6 +541,27 @@ TEST(ScenarioTest, DevicePathOnTheCpuIsOkAtEveryStage) {
       << device_problem(s);
 }
 
+// What several ranks on one GPU run at stage 3 (Note [Stage 3 collectives
+// outside backward]), here on the CPU: ok, managed equal to unmanaged, and
+// the same digests as the default run, with and without offload.
+TEST(ScenarioTest, Stage3CollectivesOutsideBackwardAreOkWithTheSameDigests) {
+  for (int world : {2, 4})
+    for (bool offload : {false, true}) {
+      Scenario s = base(3, world);
+      s.persistence_threshold = 0;
+      if (offload) s.offload = OffloadDevice::kCpu;
+      const ScenarioResult plain = run_scenario(s);
+      s.stage3_collectives_outside_backward = true;
+      const ScenarioResult outside = run_scenario(s);
+      EXPECT_TRUE(outside.ok) << ::testing::PrintToString(outside.failures);
+      EXPECT_TRUE(outside.bitwise_equal) << "world " << world;
+      EXPECT_EQ(outside.unmanaged.digest, plain.unmanaged.digest)
+          << "world " << world << " offload " << offload;
+      EXPECT_EQ(outside.managed.digest, plain.managed.digest)
+          << "world " << world << " offload " << offload;
+    }
+}
+
 TEST(ScenarioGlooTest, EveryStageIsOkOnGlooAndAgreesWithSim) {
   for (int stage : {0, 1, 2, 3}) {
     Scenario s = base(stage, 2);
