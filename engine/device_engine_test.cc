@@ -143,6 +143,25 @@ TEST(DeviceEngineTest, FarKernelsGiveTheHostRunsBitsWithOneNormPerStep) {
       }
 }
 
+// Stage 3 at world 2 with `s3`: FarKernels give the host run's bits,
+// managed equals unmanaged, `norms` norms on the device's kernels, every
+// collective staged. Returns the host run.
+Trained expect_far_stage3_is_the_host_run(const Stage3Options& s3,
+                                          const std::string& dtype,
+                                          int64_t norms,
+                                          const std::string& name) {
+  const Trained host = train_windows(3, 2, false, dtype, Kind::kHost, "", s3);
+  const Trained far = train_windows(3, 2, false, dtype, Kind::kFar, "", s3);
+  const Trained managed = train_windows(3, 2, true, dtype, Kind::kFar, "", s3);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(same_bits(host.params[r], far.params[r])) << name;
+    EXPECT_TRUE(same_bits(far.params[r], managed.params[r])) << name;
+  }
+  EXPECT_EQ(far.norms, norms) << name;
+  EXPECT_GT(far.downloads, 0) << name;
+  return host;
+}
+
 // Stage 3's other paths on the device: persistent groups (refreshed by the
 // step's all-gather) and reduce_once_per_step (full gradients kept in the
 // groups' own storages over the window).
@@ -150,50 +169,32 @@ TEST(DeviceEngineTest, FarKernelsGiveTheHostRunsBitsAtStage3sVariants) {
   for (const Stage3Options s3 :
        {Stage3Options{100, false}, Stage3Options{0, true},
         Stage3Options{100, true}})
-    for (const std::string dtype : {"fp32", "bf16"}) {
-      const std::string name = what(3, 2, dtype) + " threshold " +
-                               std::to_string(s3.persistence_threshold) +
-                               (s3.reduce_once ? " reduce_once" : "");
-      const Trained host =
-          train_windows(3, 2, false, dtype, Kind::kHost, "", s3);
-      const Trained far = train_windows(3, 2, false, dtype, Kind::kFar, "", s3);
-      const Trained managed =
-          train_windows(3, 2, true, dtype, Kind::kFar, "", s3);
-      for (int r = 0; r < 2; ++r) {
-        EXPECT_TRUE(same_bits(host.params[r], far.params[r])) << name;
-        EXPECT_TRUE(same_bits(far.params[r], managed.params[r])) << name;
-      }
-      EXPECT_EQ(far.norms, 4) << name;
-    }
+    for (const std::string dtype : {"fp32", "bf16"})
+      expect_far_stage3_is_the_host_run(
+          s3, dtype, /*norms=*/4,
+          what(3, 2, dtype) + " threshold " +
+              std::to_string(s3.persistence_threshold) +
+              (s3.reduce_once ? " reduce_once" : ""));
 }
 
 // Stage 3 with offload from a device (Note [Stage 3 offload from a device]
 // in zero/stage3.h): the partitions and the optimizer on the host, the
 // gathered groups in the device's memory, every collective moving between
-// the two: the host run's bits (which are the run without offload's), one
-// norm per step, managed equal to unmanaged.
+// the two: the host run's bits (which are the run without offload's), the
+// norm taken on the host (none on the device's kernels), managed equal to
+// unmanaged.
 TEST(DeviceEngineTest, Stage3OffloadFromADeviceGivesTheHostRunsBits) {
   for (const std::string offload : {"offload_optimizer", "offload_param"})
     for (const std::string dtype : {"fp32", "bf16"})
       for (int64_t threshold : {0, 100}) {
         const std::string name = what(3, 2, dtype) + " " + offload +
                                  " threshold " + std::to_string(threshold);
-        const Stage3Options s3{threshold, false, offload};
-        const Stage3Options none{threshold, false, ""};
-        const Trained plain =
-            train_windows(3, 2, false, dtype, Kind::kHost, "", none);
-        const Trained host =
-            train_windows(3, 2, false, dtype, Kind::kHost, "", s3);
-        const Trained far = train_windows(3, 2, false, dtype, Kind::kFar, "", s3);
-        const Trained managed =
-            train_windows(3, 2, true, dtype, Kind::kFar, "", s3);
-        for (int r = 0; r < 2; ++r) {
+        const Trained plain = train_windows(3, 2, false, dtype, Kind::kHost,
+                                            "", {threshold, false, ""});
+        const Trained host = expect_far_stage3_is_the_host_run(
+            {threshold, false, offload}, dtype, /*norms=*/0, name);
+        for (int r = 0; r < 2; ++r)
           EXPECT_TRUE(same_bits(plain.params[r], host.params[r])) << name;
-          EXPECT_TRUE(same_bits(host.params[r], far.params[r])) << name;
-          EXPECT_TRUE(same_bits(far.params[r], managed.params[r])) << name;
-        }
-        EXPECT_EQ(far.norms, 0) << name << ": the norm is the host's";
-        EXPECT_GT(far.downloads, 0) << name;
       }
 }
 
