@@ -271,6 +271,16 @@ class Stage {
                           int64_t optimizer_steps) = 0;
 };
 
+namespace internal {
+// A collective's view of n floats at p in k's memory: marked as device
+// memory when k's is not the host's (Note [Device kernels]).
+inline Buffer buffer_in(const Kernels& k, float* p, size_t n) {
+  Buffer b = Buffer::of(p, n);
+  b.device = !k.host_addressable();
+  return b;
+}
+}  // namespace internal
+
 // What stages 0-2 share: the buffers, the communicator, and one optimizer
 // over the spans of the flat buffer this rank updates, whose reduced
 // gradient lives contiguously at `owned_grad`.
@@ -302,9 +312,7 @@ class FlatStage : public Stage {
   // A collective's view of n floats at p, one of this stage's buffers:
   // marked as device memory when the kernels' memory is not the host's.
   Buffer buffer(float* p, size_t n) const {
-    Buffer b = Buffer::of(p, n);
-    b.device = !k_.host_addressable();
-    return b;
+    return internal::buffer_in(k_, p, n);
   }
   // Points the owned gradient at its storage (the flat gradient buffer, or
   // a partition buffer the subclass owns).

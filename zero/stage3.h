@@ -260,16 +260,12 @@ class Stage3 final : public Stage {
   // A collective's view of n floats of this stage's memory (Note [Stage 3
   // on a device]).
   Buffer buffer(float* p, size_t n) const {
-    Buffer b = Buffer::of(p, n);
-    b.device = !k_.host_addressable();
-    return b;
+    return internal::buffer_in(k_, p, n);
   }
   // The same for the gathered groups' memory (Note [Stage 3 offload from a
   // device]).
   Buffer group_buffer(float* p, size_t n) const {
-    Buffer b = Buffer::of(p, n);
-    b.device = !gk_.host_addressable();
-    return b;
+    return internal::buffer_in(gk_, p, n);
   }
   // apply_update with the partitions on the device.
   void apply_update_offloaded(const OptimizerHyper& hyper);
