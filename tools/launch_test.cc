@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -129,6 +130,25 @@ TEST(LaunchTest, ARankDyingMidStepEndsTheJobNamingIt) {
                                   " resumed at global_steps=2"),
               std::string::npos)
         << resumed.output;
+}
+
+// The rendezvous port comes from below the kernel's ephemeral range (where
+// no port-0 bind or outgoing connection of another job can take it before
+// rank 0 binds it), is free, and differs between calls (random, not the
+// first free port of the band, which concurrent launchers would all pick).
+TEST(LaunchTest, TheRendezvousPortIsFreeAndOutsideTheEphemeralRange) {
+  const EphemeralPorts eph = ephemeral_ports();
+  ASSERT_GE(eph.low - 1 - 10000, 1000)
+      << "this machine's ip_local_port_range starts at " << eph.low
+      << ": too low for the band below it";
+  std::set<int> seen;
+  for (int i = 0; i < 16; ++i) {
+    const int port = pick_master_port();
+    EXPECT_GE(port, 10000);
+    EXPECT_LT(port, eph.low);
+    seen.insert(port);
+  }
+  EXPECT_GT(seen.size(), 8u);
 }
 
 TEST(LaunchTest, AProgramThatCannotStartIsAFailureNotAHang) {

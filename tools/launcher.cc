@@ -10,8 +10,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <map>
+#include <random>
 
 #include "common/errors.h"
 
@@ -24,7 +27,23 @@ namespace {
 volatile sig_atomic_t interrupted = 0;
 void on_signal(int sig) { interrupted = sig; }
 
-int free_port() {
+// Whether 127.0.0.1:port can be bound now (without SO_REUSEADDR, so a port
+// with connections in TIME_WAIT counts as taken too).
+bool can_bind(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok =
+      bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+// A port the kernel hands out itself (bind to port 0), as a last resort.
+int kernel_port() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw IoError(std::string("socket(): ") + std::strerror(errno));
   sockaddr_in addr{};
@@ -41,6 +60,38 @@ int free_port() {
   close(fd);
   return ntohs(addr.sin_port);
 }
+
+}  // namespace
+
+EphemeralPorts ephemeral_ports() {
+  EphemeralPorts range;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    int low = 0, high = 0;
+    if (std::fscanf(f, "%d %d", &low, &high) == 2 && 0 < low && low <= high &&
+        high <= 65535)
+      range = {low, high};
+    std::fclose(f);
+  }
+  return range;
+}
+
+int pick_master_port() {
+  const EphemeralPorts eph = ephemeral_ports();
+  const int low = 10000, high = eph.low - 1;
+  if (high - low >= 1000) {
+    std::mt19937 rng(static_cast<uint32_t>(
+        std::chrono::steady_clock::now().time_since_epoch().count() ^
+        (static_cast<uint64_t>(getpid()) << 16)));
+    std::uniform_int_distribution<int> pick(low, high);
+    for (int tries = 0; tries < 64; ++tries) {
+      const int port = pick(rng);
+      if (can_bind(port)) return port;
+    }
+  }
+  return kernel_port();
+}
+
+namespace {
 
 struct Child {
   pid_t pid = -1;
@@ -94,7 +145,8 @@ LaunchResult launch(const std::vector<std::string>& argv,
     throw UsageError("--nproc=" + std::to_string(options.nproc) +
                      ": must be at least 1");
   if (argv.empty()) throw UsageError("no program to launch");
-  const int port = options.master_port > 0 ? options.master_port : free_port();
+  const int port =
+      options.master_port > 0 ? options.master_port : pick_master_port();
   std::vector<Child> children(options.nproc);
   std::vector<char*> args;
   for (const std::string& a : argv)

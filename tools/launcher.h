@@ -2,8 +2,8 @@
 // machine, like `torchrun --standalone`.
 //
 // Each child gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-// MASTER_ADDR=127.0.0.1 and MASTER_PORT (a free port unless given), runs in
-// its own process group, and has every line of its stdout and stderr
+// MASTER_ADDR=127.0.0.1 and MASTER_PORT (pick_master_port() unless given), runs
+// in its own process group, and has every line of its stdout and stderr
 // prefixed with "[rank r] ". The first child to fail (non-zero exit or a
 // signal) ends the job: the others get SIGTERM, then SIGKILL after
 // `kill_grace`, and launch() returns a result naming the failing rank.
@@ -48,6 +48,23 @@ struct LaunchResult {
   int signal = 0;           // the signal the launcher got and forwarded, or 0
   std::string description;  // e.g. "rank 1 exited with status 3"
 };
+
+// The range the kernel draws ports from when a socket binds port 0 or
+// connects without binding (/proc/sys/net/ipv4/ip_local_port_range; Linux's
+// default when that cannot be read).
+struct EphemeralPorts {
+  int low = 32768;
+  int high = 60999;
+};
+EphemeralPorts ephemeral_ports();
+
+// The rendezvous port when none is given: a random port of 127.0.0.1 that
+// can be bound now, between 10000 and the start of the ephemeral range, so
+// that no socket of another job (Gloo's pair connections, a test's server
+// on port 0) can be handed it by the kernel between this choice and rank
+// 0's store binding it. Only where that band is narrower than 1000 ports, or
+// 64 random tries found none free, a port of the kernel's (bind to port 0).
+int pick_master_port();
 
 // Runs argv[0] (a path) with argv as its arguments on every rank. Throws
 // UsageError for nproc < 1 or an empty argv, IoError if a child cannot be

@@ -5,8 +5,24 @@
 set -u
 bin="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+# A free port below the kernel's ephemeral range, where no other job's
+# port-0 socket can take it before rank 0 binds it (as tools/launch picks).
 free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  python3 - <<'PY'
+import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(64):
+    port = random.randrange(10000, low) if low - 10000 >= 1000 else 0
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        print(s.getsockname()[1])
+        break
+    except OSError:
+        pass
+    finally:
+        s.close()
+PY
 }
 # Runs 2 ranks of own_model with the given flags; rank 0's output to $1.
 run_pair() {

@@ -19,6 +19,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 import urllib.error
 import urllib.request
 import warnings
@@ -605,6 +606,7 @@ def main():
         scenarios.append(("gloo-2-processes-stage2", ["--backend=gloo", "--stage=2"],
                           check_training, 2))
     passed = failed = 0
+    failures = []
     for name, flags, fn, world in scenarios:
         if args.only and args.only != name:
             continue
@@ -623,11 +625,15 @@ def main():
             print("--- ok " + name, flush=True)
         except Exception:
             failed += 1
-            import traceback
+            failures.append((name, traceback.format_exc()))
             traceback.print_exc()
             print("--- FAILED " + name, flush=True)
         finally:
             server.stop()
+    # The failures again, last, where a truncated log (CI keeps its tail)
+    # still shows them.
+    for name, trace in failures:
+        print("FAILED %s:\n%s" % (name, trace), flush=True)
     print("%d passed, %d failed" % (passed, failed))
     return 0 if failed == 0 and passed > 0 else 1
 
