@@ -7,15 +7,59 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
 
+#include "comm/rank_order.h"
 #include "common/errors.h"
 
 namespace zerostep {
 
+namespace {
+
+// Receive buffers of the point-to-point reduce-scatter (Note [Gloo
+// reduce-scatter and all-gather]), kept for reuse so that a training loop's
+// collectives stop allocating (and page-faulting) after the first window.
+// Shared with the Works that hold a buffer, which may outlive the
+// communicator.
+class ScratchPool {
+ public:
+  // A buffer of at least `bytes`, the smallest free one that fits, else a
+  // new one.
+  at::Tensor take(size_t bytes) {
+    std::lock_guard<std::mutex> hold(m_);
+    size_t best = free_.size();
+    for (size_t i = 0; i < free_.size(); ++i)
+      if (free_[i].nbytes() >= bytes &&
+          (best == free_.size() || free_[i].nbytes() < free_[best].nbytes()))
+        best = i;
+    if (best == free_.size())
+      return at::empty({static_cast<int64_t>(bytes)}, at::kByte);
+    at::Tensor t = std::move(free_[best]);
+    free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+    return t;
+  }
+  void give_back(at::Tensor t) {
+    std::lock_guard<std::mutex> hold(m_);
+    free_.push_back(std::move(t));
+  }
+
+ private:
+  std::mutex m_;
+  std::vector<at::Tensor> free_;
+};
+
+}  // namespace
+
 struct GlooCommunicator::Impl {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  std::chrono::milliseconds timeout{0};
+  // The tag of the next point-to-point collective. Every rank issues the
+  // same collectives in the same order, so the ranks' counters agree and a
+  // tag names one collective on every rank.
+  uint32_t next_tag = 0;
+  std::shared_ptr<ScratchPool> scratch = std::make_shared<ScratchPool>();
 };
 
 namespace {
@@ -146,6 +190,7 @@ std::unique_ptr<GlooCommunicator> GlooCommunicator::from_environment(
     so.timeout = options.timeout;
     auto store = c10::make_intrusive<c10d::TCPStore>(addr, so);
     impl->pg = make_pg(store, rank, world, options);
+    impl->timeout = options.timeout;
   });
   return std::unique_ptr<GlooCommunicator>(
       new GlooCommunicator(std::move(impl), rank, world));
@@ -164,29 +209,12 @@ void GlooCommunicator::all_reduce(Buffer buf, const AllReduceOptions& opts) {
 
 void GlooCommunicator::reduce_scatter(Buffer input, Buffer output,
                                       const ReduceScatterOptions& opts) {
-  check_reduce_scatter_args(rank_, world_size_, input, output);
-#if TORCH_VERSION_MAJOR >= 2
   reduce_scatter_async(input, output, opts)->wait();
-  return;
-#endif
-  guarded("reduce_scatter", rank_, [&] {
-    // Gloo has none: all-reduce a copy, keep this rank's chunk.
-    at::Tensor copy = wrap(input).clone();
-    std::vector<at::Tensor> t = {copy};
-    c10d::AllreduceOptions o;
-    o.reduceOp = c10d_op(opts.op);
-    issue([&] { return impl_->pg->allreduce(t, o); })->wait();
-    if (opts.op == ReduceOp::kAvg) copy.div_(world_size_);
-    wrap(output).copy_(copy.narrow(0, rank_ * static_cast<int64_t>(output.numel),
-                                   static_cast<int64_t>(output.numel)));
-  });
 }
 
 namespace {
-// An all-reduce in flight on Gloo's threads; wait() waits for it, averages
-// where asked and, for a reduce-scatter (an all-reduce of a copy of the
-// input), puts this rank's chunk in `output` (undefined for an all-reduce,
-// which reduces in place).
+// An all-reduce in flight on Gloo's threads; wait() waits for it and
+// averages where asked.
 class GlooWork final : public Work {
  public:
   GlooWork(const char* what, c10::intrusive_ptr<c10d::Work> work,
@@ -230,41 +258,146 @@ class GlooWork final : public Work {
 };
 }  // namespace
 
-// Issued now and finished in wait(), so the caller computes while Gloo's
-// threads move the data (stage 2's overlap_comm). LibTorch 2.x's Gloo has a
-// reduce-scatter (each rank receives its chunk's sum: half an all-reduce's
-// traffic); 1.13's has none, so there it is an all-reduce of a copy of the
-// input, of which this rank keeps its chunk.
+// Note [Gloo reduce-scatter and all-gather]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// c10d's Gloo reduce-scatter and all-gather are slow on the CPU: with 2
+// processes and 105 MB of float32 (a 26M-parameter gradient) on a 2-core
+// Xeon, LibTorch 2.11's reduce_scatter_tensor took 126 ms and
+// all_gather_into_tensor 103 ms, against 58 ms for an all-reduce of the
+// whole buffer and 37 ms / 31 ms for the same data moved by Gloo's
+// point-to-point send/recv (docs/benchmarks.md). LibTorch 1.13 has no
+// Gloo reduce-scatter at all (it was an all-reduce of a copy). So this
+// backend moves both by point-to-point, directly between every pair of
+// ranks, every transfer posted when the collective is issued:
+//   - reduce-scatter: rank r sends chunk p of its input to every rank p,
+//     receives chunk r of every other rank's input into a scratch buffer
+//     of (W-1) chunks (ScratchPool, reused), and wait() folds the W chunks
+//     in rank order (comm/rank_order.h), exactly as the simulator does:
+//     gloo's reduce-scatter gives sim's bits. Each rank sends and receives
+//     (W-1)/W of its input, as in a ring.
+//   - all-gather: rank r copies its input into its chunk of the output,
+//     sends that chunk to every rank and receives every other rank's chunk
+//     straight into its place in the output: no staging copy.
+// Every transfer of one collective carries the same tag, the collective's
+// number in issue order (Impl::next_tag), so asynchronous collectives in
+// flight at once, and c10d's own collectives between them (which use Gloo
+// slots of their own), never take each other's data. Nothing waits on a
+// peer between issue and wait(), so any wait order completes. A peer that
+// never sends fails the recv after GlooOptions::timeout (CommError).
+namespace {
+
+// Point-to-point transfers in flight; wait() waits for the receives, runs
+// `finish` (the fold), then waits for the sends (the caller's input is its
+// own again after wait()).
+class PointToPointWork final : public Work {
+ public:
+  PointToPointWork(const char* what, int rank,
+                   std::chrono::milliseconds timeout,
+                   std::vector<c10::intrusive_ptr<c10d::Work>> recvs,
+                   std::vector<c10::intrusive_ptr<c10d::Work>> sends,
+                   std::function<void()> finish)
+      : what_(what),
+        rank_(rank),
+        timeout_(timeout),
+        recvs_(std::move(recvs)),
+        sends_(std::move(sends)),
+        finish_(std::move(finish)) {}
+  ~PointToPointWork() override {
+    // A Work dropped unwaited still lets its transfers end before the
+    // buffers they read and write go away.
+    if (!done_) try {
+        wait();
+      } catch (...) {
+      }
+  }
+  void wait() override {
+    if (done_) {
+      if (error_) std::rethrow_exception(error_);
+      return;
+    }
+    done_ = true;
+    try {
+      guarded(what_, rank_, [&] {
+        for (auto& w : recvs_) w->wait(timeout_);
+        if (finish_) finish_();
+        for (auto& w : sends_) w->wait(timeout_);
+      });
+    } catch (...) {
+      error_ = std::current_exception();
+      finish_ = nullptr;
+      throw;
+    }
+    finish_ = nullptr;  // releases the scratch buffer
+  }
+
+ private:
+  const char* what_;
+  int rank_;
+  std::chrono::milliseconds timeout_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> recvs_, sends_;
+  std::function<void()> finish_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+// `numel` elements of `b` from element `offset`.
+at::Tensor slice(Buffer b, size_t offset, size_t numel) {
+  Buffer s = b;
+  s.data = static_cast<char*>(b.data) + offset * dtype_size(b.dtype);
+  s.numel = numel;
+  return wrap(s);
+}
+
+}  // namespace
+
 std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(
     Buffer input, Buffer output, const ReduceScatterOptions& opts) {
   check_reduce_scatter_args(rank_, world_size_, input, output);
+  const size_t n = output.numel;
+  if (n == 0) return std::make_shared<CompletedWork>();
+  wrap(input);  // refuses device buffers
+  wrap(output);
   std::shared_ptr<Work> out;
-#if TORCH_VERSION_MAJOR >= 2
-  if (output.numel == 0) return std::make_shared<CompletedWork>();
   guarded("reduce_scatter", rank_, [&] {
-    at::Tensor in_t = wrap(input);
-    at::Tensor out_t = wrap(output);
-    c10d::ReduceScatterOptions o;
-    o.reduceOp = c10d_op(opts.op);
-    auto work =
-        issue([&] { return impl_->pg->_reduce_scatter_base(out_t, in_t, o); });
-    // wait() averages the output in place; nothing to copy.
-    out = std::make_shared<GlooWork>("reduce_scatter", std::move(work), out_t,
-                                     at::Tensor(), rank_, world_size_,
-                                     opts.op == ReduceOp::kAvg);
-  });
-  return out;
-#endif
-  guarded("reduce_scatter", rank_, [&] {
-    at::Tensor copy = wrap(input).clone();
-    at::Tensor out_t = wrap(output);
-    std::vector<at::Tensor> t = {copy};
-    c10d::AllreduceOptions o;
-    o.reduceOp = c10d_op(opts.op);
-    auto work = issue([&] { return impl_->pg->allreduce(t, o); });
-    out = std::make_shared<GlooWork>("reduce_scatter", std::move(work), copy,
-                                     out_t, rank_, world_size_,
-                                     opts.op == ReduceOp::kAvg);
+    const int tag = static_cast<int>(impl_->next_tag++ & 0x7fffffff);
+    const size_t elem = dtype_size(input.dtype);
+    std::shared_ptr<ScratchPool> pool = impl_->scratch;
+    at::Tensor scratch =
+        world_size_ > 1 ? pool->take((world_size_ - 1) * n * elem)
+                        : at::Tensor();
+    Buffer from_peers = output;  // (W-1) chunks: rank p's at p - (p > rank)
+    from_peers.data = scratch.defined() ? scratch.data_ptr() : nullptr;
+    from_peers.numel = (world_size_ - 1) * n;
+    std::vector<c10::intrusive_ptr<c10d::Work>> recvs, sends;
+    issue([&] {
+      for (int p = 0; p < world_size_; ++p) {
+        if (p == rank_) continue;
+        std::vector<at::Tensor> r = {
+            slice(from_peers, (p - (p > rank_)) * n, n)};
+        recvs.push_back(impl_->pg->recv(r, p, tag));
+        std::vector<at::Tensor> s = {slice(input, p * n, n)};
+        sends.push_back(impl_->pg->send(s, p, tag));
+      }
+      return c10::intrusive_ptr<c10d::Work>();
+    });
+    const int rank = rank_, world = world_size_;
+    const ReduceOp op = opts.op;
+    auto finish = [=]() mutable {
+      rank_order::with_type(input.dtype, [&](auto type) {
+        using T = decltype(type);
+        std::vector<const T*> parts(world);
+        for (int p = 0; p < world; ++p)
+          parts[p] = p == rank ? static_cast<const T*>(input.data) + p * n
+                               : static_cast<const T*>(from_peers.data) +
+                                     (p - (p > rank)) * n;
+        rank_order::reduce_chunked<T>(parts, 0, n, op,
+                                      static_cast<T*>(output.data));
+      });
+      if (scratch.defined()) pool->give_back(std::move(scratch));
+    };
+    out = std::make_shared<PointToPointWork>("reduce_scatter", rank_,
+                                             impl_->timeout, std::move(recvs),
+                                             std::move(sends), finish);
   });
   return out;
 }
@@ -287,19 +420,33 @@ std::shared_ptr<Work> GlooCommunicator::all_reduce_async(
   return out;
 }
 
+// Point to point (Note [Gloo reduce-scatter and all-gather]).
 void GlooCommunicator::all_gather(Buffer input, Buffer output,
                                   const AllGatherOptions&) {
   check_all_gather_args(rank_, world_size_, input, output);
-  if (input.numel == 0) return;
+  const size_t n = input.numel;
+  if (n == 0) return;
+  wrap(input);  // refuses device buffers
+  wrap(output);
   guarded("all_gather", rank_, [&] {
-    // The input may be this rank's chunk of the output: copy it first.
-    std::vector<at::Tensor> in = {wrap(input).clone()};
-    at::Tensor out = wrap(output);
-    std::vector<std::vector<at::Tensor>> outs(1);
-    for (int r = 0; r < world_size_; ++r)
-      outs[0].push_back(out.narrow(0, r * static_cast<int64_t>(input.numel),
-                                   static_cast<int64_t>(input.numel)));
-    issue([&] { return impl_->pg->allgather(outs, in); })->wait();
+    // The input may be this rank's chunk of the output already.
+    at::Tensor mine = slice(output, rank_ * n, n);
+    if (mine.data_ptr() != input.data) mine.copy_(wrap(input));
+    const int tag = static_cast<int>(impl_->next_tag++ & 0x7fffffff);
+    std::vector<c10::intrusive_ptr<c10d::Work>> recvs, sends;
+    issue([&] {
+      for (int p = 0; p < world_size_; ++p) {
+        if (p == rank_) continue;
+        std::vector<at::Tensor> r = {slice(output, p * n, n)};
+        recvs.push_back(impl_->pg->recv(r, p, tag));
+        std::vector<at::Tensor> s = {mine};
+        sends.push_back(impl_->pg->send(s, p, tag));
+      }
+      return c10::intrusive_ptr<c10d::Work>();
+    });
+    PointToPointWork("all_gather", rank_, impl_->timeout, std::move(recvs),
+                     std::move(sends), nullptr)
+        .wait();
   });
 }
 
@@ -334,6 +481,7 @@ GlooLocalWorld::GlooLocalWorld(int world_size, const GlooOptions& options)
         auto impl = std::make_unique<GlooCommunicator::Impl>();
         guarded("connect", r, [&] {
           impl->pg = make_pg(store, r, world_size, options);
+          impl->timeout = options.timeout;
         });
         raw_[r].reset(new GlooCommunicator(std::move(impl), r, world_size));
       } catch (...) {

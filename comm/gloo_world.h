@@ -11,15 +11,19 @@
 //
 // Semantics as the Communicator contract (comm/communicator.h), with these
 // backend facts:
-//   - Gloo has no reduce-scatter: it is an all-reduce of a copy of the
-//     input, of which the rank keeps its chunk (twice the ring
-//     reduce-scatter's traffic on the wire; the ledger records the logical
-//     op). kAvg is a sum divided by W.
-//   - Reduction order is Gloo's ring order: float results can differ from
-//     sim's in the last bits, never between ranks.
+//   - reduce-scatter and all-gather move their data by Gloo's
+//     point-to-point send/recv between every pair of ranks (Note [Gloo
+//     reduce-scatter and all-gather] in gloo_world.cc: c10d's own are 2-3x
+//     slower on the CPU). The reduce-scatter folds in rank order, so its
+//     results are sim's bits; it keeps (W-1)/W of its largest input as
+//     reusable scratch.
+//   - all-reduce is c10d's (Gloo's ring): its float results can differ from
+//     sim's in the last bits, never between ranks. kAvg is a sum divided
+//     by W.
 //   - A collective that does not complete within the timeout (a rank died
 //     or diverged) raises CommError on the ranks waiting in it.
-//   - reduce_scatter_async completes inside the call (as sim's).
+//   - reduce_scatter_async and all_reduce_async return at once; the data
+//     moves on Gloo's threads until wait().
 //
 // The header is free of LibTorch; the implementation is not.
 #ifndef ZEROSTEP_COMM_GLOO_WORLD_H_

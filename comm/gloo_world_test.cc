@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <thread>
 
@@ -70,6 +72,79 @@ TEST(GlooWorldTest, FreshWorldsIssuingAtOnceDoNotCrash) {
       float x = static_cast<float>(r);
       world.comm(r).all_reduce(Buffer::of(&x, 1), {});
       EXPECT_EQ(x, kWorld * (kWorld - 1) / 2.0f);
+    });
+  }
+}
+
+// Note [Gloo reduce-scatter and all-gather] in gloo_world.cc: the
+// reduce-scatter folds every rank's chunk in rank order, acc = x0;
+// acc = acc + x1; ...; then / W, the simulator's order (Note [Reduction
+// order] in sim/sim_world.h), so it gives the simulator's bits for floats
+// that are not small integers (where another order, e.g. Gloo's ring,
+// rounds differently). Large buffers (4 MiB per rank, more than a socket
+// buffer holds), several in flight at once, waited in reverse issue order
+// with a c10d all-reduce issued between them, at 3 and 4 ranks.
+TEST(GlooWorldTest, ReduceScatterFoldsInRankOrderAndAllGatherPlacesChunks) {
+  for (int world_size : {3, 4}) {
+    const size_t chunk = (1 << 20) + 3;
+    const size_t n = chunk * world_size;
+    auto value = [](int rank, int k, size_t i) {
+      // Values of many magnitudes, so that the order of a sum shows.
+      const uint64_t h = (i * 2654435761u + rank * 40503u + k * 977u) % 100003u;
+      return static_cast<float>(h) * 1e-3f * (h % 3 == 0 ? 1e4f : 1.0f) -
+             17.25f;
+    };
+    GlooLocalWorld world(world_size);
+    world.run([&](int r) {
+      Communicator& c = world.comm(r);
+      std::vector<std::vector<float>> ins(3, std::vector<float>(n));
+      std::vector<std::vector<float>> outs(3, std::vector<float>(chunk));
+      std::vector<std::shared_ptr<Work>> works;
+      for (int k = 0; k < 3; ++k) {
+        for (size_t i = 0; i < n; ++i) ins[k][i] = value(r, k, i);
+        works.push_back(c.reduce_scatter_async(
+            Buffer::of(ins[k].data(), n), Buffer::of(outs[k].data(), chunk),
+            {k == 1 ? ReduceOp::kAvg : ReduceOp::kSum}));
+      }
+      double x = 1;
+      c.all_reduce(Buffer::of(&x, 1), {});
+      EXPECT_EQ(x, world_size);
+      for (int k = 2; k >= 0; --k) works[k]->wait();
+      size_t differs_from_reverse_order = 0;
+      for (int k = 0; k < 3; ++k)
+        for (size_t i = 0; i < chunk; ++i) {
+          const size_t g = r * chunk + i;
+          float acc = value(0, k, g), rev = value(world_size - 1, k, g);
+          for (int q = 1; q < world_size; ++q) {
+            acc = acc + value(q, k, g);
+            rev = rev + value(world_size - 1 - q, k, g);
+          }
+          if (k == 1) {
+            acc = acc / static_cast<float>(world_size);
+            rev = rev / static_cast<float>(world_size);
+          }
+          differs_from_reverse_order += rev != acc;
+          ASSERT_EQ(outs[k][i], acc)
+              << "world " << world_size << " rank " << r << " op " << k
+              << " element " << i;
+        }
+      // The values do tell summation orders apart.
+      EXPECT_GT(differs_from_reverse_order, chunk / 100);
+
+      // All-gather, out of place and in place from the own chunk.
+      std::vector<float> gathered(n, -1.0f), in_place(n, -1.0f);
+      std::vector<float> mine(chunk);
+      for (size_t i = 0; i < chunk; ++i) mine[i] = value(r, 7, i);
+      std::copy(mine.begin(), mine.end(), in_place.begin() + r * chunk);
+      c.all_gather(Buffer::of(mine.data(), chunk),
+                   Buffer::of(gathered.data(), n), {});
+      c.all_gather(Buffer::of(in_place.data() + r * chunk, chunk),
+                   Buffer::of(in_place.data(), n), {});
+      for (size_t i = 0; i < n; ++i) {
+        const float expect = value(static_cast<int>(i / chunk), 7, i % chunk);
+        ASSERT_EQ(gathered[i], expect) << "rank " << r << " element " << i;
+        ASSERT_EQ(in_place[i], expect) << "rank " << r << " element " << i;
+      }
     });
   }
 }

@@ -4,26 +4,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "comm/rank_order.h"
+
 namespace zerostep {
 namespace {
-
-// acc[i] = op(acc[i], x[i]); the op is chosen once per call, not per
-// element, so each loop is a plain elementwise pass.
-template <typename T>
-void fold(T* __restrict acc, const T* __restrict x, size_t n, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      for (size_t i = 0; i < n; ++i) acc[i] = acc[i] + x[i];
-      return;
-    case ReduceOp::kMax:
-      for (size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], x[i]);
-      return;
-    case ReduceOp::kMin:
-      for (size_t i = 0; i < n; ++i) acc[i] = std::min(acc[i], x[i]);
-      return;
-  }
-}
 
 // Note [Chunked reduction]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -36,22 +20,7 @@ void fold(T* __restrict acc, const T* __restrict x, size_t n, ReduceOp op) {
 // (Note [Reduction order]): chunking only changes which elements are
 // interleaved, never the operations or their order on any one element, so
 // the result is the same bits as the unchunked fold.
-constexpr size_t kChunkBytes = 16 << 10;
-
-// Reduces `count` elements at element offset `offset` of every rank's
-// input, in rank order (Note [Reduction order]), into `out`, which must not
-// overlap any input. The caller chunks (Note [Chunked reduction]).
-template <typename T>
-void reduce_rank_order(const std::vector<const T*>& inputs, size_t offset,
-                       size_t count, ReduceOp op, T* __restrict out) {
-  const size_t world = inputs.size();
-  std::memcpy(out, inputs[0] + offset, count * sizeof(T));
-  for (size_t r = 1; r < world; ++r) fold(out, inputs[r] + offset, count, op);
-  if (op == ReduceOp::kAvg) {
-    const T w = static_cast<T>(world);
-    for (size_t i = 0; i < count; ++i) out[i] = out[i] / w;
-  }
-}
+using rank_order::kChunkBytes;
 
 // `n` elements of `*scratch`, grown if needed.
 template <typename T>
@@ -99,7 +68,7 @@ void all_reduce_range(const std::vector<Buffer>& bufs, ReduceOp op,
   const std::vector<const T*> in = data_of<T>(bufs);
   for (size_t at = begin; at < end; at += chunk) {
     const size_t count = std::min(chunk, end - at);
-    reduce_rank_order<T>(in, at, count, op, acc);
+    rank_order::reduce<T>(in, at, count, op, acc);
     for (const Buffer& b : bufs)
       std::memcpy(static_cast<T*>(b.data) + at, acc, count * sizeof(T));
   }
@@ -118,7 +87,7 @@ void reduce_scatter_range(const std::vector<Buffer>& inputs,
   for (size_t at = begin; at < end;) {
     const size_t owner = at / n, offset = at - owner * n;
     const size_t count = std::min({chunk, end - at, n - offset});
-    reduce_rank_order<T>(in, at, count, op,
+    rank_order::reduce<T>(in, at, count, op,
                          static_cast<T*>(outputs[owner].data) + offset);
     at += count;
   }
@@ -162,27 +131,11 @@ void all_gather_typed(const std::vector<Buffer>& inputs,
     std::memcpy(out.data, staged, n * w * sizeof(T));
 }
 
-// Calls fn(T{}) for the element type of `dtype`.
-template <typename Fn>
-void with_type(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::kFloat32:
-      fn(float{});
-      return;
-    case DType::kFloat64:
-      fn(double{});
-      return;
-    case DType::kInt64:
-      fn(int64_t{});
-      return;
-  }
-}
-
 }  // namespace
 
 void all_reduce_in_rank_order(const std::vector<Buffer>& bufs, ReduceOp op,
                               std::vector<unsigned char>* scratch) {
-  with_type(bufs[0].dtype, [&](auto tag) {
+  rank_order::with_type(bufs[0].dtype, [&](auto tag) {
     reduce_range<decltype(tag)>(CollectiveKind::kAllReduce, op, bufs, bufs, 0,
                                 bufs[0].numel, scratch);
   });
@@ -191,7 +144,7 @@ void all_reduce_in_rank_order(const std::vector<Buffer>& bufs, ReduceOp op,
 void reduce_scatter_in_rank_order(const std::vector<Buffer>& inputs,
                                   const std::vector<Buffer>& outputs,
                                   ReduceOp op) {
-  with_type(inputs[0].dtype, [&](auto tag) {
+  rank_order::with_type(inputs[0].dtype, [&](auto tag) {
     reduce_range<decltype(tag)>(
         CollectiveKind::kReduceScatter, op, inputs, outputs, 0,
         index_space(CollectiveKind::kReduceScatter, inputs, outputs), nullptr);
@@ -213,7 +166,7 @@ void reduce_part_in_rank_order(CollectiveKind kind, ReduceOp op,
                                const std::vector<Buffer>& outputs,
                                size_t part,
                                std::vector<unsigned char>* scratch) {
-  with_type(inputs[0].dtype, [&](auto tag) {
+  rank_order::with_type(inputs[0].dtype, [&](auto tag) {
     using T = decltype(tag);
     const size_t total = index_space(kind, inputs, outputs);
     const size_t size = kPartBytes / sizeof(T);
@@ -226,7 +179,7 @@ void reduce_part_in_rank_order(CollectiveKind kind, ReduceOp op,
 void all_gather_in_rank_order(const std::vector<Buffer>& inputs,
                               const std::vector<Buffer>& outputs,
                               std::vector<unsigned char>* scratch) {
-  with_type(inputs[0].dtype, [&](auto tag) {
+  rank_order::with_type(inputs[0].dtype, [&](auto tag) {
     all_gather_typed<decltype(tag)>(inputs, outputs, scratch);
   });
 }
