@@ -318,9 +318,9 @@ class PointToPointWork final : public Work {
     done_ = true;
     try {
       guarded(what_, rank_, [&] {
-        for (auto& w : recvs_) w->wait(timeout_);
+        for (auto& w : recvs_) complete(*w);
         if (finish_) finish_();
-        for (auto& w : sends_) w->wait(timeout_);
+        for (auto& w : sends_) complete(*w);
       });
     } catch (...) {
       error_ = std::current_exception();
@@ -331,6 +331,16 @@ class PointToPointWork final : public Work {
   }
 
  private:
+  // Waits for one transfer; a timeout is a CommError whether Gloo throws
+  // or reports it.
+  void complete(c10d::Work& w) {
+    if (!w.wait(timeout_))
+      throw CommError(std::string("gloo ") + what_ + " on rank " +
+                      std::to_string(rank_) + ": a peer's transfer did not " +
+                      "complete within the timeout (" +
+                      std::to_string(timeout_.count()) + " ms)");
+  }
+
   const char* what_;
   int rank_;
   std::chrono::milliseconds timeout_;

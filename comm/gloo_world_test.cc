@@ -57,6 +57,29 @@ TEST(GlooWorldTest, APeerThatNeverArrivesIsACommErrorAfterTheTimeout) {
   EXPECT_FALSE(errors[1]);
 }
 
+// The same for the point-to-point collectives (Note [Gloo reduce-scatter
+// and all-gather] in gloo_world.cc): the receive that never completes.
+TEST(GlooWorldTest, APeerThatNeverSendsIsACommErrorAfterTheTimeout) {
+  GlooOptions o;
+  o.timeout = std::chrono::milliseconds(1500);
+  for (bool gather : {false, true}) {
+    GlooLocalWorld world(2, o);
+    auto errors = world.run_collect([&](int r) {
+      if (r == 1) return;  // never joins
+      std::vector<float> in(8, 1.0f), out(gather ? 16 : 4);
+      if (gather)
+        world.comm(r).all_gather(Buffer::of(in.data(), 8),
+                                 Buffer::of(out.data(), 16), {});
+      else
+        world.comm(r).reduce_scatter(Buffer::of(in.data(), 8),
+                                     Buffer::of(out.data(), 4), {});
+    });
+    ASSERT_TRUE(errors[0]) << (gather ? "all_gather" : "reduce_scatter");
+    EXPECT_THROW(std::rethrow_exception(errors[0]), CommError);
+    EXPECT_FALSE(errors[1]);
+  }
+}
+
 // Note [Issuing under one lock] in gloo_world.cc: the ranks of fresh worlds
 // issue their first collectives at once, the moment LibTorch 2.11's flight
 // recorder adds each new process group to its map. Without the lock this
