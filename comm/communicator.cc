@@ -70,6 +70,12 @@ void check_all_gather_args(int rank, int world_size, Buffer input,
                      ", output " + std::to_string(output.numel) + ")");
 }
 
+std::shared_ptr<Work> Communicator::all_gather_async(
+    Buffer input, Buffer output, const AllGatherOptions& opts) {
+  all_gather(input, output, opts);
+  return std::make_shared<CompletedWork>();
+}
+
 std::shared_ptr<Work> Communicator::all_reduce_async(
     Buffer buf, const AllReduceOptions& opts) {
   all_reduce(buf, opts);

@@ -142,6 +142,14 @@ class Communicator {
   virtual std::shared_ptr<Work> reduce_scatter_async(
       Buffer input, Buffer output, const ReduceScatterOptions& opts) = 0;
 
+  // As all_gather, without blocking (see Work): `output` holds the result
+  // and `input` is the caller's again after wait(). Matched across ranks in
+  // issue order with the other collectives. The default runs the blocking
+  // all_gather and returns a completed Work; backends that can overlap
+  // override it (gloo).
+  virtual std::shared_ptr<Work> all_gather_async(Buffer input, Buffer output,
+                                                 const AllGatherOptions& opts);
+
   // As all_reduce, without blocking (see Work): `buf` is the caller's
   // again after wait(). Matched across ranks in issue order with the other
   // collectives. The default runs the blocking all_reduce and returns a
@@ -154,6 +162,12 @@ class Communicator {
 
   // Returns when every rank has entered the barrier.
   virtual void barrier() = 0;
+
+  // Whether an asynchronous collective moves its data while the caller goes
+  // on (gloo), rather than inside the issuing call (the defaults, sim):
+  // what makes issuing one early worth its memory (Note [Stage 3 prefetch]
+  // in zero/stage3.h).
+  virtual bool overlaps_async() const { return false; }
 
   // Whether buffers marked `device` may be given as they are (NCCL);
   // otherwise only host buffers (Buffer, check_host_buffer).

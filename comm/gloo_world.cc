@@ -430,14 +430,20 @@ std::shared_ptr<Work> GlooCommunicator::all_reduce_async(
   return out;
 }
 
-// Point to point (Note [Gloo reduce-scatter and all-gather]).
 void GlooCommunicator::all_gather(Buffer input, Buffer output,
-                                  const AllGatherOptions&) {
+                                  const AllGatherOptions& opts) {
+  all_gather_async(input, output, opts)->wait();
+}
+
+// Point to point (Note [Gloo reduce-scatter and all-gather]).
+std::shared_ptr<Work> GlooCommunicator::all_gather_async(
+    Buffer input, Buffer output, const AllGatherOptions&) {
   check_all_gather_args(rank_, world_size_, input, output);
   const size_t n = input.numel;
-  if (n == 0) return;
+  if (n == 0) return std::make_shared<CompletedWork>();
   wrap(input);  // refuses device buffers
   wrap(output);
+  std::shared_ptr<Work> out;
   guarded("all_gather", rank_, [&] {
     // The input may be this rank's chunk of the output already.
     at::Tensor mine = slice(output, rank_ * n, n);
@@ -454,10 +460,11 @@ void GlooCommunicator::all_gather(Buffer input, Buffer output,
       }
       return c10::intrusive_ptr<c10d::Work>();
     });
-    PointToPointWork("all_gather", rank_, impl_->timeout, std::move(recvs),
-                     std::move(sends), nullptr)
-        .wait();
+    out = std::make_shared<PointToPointWork>("all_gather", rank_,
+                                             impl_->timeout, std::move(recvs),
+                                             std::move(sends), nullptr);
   });
+  return out;
 }
 
 void GlooCommunicator::broadcast(Buffer buf, const BroadcastOptions& opts) {

@@ -22,8 +22,8 @@
 //     by W.
 //   - A collective that does not complete within the timeout (a rank died
 //     or diverged) raises CommError on the ranks waiting in it.
-//   - reduce_scatter_async and all_reduce_async return at once; the data
-//     moves on Gloo's threads until wait().
+//   - reduce_scatter_async, all_gather_async and all_reduce_async return
+//     at once; the data moves on Gloo's threads until wait().
 //
 // The header is free of LibTorch; the implementation is not.
 #ifndef ZEROSTEP_COMM_GLOO_WORLD_H_
@@ -59,6 +59,7 @@ class GlooCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
   std::string backend_name() const override { return "gloo"; }
+  bool overlaps_async() const override { return true; }
   void all_reduce(Buffer buf, const AllReduceOptions& opts) override;
   void reduce_scatter(Buffer input, Buffer output,
                       const ReduceScatterOptions& opts) override;
@@ -68,6 +69,8 @@ class GlooCommunicator final : public Communicator {
       Buffer input, Buffer output, const ReduceScatterOptions& opts) override;
   void all_gather(Buffer input, Buffer output,
                   const AllGatherOptions& opts) override;
+  std::shared_ptr<Work> all_gather_async(Buffer input, Buffer output,
+                                         const AllGatherOptions& opts) override;
   void broadcast(Buffer buf, const BroadcastOptions& opts) override;
   void barrier() override;
 

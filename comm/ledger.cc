@@ -102,6 +102,13 @@ std::shared_ptr<Work> RecordingCommunicator::reduce_scatter_async(
   return work;
 }
 
+std::shared_ptr<Work> RecordingCommunicator::all_gather_async(
+    Buffer input, Buffer output, const AllGatherOptions& opts) {
+  std::shared_ptr<Work> work = inner_->all_gather_async(input, output, opts);
+  add(CollectiveKind::kAllGather, output.dtype, output.numel, opts.label);
+  return work;
+}
+
 void RecordingCommunicator::all_gather(Buffer input, Buffer output,
                                        const AllGatherOptions& opts) {
   inner_->all_gather(input, output, opts);

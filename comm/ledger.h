@@ -74,12 +74,15 @@ class RecordingCommunicator final : public Communicator {
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
   std::string backend_name() const override { return inner_->backend_name(); }
+  bool overlaps_async() const override { return inner_->overlaps_async(); }
 
   void all_reduce(Buffer buf, const AllReduceOptions& opts) override;
   void reduce_scatter(Buffer input, Buffer output,
                       const ReduceScatterOptions& opts) override;
   std::shared_ptr<Work> all_reduce_async(Buffer buf,
                                          const AllReduceOptions& opts) override;
+  std::shared_ptr<Work> all_gather_async(Buffer input, Buffer output,
+                                         const AllGatherOptions& opts) override;
   std::shared_ptr<Work> reduce_scatter_async(
       Buffer input, Buffer output, const ReduceScatterOptions& opts) override;
   void all_gather(Buffer input, Buffer output,

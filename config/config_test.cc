@@ -388,11 +388,11 @@ TEST(ParseConfigTest, LoggingAndSwitchedOffFeaturesAreIgnored) {
 TEST(ParseConfigTest, AutoInKeysZerostepDoesNotImplement) {
   Config c = parse_config(
       R"({"train_micro_batch_size_per_gpu": 1,
-          "zero_optimization": {"stage3_prefetch_bucket_size": "auto"}})",
+          "zero_optimization": {"stage3_max_live_parameters": "auto"}})",
       1);
   EXPECT_EQ(c.ignored_keys,
             (std::vector<std::string>{
-                "zero_optimization.stage3_prefetch_bucket_size"}));
+                "zero_optimization.stage3_max_live_parameters"}));
   ConfigProblem p = only_problem(
       R"({"train_micro_batch_size_per_gpu": 1,
           "bf16": {"enabled": true, "check_grad_overflow": "auto"}})");
@@ -400,6 +400,34 @@ TEST(ParseConfigTest, AutoInKeysZerostepDoesNotImplement) {
   EXPECT_EQ(p.value, "\"auto\"");
   EXPECT_HAS(p.rule, "placeholder that the Hugging Face Trainer replaces");
   EXPECT_EQ(p.fix, "remove it or set it to false");
+}
+
+// Stage 3 prefetch (Note [Stage 3 prefetch] in zero/stage3.h): read under
+// either name, 0 turns it off, "auto" (the Hugging Face Trainer's
+// placeholder) keeps the default, a negative size names the key.
+TEST(ParseConfigTest, PrefetchBucketSizeIsReadAndAutoKeepsTheDefault) {
+  auto parsed = [](const std::string& zero) {
+    return parse_config(R"({"train_micro_batch_size_per_gpu": 1,
+                            "zero_optimization": {"stage": 3, )" +
+                            zero + "}}",
+                        1);
+  };
+  EXPECT_EQ(parsed(R"("stage": 3)").zero.stage3_prefetch_bucket_size,
+            50000000);
+  Config c = parsed(R"("stage3_prefetch_bucket_size": "auto")");
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 50000000);
+  EXPECT_TRUE(c.ignored_keys.empty());
+  EXPECT_EQ(parsed(R"("prefetch_bucket_size": 0)").zero
+                .stage3_prefetch_bucket_size,
+            0);
+  EXPECT_EQ(parsed(R"("stage3_prefetch_bucket_size": 1.5e6)").zero
+                .stage3_prefetch_bucket_size,
+            1500000);
+  ConfigProblem p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "zero_optimization": {"stage": 3, "prefetch_bucket_size": -1}})");
+  EXPECT_EQ(p.key, "zero_optimization.prefetch_bucket_size");
+  EXPECT_EQ(p.rule, "must be >= 0");
 }
 
 // --- every key zerostep does not implement (issue 14 item 8) ---

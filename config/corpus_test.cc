@@ -119,6 +119,8 @@ std::string config_text(const Config& c) {
     << "  zero.contiguous_gradients: " << yes(z.contiguous_gradients) << "\n"
     << "  zero.stage3_param_persistence_threshold: "
     << z.stage3_param_persistence_threshold << "\n"
+    << "  zero.stage3_prefetch_bucket_size: " << z.stage3_prefetch_bucket_size
+    << "\n"
     << "  zero.sub_group_size: " << z.sub_group_size << "\n"
     << offload_text("zero.offload_optimizer", z.offload_optimizer)
     << offload_text("zero.offload_param", z.offload_param);

@@ -347,11 +347,13 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = {
                  "remove it or set it to true"),
     ignored("zero_optimization.elastic_checkpoint",
             "a deprecated checkpoint layout option"),
-    ignored("zero_optimization.prefetch_bucket_size",
-            "stage 3 prefetch: performance only"),
-    ignored("zero_optimization.stage3_prefetch_bucket_size",
-            "stage 3 prefetch: performance only",
-            "zero_optimization.prefetch_bucket_size"),
+    read("zero_optimization.prefetch_bucket_size",
+         "stage 3: the largest block group gathered ahead of its use; 0: "
+         "no prefetch; \"auto\": the default, 5e7"),
+    read("zero_optimization.stage3_prefetch_bucket_size",
+         "stage 3: the largest block group gathered ahead of its use; 0: "
+         "no prefetch; \"auto\": the default, 5e7",
+         "zero_optimization.prefetch_bucket_size"),
     ignored("zero_optimization.model_persistence_threshold",
             "caps the elements kept whole by the persistence threshold: "
             "memory only"),

@@ -120,6 +120,20 @@ void ZeroSection::parse(const Json& v) {
           z.stage3_param_persistence_threshold = *n;
         }
       }
+    } else if (name == "stage3_prefetch_bucket_size" ||
+               name == "prefetch_bucket_size") {
+      // The Hugging Face Trainer's "auto" (0.9 x hidden size squared there)
+      // keeps the default: the knob trades one group's memory for speed,
+      // never a result.
+      if (is_auto(p)) continue;
+      const std::string want = "a number of elements >= 0, e.g. 5e7 (0: off)";
+      if (auto n = report_->read_whole(key, p, want)) {
+        if (*n < 0) {
+          report_->add(key, p.dump(), "must be >= 0", "write " + want);
+        } else {
+          z.stage3_prefetch_bucket_size = *n;
+        }
+      }
     } else if (name == "offload_optimizer") {
       optimizer_given = true;
       optimizer_device =

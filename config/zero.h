@@ -45,6 +45,11 @@ struct ZeroConfig {
   // (zero_optimization.stage3_param_persistence_threshold or its other
   // name, param_persistence_threshold).
   int64_t stage3_param_persistence_threshold = 100000;
+  // Stage 3: the largest block group (elements) gathered ahead of its use
+  // (zero_optimization.stage3_prefetch_bucket_size or its other name
+  // prefetch_bucket_size; DeepSpeed's default 5e7; 0 turns it off; Note
+  // [Stage 3 prefetch] in zero/stage3.h).
+  int64_t stage3_prefetch_bucket_size = 50000000;
   // zerostep's own key zero_optimization.reduce_once_per_step: stages 2/3
   // accumulate a window's gradients unsharded and reduce-scatter them once,
   // in step() (Note [Reduce once per step] in zero/stage.h). Off by default

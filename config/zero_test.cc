@@ -162,9 +162,9 @@ TEST(ParseConfigTest, Stage3NamesWithoutThePrefixAreAccepted) {
             "param_persistence_threshold": 0}})",
       1);
   EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 0);
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 50000000);
   EXPECT_EQ(c.ignored_keys,
             (std::vector<std::string>{
-                "zero_optimization.prefetch_bucket_size",
                 "zero_optimization.max_live_parameters",
                 "zero_optimization.max_reuse_distance",
                 "zero_optimization.model_persistence_threshold",

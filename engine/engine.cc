@@ -183,6 +183,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   bo.stage.reduce_once_per_step = config_.zero.reduce_once_per_step;
   bo.stage.collectives_outside_backward =
       options.stage3_collectives_outside_backward;
+  bo.stage.prefetch_numel =
+      static_cast<size_t>(config_.zero.stage3_prefetch_bucket_size);
   bo.stage.optimizer_swap = offload_->optimizer_swap();
   bo.stage.param_swap = offload_->param_swap();
   bo.stage.kernels = kernels.stage;

@@ -10,6 +10,7 @@
 #include "common/errors.h"
 #include "common/log_capture.h"
 #include "engine/engine_test_util.h"
+#include "models/mlp.h"
 #include "models/task.h"
 #include "sim/sim_world.h"
 #include "zero/phase.h"
@@ -343,6 +344,143 @@ TEST(EngineTest, Stage3CollectivesOutsideBackwardGiveTheSameBits) {
         EXPECT_GT(inside[0], 0) << what << ": the spy sees nothing";
         EXPECT_EQ(inside[1], 0) << what;
       }
+}
+
+// A communicator that claims to overlap its asynchronous collectives (as
+// gloo does) while the simulator underneath completes them in the call, so
+// that Stage 3 prefetches (Note [Stage 3 prefetch] in zero/stage3.h); it
+// writes down the kind of every collective, 'G' an all-gather issued
+// blocking, 'A' one issued asynchronously, 'R' a reduce-scatter, 'O' the
+// rest.
+class PrefetchSpy final : public Communicator {
+ public:
+  explicit PrefetchSpy(Communicator* inner) : inner_(inner) {}
+  std::string kinds;
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string backend_name() const override { return "spy"; }
+  bool overlaps_async() const override { return true; }
+  void all_reduce(Buffer b, const AllReduceOptions& o) override {
+    kinds += 'O';
+    inner_->all_reduce(b, o);
+  }
+  void reduce_scatter(Buffer i, Buffer out,
+                      const ReduceScatterOptions& o) override {
+    kinds += 'R';
+    inner_->reduce_scatter(i, out, o);
+  }
+  std::shared_ptr<Work> reduce_scatter_async(
+      Buffer i, Buffer out, const ReduceScatterOptions& o) override {
+    kinds += 'R';
+    return inner_->reduce_scatter_async(i, out, o);
+  }
+  void all_gather(Buffer i, Buffer out, const AllGatherOptions& o) override {
+    kinds += 'G';
+    inner_->all_gather(i, out, o);
+  }
+  std::shared_ptr<Work> all_gather_async(Buffer i, Buffer out,
+                                         const AllGatherOptions& o) override {
+    kinds += 'A';
+    return inner_->all_gather_async(i, out, o);
+  }
+  void broadcast(Buffer b, const BroadcastOptions& o) override {
+    kinds += 'O';
+    inner_->broadcast(b, o);
+  }
+  void barrier() override { inner_->barrier(); }
+
+ private:
+  Communicator* inner_;
+};
+
+// Note [Stage 3 prefetch]: with prefetch (the default size) each block's
+// gather issues the next block's asynchronously, in forward and in
+// backward, the parameters are the same bits as without it (size 0),
+// managed or not, fp32 and bf16, every rank issues as many all-gathers as
+// without it, and nothing stale is ever used: a forward of the first block
+// alone before the step leaves the second block's gather ahead, and a
+// forward of the second block alone after the step must see the updated
+// values (the same output as without prefetch). The MLP's three layers are
+// three block groups.
+TEST(EngineTest, Stage3PrefetchGathersAheadAndGivesTheSameBits) {
+  for (const std::string dtype : {"fp32", "bf16"})
+    for (bool managed : {false, true}) {
+      const std::string what = dtype + (managed ? " managed" : " unmanaged");
+      std::vector<torch::Tensor> finals, seconds;
+      std::vector<std::string> kinds;
+      for (const std::string prefetch : {"0", "5e7"}) {
+        MlpWorld fx(
+            2, parse_config(
+                   "{\"train_micro_batch_size_per_gpu\": 2, "
+                   "\"gradient_accumulation_steps\": 3, "
+                   "\"managed_gradient_accumulation\": " +
+                       std::string(managed ? "true" : "false") + ", " +
+                       (dtype == "bf16" ? "\"bf16\": {\"enabled\": true}, "
+                                        : "") +
+                       "\"zero_optimization\": {\"stage\": 3, "
+                       "\"stage3_param_persistence_threshold\": 0, "
+                       "\"stage3_prefetch_bucket_size\": " +
+                       prefetch + "}}",
+                   2));
+        std::vector<torch::Tensor> params(2), second(2);
+        std::string rank0_kinds;
+        fx.world->run([&](int r) {
+          PrefetchSpy spy(&fx.world->comm(r));
+          Engine e(fx.models[r], fx.config, &spy);
+          std::vector<std::shared_ptr<torch::nn::Module>> blocks =
+              fx.models[r]->children();
+          auto block = [&](size_t i, const torch::Tensor& x) {
+            auto layer = std::dynamic_pointer_cast<MlpLayerImpl>(blocks.at(i));
+            return layer->forward(x);
+          };
+          const torch::Tensor w0 = blocks.at(0)->parameters().at(0);
+          const torch::Tensor w1 = blocks.at(1)->parameters().at(0);
+          const int64_t in = w0.size(1), mid = w1.size(1);
+          for (int k = 0; k < 2; ++k) {
+            for (int b = 0; b < 3; ++b) {
+              e.backward(fx.loss(r, 3 * k + b));
+              if (k == 0 && b == 2) {
+                (void)fx.loss(r, 40);
+                (void)block(0, torch::ones({2, in}, w0.options()));
+              }
+              if (managed) e.step();
+            }
+            if (!managed) e.step();
+            if (k == 0) {
+              torch::NoGradGuard no_grad;
+              second[r] = block(1, torch::ones({2, mid}, w1.options()))
+                              .to(torch::kFloat)
+                              .clone();
+            }
+          }
+          params[r] = e.full_parameters();
+          if (r == 0) rank0_kinds = spy.kinds;
+        });
+        EXPECT_TRUE(torch::equal(params[0], params[1])) << what;
+        finals.push_back(params[0]);
+        kinds.push_back(rank0_kinds);
+        seconds.push_back(second[0]);
+      }
+      EXPECT_TRUE(same_bits(finals[0], finals[1])) << what;
+      EXPECT_TRUE(same_bits(seconds[0], seconds[1]))
+          << what << ": the second block alone after the step";
+      auto count = [](const std::string& s, char c) {
+        return std::count(s.begin(), s.end(), c);
+      };
+      EXPECT_EQ(count(kinds[0], 'A'), 0) << what << ": " << kinds[0];
+      EXPECT_GT(count(kinds[1], 'A'), 0) << what << ": " << kinds[1];
+      // The same gathers, and two issued ahead in vain: block 1's after
+      // the first block alone, block 2's after the second block alone.
+      EXPECT_EQ(count(kinds[0], 'G') + count(kinds[0], 'A') + 2,
+                count(kinds[1], 'G') + count(kinds[1], 'A'))
+          << what << ": " << kinds[0] << " against " << kinds[1];
+      EXPECT_EQ(count(kinds[0], 'R'), count(kinds[1], 'R')) << what;
+      // Backward over blocks 2, 1, 0: block 2's gather, block 1's issued
+      // ahead, block 2's reduce-scatter, block 0's ahead, then block 1's
+      // and block 0's reduce-scatters. Without prefetch: G R G R G R.
+      EXPECT_NE(kinds[1].find("GARARR"), std::string::npos) << kinds[1];
+      EXPECT_NE(kinds[0].find("GRGRGR"), std::string::npos) << kinds[0];
+    }
 }
 
 size_t total(const MemoryStats& m) {

@@ -159,6 +159,10 @@ struct StageOptions {
   // outside backward] in zero/stage3.h), for ranks that share one autograd
   // thread.
   bool collectives_outside_backward = false;
+  // Stage 3: the largest group (padded elements) gathered ahead of its use
+  // (Note [Stage 3 prefetch] in zero/stage3.h;
+  // zero_optimization.stage3_prefetch_bucket_size); 0: none.
+  size_t prefetch_numel = 0;
   // Where the optimizer keeps its state (zero/optimizer.h Note [NVMe
   // optimizer state]); in memory by default.
   OptimizerSwap optimizer_swap;

@@ -102,6 +102,10 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
   for (size_t g = 0; g < groups_.size(); ++g)
     if (!groups_[g].persistent) slot_numel_ = std::max(slot_numel_, padded_[g]);
   refs_.assign(groups_.size(), 0);
+  // Note [Stage 3 prefetch]: where it can help.
+  if (world_ > 1 && !param_store_ && !outside_backward_ &&
+      comm->overlaps_async())
+    prefetch_numel_ = options.prefetch_numel;
   reduced_.assign(groups_.size(), false);
   pending_.assign(groups_.size(), 0);
   for (float* p : initial_params) ZS_CHECK(p != nullptr);
@@ -138,7 +142,13 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
   reset_peak();
 }
 
-Stage3::~Stage3() = default;
+Stage3::~Stage3() {
+  // Note [Stage 3 prefetch]: no transfer may outlive the storage it writes.
+  if (ahead_work_) try {
+      ahead_work_->wait();
+    } catch (...) {
+    }
+}
 
 size_t Stage3::current_bytes() const {
   const MemoryStats m = memory();
@@ -188,8 +198,14 @@ float* Stage3::partition_of(size_t g) {
 
 void Stage3::gather(size_t g, const char* phase) {
   ZS_CHECK(g < groups_.size());
+  // Note [Stage 3 prefetch]: the group ahead is this one (now gathered),
+  // or it goes.
+  const bool was_ahead = ahead_ == g;
+  settle_prefetch(g);
   if (refs_[g] > 0 || full_params_[g] != nullptr) {
     ++refs_[g];
+    if (was_ahead)
+      prefetch_after(g, std::strcmp(phase, phase::kBackward) == 0, phase);
     return;
   }
   // Read before anything changes: a failed read leaves no reference and no
@@ -200,6 +216,48 @@ void Stage3::gather(size_t g, const char* phase) {
   comm_->all_gather(buffer(part, partition_[g]),
                     group_buffer(full_params_[g], padded_[g]), {phase});
   storage_->params_written(g);
+  prefetch_after(g, std::strcmp(phase, phase::kBackward) == 0, phase);
+}
+
+void Stage3::prefetch_after(size_t g, bool backward, const char* phase) {
+  if (prefetch_numel_ == 0 || ahead_ != kNone) return;
+  size_t next = g;
+  do {
+    if (backward ? next == 0 : next + 1 >= groups_.size()) return;
+    next = backward ? next - 1 : next + 1;
+  } while (groups_[next].persistent);
+  if (padded_[next] > prefetch_numel_ || full_params_[next] != nullptr)
+    return;
+  take_params(next);
+  try {
+    ahead_work_ = comm_->all_gather_async(
+        buffer(partition_of(next), partition_[next]),
+        group_buffer(full_params_[next], padded_[next]), {phase});
+  } catch (...) {
+    drop_params(next);
+    throw;
+  }
+  ahead_ = next;
+}
+
+void Stage3::settle_prefetch(size_t keep) {
+  if (ahead_ == kNone) return;
+  const size_t g = ahead_;
+  ahead_ = kNone;
+  std::shared_ptr<Work> work = std::move(ahead_work_);
+  ahead_work_.reset();
+  try {
+    work->wait();
+  } catch (...) {
+    drop_params(g);
+    throw;
+  }
+  if (g == keep) {
+    storage_->params_written(g);
+  } else {
+    ZS_CHECK(refs_[g] == 0);
+    drop_params(g);
+  }
 }
 
 void Stage3::release(size_t g) {
@@ -342,6 +400,9 @@ void Stage3::on_grad_ready(size_t param_index) {
 }
 
 void Stage3::end_backward() {
+  // Note [Stage 3 prefetch]: a group gathered ahead for a backward that
+  // did not come goes first (the loop below may release its storage).
+  settle_prefetch(kNone);
   // Groups whose parameters got no gradient in this backward (or only
   // some): reduce what they hold, in group order, so every rank issues the
   // same collectives.
@@ -374,6 +435,8 @@ GradStats Stage3::finalize(double divisor, double clip) {
 }
 
 void Stage3::apply_update(const OptimizerHyper& hyper) {
+  // Note [Stage 3 prefetch]: a group gathered ahead holds the old values.
+  settle_prefetch(kNone);
   drop_held();
   if (param_store_) {
     apply_update_offloaded(hyper);
@@ -501,6 +564,7 @@ void Stage3::load_state(const std::vector<float>& params,
   if (params.size() != numel)
     throw UsageError("checkpoint holds " + std::to_string(params.size()) +
                      " parameters; this model has " + std::to_string(numel));
+  settle_prefetch(kNone);  // Note [Stage 3 prefetch]: the old values
   drop_held();
   const std::vector<Segment> segs = owned_segments();
   auto owned = [&](const std::vector<float>& full) {

@@ -137,6 +137,33 @@
 // next gather brings them to the device. Without group_kernels both are
 // the same kernels.
 //
+// Note [Stage 3 prefetch]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A gather of a block's group for its forward (backward) issues, right
+// after it, the all-gather of the next non-persistent group in group
+// order (the previous one in backward): blocks run in registration order
+// forward and in reverse backward. It is asynchronous
+// (Communicator::all_gather_async), so on a backend that overlaps (gloo)
+// the next block's parameters travel while this block computes; the
+// gather of that group then waits for it instead of communicating. On a
+// backend whose async collectives complete in the call (sim, the default)
+// only the order of the collectives changes. The bits never do: the
+// gathered values are the same. At most one group is ahead at a time, and
+// only one of at most StageOptions::prefetch_numel padded elements
+// (DeepSpeed's stage3_prefetch_bucket_size; 0 turns prefetch off). A
+// prefetched group that is not the next one gathered (a model that runs
+// its blocks in another order, or skips one) is waited for and dropped at
+// the next gather, and at the end of backward, a step, a load or a
+// full_parameters(): every rank issued the same prefetches, so waiting
+// for it never hangs. Memory: one pool slot more (Note [Stage 3 buffer
+// pool]: one group's parameters in use and one ahead). Only on a
+// communicator that overlaps its asynchronous collectives
+// (Communicator::overlaps_async(): gloo; not sim, where an early gather
+// would cost the slot and gain nothing, so the simulator's memory figures
+// stay those of a run without prefetch). Off with one rank (nothing to
+// fetch), with the NVMe partitions (one read scratch) and with
+// collectives_outside_backward (the groups stay gathered anyway).
+//
 // Ownership: `comm` and `storage` must outlive the Stage3.
 // Thread safety: none; one Stage3 per rank.
 #ifndef ZEROSTEP_ZERO_STAGE3_H_
@@ -257,6 +284,12 @@ class Stage3 final : public Stage {
   // Group g's partition: in memory, or read from the store into
   // part_scratch_ (IoError).
   float* partition_of(size_t group);
+  // Note [Stage 3 prefetch]: issues the gather of the group after (before,
+  // in backward) `group`, if any is to be fetched; waits for the one ahead
+  // and drops it unless it is `keep`.
+  void prefetch_after(size_t group, bool backward, const char* phase);
+  void settle_prefetch(size_t keep);
+  static constexpr size_t kNone = static_cast<size_t>(-1);
   // A collective's view of n floats of this stage's memory (Note [Stage 3
   // on a device]).
   Buffer buffer(float* p, size_t n) const {
@@ -318,6 +351,11 @@ class Stage3 final : public Stage {
   size_t param_slots_ = 0, grad_slots_ = 0;
   size_t slot_numel_ = 0;
   std::vector<int> refs_;
+  // Note [Stage 3 prefetch]: the limit (0: off), the group ahead (kNone)
+  // and its all-gather until waited for.
+  size_t prefetch_numel_ = 0;
+  size_t ahead_ = kNone;
+  std::shared_ptr<Work> ahead_work_;
   std::vector<size_t> pending_;  // parameters still without gradient
   std::vector<bool> reduced_;    // this backward
   size_t peak_bytes_ = 0;
