@@ -213,49 +213,62 @@ void GlooCommunicator::reduce_scatter(Buffer input, Buffer output,
 }
 
 namespace {
-// An all-reduce in flight on Gloo's threads; wait() waits for it and
-// averages where asked.
-class GlooWork final : public Work {
+
+// A Work whose wait() finishes the collective once: later calls return at
+// once, or rethrow the first call's error.
+class OnceWork : public Work {
  public:
-  GlooWork(const char* what, c10::intrusive_ptr<c10d::Work> work,
-           at::Tensor sum, at::Tensor output, int rank, int world,
-           bool average)
-      : what_(what),
-        work_(std::move(work)),
-        sum_(std::move(sum)),
-        output_(std::move(output)),
-        rank_(rank),
-        world_(world),
-        average_(average) {}
-  void wait() override {
+  void wait() final {
     if (done_) {
       if (error_) std::rethrow_exception(error_);
       return;
     }
     done_ = true;
     try {
-      guarded(what_, rank_, [&] {
-        work_->wait();
-        if (average_) sum_.div_(world_);
-        if (!output_.defined()) return;
-        const int64_t n = output_.numel();
-        output_.copy_(sum_.narrow(0, rank_ * n, n));
-      });
+      finish();
     } catch (...) {
       error_ = std::current_exception();
       throw;
     }
   }
 
+ protected:
+  virtual void finish() = 0;
+  bool done() const { return done_; }
+
  private:
-  const char* what_;
-  c10::intrusive_ptr<c10d::Work> work_;
-  at::Tensor sum_, output_;
-  int rank_, world_;
-  bool average_;
   bool done_ = false;
   std::exception_ptr error_;
 };
+
+// An all-reduce in flight on Gloo's threads; wait() waits for it and
+// averages where asked.
+class GlooWork final : public OnceWork {
+ public:
+  GlooWork(const char* what, c10::intrusive_ptr<c10d::Work> work,
+           at::Tensor sum, int rank, int world, bool average)
+      : what_(what),
+        work_(std::move(work)),
+        sum_(std::move(sum)),
+        rank_(rank),
+        world_(world),
+        average_(average) {}
+
+ private:
+  void finish() override {
+    guarded(what_, rank_, [&] {
+      work_->wait();
+      if (average_) sum_.div_(world_);
+    });
+  }
+
+  const char* what_;
+  c10::intrusive_ptr<c10d::Work> work_;
+  at::Tensor sum_;
+  int rank_, world_;
+  bool average_;
+};
+
 }  // namespace
 
 // Note [Gloo reduce-scatter and all-gather]
@@ -289,7 +302,7 @@ namespace {
 // Point-to-point transfers in flight; wait() waits for the receives, runs
 // `finish` (the fold), then waits for the sends (the caller's input is its
 // own again after wait()).
-class PointToPointWork final : public Work {
+class PointToPointWork final : public OnceWork {
  public:
   PointToPointWork(const char* what, int rank,
                    std::chrono::milliseconds timeout,
@@ -305,32 +318,24 @@ class PointToPointWork final : public Work {
   ~PointToPointWork() override {
     // A Work dropped unwaited still lets its transfers end before the
     // buffers they read and write go away.
-    if (!done_) try {
+    if (!done()) try {
         wait();
       } catch (...) {
       }
   }
-  void wait() override {
-    if (done_) {
-      if (error_) std::rethrow_exception(error_);
-      return;
-    }
-    done_ = true;
-    try {
-      guarded(what_, rank_, [&] {
-        for (auto& w : recvs_) complete(*w);
-        if (finish_) finish_();
-        for (auto& w : sends_) complete(*w);
-      });
-    } catch (...) {
-      error_ = std::current_exception();
-      finish_ = nullptr;
-      throw;
-    }
-    finish_ = nullptr;  // releases the scratch buffer
-  }
 
  private:
+  void finish() override {
+    // Released (with the scratch buffer it holds) however this ends.
+    std::function<void()> fold = std::move(finish_);
+    finish_ = nullptr;
+    guarded(what_, rank_, [&] {
+      for (auto& w : recvs_) complete(*w);
+      if (fold) fold();
+      for (auto& w : sends_) complete(*w);
+    });
+  }
+
   // Waits for one transfer; a timeout is a CommError whether Gloo throws
   // or reports it.
   void complete(c10d::Work& w) {
@@ -346,8 +351,6 @@ class PointToPointWork final : public Work {
   std::chrono::milliseconds timeout_;
   std::vector<c10::intrusive_ptr<c10d::Work>> recvs_, sends_;
   std::function<void()> finish_;
-  bool done_ = false;
-  std::exception_ptr error_;
 };
 
 // `numel` elements of `b` from element `offset`.
@@ -423,9 +426,8 @@ std::shared_ptr<Work> GlooCommunicator::all_reduce_async(
     c10d::AllreduceOptions o;
     o.reduceOp = c10d_op(opts.op);
     auto work = issue([&] { return impl_->pg->allreduce(ts, o); });
-    out = std::make_shared<GlooWork>("all_reduce", std::move(work), t,
-                                     at::Tensor(), rank_, world_size_,
-                                     opts.op == ReduceOp::kAvg);
+    out = std::make_shared<GlooWork>("all_reduce", std::move(work), t, rank_,
+                                     world_size_, opts.op == ReduceOp::kAvg);
   });
   return out;
 }

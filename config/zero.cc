@@ -112,28 +112,16 @@ void ZeroSection::parse(const Json& v) {
       parse_allgather_bucket_size(key, p);
     } else if (name == "stage3_param_persistence_threshold" ||
                name == "param_persistence_threshold") {
-      const std::string want = "a number of elements >= 0, e.g. 1e5";
-      if (auto n = report_->read_whole(key, p, want)) {
-        if (*n < 0) {
-          report_->add(key, p.dump(), "must be >= 0", "write " + want);
-        } else {
-          z.stage3_param_persistence_threshold = *n;
-        }
-      }
+      parse_count(key, p, "a number of elements >= 0, e.g. 1e5",
+                  &z.stage3_param_persistence_threshold);
     } else if (name == "stage3_prefetch_bucket_size" ||
                name == "prefetch_bucket_size") {
       // The Hugging Face Trainer's "auto" (0.9 x hidden size squared there)
       // keeps the default: the knob trades one group's memory for speed,
       // never a result.
       if (is_auto(p)) continue;
-      const std::string want = "a number of elements >= 0, e.g. 5e7 (0: off)";
-      if (auto n = report_->read_whole(key, p, want)) {
-        if (*n < 0) {
-          report_->add(key, p.dump(), "must be >= 0", "write " + want);
-        } else {
-          z.stage3_prefetch_bucket_size = *n;
-        }
-      }
+      parse_count(key, p, "a number of elements >= 0, e.g. 5e7 (0: off)",
+                  &z.stage3_prefetch_bucket_size);
     } else if (name == "offload_optimizer") {
       optimizer_given = true;
       optimizer_device =
@@ -195,6 +183,17 @@ void ZeroSection::reconcile_legacy(const std::string& legacy_key, bool legacy,
                    ".device = " + quoted(wanted) + ", but " + section_key +
                    ".device is " + quoted(*section_device),
                "keep one of " + legacy_key + " and " + section_key);
+}
+
+void ZeroSection::parse_count(const std::string& key, const Json& v,
+                              const std::string& want, int64_t* out) {
+  if (auto n = report_->read_whole(key, v, want)) {
+    if (*n < 0) {
+      report_->add(key, v.dump(), "must be >= 0", "write " + want);
+    } else {
+      *out = *n;
+    }
+  }
 }
 
 void ZeroSection::parse_size_zero_as_one(const std::string& key, const Json& v,

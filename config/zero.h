@@ -103,6 +103,9 @@ class ZeroSection {
   std::optional<OffloadDevice> parse_offload(const std::string& key,
                                              const ConfigJson& v,
                                              OffloadConfig* o, bool ignored);
+  // A whole number >= 0 (stage 3's persistence threshold, prefetch size).
+  void parse_count(const std::string& key, const ConfigJson& v,
+                   const std::string& want, int64_t* out);
   // A bucket or sub-group size >= 0 (0 stored as 1; ZeroConfig).
   void parse_size_zero_as_one(const std::string& key, const ConfigJson& v,
                               const std::string& want, int64_t* out);

@@ -285,6 +285,20 @@ class InsideBackwardSpy final : public Communicator {
   Communicator* inner_;
 };
 
+// A 2-rank stage 3 config with windows of 3 backward calls, managed or not,
+// fp32 or bf16, and `zero` added to zero_optimization.
+Config stage3_window_config(const std::string& dtype, bool managed,
+                            const std::string& zero) {
+  return parse_config(
+      "{\"train_micro_batch_size_per_gpu\": 2, "
+      "\"gradient_accumulation_steps\": 3, "
+      "\"managed_gradient_accumulation\": " +
+          std::string(managed ? "true" : "false") + ", " +
+          (dtype == "bf16" ? "\"bf16\": {\"enabled\": true}, " : "") +
+          "\"zero_optimization\": {\"stage\": 3, " + zero + "}}",
+      2);
+}
+
 // Note [Stage 3 collectives outside backward] (zero/stage3.h): with
 // EngineOptions::stage3_collectives_outside_backward no collective runs
 // inside backward (without it, stage 3 gathers and reduce-scatters there),
@@ -300,18 +314,10 @@ TEST(EngineTest, Stage3CollectivesOutsideBackwardGiveTheSameBits) {
         std::vector<torch::Tensor> finals;
         std::vector<int> inside;
         for (bool outside : {false, true}) {
-          MlpWorld fx(
-              2, parse_config(
-                     "{\"train_micro_batch_size_per_gpu\": 2, "
-                     "\"gradient_accumulation_steps\": 3, "
-                     "\"managed_gradient_accumulation\": " +
-                         std::string(managed ? "true" : "false") + ", " +
-                         (dtype == "bf16" ? "\"bf16\": {\"enabled\": true}, "
-                                          : "") +
-                         "\"zero_optimization\": {\"stage\": 3, "
-                         "\"stage3_param_persistence_threshold\": " +
-                         threshold + "}}",
-                     2));
+          MlpWorld fx(2, stage3_window_config(
+                             dtype, managed,
+                             "\"stage3_param_persistence_threshold\": " +
+                                 threshold));
           std::vector<torch::Tensor> params(2);
           int in_backward = 0;
           fx.world->run([&](int r) {
@@ -409,19 +415,11 @@ TEST(EngineTest, Stage3PrefetchGathersAheadAndGivesTheSameBits) {
       std::vector<torch::Tensor> finals, seconds;
       std::vector<std::string> kinds;
       for (const std::string prefetch : {"0", "5e7"}) {
-        MlpWorld fx(
-            2, parse_config(
-                   "{\"train_micro_batch_size_per_gpu\": 2, "
-                   "\"gradient_accumulation_steps\": 3, "
-                   "\"managed_gradient_accumulation\": " +
-                       std::string(managed ? "true" : "false") + ", " +
-                       (dtype == "bf16" ? "\"bf16\": {\"enabled\": true}, "
-                                        : "") +
-                       "\"zero_optimization\": {\"stage\": 3, "
-                       "\"stage3_param_persistence_threshold\": 0, "
-                       "\"stage3_prefetch_bucket_size\": " +
-                       prefetch + "}}",
-                   2));
+        MlpWorld fx(2, stage3_window_config(
+                           dtype, managed,
+                           "\"stage3_param_persistence_threshold\": 0, "
+                           "\"stage3_prefetch_bucket_size\": " +
+                               prefetch));
         std::vector<torch::Tensor> params(2), second(2);
         std::string rank0_kinds;
         fx.world->run([&](int r) {
