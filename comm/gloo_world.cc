@@ -363,6 +363,30 @@ at::Tensor slice(Buffer b, size_t offset, size_t numel) {
 
 }  // namespace
 
+namespace {
+
+// Posts, for every peer p, a receive into recv_into(p) and a send of
+// send_from(p), all under `tag` (Note [Gloo reduce-scatter and
+// all-gather]).
+void exchange(c10d::ProcessGroupGloo& pg, int rank, int world, int tag,
+              const std::function<at::Tensor(int peer)>& recv_into,
+              const std::function<at::Tensor(int peer)>& send_from,
+              std::vector<c10::intrusive_ptr<c10d::Work>>* recvs,
+              std::vector<c10::intrusive_ptr<c10d::Work>>* sends) {
+  issue([&] {
+    for (int p = 0; p < world; ++p) {
+      if (p == rank) continue;
+      std::vector<at::Tensor> r = {recv_into(p)};
+      recvs->push_back(pg.recv(r, p, tag));
+      std::vector<at::Tensor> s = {send_from(p)};
+      sends->push_back(pg.send(s, p, tag));
+    }
+    return c10::intrusive_ptr<c10d::Work>();
+  });
+}
+
+}  // namespace
+
 std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(
     Buffer input, Buffer output, const ReduceScatterOptions& opts) {
   check_reduce_scatter_args(rank_, world_size_, input, output);
@@ -375,24 +399,17 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(
     const int tag = static_cast<int>(impl_->next_tag++ & 0x7fffffff);
     const size_t elem = dtype_size(input.dtype);
     std::shared_ptr<ScratchPool> pool = impl_->scratch;
-    at::Tensor scratch =
-        world_size_ > 1 ? pool->take((world_size_ - 1) * n * elem)
-                        : at::Tensor();
+    at::Tensor scratch = world_size_ > 1
+                             ? pool->take((world_size_ - 1) * n * elem)
+                             : at::Tensor();
     Buffer from_peers = output;  // (W-1) chunks: rank p's at p - (p > rank)
     from_peers.data = scratch.defined() ? scratch.data_ptr() : nullptr;
     from_peers.numel = (world_size_ - 1) * n;
     std::vector<c10::intrusive_ptr<c10d::Work>> recvs, sends;
-    issue([&] {
-      for (int p = 0; p < world_size_; ++p) {
-        if (p == rank_) continue;
-        std::vector<at::Tensor> r = {
-            slice(from_peers, (p - (p > rank_)) * n, n)};
-        recvs.push_back(impl_->pg->recv(r, p, tag));
-        std::vector<at::Tensor> s = {slice(input, p * n, n)};
-        sends.push_back(impl_->pg->send(s, p, tag));
-      }
-      return c10::intrusive_ptr<c10d::Work>();
-    });
+    exchange(
+        *impl_->pg, rank_, world_size_, tag,
+        [&](int p) { return slice(from_peers, (p - (p > rank_)) * n, n); },
+        [&](int p) { return slice(input, p * n, n); }, &recvs, &sends);
     const int rank = rank_, world = world_size_;
     const ReduceOp op = opts.op;
     auto finish = [=]() mutable {
@@ -452,16 +469,10 @@ std::shared_ptr<Work> GlooCommunicator::all_gather_async(
     if (mine.data_ptr() != input.data) mine.copy_(wrap(input));
     const int tag = static_cast<int>(impl_->next_tag++ & 0x7fffffff);
     std::vector<c10::intrusive_ptr<c10d::Work>> recvs, sends;
-    issue([&] {
-      for (int p = 0; p < world_size_; ++p) {
-        if (p == rank_) continue;
-        std::vector<at::Tensor> r = {slice(output, p * n, n)};
-        recvs.push_back(impl_->pg->recv(r, p, tag));
-        std::vector<at::Tensor> s = {mine};
-        sends.push_back(impl_->pg->send(s, p, tag));
-      }
-      return c10::intrusive_ptr<c10d::Work>();
-    });
+    exchange(
+        *impl_->pg, rank_, world_size_, tag,
+        [&](int p) { return slice(output, p * n, n); },
+        [&](int) { return mine; }, &recvs, &sends);
     out = std::make_shared<PointToPointWork>("all_gather", rank_,
                                              impl_->timeout, std::move(recvs),
                                              std::move(sends), nullptr);

@@ -201,11 +201,11 @@ void Stage3::gather(size_t g, const char* phase) {
   // Note [Stage 3 prefetch]: the group ahead is this one (now gathered),
   // or it goes.
   const bool was_ahead = ahead_ == g;
+  const bool backward = std::strcmp(phase, phase::kBackward) == 0;
   settle_prefetch(g);
   if (refs_[g] > 0 || full_params_[g] != nullptr) {
     ++refs_[g];
-    if (was_ahead)
-      prefetch_after(g, std::strcmp(phase, phase::kBackward) == 0, phase);
+    if (was_ahead) prefetch_after(g, backward, phase);
     return;
   }
   // Read before anything changes: a failed read leaves no reference and no
@@ -216,7 +216,7 @@ void Stage3::gather(size_t g, const char* phase) {
   comm_->all_gather(buffer(part, partition_[g]),
                     group_buffer(full_params_[g], padded_[g]), {phase});
   storage_->params_written(g);
-  prefetch_after(g, std::strcmp(phase, phase::kBackward) == 0, phase);
+  prefetch_after(g, backward, phase);
 }
 
 void Stage3::prefetch_after(size_t g, bool backward, const char* phase) {
