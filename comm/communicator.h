@@ -146,7 +146,7 @@ class Communicator {
   // and `input` is the caller's again after wait(). Matched across ranks in
   // issue order with the other collectives. The default runs the blocking
   // all_gather and returns a completed Work; backends that can overlap
-  // override it (gloo).
+  // override it (gloo, nccl).
   virtual std::shared_ptr<Work> all_gather_async(Buffer input, Buffer output,
                                                  const AllGatherOptions& opts);
 
@@ -164,13 +164,16 @@ class Communicator {
   virtual void barrier() = 0;
 
   // Whether an asynchronous collective moves its data while the caller goes
-  // on (gloo), rather than inside the issuing call (the defaults, sim):
+  // on (gloo; nccl on device buffers), rather than inside the issuing call
+  // (the defaults, sim):
   // what makes issuing one early worth its memory (Note [Stage 3 prefetch]
   // in zero/stage3.h).
   virtual bool overlaps_async() const { return false; }
 
-  // Whether buffers marked `device` may be given as they are (NCCL);
-  // otherwise only host buffers (Buffer, check_host_buffer).
+  // Whether buffers marked `device` may be given as they are (NCCL), also
+  // beside a host buffer in one collective (stage 3's offload from a
+  // device gathers host partitions into device storage); otherwise only
+  // host buffers (Buffer, check_host_buffer).
   virtual bool reads_device_memory() const { return false; }
 };
 

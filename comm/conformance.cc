@@ -153,6 +153,48 @@ void all_gather_in_place_from_own_slice(Communicator& c) {
       ASSERT_EQ(buf[r * chunk + i], static_cast<float>(r * 10 + i));
 }
 
+// Async all-gathers (one into a buffer whose own chunk is its input)
+// interleaved with an async reduce-scatter and a blocking collective:
+// matched in issue order, waited in any order.
+void async_all_gathers_match_in_issue_order(Communicator& c) {
+  const int w = c.world_size();
+  const size_t chunk = 5;
+  std::vector<std::vector<float>> ins(2, std::vector<float>(chunk));
+  std::vector<std::vector<float>> outs(3, std::vector<float>(chunk * w, -1.0f));
+  std::vector<float> rs_in(3 * w, static_cast<float>(c.rank() + 1)),
+      rs_out(3, -1.0f);
+  std::vector<std::shared_ptr<Work>> works;
+  for (int k = 0; k < 2; ++k) {
+    for (size_t i = 0; i < chunk; ++i)
+      ins[k][i] = static_cast<float>(k * 1000 + c.rank() * 10 + i);
+    works.push_back(c.all_gather_async(Buffer::of(ins[k].data(), chunk),
+                                       Buffer::of(outs[k].data(), chunk * w),
+                                       {}));
+    if (k == 0)
+      works.push_back(c.reduce_scatter_async(
+          Buffer::of(rs_in.data(), rs_in.size()),
+          Buffer::of(rs_out.data(), rs_out.size()), {ReduceOp::kSum}));
+  }
+  float* own = outs[2].data() + c.rank() * chunk;
+  for (size_t i = 0; i < chunk; ++i)
+    own[i] = static_cast<float>(2000 + c.rank() * 10 + i);
+  works.push_back(c.all_gather_async(
+      Buffer::of(own, chunk), Buffer::of(outs[2].data(), chunk * w), {}));
+  float x = 3.0f;
+  c.all_reduce(Buffer::of(&x, 1), {});
+  ASSERT_EQ(x, 3.0f * w);
+  for (size_t k = works.size(); k-- > 0;) works[k]->wait();
+  float ranks = 0;
+  for (int r = 0; r < w; ++r) ranks += static_cast<float>(r + 1);
+  for (float v : rs_out) ASSERT_EQ(v, ranks);
+  for (int k = 0; k < 3; ++k)
+    for (int r = 0; r < w; ++r)
+      for (size_t i = 0; i < chunk; ++i)
+        ASSERT_EQ(outs[k][r * chunk + i],
+                  static_cast<float>(k * 1000 + r * 10 + i))
+            << "gather " << k << " rank " << r << " element " << i;
+}
+
 void broadcast_from_every_root(Communicator& c) {
   for (int root = 0; root < c.world_size(); ++root) {
     std::vector<int64_t> buf(6, c.rank() == root ? 1000 + root : -1);
@@ -190,9 +232,12 @@ const Case kCases[] = {
      reduce_scatter_gives_each_rank_its_chunk},
     {"AsyncReduceScattersMatchInIssueOrder",
      async_reduce_scatters_match_in_issue_order},
-    {"AsyncAllReducesMatchInIssueOrder", async_all_reduces_match_in_issue_order},
+    {"AsyncAllReducesMatchInIssueOrder",
+     async_all_reduces_match_in_issue_order},
     {"AllGatherConcatenatesInRankOrder", all_gather_concatenates_in_rank_order},
     {"AllGatherInPlaceFromOwnSlice", all_gather_in_place_from_own_slice},
+    {"AsyncAllGathersMatchInIssueOrder",
+     async_all_gathers_match_in_issue_order},
     {"BroadcastFromEveryRoot", broadcast_from_every_root},
     {"EmptyBuffersAreFine", empty_buffers_are_fine},
     {"LongMixedSequenceStaysMatched", long_mixed_sequence_stays_matched},

@@ -4,6 +4,7 @@
 #include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -83,13 +84,15 @@ struct NcclCommunicator::Impl {
   cudaStream_t stream = nullptr;   // the collectives', non-blocking
   cudaStream_t compute = nullptr;  // the rank's kernels'
   cudaEvent_t ready = nullptr;     // recorded on compute before a collective
-  cudaEvent_t done = nullptr;      // recorded on stream after a blocking one
+  cudaEvent_t uploaded = nullptr;  // recorded on stream after a host input
   void* in = nullptr;
   void* out = nullptr;
   size_t capacity = 0;  // bytes of each staging buffer
 
   void reserve(size_t bytes) {
     if (bytes <= capacity) return;
+    // A collective still queued may read or write the old buffers.
+    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize", rank);
     if (in) cudaFree(in);
     if (out) cudaFree(out);
     in = out = nullptr;
@@ -98,46 +101,54 @@ struct NcclCommunicator::Impl {
     cuda_check(cudaMalloc(&out, bytes), "cudaMalloc", rank);
     capacity = bytes;
   }
-  void to_device(void* dev, const void* host, size_t bytes) {
-    cuda_check(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream),
-               "cudaMemcpyAsync", rank);
-  }
-  // A collective on device buffers: after the compute stream's work so far.
+  // The collectives' stream waits for the compute stream's work so far
+  // (what was computed into a device input, or still reads a device output).
   void begin_device() {
     cuda_check(cudaEventRecord(ready, compute), "cudaEventRecord", rank);
     cuda_check(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent",
                rank);
   }
-  // A reduce-scatter of device buffers on the collectives' stream, after
-  // the compute stream's work so far.
-  void reduce_scatter_device(Buffer input, Buffer output, ReduceOp op) {
-    begin_device();
-    nccl_check(ncclReduceScatter(input.data, output.data, output.numel,
-                                 nccl_type(input.dtype), nccl_op(op), comm,
-                                 stream),
-               "ncclReduceScatter", rank);
+  // Note [NCCL buffers in host memory]: `issue(src, dst)` queues one NCCL
+  // call on `stream` with device pointers; a host side goes through the
+  // staging buffers. Returns whether the output is device memory, i.e.
+  // whether the result is still to come on `stream` (the caller makes the
+  // compute stream wait for it, now or in a Work); a host output has been
+  // written when this returns.
+  template <typename Issue>
+  bool run(Buffer input, Buffer output, Issue issue) {
+    if (!input.device || !output.device)
+      reserve(std::max(input.bytes(), output.bytes()));
+    if (input.device || output.device) begin_device();
+    const void* src = input.data;
+    if (!input.device) {
+      cuda_check(cudaMemcpyAsync(in, input.data, input.bytes(),
+                                 cudaMemcpyHostToDevice, stream),
+                 "cudaMemcpyAsync", rank);
+      // The host input is the caller's again when this returns (pinned
+      // memory is read by the copy engine later).
+      cuda_check(cudaEventRecord(uploaded, stream), "cudaEventRecord", rank);
+      cuda_check(cudaEventSynchronize(uploaded), "cudaEventSynchronize", rank);
+      src = in;
+    }
+    issue(src, output.device ? output.data : out);
+    if (output.device) return true;
+    cuda_check(cudaMemcpyAsync(output.data, out, output.bytes(),
+                               cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync", rank);
+    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize", rank);
+    return false;
   }
-  // The compute stream's next work waits for `event`, recorded now on the
-  // collectives' stream.
-  void end_device(cudaEvent_t event) {
-    cuda_check(cudaEventRecord(event, stream), "cudaEventRecord", rank);
-    cuda_check(cudaStreamWaitEvent(compute, event, 0), "cudaStreamWaitEvent",
-               rank);
-  }
-  // A Work for the collective just issued on `stream`: its own event,
-  // which the compute stream waits for in wait().
-  std::shared_ptr<Work> record_work() {
+  // A collective's Work: with a device output, its own event, which the
+  // compute stream waits for in wait() (a blocking collective waits at
+  // once: the host does not); a host output is complete.
+  std::shared_ptr<Work> work(bool on_device) {
+    if (!on_device) return std::make_shared<CompletedWork>();
     cudaEvent_t event = nullptr;
     cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
                "cudaEventCreateWithFlags", rank);
-    auto work = std::make_shared<DeviceWork>(event, compute, rank);
+    auto w = std::make_shared<DeviceWork>(event, compute, rank);
     cuda_check(cudaEventRecord(event, stream), "cudaEventRecord", rank);
-    return work;
-  }
-  void to_host(void* host, const void* dev, size_t bytes) {
-    cuda_check(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, stream),
-               "cudaMemcpyAsync", rank);
-    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize", rank);
+    return w;
   }
 };
 
@@ -183,7 +194,7 @@ NcclCommunicator::NcclCommunicator(int rank, int world_size,
   impl_->compute = static_cast<cudaStream_t>(options.compute_stream);
   cuda_check(cudaEventCreateWithFlags(&impl_->ready, cudaEventDisableTiming),
              "cudaEventCreateWithFlags", rank);
-  cuda_check(cudaEventCreateWithFlags(&impl_->done, cudaEventDisableTiming),
+  cuda_check(cudaEventCreateWithFlags(&impl_->uploaded, cudaEventDisableTiming),
              "cudaEventCreateWithFlags", rank);
 }
 
@@ -191,128 +202,67 @@ NcclCommunicator::~NcclCommunicator() {
   if (impl_->in) cudaFree(impl_->in);
   if (impl_->out) cudaFree(impl_->out);
   if (impl_->ready) cudaEventDestroy(impl_->ready);
-  if (impl_->done) cudaEventDestroy(impl_->done);
+  if (impl_->uploaded) cudaEventDestroy(impl_->uploaded);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
   if (impl_->comm) ncclCommDestroy(impl_->comm);
 }
 
-namespace {
-// Both buffers of a collective must be in the same memory.
-void check_same_memory(int rank, Buffer a, Buffer b) {
-  if (a.device != b.device)
-    throw UsageError("nccl on rank " + std::to_string(rank) +
-                     ": one buffer of a collective is device memory and the "
-                     "other host memory; give both in the same memory");
-}
-}  // namespace
-
 void NcclCommunicator::all_reduce(Buffer buf, const AllReduceOptions& opts) {
-  if (buf.numel == 0) return;
-  if (buf.device) {
-    impl_->begin_device();
-    nccl_check(ncclAllReduce(buf.data, buf.data, buf.numel,
-                             nccl_type(buf.dtype), nccl_op(opts.op),
-                             impl_->comm, impl_->stream),
+  all_reduce_async(buf, opts)->wait();
+}
+
+std::shared_ptr<Work> NcclCommunicator::all_reduce_async(
+    Buffer buf, const AllReduceOptions& opts) {
+  if (buf.numel == 0) return std::make_shared<CompletedWork>();
+  return impl_->work(impl_->run(buf, buf, [&](const void* src, void* dst) {
+    nccl_check(ncclAllReduce(src, dst, buf.numel, nccl_type(buf.dtype),
+                             nccl_op(opts.op), impl_->comm, impl_->stream),
                "ncclAllReduce", rank_);
-    impl_->end_device(impl_->done);
-    return;
-  }
-  impl_->reserve(buf.bytes());
-  impl_->to_device(impl_->in, buf.data, buf.bytes());
-  nccl_check(ncclAllReduce(impl_->in, impl_->out, buf.numel,
-                           nccl_type(buf.dtype), nccl_op(opts.op), impl_->comm,
-                           impl_->stream),
-             "ncclAllReduce", rank_);
-  impl_->to_host(buf.data, impl_->out, buf.bytes());
+  }));
 }
 
 void NcclCommunicator::reduce_scatter(Buffer input, Buffer output,
                                       const ReduceScatterOptions& opts) {
-  check_reduce_scatter_args(rank_, world_size_, input, output);
-  check_same_memory(rank_, input, output);
-  if (output.numel == 0) return;
-  if (input.device) {
-    impl_->reduce_scatter_device(input, output, opts.op);
-    impl_->end_device(impl_->done);
-    return;
-  }
-  impl_->reserve(input.bytes());
-  impl_->to_device(impl_->in, input.data, input.bytes());
-  nccl_check(ncclReduceScatter(impl_->in, impl_->out, output.numel,
-                               nccl_type(input.dtype), nccl_op(opts.op),
-                               impl_->comm, impl_->stream),
-             "ncclReduceScatter", rank_);
-  impl_->to_host(output.data, impl_->out, output.bytes());
+  reduce_scatter_async(input, output, opts)->wait();
 }
 
 std::shared_ptr<Work> NcclCommunicator::reduce_scatter_async(
     Buffer input, Buffer output, const ReduceScatterOptions& opts) {
   check_reduce_scatter_args(rank_, world_size_, input, output);
-  check_same_memory(rank_, input, output);
-  if (!input.device || output.numel == 0) {
-    // Host buffers are staged and waited for: complete here.
-    reduce_scatter(input, output, opts);
-    return std::make_shared<CompletedWork>();
-  }
-  impl_->reduce_scatter_device(input, output, opts.op);
-  return impl_->record_work();
-}
-
-std::shared_ptr<Work> NcclCommunicator::all_reduce_async(
-    Buffer buf, const AllReduceOptions& opts) {
-  if (!buf.device || buf.numel == 0) {
-    all_reduce(buf, opts);  // host buffers are staged and waited for
-    return std::make_shared<CompletedWork>();
-  }
-  impl_->begin_device();
-  nccl_check(ncclAllReduce(buf.data, buf.data, buf.numel, nccl_type(buf.dtype),
-                           nccl_op(opts.op), impl_->comm, impl_->stream),
-             "ncclAllReduce", rank_);
-  return impl_->record_work();
+  if (output.numel == 0) return std::make_shared<CompletedWork>();
+  return impl_->work(impl_->run(input, output, [&](const void* src, void* dst) {
+    nccl_check(ncclReduceScatter(src, dst, output.numel, nccl_type(input.dtype),
+                                 nccl_op(opts.op), impl_->comm, impl_->stream),
+               "ncclReduceScatter", rank_);
+  }));
 }
 
 void NcclCommunicator::all_gather(Buffer input, Buffer output,
-                                  const AllGatherOptions&) {
+                                  const AllGatherOptions& opts) {
+  all_gather_async(input, output, opts)->wait();
+}
+
+std::shared_ptr<Work> NcclCommunicator::all_gather_async(
+    Buffer input, Buffer output, const AllGatherOptions&) {
   check_all_gather_args(rank_, world_size_, input, output);
-  check_same_memory(rank_, input, output);
-  if (input.numel == 0) return;
-  if (input.device) {
-    // NCCL allows the input to be this rank's chunk of the output.
-    impl_->begin_device();
-    nccl_check(ncclAllGather(input.data, output.data, input.numel,
-                             nccl_type(input.dtype), impl_->comm,
-                             impl_->stream),
+  if (input.numel == 0) return std::make_shared<CompletedWork>();
+  // NCCL allows the input to be this rank's chunk of the output.
+  return impl_->work(impl_->run(input, output, [&](const void* src, void* dst) {
+    nccl_check(ncclAllGather(src, dst, input.numel, nccl_type(input.dtype),
+                             impl_->comm, impl_->stream),
                "ncclAllGather", rank_);
-    impl_->end_device(impl_->done);
-    return;
-  }
-  impl_->reserve(output.bytes());
-  impl_->to_device(impl_->in, input.data, input.bytes());
-  nccl_check(ncclAllGather(impl_->in, impl_->out, input.numel,
-                           nccl_type(input.dtype), impl_->comm, impl_->stream),
-             "ncclAllGather", rank_);
-  impl_->to_host(output.data, impl_->out, output.bytes());
+  }));
 }
 
 void NcclCommunicator::broadcast(Buffer buf, const BroadcastOptions& opts) {
   check_broadcast_root(opts.root, world_size_);
   if (buf.numel == 0) return;
-  if (buf.device) {
-    impl_->begin_device();
-    nccl_check(ncclBroadcast(buf.data, buf.data, buf.numel,
-                             nccl_type(buf.dtype), opts.root, impl_->comm,
-                             impl_->stream),
+  auto issue = [&](const void* src, void* dst) {
+    nccl_check(ncclBroadcast(src, dst, buf.numel, nccl_type(buf.dtype),
+                             opts.root, impl_->comm, impl_->stream),
                "ncclBroadcast", rank_);
-    impl_->end_device(impl_->done);
-    return;
-  }
-  impl_->reserve(buf.bytes());
-  impl_->to_device(impl_->in, buf.data, buf.bytes());
-  nccl_check(ncclBroadcast(impl_->in, impl_->out, buf.numel,
-                           nccl_type(buf.dtype), opts.root, impl_->comm,
-                           impl_->stream),
-             "ncclBroadcast", rank_);
-  impl_->to_host(buf.data, impl_->out, buf.bytes());
+  };
+  impl_->work(impl_->run(buf, buf, issue))->wait();
 }
 
 void NcclCommunicator::barrier() {

@@ -8,12 +8,23 @@
 // the compute stream (NcclOptions::compute_stream: what was computed into
 // the buffer is complete), and the compute stream waits for the collective's
 // event before its next kernel; the host never waits.
-// reduce_scatter_async returns a Work whose wait() makes the compute stream
-// wait for that event, so later kernels (and the next backward's compute)
-// overlap the collective until then. Host buffers (the agreements, the
-// norm) are staged through device buffers on the same stream (grown, never
-// shrunk) and waited for. Reduction order is NCCL's (ring or tree by
-// message size): float results may differ from sim's in the last bits.
+// The *_async collectives return a Work whose wait() makes the compute
+// stream wait for that event, so later kernels (the next backward's
+// compute, stage 3's next block) overlap the collective until then; so
+// overlaps_async() is true (Note [Stage 3 prefetch] in zero/stage3.h).
+//
+// Note [NCCL buffers in host memory]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A host buffer (the agreements, the norm; and one side of stage 3's
+// collectives with offload from a device: host partitions gathered into
+// device storage, device gradients reduce-scattered into host chunks,
+// Note [Stage 3 offload from a device]) goes through device staging
+// buffers on the same stream (grown, never shrunk): a host input is
+// uploaded, and the call waits until the copy has read it; a host output
+// is downloaded and waited for, so the collective is complete when the
+// call returns (its Work too). A device side is used in place. Reduction
+// order is NCCL's (ring or tree by message size): float results may differ
+// from sim's in the last bits.
 //
 // Rendezvous: rank 0 creates an NCCL unique id and writes it to
 // `id_path` (atomically); the other ranks wait for that file.
@@ -60,8 +71,11 @@ class NcclCommunicator final : public Communicator {
       Buffer input, Buffer output, const ReduceScatterOptions& opts) override;
   void all_gather(Buffer input, Buffer output,
                   const AllGatherOptions& opts) override;
+  std::shared_ptr<Work> all_gather_async(Buffer input, Buffer output,
+                                         const AllGatherOptions& opts) override;
   void broadcast(Buffer buf, const BroadcastOptions& opts) override;
   void barrier() override;
+  bool overlaps_async() const override { return true; }
   bool reads_device_memory() const override { return true; }
 
  private:

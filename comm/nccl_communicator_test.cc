@@ -55,10 +55,14 @@ class NcclRunner : public ConformanceRunner {
 // The suite on device buffers: every buffer the suite gives is copied into
 // device memory, handed to NCCL marked `device` (its own stream, events:
 // no host wait inside the call), and copied back after the compute stream
-// (the legacy default stream) has caught up.
+// (the legacy default stream) has caught up. With `mixed` (Note [NCCL
+// buffers in host memory]) the all-gathers' inputs and the
+// reduce-scatters' outputs stay in host memory, as stage 3's are with
+// offload from a device: host partitions gathered into device storage,
+// device gradients reduced into host chunks.
 class OnDevice final : public Communicator {
  public:
-  explicit OnDevice(Communicator* inner) : inner_(inner) {}
+  OnDevice(Communicator* inner, bool mixed) : inner_(inner), mixed_(mixed) {}
   ~OnDevice() override {
     for (void* p : allocations_) cudaFree(p);
   }
@@ -68,35 +72,29 @@ class OnDevice final : public Communicator {
   bool reads_device_memory() const override { return true; }
 
   void all_reduce(Buffer buf, const AllReduceOptions& opts) override {
-    const Buffer d = up(buf);
-    inner_->all_reduce(d, opts);
-    down(buf, d);
+    all_reduce_async(buf, opts)->wait();
   }
   void reduce_scatter(Buffer in, Buffer out,
                       const ReduceScatterOptions& opts) override {
-    const Buffer din = up(in), dout = up(out);
-    inner_->reduce_scatter(din, dout, opts);
-    down(out, dout);
+    reduce_scatter_async(in, out, opts)->wait();
   }
   std::shared_ptr<Work> reduce_scatter_async(
       Buffer in, Buffer out, const ReduceScatterOptions& opts) override {
-    const Buffer din = up(in), dout = up(out);
-    auto work = inner_->reduce_scatter_async(din, dout, opts);
-    work->wait();
-    down(out, dout);
-    return std::make_shared<CompletedWork>();
+    const Buffer din = up(in), dout = mixed_ ? out : up(out);
+    return later(inner_->reduce_scatter_async(din, dout, opts), out, dout);
   }
   std::shared_ptr<Work> all_reduce_async(
       Buffer buf, const AllReduceOptions& opts) override {
     const Buffer d = up(buf);
-    inner_->all_reduce_async(d, opts)->wait();
-    down(buf, d);
-    return std::make_shared<CompletedWork>();
+    return later(inner_->all_reduce_async(d, opts), buf, d);
   }
   void all_gather(Buffer in, Buffer out, const AllGatherOptions& opts) override {
-    const Buffer din = up(in), dout = up(out);
-    inner_->all_gather(din, dout, opts);
-    down(out, dout);
+    all_gather_async(in, out, opts)->wait();
+  }
+  std::shared_ptr<Work> all_gather_async(
+      Buffer in, Buffer out, const AllGatherOptions& opts) override {
+    const Buffer din = mixed_ ? in : up(in), dout = up(out);
+    return later(inner_->all_gather_async(din, dout, opts), out, dout);
   }
   void broadcast(Buffer buf, const BroadcastOptions& opts) override {
     const Buffer d = up(buf);
@@ -106,6 +104,28 @@ class OnDevice final : public Communicator {
   void barrier() override { inner_->barrier(); }
 
  private:
+  // The collective's Work, then the copy of its device output back to
+  // `host` (nothing when the output was host memory already).
+  class Later final : public Work {
+   public:
+    Later(std::shared_ptr<Work> inner, OnDevice* owner, Buffer host, Buffer d)
+        : inner_(std::move(inner)), owner_(owner), host_(host), d_(d) {}
+    void wait() override {
+      inner_->wait();
+      if (done_) return;
+      done_ = true;
+      if (d_.device) owner_->down(host_, d_);
+    }
+
+   private:
+    std::shared_ptr<Work> inner_;
+    OnDevice* owner_;
+    Buffer host_, d_;
+    bool done_ = false;
+  };
+  std::shared_ptr<Work> later(std::shared_ptr<Work> w, Buffer host, Buffer d) {
+    return std::make_shared<Later>(std::move(w), this, host, d);
+  }
   Buffer up(Buffer host) {
     Buffer d = host;
     d.device = true;
@@ -125,25 +145,33 @@ class OnDevice final : public Communicator {
     cudaMemcpy(host.data, d.data, host.bytes(), cudaMemcpyDeviceToHost);
   }
   Communicator* inner_;
+  bool mixed_;
   std::vector<void*> allocations_;
 };
 
 class NcclDeviceRunner : public NcclRunner {
  public:
+  explicit NcclDeviceRunner(bool mixed) : mixed_(mixed) {}
   void run(int world, const RankBody& body) override {
     NcclRunner::run(world, [&](Communicator& c) {
-      OnDevice d(&c);
+      OnDevice d(&c, mixed_);
       body(d);
     });
   }
+
+ private:
+  bool mixed_;
 };
 
 const bool registered = [] {
   if (device_count() > 0) {
     register_communicator_conformance(
         "nccl", [] { return std::make_unique<NcclRunner>(); });
+    register_communicator_conformance("nccl_device", [] {
+      return std::make_unique<NcclDeviceRunner>(false);
+    });
     register_communicator_conformance(
-        "nccl_device", [] { return std::make_unique<NcclDeviceRunner>(); });
+        "nccl_mixed", [] { return std::make_unique<NcclDeviceRunner>(true); });
   }
   return true;
 }();

@@ -292,6 +292,7 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in,
     std::fill(exp_avg_sq.begin(), exp_avg_sq.end(), 0.0f);
     optimizer_steps = 0;
   }
+  binding_->will_write_params();
   stage_->load_state(params, exp_avg, exp_avg_sq, optimizer_steps);
   binding_->params_written();
   if (scaler_state) scaler_.restore(*scaler_state);
@@ -464,6 +465,7 @@ void Engine::load_model_weights(const std::string& path) {
   const FlatOptimizer& optimizer = stage_->optimizer();
   const std::vector<float> exp_avg = canonical(optimizer.exp_avg());
   const std::vector<float> exp_avg_sq = canonical(optimizer.exp_avg_sq());
+  binding_->will_write_params();
   stage_->load_state(params, exp_avg, exp_avg_sq, optimizer.step_count());
   binding_->params_written();
 }

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,10 +72,15 @@ struct Trained {
 
 // Two windows of 3 backward() calls per rank, managed or not; `save_dir`:
 // then a checkpoint "t" there.
+// `wrap(r, comm)`: the communicator rank r's engine gets instead of its
+// sim communicator (kept alive by the caller).
+using WrapComm = std::function<Communicator*(int rank, Communicator* comm)>;
+
 Trained train_windows(int stage, int world, bool managed,
                       const std::string& dtype, Kind kind,
                       const std::string& save_dir = "",
-                      const Stage3Options& s3 = {}) {
+                      const Stage3Options& s3 = {},
+                      const WrapComm& wrap = nullptr) {
   MlpWorld w(world,
              parse_config(config_json(stage, managed, dtype, s3), world));
   std::vector<std::unique_ptr<Kernels>> kernels(world);
@@ -83,11 +89,21 @@ Trained train_windows(int stage, int world, bool managed,
     if (kind == Kind::kTorch)
       kernels[r] = std::make_unique<TorchKernels>(torch::kCPU);
   }
-  w.make_engines([&](int r) {
-    EngineOptions o;
-    o.kernels = kernels[r].get();
-    return o;
-  });
+  if (wrap) {  // make_engines' work, on the wrapped communicators
+    w.engines.resize(world);
+    w.world->run([&](int r) {
+      EngineOptions o;
+      o.kernels = kernels[r].get();
+      w.engines[r] = std::make_unique<Engine>(w.models[r], w.config,
+                                              wrap(r, &w.world->comm(r)), o);
+    });
+  } else {
+    w.make_engines([&](int r) {
+      EngineOptions o;
+      o.kernels = kernels[r].get();
+      return o;
+    });
+  }
   auto norms = [&] {
     int64_t n = 0;
     if (kind == Kind::kFar)
@@ -196,6 +212,107 @@ TEST(DeviceEngineTest, Stage3OffloadFromADeviceGivesTheHostRunsBits) {
         for (int r = 0; r < 2; ++r)
           EXPECT_TRUE(same_bits(plain.params[r], host.params[r])) << name;
       }
+}
+
+// A communicator shaped like NCCL's (comm/nccl_communicator.h) for engines
+// on FarKernels: it reads device memory, so the engine gives it device
+// buffers as they are (no StagingCommunicator), and overlaps its async
+// collectives, so stage 3 prefetches. FarKernels' memory is host memory:
+// the buffers go on to sim with the flag cleared. It counts the
+// collectives whose two buffers are in different memories (Note [NCCL
+// buffers in host memory]) and the async all-gathers (prefetches).
+class NcclShaped final : public Communicator {
+ public:
+  explicit NcclShaped(Communicator* inner) : inner_(inner) {}
+  int mixed = 0;
+  int device_buffers = 0;
+  int gathers_ahead = 0;
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string backend_name() const override { return "nccl-shaped"; }
+  bool overlaps_async() const override { return true; }
+  bool reads_device_memory() const override { return true; }
+  void all_reduce(Buffer b, const AllReduceOptions& o) override {
+    inner_->all_reduce(host(b, b), o);
+  }
+  void reduce_scatter(Buffer i, Buffer out,
+                      const ReduceScatterOptions& o) override {
+    inner_->reduce_scatter(host(i, out), host(out, i), o);
+  }
+  std::shared_ptr<Work> reduce_scatter_async(
+      Buffer i, Buffer out, const ReduceScatterOptions& o) override {
+    return inner_->reduce_scatter_async(host(i, out), host(out, i), o);
+  }
+  std::shared_ptr<Work> all_reduce_async(Buffer b,
+                                         const AllReduceOptions& o) override {
+    return inner_->all_reduce_async(host(b, b), o);
+  }
+  void all_gather(Buffer i, Buffer out, const AllGatherOptions& o) override {
+    inner_->all_gather(host(i, out), host(out, i), o);
+  }
+  std::shared_ptr<Work> all_gather_async(Buffer i, Buffer out,
+                                         const AllGatherOptions& o) override {
+    ++gathers_ahead;
+    return inner_->all_gather_async(host(i, out), host(out, i), o);
+  }
+  void broadcast(Buffer b, const BroadcastOptions& o) override {
+    inner_->broadcast(host(b, b), o);
+  }
+  void barrier() override { inner_->barrier(); }
+
+ private:
+  // `b` as sim takes it, counting what its collective mixed.
+  Buffer host(Buffer b, Buffer other) {
+    if (b.device) ++device_buffers;
+    if (b.device && !other.device) ++mixed;
+    b.device = false;
+    return b;
+  }
+  Communicator* inner_;
+};
+
+// The engine on a device over a backend that reads device memory (NCCL's
+// shape, without NCCL): no collective staged, stage 3 prefetching, and
+// with offload the host partitions gathered straight into device storage
+// and device gradients reduced into host chunks. Every stage, fp32 and
+// bf16, with and without stage 3's offloads: the host run's bits.
+TEST(DeviceEngineTest, ABackendThatReadsDeviceMemoryGivesTheHostRunsBits) {
+  struct Case {
+    int stage;
+    std::string offload;
+  };
+  for (const Case& c : {Case{0, ""}, Case{1, ""}, Case{2, ""}, Case{3, ""},
+                        Case{3, "offload_optimizer"}, Case{3, "offload_param"}})
+    for (const std::string dtype : {"fp32", "bf16"}) {
+      const std::string name =
+          what(c.stage, 2, dtype) + (c.offload.empty() ? "" : " " + c.offload);
+      const Stage3Options s3{0, false, c.offload};
+      const Trained host =
+          train_windows(c.stage, 2, false, dtype, Kind::kHost, "", s3);
+      std::vector<std::unique_ptr<NcclShaped>> comms(2);
+      const Trained direct =
+          train_windows(c.stage, 2, false, dtype, Kind::kFar, "", s3,
+                        [&](int r, Communicator* inner) {
+                          comms[r] = std::make_unique<NcclShaped>(inner);
+                          return comms[r].get();
+                        });
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_TRUE(same_bits(host.params[r], direct.params[r])) << name;
+        EXPECT_GT(comms[r]->device_buffers, 0) << name;
+        // Offload from a device: the stage 3 collectives move between host
+        // partitions and device storage; otherwise everything is on the
+        // device but the agreements and the norm (one buffer each).
+        if (c.offload.empty()) {
+          EXPECT_EQ(comms[r]->mixed, 0) << name;
+        } else {
+          EXPECT_GT(comms[r]->mixed, 0) << name;
+        }
+        if (c.stage == 3) {  // Note [Stage 3 prefetch]
+          EXPECT_GT(comms[r]->gathers_ahead, 0) << name;
+        }
+      }
+      EXPECT_EQ(direct.downloads, 0) << name << ": a collective was staged";
+    }
 }
 
 TEST(DeviceEngineTest, TorchKernelsManagedEqualsUnmanagedBitwise) {

@@ -296,6 +296,7 @@ void Engine::step(const StepOverrides& overrides) {
       overflow = fp16 && !std::isfinite(stats.global_norm);
       if (!overflow) {
         // All or nothing: Note [Transactional update] (zero/stage.h).
+        binding_->will_write_params();
         stage_->apply_update(hyper(overrides));
         binding_->params_written();
         last_grad_norm_ = stats.global_norm;

@@ -33,7 +33,10 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(
       state_on_device() ? device : torch::Device(torch::kCPU));
   const int64_t padded = static_cast<int64_t>(layout_.padded_numel);
-  flat_params_ = torch::zeros({padded}, f32);
+  // Note [Offload copies]: the float32 weights the device copies from are
+  // page-locked with pin_memory, so that copy runs asynchronously.
+  const bool pin = options.offload && options.pin_memory && device.is_cuda();
+  flat_params_ = torch::zeros({padded}, f32.pinned_memory(pin));
   flat_grads_ = torch::zeros({padded}, f32);
   const bool bf16 = dtype_ == Precision::kBf16;
   const auto on_device = torch::TensorOptions().device(device);
@@ -128,7 +131,9 @@ void FlatBinding::copy_grad_to_host(size_t i) {
 }
 
 void FlatBinding::wait_for_copies() {
-  if (copy_stream_) copy_stream_->synchronize();
+  if (!copy_stream_) return;
+  copy_stream_->synchronize();
+  weights_in_flight_ = false;
 }
 
 void FlatBinding::on_grad_ready(size_t i) {
@@ -188,15 +193,44 @@ void FlatBinding::params_written() {
     model_params_.copy_(flat_params_);
     return;
   }
+  // The previous copy may still read host_params_.
+  settle_weights();
+  const torch::Tensor* from = &flat_params_;
   if (dtype_ == Precision::kBf16) {
     torch::Tensor& host = host_params_.defined() ? host_params_ : model_params_;
     to_bf16(flat_params_.data_ptr<float>(),
             reinterpret_cast<uint16_t*>(host.data_ptr()),
             layout_.padded_numel);
-    if (host_params_.defined()) model_params_.copy_(host_params_);
-  } else {
-    model_params_.copy_(flat_params_);
+    if (!host_params_.defined()) return;  // rounded in place on the host
+    from = &host_params_;
   }
+  if (!copy_stream_) {  // the CPU: synchronous
+    model_params_.copy_(*from);
+    return;
+  }
+  // Note [Offload copies]: on the copy stream, after the kernels queued so
+  // far (which may still read the old weights); the stream the model
+  // computes on waits for the copy, the host does not.
+  const c10::Device device = model_params_.device();
+  const c10::Stream compute =
+      c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+  c10::Event queued(device.type());
+  queued.record(compute);
+  copy_stream_->wait(queued);
+  {
+    const c10::StreamGuard on_copy_stream(*copy_stream_);
+    model_params_.copy_(*from, /*non_blocking=*/true);
+  }
+  c10::Event copied(device.type());
+  copied.record(*copy_stream_);
+  compute.wait(copied);
+  weights_in_flight_ = true;
+}
+
+void FlatBinding::settle_weights() {
+  if (!weights_in_flight_) return;
+  weights_in_flight_ = false;
+  copy_stream_->synchronize();
 }
 
 torch::Tensor FlatBinding::full_parameters() {

@@ -34,7 +34,8 @@
 // the device buffers are host memory too: the tests here run this path,
 // copies included. Cost there: one more copy of the weights and gradients.
 // Host synchronisation: once per backward for the gradients (once per
-// parameter with overlap_comm), once per step for the weights going back.
+// parameter with overlap_comm), which the host folds; none for the weights
+// going back (Note [Offload copies]).
 //
 // Note [Offload copies]
 // ~~~~~~~~~~~~~~~~~~~~~
@@ -54,7 +55,16 @@
 // clears are ordered before it. Each parameter is copied once per backward
 // (copied_); the folds are the same additions in the same order as before,
 // so the bits do not change. The weights go back to the device in
-// params_written() with one synchronous copy per step.
+// params_written() on the same copy stream, asynchronously: after an event
+// on the stream the model computes on (kernels queued earlier may still
+// read the old weights), from page-locked memory (the float32 master is
+// page-locked with pin_memory; the bf16 rounding goes to host_params_,
+// page-locked with it), and that stream waits for the copy's event, so
+// the next forward's kernels run after it while the host goes on. The
+// host buffer the copy reads is not written again until the copy is done:
+// the next params_written() and will_write_params() (the engine calls it
+// before an update or a load) wait for the copy stream first, and so does
+// end_backward's wait.
 // A CPU model has no streams: with BindingOptions::offload_staging_on_cpu
 // (tests) it takes the same path with synchronous copies, so the tests here
 // run everything of it but the stream and the event.
@@ -90,6 +100,7 @@ class FlatBinding final : public ParamBinding {
   void begin_backward() override;
   void end_backward() override;
   void params_written() override;
+  void will_write_params() override { settle_weights(); }
   torch::Tensor full_parameters() override;
   torch::Tensor flat_parameters() const override;
   torch::Tensor flat_gradients() const override;
@@ -112,6 +123,9 @@ class FlatBinding final : public ParamBinding {
   void copy_grad_to_host(size_t param_index);
   // Waits for every copy queued so far (nothing to wait for on the CPU).
   void wait_for_copies();
+  // Note [Offload copies]: waits for the weights copy params_written()
+  // queued, if it may still read the host buffers.
+  void settle_weights();
 
   std::shared_ptr<torch::nn::Module> model_;
   std::vector<torch::Tensor> params_;
@@ -134,8 +148,10 @@ class FlatBinding final : public ParamBinding {
   torch::Tensor host_grads_;
   std::vector<char> folded_;  // per parameter, in this backward
   std::vector<char> copied_;  // per parameter: copy queued this backward
-  // Note [Offload copies]: the copy stream of a CUDA model's offload.
+  // Note [Offload copies]: the copy stream of a CUDA model's offload, and
+  // whether a weights copy queued on it may still read the host buffers.
   std::optional<c10::Stream> copy_stream_;
+  bool weights_in_flight_ = false;
   // Note [Device kernels]: the stage's kernels when they are a device's
   // (nullptr on the host).
   Kernels* kernels_ = nullptr;

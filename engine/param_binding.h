@@ -18,7 +18,8 @@
 // The engine calls, per backward():
 //   stage().begin_backward(k, s); begin_backward(); <autograd>;
 //   end_backward(); stage().end_backward()
-// and params_written() after every applied update and checkpoint load.
+// and will_write_params() before, params_written() after, every applied
+// update and checkpoint load.
 //
 // Ownership: the binding shares the model; `comm` and the devices in the
 // StageOptions must outlive it.
@@ -56,6 +57,10 @@ class ParamBinding {
   // The stage's float32 parameters were rewritten (update, load): the
   // model's weights follow.
   virtual void params_written() = 0;
+  // The stage is about to rewrite its float32 parameters (before an
+  // update or a load): whatever still reads them asynchronously is
+  // waited for (Note [Offload copies] in engine/flat_binding.h).
+  virtual void will_write_params() {}
 
   // A copy of every trainable parameter, concatenated in registration
   // order (a collective at stage 3).

@@ -143,8 +143,8 @@
 // after it, the all-gather of the next non-persistent group in group
 // order (the previous one in backward): blocks run in registration order
 // forward and in reverse backward. It is asynchronous
-// (Communicator::all_gather_async), so on a backend that overlaps (gloo)
-// the next block's parameters travel while this block computes; the
+// (Communicator::all_gather_async), so on a backend that overlaps (gloo,
+// nccl) the next block's parameters travel while this block computes; the
 // gather of that group then waits for it instead of communicating. On a
 // backend whose async collectives complete in the call (sim, the default)
 // only the order of the collectives changes. The bits never do: the
@@ -158,9 +158,9 @@
 // for it never hangs. Memory: one pool slot more (Note [Stage 3 buffer
 // pool]: one group's parameters in use and one ahead). Only on a
 // communicator that overlaps its asynchronous collectives
-// (Communicator::overlaps_async(): gloo; not sim, where an early gather
-// would cost the slot and gain nothing, so the simulator's memory figures
-// stay those of a run without prefetch). Off with one rank (nothing to
+// (Communicator::overlaps_async(): gloo, nccl; not sim, where an early
+// gather would cost the slot and gain nothing, so the simulator's memory
+// figures stay those of a run without prefetch). Off with one rank (nothing to
 // fetch), with the NVMe partitions (one read scratch) and with
 // collectives_outside_backward (the groups stay gathered anyway).
 //

@@ -46,8 +46,7 @@
 //    "window_s": [...], "window_s_median": ..., "fwdbwd_s": [...],
 //    "fwdbwd_s_median": ..., "forward_s_median": ...,
 //    "backward_s_median": ..., "step_s_median": ..., "memory": {...}, ...}
-// A mode whose Engine refuses the configuration on this device (stage 3
-// with offload on cuda) prints
+// A mode whose Engine refuses the configuration on this device prints
 //   {"framework": "zerostep", "mode": "stage3", "unsupported": "<the
 //    engine's UsageError>"}
 // instead, and the next mode runs: nothing is timed for it.
@@ -422,8 +421,8 @@ int main_impl(int argc, char** argv) {
       engine = std::make_unique<Engine>(model, engine_config(o, mode, world),
                                         comm.get());
     } catch (const UsageError& e) {
-      // The engine's own refusal of this mode here (stage 3 on cuda): said,
-      // not timed. Every rank refuses alike, before any collective.
+      // The engine's own refusal of this mode here: said, not timed. Every
+      // rank refuses alike, before any collective.
       if (rank == 0) {
         const nlohmann::json out = {{"framework", "zerostep"},
                                     {"mode", name},
