@@ -91,6 +91,19 @@ void async_reduce_scatters_match_in_issue_order(Communicator& c) {
   }
 }
 
+// A blocking collective issued while `works` may be in flight, then every
+// work waited for, last issued first.
+void block_then_wait_in_reverse(Communicator& c,
+                                std::vector<std::shared_ptr<Work>>& works) {
+  float x = 2.0f;
+  c.all_reduce(Buffer::of(&x, 1), {});
+  EXPECT_EQ(x, 2.0f * c.world_size());
+  for (size_t k = works.size(); k-- > 0;) works[k]->wait();
+}
+
+// 1 + 2 + ... + w: the sum over ranks of a buffer of rank + 1.
+float sum_of_rank_numbers(int w) { return static_cast<float>(w * (w + 1) / 2); }
+
 // Async all-reduces interleaved with async reduce-scatters and a blocking
 // collective: matched in issue order, waited in any order, average too.
 void async_all_reduces_match_in_issue_order(Communicator& c) {
@@ -111,13 +124,8 @@ void async_all_reduces_match_in_issue_order(Communicator& c) {
           Buffer::of(rs_in.data(), rs_in.size()),
           Buffer::of(rs_out.data(), rs_out.size()), {ReduceOp::kSum}));
   }
-  float x = 2.0f;
-  c.all_reduce(Buffer::of(&x, 1), {});
-  ASSERT_EQ(x, 2.0f * w);
-  for (size_t k = works.size(); k-- > 0;) works[k]->wait();
-  float ranks = 0;
-  for (int r = 0; r < w; ++r) ranks += static_cast<float>(r + 1);
-  for (float v : rs_out) ASSERT_EQ(v, ranks);
+  block_then_wait_in_reverse(c, works);
+  for (float v : rs_out) ASSERT_EQ(v, sum_of_rank_numbers(w));
   for (int k = 0; k < 3; ++k)
     for (size_t i = 0; i < n; ++i) {
       float sum = 0;
@@ -180,13 +188,8 @@ void async_all_gathers_match_in_issue_order(Communicator& c) {
     own[i] = static_cast<float>(2000 + c.rank() * 10 + i);
   works.push_back(c.all_gather_async(
       Buffer::of(own, chunk), Buffer::of(outs[2].data(), chunk * w), {}));
-  float x = 3.0f;
-  c.all_reduce(Buffer::of(&x, 1), {});
-  ASSERT_EQ(x, 3.0f * w);
-  for (size_t k = works.size(); k-- > 0;) works[k]->wait();
-  float ranks = 0;
-  for (int r = 0; r < w; ++r) ranks += static_cast<float>(r + 1);
-  for (float v : rs_out) ASSERT_EQ(v, ranks);
+  block_then_wait_in_reverse(c, works);
+  for (float v : rs_out) ASSERT_EQ(v, sum_of_rank_numbers(w));
   for (int k = 0; k < 3; ++k)
     for (int r = 0; r < w; ++r)
       for (size_t i = 0; i < chunk; ++i)

@@ -75,6 +75,9 @@ class RecordingCommunicator final : public Communicator {
   int world_size() const override { return inner_->world_size(); }
   std::string backend_name() const override { return inner_->backend_name(); }
   bool overlaps_async() const override { return inner_->overlaps_async(); }
+  bool reads_device_memory() const override {
+    return inner_->reads_device_memory();
+  }
 
   void all_reduce(Buffer buf, const AllReduceOptions& opts) override;
   void reduce_scatter(Buffer input, Buffer output,

@@ -13,8 +13,11 @@ namespace {
 // peers are enough (and comm's tests need no backend from a higher package).
 class NullCommunicator final : public Communicator {
  public:
-  explicit NullCommunicator(int world_size) : world_size_(world_size) {}
+  explicit NullCommunicator(int world_size, bool device = false)
+      : world_size_(world_size), device_(device) {}
   int rank() const override { return 0; }
+  bool overlaps_async() const override { return device_; }
+  bool reads_device_memory() const override { return device_; }
   int world_size() const override { return world_size_; }
   std::string backend_name() const override { return "null"; }
   void all_reduce(Buffer, const AllReduceOptions&) override {}
@@ -29,7 +32,21 @@ class NullCommunicator final : public Communicator {
 
  private:
   int world_size_;
+  bool device_;
 };
+
+// The recorder is transparent: an engine over it sees the backend's own
+// abilities (an NCCL backend must not be staged through host copies, and
+// it prefetches).
+TEST(LedgerTest, TheRecorderReportsWhatItsBackendCanDo) {
+  for (bool device : {false, true}) {
+    NullCommunicator inner(2, device);
+    Ledger l;
+    RecordingCommunicator c(&inner, &l);
+    EXPECT_EQ(c.reads_device_memory(), device);
+    EXPECT_EQ(c.overlaps_async(), device);
+  }
+}
 
 TEST(LedgerTest, WireBytesFollowTheRingFormulas) {
   NullCommunicator inner(4);
