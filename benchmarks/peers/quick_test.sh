@@ -22,3 +22,6 @@ for row in r["summary"]:
 print("quick_test: %d modes, %d runs, params %d: ok" % (len(modes), len(r["runs"]), r["runs"][0]["params"]))
 PY
 grep -q "<svg" "$dir/peers.svg"
+# The table and plot again from the JSON alone, titled with its world.
+python3 "$run" --from-json="$dir/peers.json" --svg="$dir/again.svg" >/dev/null
+grep -q "2 Gloo ranks" "$dir/again.svg"

@@ -8,12 +8,12 @@ PyPI torch (third_party/libtorch/setup.sh 2.11.0, which installs it on first
 use), then for each round and size runs, interleaved A/B (the framework that
 goes first alternates between rounds, and the order of the modes inside a
 launch rotates):
-  zerostep  tools/launch --nproc=2 zerostep_step, Gloo, ZeRO stages 0-3
+  zerostep  tools/launch --nproc=W zerostep_step, Gloo, ZeRO stages 0-3
             (DeepSpeed semantics) and stage2_once, stage3_once
             (zero_optimization.reduce_once_per_step), stage2_overlap
             (overlap_comm), stage0_overlap (managed, overlap_comm: the
             all-reduce inside the last backward, as DDP's)
-  torch     torch_step.py, 2 gloo processes, ddp (no_sync) and fsdp2
+  torch     torch_step.py, W gloo processes, ddp (no_sync) and fsdp2
             (fully_shard per block, set_requires_gradient_sync)
 Every launch also times plain forward+backward (no engine, no wrapper) in its
 framework. A run's time is the median of its timed windows; per (size, mode)
@@ -22,6 +22,7 @@ the paired ratios peer time / zerostep time (peer = ddp, fsdp2, and the
 faster of the two in that round). Progress goes to stderr, the table to
 stdout; --svg draws the ratio against the faster peer per stage and size.
 --quick: tiny shapes, one round, one window (a smoke run, not a measurement).
+W is --world (default 2); --threads compute threads per rank on both sides.
 """
 import argparse
 import datetime
@@ -192,7 +193,7 @@ def phase_table(rows):
     return "\n".join(out) if len(out) > 2 else ""
 
 
-def svg(rows, path):
+def svg(rows, path, world):
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import plot_svg
     series = []
@@ -205,7 +206,8 @@ def svg(rows, path):
                    "points": [(r["params"], r["ratio_fwdbwd"]["median"]) for r in first]})
     series.append({"name": "parity (1.0)", "color": "#999", "width": 1,
                    "points": [(first[0]["params"], 1.0), (first[-1]["params"], 1.0)]})
-    plot_svg.plot(series, "faster peer (DDP or FSDP2) time / zerostep time, 2 Gloo ranks",
+    plot_svg.plot(series, "faster peer (DDP or FSDP2) time / zerostep time, %d Gloo rank%s"
+                  % (world, "" if world == 1 else "s"),
                   "parameters", "peer / zerostep (higher: zerostep faster)", True, False, path)
 
 
@@ -219,6 +221,7 @@ def main(argv):
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--backwards", type=int, default=4)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--world", type=int, default=2, help="ranks (processes) per side")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--no-once", action="store_true", help="skip stage2_once, stage3_once")
@@ -238,8 +241,11 @@ def main(argv):
     a = p.parse_args(argv)
     if a.from_json:
         with open(a.from_json) as f:
-            report(json.load(f)["summary"], a.svg)
+            old = json.load(f)
+        report(old["summary"], a.svg, old["settings"]["world"])
         return 0
+    if min(a.world, a.threads, a.rounds) < 1:
+        p.error("--world, --threads and --rounds must be >= 1")
     sizes = dict(QUICK_SIZES) if a.quick else {s: SIZES[s] for s in a.sizes.split(",")}
     if a.quick:
         a.rounds, a.warmup, a.windows, a.block_size = 1, 0, 1, 16
@@ -260,9 +266,9 @@ def main(argv):
     for k in range(a.rounds):
         for size, shape in sizes.items():
             args = shape_args(a, shape)
-            z = [launch, "--nproc=2", "--", zbin, "--modes=" + ",".join(rotate(zmodes, k))] + args
+            z = [launch, "--nproc=%d" % a.world, "--", zbin, "--modes=" + ",".join(rotate(zmodes, k))] + args
             t = [python, "-W", "ignore", os.path.join(HERE, "torch_step.py"),
-                 "--modes=" + ",".join(rotate(TORCH_MODES, k))] + args
+                 "--modes=" + ",".join(rotate(TORCH_MODES, k)), "--world=%d" % a.world] + args
             for name, cmd in ([("zerostep", z), ("torch", t)] if k % 2 == 0
                               else [("torch", t), ("zerostep", z)]):
                 log("round %d/%d size %s: %s" % (k + 1, a.rounds, size, name))
@@ -281,7 +287,7 @@ def main(argv):
         "started": started,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()},
-        "settings": {"world": 2, "threads_per_rank": a.threads, "micro_batch": a.micro_batch,
+        "settings": {"world": a.world, "threads_per_rank": a.threads, "micro_batch": a.micro_batch,
                      "seq": a.block_size, "backwards_per_window": a.backwards,
                      "warmup_windows": a.warmup, "timed_windows": a.windows, "rounds": a.rounds,
                      "sizes": sizes, "optimizer": "AdamW lr=1e-4 weight_decay=0.01",
@@ -295,14 +301,14 @@ def main(argv):
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
-    report(rows, a.svg)
+    report(rows, a.svg, a.world)
     return 0
 
 
-def report(rows, svg_path):
+def report(rows, svg_path, world):
     """The tables on stdout, and the plot where asked for."""
     if svg_path:
-        svg(rows, svg_path)
+        svg(rows, svg_path, world)
     print(table(rows))
     phases = phase_table(rows)
     if phases:
