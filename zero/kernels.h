@@ -104,7 +104,8 @@ class Kernels {
   virtual void divide(float* x, size_t n, double divisor) = 0;
   // x[i] *= factor.
   virtual void scale(float* x, size_t n, float factor) = 0;
-  // Sum of x[i]^2 accumulated in double; waits for the device.
+  // Sum of x[i]^2 accumulated in double (the host: in a fixed order, Note
+  // [Sum of squares order] in kernels.cc); waits for the device.
   virtual double sum_of_squares(const float* x, size_t n) = 0;
   // acc[i] = round_to(acc_p, acc[i] + round_to(grad_p, g[i]))
   // (Note [Precision model] in zero/precision.h).

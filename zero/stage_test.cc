@@ -5,6 +5,7 @@
 #include <cstring>
 #include <optional>
 #include <random>
+#include <vector>
 
 #include "common/errors.h"
 #include "sim/sim_world.h"
@@ -69,6 +70,32 @@ std::vector<std::vector<float>> train(int stage, int world, int windows,
   std::vector<std::vector<float>> out;
   for (auto& s : ranks) out.push_back(s.params);
   return out;
+}
+
+// Note [Sum of squares order] (zero/kernels.cc): exact where every order
+// is (small integers, every length around the eight lanes), and the
+// documented order where orders differ: 2^54 in lane 0 absorbs each 1
+// added to it alone, while lanes 1-7 sum theirs first.
+TEST(HostKernelsTest, SumOfSquaresIsExactAndKeepsItsOrder) {
+  Kernels& k = host_kernels();
+  for (size_t n : {0, 1, 7, 8, 9, 15, 16, 17, 40, 1003}) {
+    std::vector<float> x(n);
+    double exact = 0;
+    for (size_t i = 0; i < n; ++i) {
+      x[i] = static_cast<float>(static_cast<int>(i % 13) - 6);
+      exact += static_cast<double>(x[i]) * x[i];
+    }
+    EXPECT_EQ(k.sum_of_squares(x.data(), n), exact) << n;
+  }
+  std::vector<float> big(16, 1.0f);
+  big[0] = 134217728.0f;  // 2^27: its square is 2^54, whose ulp is 4
+  big[8] = 0.0f;          // lane 0 gets nothing more
+  // Lane 0: 2^54; lanes 1-7: 2 each. Pairwise: 2^54 + 2 is a tie that
+  // rounds to 2^54 (even), + (2 + 2) gives 2^54 + 4, and + ((2 + 2) +
+  // (2 + 2)) gives 2^54 + 12, all exact. One chain would lose every 1 it
+  // adds to 2^54 (half an ulp or less): 2^54.
+  EXPECT_EQ(k.sum_of_squares(big.data(), big.size()),
+            18014398509481984.0 + 12.0);
 }
 
 TEST(StageTest, ReplicasStayIdenticalAndPaddingStaysZero) {
