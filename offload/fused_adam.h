@@ -71,6 +71,10 @@ struct AdamStepParams {
   int64_t step = 1;
   // true: AdamW (decay p by lr*wd). false: Adam (add wd*p to the gradient).
   bool decoupled = true;
+  // Threads a Kernels implementation may split the pass over (the host's:
+  // FusedAdamOptions::threads); not a hyper-parameter, and the bits never
+  // depend on it.
+  int threads = 1;
 };
 
 // Instruction sets the kernel has a path for. kAuto picks the widest the CPU

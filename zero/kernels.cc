@@ -69,7 +69,9 @@ class HostKernels final : public Kernels {
   }
   void adam(float* p, const float* g, float* m, float* v, size_t n,
             const AdamStepParams& params) override {
-    fused_adam_step(p, g, m, v, n, params);
+    FusedAdamOptions options;
+    options.threads = params.threads;
+    fused_adam_step(p, g, m, v, n, params, options);
   }
   void sgd(float* p, const float* g, float* buf, size_t n,
            const SgdStepParams& h) override {

@@ -133,6 +133,7 @@ AdamStepParams FlatOptimizer::adam_params(const OptimizerHyper& hyper,
   p.weight_decay = hyper.weight_decay;
   p.step = step;
   p.decoupled = kind_ == OptimizerKind::kAdamW;
+  p.threads = hyper.threads;
   return p;
 }
 

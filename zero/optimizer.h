@@ -53,6 +53,10 @@ struct OptimizerHyper {
   double eps = 1e-8;
   double weight_decay = 0.0;
   double momentum = 0.0;  // SGD only
+  // Threads the host's Adam/AdamW pass is split over
+  // (FusedAdamOptions::threads); the bits never depend on it. The engine
+  // passes LibTorch's intra-op thread count.
+  int threads = 1;
 };
 
 // How Adam/AdamW updates are computed. Both give the same bits (no FMA in
