@@ -74,7 +74,7 @@ struct Config {
   // DeepSpeed keys present in the document that zerostep accepts but does
   // not act on, once each, in document order: top-level names
   // ("tensorboard"), nested ones dotted
-  // ("zero_optimization.stage3_max_live_parameters",
+  // ("zero_optimization.stage3_model_persistence_threshold",
   // "optimizer.params.torch_adam"); offload_param below stage 3 as
   // "zero_optimization.offload_param".
   std::vector<std::string> ignored_keys;

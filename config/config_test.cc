@@ -388,11 +388,11 @@ TEST(ParseConfigTest, LoggingAndSwitchedOffFeaturesAreIgnored) {
 TEST(ParseConfigTest, AutoInKeysZerostepDoesNotImplement) {
   Config c = parse_config(
       R"({"train_micro_batch_size_per_gpu": 1,
-          "zero_optimization": {"stage3_max_live_parameters": "auto"}})",
+          "zero_optimization": {"stage3_model_persistence_threshold": "auto"}})",
       1);
   EXPECT_EQ(c.ignored_keys,
             (std::vector<std::string>{
-                "zero_optimization.stage3_max_live_parameters"}));
+                "zero_optimization.stage3_model_persistence_threshold"}));
   ConfigProblem p = only_problem(
       R"({"train_micro_batch_size_per_gpu": 1,
           "bf16": {"enabled": true, "check_grad_overflow": "auto"}})");
@@ -402,32 +402,61 @@ TEST(ParseConfigTest, AutoInKeysZerostepDoesNotImplement) {
   EXPECT_EQ(p.fix, "remove it or set it to false");
 }
 
+// A document whose zero_optimization section is stage 3 plus `zero`.
+Config stage3_config(const std::string& zero) {
+  return parse_config(R"({"train_micro_batch_size_per_gpu": 1,
+                          "zero_optimization": {"stage": 3, )" +
+                          zero + "}}",
+                      1);
+}
+
 // Stage 3 prefetch (Note [Stage 3 prefetch] in zero/stage3.h): read under
 // either name, 0 turns it off, "auto" (the Hugging Face Trainer's
 // placeholder) keeps the default, a negative size names the key.
 TEST(ParseConfigTest, PrefetchBucketSizeIsReadAndAutoKeepsTheDefault) {
-  auto parsed = [](const std::string& zero) {
-    return parse_config(R"({"train_micro_batch_size_per_gpu": 1,
-                            "zero_optimization": {"stage": 3, )" +
-                            zero + "}}",
-                        1);
-  };
-  EXPECT_EQ(parsed(R"("stage": 3)").zero.stage3_prefetch_bucket_size,
+  EXPECT_EQ(stage3_config(R"("stage": 3)").zero.stage3_prefetch_bucket_size,
             50000000);
-  Config c = parsed(R"("stage3_prefetch_bucket_size": "auto")");
+  Config c = stage3_config(R"("stage3_prefetch_bucket_size": "auto")");
   EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 50000000);
   EXPECT_TRUE(c.ignored_keys.empty());
-  EXPECT_EQ(parsed(R"("prefetch_bucket_size": 0)").zero
-                .stage3_prefetch_bucket_size,
+  EXPECT_EQ(stage3_config(R"("prefetch_bucket_size": 0)")
+                .zero.stage3_prefetch_bucket_size,
             0);
-  EXPECT_EQ(parsed(R"("stage3_prefetch_bucket_size": 1.5e6)").zero
-                .stage3_prefetch_bucket_size,
+  EXPECT_EQ(stage3_config(R"("stage3_prefetch_bucket_size": 1.5e6)")
+                .zero.stage3_prefetch_bucket_size,
             1500000);
   ConfigProblem p = only_problem(
       R"({"train_micro_batch_size_per_gpu": 1,
           "zero_optimization": {"stage": 3, "prefetch_bucket_size": -1}})");
   EXPECT_EQ(p.key, "zero_optimization.prefetch_bucket_size");
   EXPECT_EQ(p.rule, "must be >= 0");
+}
+
+// Stage 3's reuse distance and live-parameter bound (Note [Stage 3 reuse
+// distance] in zero/stage3.h): read under either name, DeepSpeed's 1e9 by
+// default and for "auto", a whole number >= 0 otherwise.
+TEST(ParseConfigTest, ReuseDistanceAndLiveParametersAreRead) {
+  Config c = stage3_config(R"("stage": 3)");
+  EXPECT_EQ(c.zero.stage3_max_reuse_distance, 1000000000);
+  EXPECT_EQ(c.zero.stage3_max_live_parameters, 1000000000);
+  c = stage3_config(R"("stage3_max_reuse_distance": "auto",
+                "max_live_parameters": "auto")");
+  EXPECT_EQ(c.zero.stage3_max_reuse_distance, 1000000000);
+  EXPECT_EQ(c.zero.stage3_max_live_parameters, 1000000000);
+  EXPECT_TRUE(c.ignored_keys.empty());
+  c = stage3_config(
+      R"("max_reuse_distance": 0, "stage3_max_live_parameters": 3e7)");
+  EXPECT_EQ(c.zero.stage3_max_reuse_distance, 0);
+  EXPECT_EQ(c.zero.stage3_max_live_parameters, 30000000);
+  std::vector<ConfigProblem> ps = problems_of(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "zero_optimization": {"stage": 3, "max_reuse_distance": -1,
+                                "stage3_max_live_parameters": 1.5}})");
+  ASSERT_EQ(ps.size(), 2u);
+  EXPECT_EQ(ps[0].key, "zero_optimization.max_reuse_distance");
+  EXPECT_EQ(ps[0].rule, "must be >= 0");
+  EXPECT_EQ(ps[1].key, "zero_optimization.stage3_max_live_parameters");
+  EXPECT_EQ(ps[1].value, "1.5");
 }
 
 // --- every key zerostep does not implement (issue 14 item 8) ---

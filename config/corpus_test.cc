@@ -121,6 +121,10 @@ std::string config_text(const Config& c) {
     << z.stage3_param_persistence_threshold << "\n"
     << "  zero.stage3_prefetch_bucket_size: " << z.stage3_prefetch_bucket_size
     << "\n"
+    << "  zero.stage3_max_reuse_distance: " << z.stage3_max_reuse_distance
+    << "\n"
+    << "  zero.stage3_max_live_parameters: " << z.stage3_max_live_parameters
+    << "\n"
     << "  zero.sub_group_size: " << z.sub_group_size << "\n"
     << offload_text("zero.offload_optimizer", z.offload_optimizer)
     << offload_text("zero.offload_param", z.offload_param);

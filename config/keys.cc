@@ -361,16 +361,22 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = {
             "caps the elements kept whole by the persistence threshold: "
             "memory only",
             "zero_optimization.model_persistence_threshold"),
-    ignored("zero_optimization.max_live_parameters",
-            "stage 3: parameters kept gathered: memory only"),
-    ignored("zero_optimization.stage3_max_live_parameters",
-            "stage 3: parameters kept gathered: memory only",
-            "zero_optimization.max_live_parameters"),
-    ignored("zero_optimization.max_reuse_distance",
-            "stage 3: when gathered parameters are released: memory only"),
-    ignored("zero_optimization.stage3_max_reuse_distance",
-            "stage 3: when gathered parameters are released: memory only",
-            "zero_optimization.max_reuse_distance"),
+    read("zero_optimization.max_live_parameters",
+         "stage 3: prefetch only while the gathered block groups stay "
+         "within this many elements; \"auto\": the default, 1e9"),
+    read("zero_optimization.stage3_max_live_parameters",
+         "stage 3: prefetch only while the gathered block groups stay "
+         "within this many elements; \"auto\": the default, 1e9",
+         "zero_optimization.max_live_parameters"),
+    read("zero_optimization.max_reuse_distance",
+         "stage 3: a block stays gathered from its forward to its backward "
+         "when fewer elements run in between; 0: released after every "
+         "forward; \"auto\": the default, 1e9"),
+    read("zero_optimization.stage3_max_reuse_distance",
+         "stage 3: a block stays gathered from its forward to its backward "
+         "when fewer elements run in between; 0: released after every "
+         "forward; \"auto\": the default, 1e9",
+         "zero_optimization.max_reuse_distance"),
     ignored("zero_optimization.gather_16bit_weights_on_model_save",
             "what save_16bit_model() writes: checkpoint output only"),
     ignored("zero_optimization.stage3_gather_16bit_weights_on_model_save",

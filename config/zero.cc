@@ -122,6 +122,18 @@ void ZeroSection::parse(const Json& v) {
       if (is_auto(p)) continue;
       parse_count(key, p, "a number of elements >= 0, e.g. 5e7 (0: off)",
                   &z.stage3_prefetch_bucket_size);
+    } else if (name == "stage3_max_reuse_distance" ||
+               name == "max_reuse_distance") {
+      if (is_auto(p)) continue;  // the default, as for the prefetch size
+      parse_count(key, p,
+                  "a number of elements >= 0, e.g. 1e9 (0: release every "
+                  "block after its forward)",
+                  &z.stage3_max_reuse_distance);
+    } else if (name == "stage3_max_live_parameters" ||
+               name == "max_live_parameters") {
+      if (is_auto(p)) continue;
+      parse_count(key, p, "a number of elements >= 0, e.g. 1e9",
+                  &z.stage3_max_live_parameters);
     } else if (name == "offload_optimizer") {
       optimizer_given = true;
       optimizer_device =

@@ -50,6 +50,16 @@ struct ZeroConfig {
   // prefetch_bucket_size; DeepSpeed's default 5e7; 0 turns it off; Note
   // [Stage 3 prefetch] in zero/stage3.h).
   int64_t stage3_prefetch_bucket_size = 50000000;
+  // Stage 3: a block group stays gathered from its forward to its backward
+  // when fewer elements than this run in between
+  // (zero_optimization.stage3_max_reuse_distance or max_reuse_distance;
+  // DeepSpeed's default 1e9; 0 releases after every forward; Note [Stage 3
+  // reuse distance] in zero/stage3.h).
+  int64_t stage3_max_reuse_distance = 1000000000;
+  // Stage 3: a prefetch is issued only while the gathered block groups stay
+  // within this many elements (zero_optimization.stage3_max_live_parameters
+  // or max_live_parameters; DeepSpeed's default 1e9).
+  int64_t stage3_max_live_parameters = 1000000000;
   // zerostep's own key zero_optimization.reduce_once_per_step: stages 2/3
   // accumulate a window's gradients unsharded and reduce-scatter them once,
   // in step() (Note [Reduce once per step] in zero/stage.h). Off by default

@@ -163,10 +163,10 @@ TEST(ParseConfigTest, Stage3NamesWithoutThePrefixAreAccepted) {
       1);
   EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 0);
   EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 50000000);
+  EXPECT_EQ(c.zero.stage3_max_live_parameters, 1000000000);
+  EXPECT_EQ(c.zero.stage3_max_reuse_distance, 1000000000);
   EXPECT_EQ(c.ignored_keys,
             (std::vector<std::string>{
-                "zero_optimization.max_live_parameters",
-                "zero_optimization.max_reuse_distance",
                 "zero_optimization.model_persistence_threshold",
                 "zero_optimization.gather_16bit_weights_on_model_save",
                 "zero_optimization.module_granularity_threshold",
@@ -230,9 +230,9 @@ TEST(ParseConfigTest, AConflictQuotesTheOtherValueBounded) {
   const std::string big(1 << 20, 'x');
   ConfigProblem p = only_problem(
       R"({"train_micro_batch_size_per_gpu": 1,
-          "zero_optimization": {"max_live_parameters": ")" +
-      big + R"(", "stage3_max_live_parameters": 1}})");
-  EXPECT_EQ(p.key, "zero_optimization.stage3_max_live_parameters");
+          "zero_optimization": {"model_persistence_threshold": ")" +
+      big + R"(", "stage3_model_persistence_threshold": 1}})");
+  EXPECT_EQ(p.key, "zero_optimization.stage3_model_persistence_threshold");
   EXPECT_LT(p.rule.size(), 400u);
   EXPECT_HAS(p.rule, "bytes)");
 }

@@ -185,6 +185,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
       options.stage3_collectives_outside_backward;
   bo.stage.prefetch_numel =
       static_cast<size_t>(config_.zero.stage3_prefetch_bucket_size);
+  bo.stage.reuse_distance_numel =
+      static_cast<size_t>(config_.zero.stage3_max_reuse_distance);
+  bo.stage.max_live_numel =
+      static_cast<size_t>(config_.zero.stage3_max_live_parameters);
   bo.stage.optimizer_swap = offload_->optimizer_swap();
   bo.stage.param_swap = offload_->param_swap();
   bo.stage.kernels = kernels.stage;

@@ -407,7 +407,8 @@ class PrefetchSpy final : public Communicator {
 // alone before the step leaves the second block's gather ahead, and a
 // forward of the second block alone after the step must see the updated
 // values (the same output as without prefetch). The MLP's three layers are
-// three block groups.
+// three block groups. Every block is released after its forward
+// (max_reuse_distance 0), so that its backward gathers too.
 TEST(EngineTest, Stage3PrefetchGathersAheadAndGivesTheSameBits) {
   for (const std::string dtype : {"fp32", "bf16"})
     for (bool managed : {false, true}) {
@@ -418,6 +419,7 @@ TEST(EngineTest, Stage3PrefetchGathersAheadAndGivesTheSameBits) {
         MlpWorld fx(2, stage3_window_config(
                            dtype, managed,
                            "\"stage3_param_persistence_threshold\": 0, "
+                           "\"stage3_max_reuse_distance\": 0, "
                            "\"stage3_prefetch_bucket_size\": " +
                                prefetch));
         std::vector<torch::Tensor> params(2), second(2);
@@ -481,14 +483,141 @@ TEST(EngineTest, Stage3PrefetchGathersAheadAndGivesTheSameBits) {
     }
 }
 
+// Note [Stage 3 reuse distance]: max_reuse_distance 0 releases every block
+// after its forward, so each backward gathers the MLP's three blocks again;
+// 1 keeps the last block only (no block runs between its forward and its
+// backward); the default 1e9 keeps all three, and backward gathers
+// nothing. The parameters are the same bits in all three, managed or not,
+// fp32 and bf16; a forward with gradients of the first block alone, whose
+// backward never comes, is dropped at the step: the same block run alone
+// after the step sees the updated values. Kept blocks take pool slots: at
+// 1e9 the pool holds three blocks' parameters, at 0 and 1 one.
+TEST(EngineTest, Stage3ReuseDistanceKeepsBlocksGatheredForTheirBackward) {
+  const int w = 2;
+  for (const std::string dtype : {"fp32", "bf16"})
+    for (bool managed : {false, true}) {
+      const std::string what = dtype + (managed ? " managed" : " unmanaged");
+      std::vector<torch::Tensor> finals, alone;
+      std::vector<size_t> gathers, param_bytes;
+      for (const std::string reuse : {"0", "1", "1e9"}) {
+        MlpWorld fx(w, stage3_window_config(
+                           dtype, managed,
+                           "\"stage3_param_persistence_threshold\": 0, "
+                           "\"stage3_prefetch_bucket_size\": 0, "
+                           "\"stage3_max_reuse_distance\": " +
+                               reuse));
+        std::vector<torch::Tensor> params(w), after(w);
+        std::string rank0_kinds;
+        size_t rank0_param_bytes = 0;
+        fx.world->run([&](int r) {
+          PrefetchSpy spy(&fx.world->comm(r));
+          Engine e(fx.models[r], fx.config, &spy);
+          std::vector<std::shared_ptr<torch::nn::Module>> blocks =
+              fx.models[r]->children();
+          auto block0 = [&] {
+            auto layer = std::dynamic_pointer_cast<MlpLayerImpl>(blocks.at(0));
+            const torch::Tensor w0 = blocks.at(0)->parameters().at(0);
+            return layer->forward(torch::ones({2, w0.size(1)}, w0.options()));
+          };
+          for (int k = 0; k < 2; ++k) {
+            for (int b = 0; b < 3; ++b) {
+              e.backward(fx.loss(r, 3 * k + b));
+              if (k == 0 && b == 2) (void)block0();  // no backward follows
+              if (managed) e.step();
+            }
+            if (!managed) e.step();
+            if (k == 0) {
+              torch::NoGradGuard no_grad;
+              after[r] = block0().to(torch::kFloat).clone();
+            }
+          }
+          params[r] = e.full_parameters();
+          if (r == 0) {
+            rank0_kinds = spy.kinds;
+            rank0_param_bytes = e.memory().param_bytes;
+          }
+        });
+        EXPECT_TRUE(torch::equal(params[0], params[1])) << what;
+        finals.push_back(params[0]);
+        alone.push_back(after[0]);
+        gathers.push_back(static_cast<size_t>(
+            std::count(rank0_kinds.begin(), rank0_kinds.end(), 'G')));
+        param_bytes.push_back(rank0_param_bytes);
+      }
+      for (size_t i : {1, 2}) {
+        EXPECT_TRUE(same_bits(finals[0], finals[i])) << what << " " << i;
+        EXPECT_TRUE(same_bits(alone[0], alone[i]))
+            << what << " " << i << ": the first block alone after the step";
+      }
+      // Six backward calls: one gather fewer each with 1, three with 1e9.
+      EXPECT_EQ(gathers[0], gathers[1] + 6) << what;
+      EXPECT_EQ(gathers[0], gathers[2] + 3 * 6) << what;
+      EXPECT_EQ(param_bytes[1], param_bytes[0]) << what;
+      EXPECT_GT(param_bytes[2], param_bytes[0]) << what;
+    }
+}
+
+// Rank 0's collectives (PrefetchSpy's letters) of one window of one
+// backward() and its step() at world 2 under `config`.
+std::string one_window_kinds(const Config& config) {
+  MlpWorld fx(2, config);
+  std::string kinds;
+  fx.world->run([&](int r) {
+    PrefetchSpy spy(&fx.world->comm(r));
+    Engine e(fx.models[r], fx.config, &spy);
+    e.backward(fx.loss(r, 0));
+    e.step();
+    if (r == 0) kinds = spy.kinds;
+  });
+  return kinds;
+}
+
+// With prefetch too: a block kept from its forward issues, at its
+// backward, the gather of the block before it, so the first block released
+// after its forward still arrives ahead. max_reuse_distance 1 keeps the
+// last block: its backward gathers nothing and issues block 1's gather
+// ahead ('A'), then block 2's reduce-scatter, block 0's gather ahead, and
+// blocks 1's and 0's reduce-scatters.
+TEST(EngineTest, Stage3AKeptBlockPrefetchesTheBlockBeforeIt) {
+  const std::string kinds = one_window_kinds(
+      stage3_window_config("fp32", false,
+                           "\"stage3_param_persistence_threshold\": 0, "
+                           "\"stage3_max_reuse_distance\": 1"));
+  // Forward: block 0's gather, blocks 1's and 2's ahead; the backward's
+  // agreement on the window (an all-gather); then the backward. Released
+  // after its forward, block 2 would be gathered there: "GAAGGARARR".
+  EXPECT_NE(kinds.find("GAAGARARR"), std::string::npos) << kinds;
+}
+
+// stage3_max_live_parameters bounds prefetch as in DeepSpeed: with 1
+// element no gather is issued ahead (every block group is larger), with
+// the default 1e9 the blocks' gathers go ahead in forward and backward.
+TEST(EngineTest, Stage3MaxLiveParametersBoundsPrefetch) {
+  for (const std::string live : {"1", "1e9"}) {
+    const std::string kinds = one_window_kinds(
+        stage3_window_config("fp32", false,
+                             "\"stage3_param_persistence_threshold\": 0, "
+                             "\"stage3_max_reuse_distance\": 0, "
+                             "\"stage3_max_live_parameters\": " +
+                                 live));
+    const auto ahead = std::count(kinds.begin(), kinds.end(), 'A');
+    if (live == "1")
+      EXPECT_EQ(ahead, 0) << kinds;
+    else
+      EXPECT_EQ(ahead, 4) << kinds;  // blocks 1, 2 forward; 1, 0 backward
+  }
+}
+
 size_t total(const MemoryStats& m) {
   return m.param_bytes + m.grad_bytes + m.optimizer_state_bytes;
 }
 
-// Stage 3 at world 4: what a rank holds is about a quarter of what stage 0
-// holds plus one block's full parameters and gradients, the buffer pool
-// (Note [Stage 3 buffer pool] in zero/stage3.h), which stays allocated
-// between windows: the peak is what is held at rest.
+// Stage 3 at world 4, every block released after its forward
+// (max_reuse_distance 0; Note [Stage 3 reuse distance]): what a rank holds
+// is about a quarter of what stage 0 holds plus one block's full
+// parameters and gradients, the buffer pool (Note [Stage 3 buffer pool] in
+// zero/stage3.h), which stays allocated between windows: the peak is what
+// is held at rest.
 TEST(EngineTest, Stage3HoldsAQuarterOfStage0PlusOneBlock) {
   const int w = 4;
   std::vector<MemoryStats> mem(4);  // [stage0 rest, stage3 rest, stage3 peak]
@@ -496,15 +625,15 @@ TEST(EngineTest, Stage3HoldsAQuarterOfStage0PlusOneBlock) {
   for (int stage : {0, 3}) {
     MlpWorldOptions o;
     o.model_scale = 4;
-    MlpWorld fx(
-        w,
-        parse_config("{\"train_micro_batch_size_per_gpu\": 2, "
-                     "\"managed_gradient_accumulation\": false, "
-                     "\"zero_optimization\": {\"stage\": " +
-                         std::to_string(stage) +
-                         ", \"stage3_param_persistence_threshold\": 0}}",
-                     w),
-        o);
+    MlpWorld fx(w,
+                parse_config("{\"train_micro_batch_size_per_gpu\": 2, "
+                             "\"managed_gradient_accumulation\": false, "
+                             "\"zero_optimization\": {\"stage\": " +
+                                 std::to_string(stage) +
+                                 ", \"stage3_param_persistence_threshold\": 0, "
+                                 "\"stage3_max_reuse_distance\": 0}}",
+                             w),
+                o);
     if (stage == 3)
       for (const auto& m : fx.models[0]->children())
         largest_block = std::max(

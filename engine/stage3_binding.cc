@@ -326,8 +326,9 @@ torch::Tensor Stage3Binding::exit(torch::nn::Module& block,
   const size_t g = block_group_.at(&block);
   const bool backward =
       torch::GradMode::is_enabled() && output.requires_grad();
-  // Note [Stage 3 collectives outside backward]: kept for the backward.
-  if (backward && stage3_->collectives_outside_backward()) stage3_->hold(g);
+  // Note [Stage 3 collectives outside backward], Note [Stage 3 reuse
+  // distance]: kept for the backward.
+  if (backward && stage3_->keeps_for_backward(g)) stage3_->hold(g);
   stage3_->release(g);
   if (!backward) return output;
   return GatherForBackward::apply(

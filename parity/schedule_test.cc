@@ -45,16 +45,23 @@ TEST(ScheduleTest, PlannedCollectivesAreTheLedgerOfARealRun) {
     for (int stage : {0, 1, 2, 3}) {
       for (int w : {1, 2, 4}) {
         for (bool managed : {false, true}) {
-          for (int variant = 0; variant < (stage == 0 || stage == 2 ? 3 : 1);
-               ++variant) {
+          // Stages 0/2: overlap_comm off, on, on with small buckets.
+          // Stage 3: stage3_max_reuse_distance at DeepSpeed's 1e9 (every
+          // block kept for its backward), 0 (none) and 1 (the last).
+          for (int variant = 0; variant < (stage == 1 ? 1 : 3); ++variant) {
             FaultScenario f;
             f.scenario.model = model;
             f.scenario.stage = stage;
             f.scenario.world_size = w;
             f.scenario.backwards = {3, 1, 2};
             f.scenario.persistence_threshold = model[0] == 'm' ? 0 : 40;
-            f.scenario.overlap_comm = variant >= 1;
-            if (variant == 2) {
+            const int64_t reuse = variant == 0 ? 1000000000 : variant - 1;
+            if (stage == 3 && variant > 0)
+              f.scenario.base_config_json =
+                  R"({"zero_optimization": {"stage3_max_reuse_distance": )" +
+                  std::to_string(reuse) + "}}";
+            f.scenario.overlap_comm = stage != 3 && variant >= 1;
+            if (stage != 3 && variant == 2) {
               f.scenario.reduce_bucket_size = 1000;
               f.scenario.allgather_bucket_size = 300;
             }
@@ -68,7 +75,8 @@ TEST(ScheduleTest, PlannedCollectivesAreTheLedgerOfARealRun) {
             o.managed = managed;
             o.overlap_comm = f.scenario.overlap_comm;
             o.persistence_threshold = f.scenario.persistence_threshold;
-            if (variant == 2) {
+            o.max_reuse_distance = reuse;
+            if (stage != 3 && variant == 2) {
               o.reduce_bucket_size = 1000;
               o.allgather_bucket_size = 300;
             }
@@ -89,7 +97,7 @@ TEST(ScheduleTest, PlannedCollectivesAreTheLedgerOfARealRun) {
       }
     }
   }
-  EXPECT_EQ(compared, 2 * 3 * 2 * (3 + 1 + 3 + 1));
+  EXPECT_EQ(compared, 2 * 3 * 2 * (3 + 1 + 3 + 3));
 }
 
 // The scale mode's ledger for one window is the schedule's (the same
@@ -118,37 +126,44 @@ TEST(ScheduleTest, ScaleModeBytesEqualTheValuedRunsLedger) {
 }
 
 // Stage 3's planned memory at rest is what the Engine reports after a
-// step, and the planned peak bounds the real one.
+// step, and the planned peak bounds the real one, with every block kept
+// for its backward (stage3_max_reuse_distance 1e9: one pool slot per
+// block), only the last (1) or none (0: one slot).
 TEST(ScheduleTest, Stage3PlannedMemoryIsTheEnginesAtRest) {
-  for (int w : {1, 2, 4}) {
-    auto task = make_task("mlp", 2);
-    const ModelShape shape = model_shape(*task->make_model(1), "mlp");
-    Config cfg = parse_config(
-        "{\"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": "
-        "{\"stage\": 3, \"stage3_param_persistence_threshold\": 100}}",
-        w);
-    SimWorld world({w, 1});
-    Batch data = task->make_data(3, 64);
-    std::vector<std::shared_ptr<torch::nn::Module>> models;
-    for (int r = 0; r < w; ++r) models.push_back(task->make_model(1));
-    std::vector<MemoryStats> mem(w);
-    world.run([&](int r) {
-      Engine e(models[r], cfg, &world.comm(r));
-      e.backward(task->loss(*models[r], slice(data, 2 * r, 2)));
-      e.step();
-      mem[r] = e.memory();
-    });
-    ScheduleOptions o;
-    o.stage = 3;
-    o.world_size = w;
-    o.persistence_threshold = 100;
-    const MemoryStats plan = planned_memory(shape, o);
-    EXPECT_EQ(plan.param_bytes, mem[0].param_bytes) << w;
-    EXPECT_EQ(plan.grad_bytes, mem[0].grad_bytes) << w;
-    EXPECT_EQ(plan.optimizer_state_bytes, mem[0].optimizer_state_bytes) << w;
-    EXPECT_EQ(plan.rollback_bytes, mem[0].rollback_bytes) << w;
-    EXPECT_GE(plan.peak_bytes, mem[0].peak_bytes) << w;
-  }
+  for (int64_t reuse : {int64_t{1000000000}, int64_t{1}, int64_t{0}})
+    for (int w : {1, 2, 4}) {
+      auto task = make_task("mlp", 2);
+      const ModelShape shape = model_shape(*task->make_model(1), "mlp");
+      Config cfg = parse_config(
+          "{\"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": "
+          "{\"stage\": 3, \"stage3_param_persistence_threshold\": 100, "
+          "\"stage3_max_reuse_distance\": " +
+              std::to_string(reuse) + "}}",
+          w);
+      SimWorld world({w, 1});
+      Batch data = task->make_data(3, 64);
+      std::vector<std::shared_ptr<torch::nn::Module>> models;
+      for (int r = 0; r < w; ++r) models.push_back(task->make_model(1));
+      std::vector<MemoryStats> mem(w);
+      world.run([&](int r) {
+        Engine e(models[r], cfg, &world.comm(r));
+        e.backward(task->loss(*models[r], slice(data, 2 * r, 2)));
+        e.step();
+        mem[r] = e.memory();
+      });
+      ScheduleOptions o;
+      o.stage = 3;
+      o.world_size = w;
+      o.persistence_threshold = 100;
+      o.max_reuse_distance = reuse;
+      const MemoryStats plan = planned_memory(shape, o);
+      SCOPED_TRACE("max_reuse_distance " + std::to_string(reuse));
+      EXPECT_EQ(plan.param_bytes, mem[0].param_bytes) << w;
+      EXPECT_EQ(plan.grad_bytes, mem[0].grad_bytes) << w;
+      EXPECT_EQ(plan.optimizer_state_bytes, mem[0].optimizer_state_bytes) << w;
+      EXPECT_EQ(plan.rollback_bytes, mem[0].rollback_bytes) << w;
+      EXPECT_GE(plan.peak_bytes, mem[0].peak_bytes) << w;
+    }
 }
 
 }  // namespace

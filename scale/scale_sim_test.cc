@@ -5,6 +5,7 @@
 #include "common/errors.h"
 #include "sim/sim_world.h"
 #include "zero/flat_layout.h"
+#include "zero/grouping.h"
 #include "zero/stage.h"
 
 namespace zerostep {
@@ -39,65 +40,72 @@ size_t padded_group(size_t n, int w) {
 }
 
 // The window's time is the closed-form alpha-beta total: every collective's
-// ring cost plus the modelled compute, nothing hidden without overlap.
+// ring cost plus the modelled compute, nothing hidden without overlap. At
+// stage 3 with DeepSpeed's stage3_max_reuse_distance (1e9) both blocks
+// stay gathered for their backward (Note [Stage 3 reuse distance]); with 0
+// each is gathered again there.
 TEST(ScaleSimTest, StepTimeIsTheClosedFormTotalAtEveryStage) {
   const ModelShape m = toy();
   const double n = static_cast<double>(m.numel());
-  for (int w : {8, 1024, 4096}) {
-    const double padded = FlatLayout::make(m.numels, w).padded_numel;
-    for (int stage : {0, 1, 2, 3}) {
-      ScaleOptions o = options(stage, w);
-      const CostModel& k = o.cost;
-      const double t = o.tokens_per_micro_batch;
-      const double agree = c(o, CollectiveKind::kAllGather, 24.0 * w);
-      const double norm = c(o, CollectiveKind::kAllReduce, 8);
-      double expect = 0, bytes = 0;
-      if (stage < 3) {
-        expect = k.forward_seconds(n, t) + k.backward_seconds(n, t) + agree;
-        bytes = 24.0 * w;
-      }
-      if (stage == 0) {
-        expect += c(o, CollectiveKind::kAllReduce, 4 * padded) +
-                  k.optimizer_seconds(padded);
-        bytes += 4 * padded;
-      }
-      if (stage == 1) {
-        expect += c(o, CollectiveKind::kReduceScatter, 4 * padded) + norm +
-                  k.optimizer_seconds(padded / w) +
-                  c(o, CollectiveKind::kAllGather, 4 * padded);
-        bytes += 4 * padded + 8 + 4 * padded;
-      }
-      if (stage == 2) {  // one bucket: the defaults are 5e8 elements
-        expect += agree + c(o, CollectiveKind::kReduceScatter, 4 * padded) +
-                  norm + k.optimizer_seconds(padded / w) +
-                  c(o, CollectiveKind::kAllGather, 4 * padded);
-        bytes += 24.0 * w + 4 * padded + 8 + 4 * padded;
-      }
-      if (stage == 3) {
-        // Default threshold 1e5: blocks {300000, 200000} and
-        // {250000, 150000}; the 64-element norm is persistent.
-        const double g0 = padded_group(500000, w), g1 = padded_group(400000, w),
-                     gp = padded_group(64, w);
-        const double owned = (g0 + g1 + gp) / w;
-        for (double g : {g0, g1}) {
-          expect += 2 * c(o, CollectiveKind::kAllGather, 4 * g) +
-                    c(o, CollectiveKind::kReduceScatter, 4 * g);
-          bytes += 3 * 4 * g;
+  for (int64_t reuse : {int64_t{1000000000}, int64_t{0}})
+    for (int w : {8, 1024, 4096}) {
+      const double padded = FlatLayout::make(m.numels, w).padded_numel;
+      for (int stage : {0, 1, 2, 3}) {
+        ScaleOptions o = options(stage, w);
+        o.schedule.max_reuse_distance = reuse;
+        const double gathers = reuse == 0 ? 2 : 1;  // per block group
+        const CostModel& k = o.cost;
+        const double t = o.tokens_per_micro_batch;
+        const double agree = c(o, CollectiveKind::kAllGather, 24.0 * w);
+        const double norm = c(o, CollectiveKind::kAllReduce, 8);
+        double expect = 0, bytes = 0;
+        if (stage < 3) {
+          expect = k.forward_seconds(n, t) + k.backward_seconds(n, t) + agree;
+          bytes = 24.0 * w;
         }
-        expect += k.forward_seconds(n, t) + k.backward_seconds(n, t) +
-                  2 * agree + c(o, CollectiveKind::kReduceScatter, 4 * gp) +
-                  norm + k.optimizer_seconds(owned) +
-                  c(o, CollectiveKind::kAllGather, 4 * gp);
-        bytes += 2 * 24.0 * w + 2 * 4 * gp + 8;
+        if (stage == 0) {
+          expect += c(o, CollectiveKind::kAllReduce, 4 * padded) +
+                    k.optimizer_seconds(padded);
+          bytes += 4 * padded;
+        }
+        if (stage == 1) {
+          expect += c(o, CollectiveKind::kReduceScatter, 4 * padded) + norm +
+                    k.optimizer_seconds(padded / w) +
+                    c(o, CollectiveKind::kAllGather, 4 * padded);
+          bytes += 4 * padded + 8 + 4 * padded;
+        }
+        if (stage == 2) {  // one bucket: the defaults are 5e8 elements
+          expect += agree + c(o, CollectiveKind::kReduceScatter, 4 * padded) +
+                    norm + k.optimizer_seconds(padded / w) +
+                    c(o, CollectiveKind::kAllGather, 4 * padded);
+          bytes += 24.0 * w + 4 * padded + 8 + 4 * padded;
+        }
+        if (stage == 3) {
+          // Default threshold 1e5: blocks {300000, 200000} and
+          // {250000, 150000}; the 64-element norm is persistent.
+          const double g0 = padded_group(500000, w),
+                       g1 = padded_group(400000, w), gp = padded_group(64, w);
+          const double owned = (g0 + g1 + gp) / w;
+          for (double g : {g0, g1}) {
+            expect += gathers * c(o, CollectiveKind::kAllGather, 4 * g) +
+                      c(o, CollectiveKind::kReduceScatter, 4 * g);
+            bytes += (gathers + 1) * 4 * g;
+          }
+          expect += k.forward_seconds(n, t) + k.backward_seconds(n, t) +
+                    2 * agree + c(o, CollectiveKind::kReduceScatter, 4 * gp) +
+                    norm + k.optimizer_seconds(owned) +
+                    c(o, CollectiveKind::kAllGather, 4 * gp);
+          bytes += 2 * 24.0 * w + 2 * 4 * gp + 8;
+        }
+        const ScaleReport r = simulate_scale(m, o);
+        EXPECT_NEAR(r.step_s, expect, 1e-12 * expect)
+            << stage << " " << w << " reuse " << reuse;
+        EXPECT_NEAR(r.comm_s + r.compute_s, r.step_s, 1e-12 * expect);
+        EXPECT_NEAR(r.exposed_comm_s, r.comm_s, 1e-12 * expect);
+        EXPECT_EQ(r.bytes_per_rank, static_cast<uint64_t>(bytes))
+            << stage << " " << w << " reuse " << reuse;
       }
-      const ScaleReport r = simulate_scale(m, o);
-      EXPECT_NEAR(r.step_s, expect, 1e-12 * expect) << stage << " " << w;
-      EXPECT_NEAR(r.comm_s + r.compute_s, r.step_s, 1e-12 * expect);
-      EXPECT_NEAR(r.exposed_comm_s, r.comm_s, 1e-12 * expect);
-      EXPECT_EQ(r.bytes_per_rank, static_cast<uint64_t>(bytes))
-          << stage << " " << w;
     }
-  }
 }
 
 // overlap_comm: a bucket's reduce-scatter runs while autograd computes the
@@ -213,11 +221,28 @@ TEST(ScaleSimTest, SevenBillionAtFourThousandRanksIsOneRanksWork) {
   // Payload bytes (the ledger's): stage 0 all-reduces the gradient (4N);
   // stages 1/2 reduce-scatter it and all-gather the parameters (8N);
   // stage 3 gathers for forward and for backward and reduce-scatters
-  // (12N).
+  // (12N) when every block is released after its forward
+  // (stage3_max_reuse_distance 0); with DeepSpeed's 1e9 the last blocks,
+  // those with fewer than 5e8 block elements after them (3 of 32 at 7B),
+  // are not gathered again for their backward (Note [Stage 3 reuse
+  // distance]).
   EXPECT_NEAR(r[0].bytes_per_rank / n4, 1.0, 0.01);
   EXPECT_NEAR(r[1].bytes_per_rank / n4, 2.0, 0.01);
   EXPECT_NEAR(r[2].bytes_per_rank / n4, 2.0, 0.01);
-  EXPECT_NEAR(r[3].bytes_per_rank / n4, 3.0, 0.02);
+  ScaleOptions released = options(3, 4096);
+  released.schedule.max_reuse_distance = 0;
+  EXPECT_NEAR(simulate_scale(m, released).bytes_per_rank / n4, 3.0, 0.02);
+  const std::vector<Stage3Group> groups = stage3_groups(m, 100000);
+  const std::vector<bool> kept = stage3_kept_for_backward(groups, 1000000000);
+  double kept_numel = 0;
+  int kept_blocks = 0;
+  for (size_t g = 0; g < groups.size(); ++g)
+    if (kept[g]) {
+      kept_numel += static_cast<double>(groups[g].numel);
+      ++kept_blocks;
+    }
+  EXPECT_EQ(kept_blocks, 3);
+  EXPECT_NEAR(r[3].bytes_per_rank / n4, 3.0 - kept_numel / m.numel(), 0.02);
   // Memory per rank: stage 0 holds 16 bytes per parameter, stage 3 about
   // 28/W plus one layer.
   EXPECT_GT(r[0].memory.peak_bytes, 16.0 * m.numel());

@@ -52,6 +52,10 @@ const char* const kHarnessUsage = R"(usage: harness [flags]
                         with the built-in config, so every block of the
                         small built-in models is partitioned; the
                         --config file's value otherwise)
+  --max-reuse-distance=E   stage3_max_reuse_distance for --simulate-scale
+                        (default DeepSpeed's 1e9; 0: every block gathered
+                        again for its backward). Parity runs take it from
+                        the --config file
   --seed=S              run seed (default 1)
   --config=FILE         a ds_config JSON as the base of every scenario
   --threads=T           compute threads per rank (default 1)
@@ -311,6 +315,8 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
       f.reduce_bucket_size = static_cast<int64_t>(parse_u64(key, v));
     } else if (key == "persistence-threshold") {
       f.persistence_threshold = static_cast<int64_t>(parse_u64(key, v));
+    } else if (key == "max-reuse-distance") {
+      f.max_reuse_distance = static_cast<int64_t>(parse_u64(key, v));
     } else if (key == "allgather-bucket-size") {
       f.allgather_bucket_size = static_cast<int64_t>(parse_u64(key, v));
     } else {
@@ -356,11 +362,17 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
       s.allgather_bucket_size = f.allgather_bucket_size;
     if (f.persistence_threshold >= 0)
       s.persistence_threshold = f.persistence_threshold;
+    if (f.max_reuse_distance >= 0) s.max_reuse_distance = f.max_reuse_distance;
     f.scale.tokens_per_micro_batch =
         f.seq_len *
         static_cast<double>(f.micro_batch_given ? f.micro_batch : 1);
     return f;
   }
+  if (f.max_reuse_distance >= 0)
+    throw FlagError(
+        "--max-reuse-distance is for --simulate-scale; a parity run takes "
+        "zero_optimization.stage3_max_reuse_distance from its --config "
+        "file");
   if (faults_given) f.mode = HarnessMode::kFaults;
   if (f.swarm > 0) f.mode = HarnessMode::kSwarm;
 

@@ -136,6 +136,9 @@ struct HarnessFlags {
   // --persistence-threshold: stage3_param_persistence_threshold. Default -1
   // (0 with the built-in config, the --config file's value otherwise).
   int64_t persistence_threshold = -1;
+  // --max-reuse-distance: stage3_max_reuse_distance of --simulate-scale's
+  // schedule. Default -1 (DeepSpeed's 1e9).
+  int64_t max_reuse_distance = -1;
   // --faults: the fault list (sim/faults.h), parsed when the run starts.
   // Default "" (mode kFaults says it was given, even empty).
   std::string faults;

@@ -124,6 +124,11 @@ TEST(HarnessFlagsTest, ModesFromFaultsSwarmAndScale) {
   EXPECT_TRUE(scale.per_step.empty());  // scale mode has no steps
   EXPECT_EQ(parse({"--simulate-scale"}).scale.tokens_per_micro_batch,
             kPresetSequenceLength);  // one sample per micro-batch
+  EXPECT_EQ(parse({"--simulate-scale"}).scale.schedule.max_reuse_distance,
+            1000000000);  // DeepSpeed's default
+  EXPECT_EQ(parse({"--simulate-scale", "--max-reuse-distance=0"})
+                .scale.schedule.max_reuse_distance,
+            0);
 }
 
 TEST(HarnessFlagsTest, HelpStopsParsing) {
@@ -161,6 +166,10 @@ TEST(HarnessFlagsTest, ErrorsNameTheFlagAndTheRule) {
             "faults from the seed)");
   EXPECT_EQ(error_of({"--simulate-scale", "--swarm=2"}),
             "--simulate-scale runs without faults (symmetric ranks)");
+  EXPECT_EQ(error_of({"--max-reuse-distance=0"}),
+            "--max-reuse-distance is for --simulate-scale; a parity run takes "
+            "zero_optimization.stage3_max_reuse_distance from its --config "
+            "file");
   EXPECT_EQ(error_of({"--backwards=2,5", "--steps=3"}),
             "--steps=3 disagrees with the 2 entries of --backwards");
 }

@@ -67,4 +67,16 @@ std::string stage3_whole_model_warning(const ModelShape& m, int64_t threshold) {
          "stage3_param_persistence_threshold";
 }
 
+std::vector<bool> stage3_kept_for_backward(
+    const std::vector<Stage3Group>& groups, size_t reuse_distance) {
+  std::vector<bool> kept(groups.size(), false);
+  size_t after = 0;  // elements of the block groups after g
+  for (size_t g = groups.size(); g-- > 0;) {
+    if (groups[g].persistent) continue;
+    kept[g] = 2 * after < reuse_distance;
+    after += groups[g].numel;
+  }
+  return kept;
+}
+
 }  // namespace zerostep

@@ -47,6 +47,15 @@ struct Stage3Group {
 std::vector<Stage3Group> stage3_groups(const ModelShape& model,
                                        int64_t persistence_threshold);
 
+// Note [Stage 3 reuse distance] (zero/stage3.h): per group, whether it
+// stays gathered from its forward to its backward: a block group g is kept
+// when twice the elements of the block groups after it is below
+// `reuse_distance` (zero_optimization.stage3_max_reuse_distance); never a
+// persistent one (always whole). The kept groups are a suffix of the block
+// groups. The stage and the shape-only schedule both call it.
+std::vector<bool> stage3_kept_for_backward(
+    const std::vector<Stage3Group>& groups, size_t reuse_distance);
+
 // What a user should be told when most of the model stays whole at stage
 // 3: "" when the persistent group (Note [Stage 3 grouping rule]) holds at
 // most half of the trainable elements, else one line naming how many

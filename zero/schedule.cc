@@ -210,6 +210,8 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
   // Stage 3.
   const std::vector<Stage3Group> groups =
       stage3_groups(m, o.persistence_threshold);
+  const std::vector<bool> kept = stage3_kept_for_backward(
+      groups, static_cast<size_t>(o.max_reuse_distance));
   size_t owned = 0;
   for (const Stage3Group& g : groups) owned += padded_numel(g.numel, w) / w;
   for (int k = 1; k <= o.backwards; ++k) {
@@ -230,8 +232,9 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
       const Stage3Group& g = groups[i];
       if (g.persistent) continue;
       const size_t padded = padded_numel(g.numel, w);
-      out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
-                               padded, phase::kBackward));
+      if (!kept[i])
+        out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
+                                 padded, phase::kBackward));
       out.push_back(
           compute(Event::Work::kBackward, static_cast<double>(g.numel)));
       out.push_back(collective(CollectiveKind::kReduceScatter, DType::kFloat32,
@@ -287,19 +290,29 @@ MemoryStats planned_memory(const ModelShape& m, const ScheduleOptions& o) {
     return s;
   }
   size_t owned = 0, largest_partition = 0, largest_block = 0, persistent = 0;
-  for (const Stage3Group& g : stage3_groups(m, o.persistence_threshold)) {
-    const size_t padded = padded_numel(g.numel, w);
+  const std::vector<Stage3Group> groups =
+      stage3_groups(m, o.persistence_threshold);
+  const std::vector<bool> kept = stage3_kept_for_backward(
+      groups, static_cast<size_t>(o.max_reuse_distance));
+  size_t kept_groups = 0;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const size_t padded = padded_numel(groups[i].numel, w);
     owned += padded / w;
     largest_partition = std::max(largest_partition, padded / w);
-    if (g.persistent)
+    if (groups[i].persistent)
       persistent += padded;
     else
       largest_block = std::max(largest_block, padded);
+    if (kept[i]) ++kept_groups;
   }
+  // The kept groups are the last blocks: the released ones before them
+  // share one slot, which the first kept group then takes.
+  const size_t param_slots = std::max<size_t>(kept_groups, 1);
   // Note [Stage 3 buffer pool]: after a window the pool holds one slot of
-  // the largest block group for parameters and one for gradients, resident
-  // from then on, so the peak is what is held at rest.
-  s.param_bytes = (owned + persistent + largest_block) * f;
+  // the largest block group for parameters (one per kept group: Note
+  // [Stage 3 reuse distance]) and one for gradients, resident from then
+  // on, so the peak is what is held at rest.
+  s.param_bytes = (owned + persistent + param_slots * largest_block) * f;
   s.grad_bytes = (owned + largest_partition + persistent + largest_block) * f;
   s.optimizer_state_bytes = owned * opt;
   s.rollback_bytes = owned * (f + opt);

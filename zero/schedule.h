@@ -37,9 +37,11 @@
 //              registration order), else all after the backward; then every
 //              one is waited for, in launch order;
 //   stage 3    per block group: all-gather, then its forward; agreement;
-//              per block group in reverse: all-gather, its backward, its
+//              per block group in reverse: all-gather (none for a group
+//              kept by the reuse distance), its backward, its
 //              reduce-scatter; the persistent group's backward and
-//              reduce-scatter last. All blocking.
+//              reduce-scatter last. All blocking (no prefetch: the
+//              simulator does not overlap).
 // step(): agreement (unmanaged; managed mode agrees in the boundary
 // backward), the reduce (stages 0/1), the norm all-reduce (stages 1-3), the
 // optimizer over the owned elements, the all-gathers (stages 1, 2, and
@@ -72,6 +74,10 @@ struct ScheduleOptions {
   int64_t allgather_bucket_size = 500000000;
   bool overlap_comm = false;
   int64_t persistence_threshold = 100000;
+  // stage3_max_reuse_distance (Note [Stage 3 reuse distance] in
+  // zero/stage3.h): a kept block group is not all-gathered again for its
+  // backward, and the pool holds one parameter slot per kept group.
+  int64_t max_reuse_distance = 1000000000;
   // Optimizer state bytes per owned element (AdamW: 8).
   size_t optimizer_bytes_per_element = 8;
 };
@@ -106,9 +112,10 @@ std::vector<ScheduleEvent> setup_schedule(const ModelShape& model,
 std::vector<ScheduleEvent> window_schedule(const ModelShape& model,
                                            const ScheduleOptions& options);
 // What a rank holds (Stage::memory()), planned: stages 0-2 as constructed;
-// stage 3 at rest between windows, its buffer pool holding one block
-// group's full parameters and gradients (Note [Stage 3 buffer pool] in
-// zero/stage3.h), and peak_bytes the same.
+// stage 3 at rest between windows, its buffer pool holding the largest
+// block group's full parameters and gradients (Note [Stage 3 buffer pool]
+// in zero/stage3.h), one parameter slot per group kept by the reuse
+// distance when there are more, and peak_bytes the same.
 MemoryStats planned_memory(const ModelShape& model,
                            const ScheduleOptions& options);
 }  // namespace zerostep

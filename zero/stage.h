@@ -163,6 +163,16 @@ struct StageOptions {
   // (Note [Stage 3 prefetch] in zero/stage3.h;
   // zero_optimization.stage3_prefetch_bucket_size); 0: none.
   size_t prefetch_numel = 0;
+  // Stage 3: a block group stays gathered from its forward to its backward
+  // when fewer than this many elements of other block groups run in
+  // between (Note [Stage 3 reuse distance] in zero/stage3.h;
+  // zero_optimization.stage3_max_reuse_distance); 0: released after every
+  // forward.
+  size_t reuse_distance_numel = 0;
+  // Stage 3: a prefetch is issued only while the block groups gathered,
+  // with it, hold at most this many elements
+  // (zero_optimization.stage3_max_live_parameters).
+  size_t max_live_numel = static_cast<size_t>(-1);
   // Where the optimizer keeps its state (zero/optimizer.h Note [NVMe
   // optimizer state]); in memory by default.
   OptimizerSwap optimizer_swap;

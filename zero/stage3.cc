@@ -24,6 +24,7 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
       grad_accum_(options.grad_accum),
       reduce_once_(options.reduce_once_per_step),
       outside_backward_(options.collectives_outside_backward),
+      max_live_numel_(options.max_live_numel),
       world_(comm->world_size()),
       rank_(comm->rank()),
       optimizer_(
@@ -106,6 +107,7 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
   if (world_ > 1 && !param_store_ && !outside_backward_ &&
       comm->overlaps_async())
     prefetch_numel_ = options.prefetch_numel;
+  kept_ = stage3_kept_for_backward(groups_, options.reuse_distance_numel);
   reduced_.assign(groups_.size(), false);
   pending_.assign(groups_.size(), 0);
   for (float* p : initial_params) ZS_CHECK(p != nullptr);
@@ -205,7 +207,9 @@ void Stage3::gather(size_t g, const char* phase) {
   settle_prefetch(g);
   if (refs_[g] > 0 || full_params_[g] != nullptr) {
     ++refs_[g];
-    if (was_ahead) prefetch_after(g, backward, phase);
+    // A group kept from its forward (Note [Stage 3 reuse distance])
+    // fetches the one its backward is followed by.
+    if (was_ahead || backward) prefetch_after(g, backward, phase);
     return;
   }
   // Read before anything changes: a failed read leaves no reference and no
@@ -226,7 +230,8 @@ void Stage3::prefetch_after(size_t g, bool backward, const char* phase) {
     if (backward ? next == 0 : next + 1 >= groups_.size()) return;
     next = backward ? next - 1 : next + 1;
   } while (groups_[next].persistent);
-  if (padded_[next] > prefetch_numel_ || full_params_[next] != nullptr)
+  if (padded_[next] > prefetch_numel_ || full_params_[next] != nullptr ||
+      live_numel() + groups_[next].numel > max_live_numel_)
     return;
   take_params(next);
   try {
@@ -333,16 +338,23 @@ void Stage3::gather_for_backward(size_t g) {
   if (full_grads_[g] == nullptr) take_grads(g);
 }
 
+size_t Stage3::live_numel() const {
+  size_t n = 0;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (!groups_[g].persistent && full_params_[g] != nullptr)
+      n += groups_[g].numel;
+  return n;
+}
+
 void Stage3::hold(size_t g) {
-  ZS_CHECK(outside_backward_);
   ZS_CHECK(g < groups_.size());
+  ZS_CHECK(keeps_for_backward(g));
   ZS_CHECK(refs_[g] > 0);
   if (groups_[g].persistent) return;  // always gathered
   ++refs_[g];
 }
 
 void Stage3::drop_held() {
-  if (!outside_backward_) return;
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (groups_[g].persistent || full_params_[g] == nullptr) continue;
     refs_[g] = 0;

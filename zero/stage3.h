@@ -163,6 +163,36 @@
 // figures stay those of a run without prefetch). Off with one rank (nothing to
 // fetch), with the NVMe partitions (one read scratch) and with
 // collectives_outside_backward (the groups stay gathered anyway).
+// A prefetch is also skipped when it would bring the block groups gathered
+// above StageOptions::max_live_numel elements (their unpadded sizes;
+// DeepSpeed's stage3_max_live_parameters, which bounds its prefetch the
+// same way).
+//
+// Note [Stage 3 reuse distance]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// DeepSpeed does not release a parameter after a module's forward if its
+// next use comes within stage3_max_reuse_distance elements (default 1e9)
+// of the modules that run in between. Here: a block group g stays
+// gathered from the end of its forward to its backward (the engine calls
+// hold(), as with collectives_outside_backward) when
+//   2 x (elements of the block groups after g) < reuse_distance_numel,
+// the blocks that run forward after g and backward before it, each
+// counted once per pass (blocks run in registration order forward and in
+// reverse backward; the persistent group, always whole, is not counted).
+// gather_for_backward() then finds it gathered and all-gathers nothing:
+// one all-gather per block per forward+backward instead of two. Its
+// reduction at the end of its backward releases it as before. With the
+// default 1e9 every group of a model under 5e8 block elements is kept, so
+// the peak holds every block group's parameters at the turn from forward
+// to backward (and the pool keeps that many slots: Note [Stage 3 buffer
+// pool]); 0 releases every group after its forward (the memory of a
+// ZeRO-3 that gathers twice). DeepSpeed starts doing this only after its
+// first forward+backward has recorded the order of the modules; here the
+// order is the blocks' registration order from the first window on. The
+// gathered values are the partitions' at the window's start either way,
+// so the bits never change, only traffic and memory. A group held by a
+// forward whose backward never runs stays gathered until the end of the
+// next backward, or until a step or a load drops it (drop_held()).
 //
 // Ownership: `comm` and `storage` must outlive the Stage3.
 // Thread safety: none; one Stage3 per rank.
@@ -245,9 +275,14 @@ class Stage3 final : public Stage {
   // the block's backward runs.
   void gather_for_backward(size_t group);
   // Forward, after the block (Note [Stage 3 collectives outside
-  // backward]): one more reference to the gathered group, which its
-  // backward's reduction drops. Only with collectives_outside_backward.
+  // backward], Note [Stage 3 reuse distance]): one more reference to the
+  // gathered group, which its backward's reduction drops. Only where
+  // keeps_for_backward(group).
   void hold(size_t group);
+  // Whether the group stays gathered from its forward to its backward.
+  bool keeps_for_backward(size_t group) const {
+    return outside_backward_ || kept_[group];
+  }
   bool collectives_outside_backward() const { return outside_backward_; }
   // Every rank calls it: all-gathers every group into `out` (the
   // parameters in registration order, param_numels concatenated).
@@ -265,9 +300,13 @@ class Stage3 final : public Stage {
   // A group's gradient is complete for this backward: reduce it (by
   // default) or keep it for the step (reduce_once_per_step).
   void reduce_group(size_t group);
-  // Note [Stage 3 collectives outside backward]: drops the parameters of
-  // every non-persistent group still gathered.
+  // Note [Stage 3 collectives outside backward], Note [Stage 3 reuse
+  // distance]: drops the parameters of every non-persistent group still
+  // gathered (no forward is running when this is called).
   void drop_held();
+  // Elements of the block groups gathered now, by their unpadded sizes
+  // (Note [Stage 3 prefetch]).
+  size_t live_numel() const;
   // Reduce-scatter the group's full gradient into its partition
   // accumulator, then clear it (persistent groups, reduce_once_per_step)
   // or release it and the parameters.
@@ -354,6 +393,10 @@ class Stage3 final : public Stage {
   // Note [Stage 3 prefetch]: the limit (0: off), the group ahead (kNone)
   // and its all-gather until waited for.
   size_t prefetch_numel_ = 0;
+  size_t max_live_numel_;
+  // Note [Stage 3 reuse distance]: per group, whether it is kept gathered
+  // from its forward to its backward.
+  std::vector<bool> kept_;
   size_t ahead_ = kNone;
   std::shared_ptr<Work> ahead_work_;
   std::vector<size_t> pending_;  // parameters still without gradient

@@ -38,7 +38,12 @@
 //                  inside the last backward, as DDP does when the caller
 //                  leaves no_sync() (Note [Stage 0 buckets] in
 //                  zero/stage0.h)
-//      e.g. stage2_offload, stage2_managed, stage0_overlap.
+//        _release  stage3_max_reuse_distance 0 (stage 3): every block
+//                  released after its forward and gathered again for its
+//                  backward, where the default (DeepSpeed's 1e9) keeps
+//                  the blocks of these models gathered in between (Note
+//                  [Stage 3 reuse distance] in zero/stage3.h)
+//      e.g. stage2_offload, stage2_managed, stage0_overlap, stage3_release.
 // Each part runs --warmup windows, then --windows timed ones. Rank 0 prints
 // one JSON line per mode on stdout (benchmarks/peers/torch_step.py prints
 // the same fields; the forward+backward times are the same in every line):
@@ -119,14 +124,15 @@ struct Mode {
   bool offload = false;
   bool managed = false;
   bool overlap = false;
+  bool release = false;
 };
 
 Mode parse_mode(const std::string& m) {
   const std::string what =
       "zerostep_step: unknown mode '" + m +
       "' (stage0 ... stage3, each with any of the suffixes _once (stages "
-      "2-3), _offload (stages 1-3), _managed, _overlap; e.g. "
-      "stage2_offload)";
+      "2-3), _offload (stages 1-3), _managed, _overlap, _release (stage 3); "
+      "e.g. stage2_offload)";
   if (m.size() < 6 || m.rfind("stage", 0) != 0 || m[5] < '0' || m[5] > '3')
     throw UsageError(what);
   Mode mode;
@@ -140,12 +146,13 @@ Mode parse_mode(const std::string& m) {
                  : part == "offload" ? &mode.offload
                  : part == "managed" ? &mode.managed
                  : part == "overlap" ? &mode.overlap
+                 : part == "release" ? &mode.release
                                      : nullptr;
     if (flag == nullptr || *flag) throw UsageError(what);
     *flag = true;
   }
-  if ((mode.once && mode.stage < 2) ||
-      (mode.offload && mode.stage < 1))
+  if ((mode.once && mode.stage < 2) || (mode.offload && mode.stage < 1) ||
+      (mode.release && mode.stage != 3))
     throw UsageError(what);
   if (mode.overlap && mode.stage < 2) mode.managed = true;
   return mode;
@@ -292,6 +299,7 @@ Config engine_config(const Options& o, const Mode& mode, int world_size) {
                          // ones whole).
                          {"stage3_param_persistence_threshold", 0}};
   if (mode.stage >= 2) zero["reduce_once_per_step"] = mode.once;
+  if (mode.release) zero["stage3_max_reuse_distance"] = 0;
   // Page-locked host buffers on cuda, as FSDP2's CPUOffloadPolicy there.
   if (mode.offload)
     zero["offload_optimizer"] = {{"device", "cpu"},
