@@ -24,7 +24,6 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
       grad_accum_(options.grad_accum),
       reduce_once_(options.reduce_once_per_step),
       outside_backward_(options.collectives_outside_backward),
-      max_live_numel_(options.max_live_numel),
       world_(comm->world_size()),
       rank_(comm->rank()),
       optimizer_(
@@ -107,6 +106,7 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
   if (world_ > 1 && !param_store_ && !outside_backward_ &&
       comm->overlaps_async())
     prefetch_numel_ = options.prefetch_numel;
+  max_live_numel_ = options.max_live_numel;
   kept_ = stage3_kept_for_backward(groups_, options.reuse_distance_numel);
   reduced_.assign(groups_.size(), false);
   pending_.assign(groups_.size(), 0);

@@ -393,7 +393,7 @@ class Stage3 final : public Stage {
   // Note [Stage 3 prefetch]: the limit (0: off), the group ahead (kNone)
   // and its all-gather until waited for.
   size_t prefetch_numel_ = 0;
-  size_t max_live_numel_;
+  size_t max_live_numel_ = static_cast<size_t>(-1);
   // Note [Stage 3 reuse distance]: per group, whether it is kept gathered
   // from its forward to its backward.
   std::vector<bool> kept_;
