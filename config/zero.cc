@@ -72,6 +72,16 @@ void ZeroSection::parse(const Json& v) {
     const std::string& name = it.key();
     const std::string key = "zero_optimization." + name;
     const Json& p = it.value();
+    // A stage-3 size under its name or its stage3_ alias. The Hugging Face
+    // Trainer's "auto" (for the prefetch size 0.9 x hidden size squared
+    // there) keeps the default: each of these trades memory for speed,
+    // never a result. False when `name` is neither.
+    auto stage3_size = [&](const std::string& base, const std::string& want,
+                           int64_t* out) {
+      if (name != base && name != "stage3_" + base) return false;
+      if (!is_auto(p)) parse_count(key, p, want, out);
+      return true;
+    };
     auto [first, inserted] =
         settings.emplace(setting_of(key), std::pair(key, &p));
     if (!inserted && !same_value(*first->second.second, p)) {
@@ -114,26 +124,17 @@ void ZeroSection::parse(const Json& v) {
                name == "param_persistence_threshold") {
       parse_count(key, p, "a number of elements >= 0, e.g. 1e5",
                   &z.stage3_param_persistence_threshold);
-    } else if (name == "stage3_prefetch_bucket_size" ||
-               name == "prefetch_bucket_size") {
-      // The Hugging Face Trainer's "auto" (0.9 x hidden size squared there)
-      // keeps the default: the knob trades one group's memory for speed,
-      // never a result.
-      if (is_auto(p)) continue;
-      parse_count(key, p, "a number of elements >= 0, e.g. 5e7 (0: off)",
-                  &z.stage3_prefetch_bucket_size);
-    } else if (name == "stage3_max_reuse_distance" ||
-               name == "max_reuse_distance") {
-      if (is_auto(p)) continue;  // the default, as for the prefetch size
-      parse_count(key, p,
-                  "a number of elements >= 0, e.g. 1e9 (0: release every "
-                  "block after its forward)",
-                  &z.stage3_max_reuse_distance);
-    } else if (name == "stage3_max_live_parameters" ||
-               name == "max_live_parameters") {
-      if (is_auto(p)) continue;
-      parse_count(key, p, "a number of elements >= 0, e.g. 1e9",
-                  &z.stage3_max_live_parameters);
+    } else if (stage3_size("prefetch_bucket_size",
+                           "a number of elements >= 0, e.g. 5e7 (0: off)",
+                           &z.stage3_prefetch_bucket_size) ||
+               stage3_size("max_reuse_distance",
+                           "a number of elements >= 0, e.g. 1e9 (0: release "
+                           "every block after its forward)",
+                           &z.stage3_max_reuse_distance) ||
+               stage3_size("max_live_parameters",
+                           "a number of elements >= 0, e.g. 1e9",
+                           &z.stage3_max_live_parameters)) {
+      // Read by stage3_size.
     } else if (name == "offload_optimizer") {
       optimizer_given = true;
       optimizer_device =

@@ -378,6 +378,29 @@ TEST(DeviceEngineTest, CheckpointsMoveBetweenDeviceAndHost) {
   }
 }
 
+// The engine's AdamW may split its pass over LibTorch's intra-op threads
+// (set_compute_threads sets them): the kernels are told that count, at one
+// thread and at two.
+TEST(DeviceEngineTest, AdamIsToldTheComputeThreads) {
+  const int before = torch::get_num_threads();
+  for (int threads : {1, 2}) {
+    torch::set_num_threads(threads);
+    MlpWorld w(1, parse_config("{\"train_micro_batch_size_per_gpu\": 2}", 1));
+    FarKernels far;
+    w.make_engines([&](int) {
+      EngineOptions o;
+      o.kernels = &far;
+      return o;
+    });
+    w.world->run([&](int r) {
+      w.engines[r]->backward(w.loss(r, 0));
+      w.engines[r]->step();
+    });
+    EXPECT_EQ(far.adam_threads, threads);
+  }
+  torch::set_num_threads(before);
+}
+
 TEST(DeviceEngineTest, KernelsAreRefusedWhereTheStateStaysOnTheHost) {
   for (const std::string extra :
        {"\"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": "

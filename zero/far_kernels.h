@@ -11,6 +11,7 @@
 #include <atomic>
 #include <string>
 
+#include "offload/fused_adam.h"
 #include "zero/kernels.h"
 
 namespace zerostep {
@@ -43,6 +44,7 @@ class FarKernels final : public Kernels {
   }
   void adam(float* p, const float* g, float* m, float* v, size_t n,
             const AdamStepParams& a) override {
+    adam_threads = a.threads;
     h().adam(p, g, m, v, n, a);
   }
   void sgd(float* p, const float* g, float* buf, size_t n,
@@ -54,6 +56,8 @@ class FarKernels final : public Kernels {
   // checkpoints) and norms.
   std::atomic<int64_t> downloads{0};
   std::atomic<int64_t> norms{0};
+  // The threads the last adam() was allowed (AdamStepParams::threads).
+  std::atomic<int> adam_threads{0};
 
  private:
   static Kernels& h() { return host_kernels(); }
