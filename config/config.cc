@@ -188,6 +188,14 @@ class Parser {
               "backward work to overlap communication with",
           "set overlap_comm to false, or use zero_optimization.stage 2 or 3");
     }
+    // Note [Reduce once per step] (zero/stage.h): stage 2 then reduces in
+    // the boundary backward (managed mode, where overlap_comm launches its
+    // buckets there) or inside step() (unmanaged mode): nothing to overlap,
+    // so the key is listed as not acted on.
+    if (!managed && zero_.stage_valid() && cfg_.zero.overlap_comm &&
+        cfg_.zero.stage == 2 && cfg_.zero.reduce_once_per_step) {
+      report_.ignore("zero_optimization.overlap_comm");
+    }
   }
 
   Config cfg_;

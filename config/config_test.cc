@@ -175,6 +175,27 @@ TEST(ParseConfigTest, OverlapCommIsFineInManagedModeOrWithStage2) {
       1));
 }
 
+// Note [Reduce once per step]: stage 2 reduces the window in the boundary
+// backward (managed: overlap_comm launches its buckets there) or in step()
+// (unmanaged: nothing to overlap, so the key is listed as not acted on).
+TEST(ParseConfigTest, OverlapCommWithReduceOncePerStepActsOnlyInManagedMode) {
+  const auto parse = [](bool managed, bool once) {
+    return parse_config(
+        std::string(R"({"train_micro_batch_size_per_gpu": 1,
+            "managed_gradient_accumulation": )") +
+            (managed ? "true" : "false") +
+            R"(, "zero_optimization": {"stage": 2, "overlap_comm": true,
+            "reduce_once_per_step": )" +
+            (once ? "true" : "false") + "}}",
+        2);
+  };
+  const std::vector<std::string> overlap = {"zero_optimization.overlap_comm"};
+  EXPECT_EQ(parse(false, true).ignored_keys, overlap);
+  EXPECT_TRUE(parse(true, true).ignored_keys.empty());
+  EXPECT_TRUE(parse(false, false).ignored_keys.empty());
+  EXPECT_TRUE(parse(false, true).zero.overlap_comm);
+}
+
 // --- documents ---
 
 TEST(ParseConfigTest, SyntaxErrorNamesLineAndColumn) {

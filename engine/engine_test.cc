@@ -176,6 +176,10 @@ class LaunchSpy final : public Communicator {
       : grads(flat_grads), inner_(inner) {}
   const float* grads;  // the engine's flat gradient buffer
   std::vector<ptrdiff_t> launches;
+  // Set by the test around Engine::backward(): launches from inside
+  // autograd (which runs its hooks with gradients disabled) are counted.
+  bool in_call = false;
+  int inside_autograd = 0;
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
   std::string backend_name() const override { return "spy"; }
@@ -189,6 +193,7 @@ class LaunchSpy final : public Communicator {
   std::shared_ptr<Work> reduce_scatter_async(
       Buffer i, Buffer out, const ReduceScatterOptions& o) override {
     launches.push_back(static_cast<const float*>(i.data) - grads);
+    if (in_call && !torch::GradMode::is_enabled()) ++inside_autograd;
     return inner_->reduce_scatter_async(i, out, o);
   }
   void all_gather(Buffer i, Buffer out, const AllGatherOptions& o) override {
@@ -240,6 +245,73 @@ TEST(EngineTest, Stage2OverlapLaunchesBucketsInGradientReadyOrder) {
   EXPECT_TRUE(std::is_sorted(plain.begin(), plain.end()));
   EXPECT_GT(hooked.front(), hooked.back());
   EXPECT_TRUE(torch::equal(finals[0], finals[1]));
+}
+
+// Note [Reduce once per step] with overlap_comm (zero/stage2.h): in managed
+// mode the boundary backward launches each bucket's reduce-scatter from the
+// autograd hook once its parameters are complete (last layers first), and
+// no other backward reduces anything; unmanaged mode, and managed mode
+// without overlap_comm, reduce every bucket after autograd, in bucket
+// order. The same buckets of the same data: the same bits, over two
+// windows of 3 backward calls.
+TEST(EngineTest, Stage2ReduceOnceOverlapLaunchesBucketsInTheBoundaryBackward) {
+  struct Run {
+    bool managed, overlap;
+    std::vector<ptrdiff_t> launches;
+    int inside_autograd = 0;
+    torch::Tensor final;
+  };
+  std::vector<Run> runs = {{false, true}, {true, false}, {true, true}};
+  for (Run& run : runs) {
+    MlpWorldOptions o;
+    o.num_samples = 32;
+    MlpWorld fx(2,
+                parse_config(
+                    "{\"train_micro_batch_size_per_gpu\": 2, "
+                    "\"gradient_accumulation_steps\": 3, "
+                    "\"managed_gradient_accumulation\": " +
+                        std::string(run.managed ? "true" : "false") +
+                        ", \"zero_optimization\": {\"stage\": 2, "
+                        "\"reduce_bucket_size\": 1024, "
+                        "\"reduce_once_per_step\": true, "
+                        "\"overlap_comm\": " +
+                        std::string(run.overlap ? "true" : "false") + "}}",
+                    2),
+                o);
+    fx.world->run([&](int r) {
+      LaunchSpy spy(&fx.world->comm(r), nullptr);
+      Engine e(fx.models[r], fx.config, &spy);
+      spy.grads = e.flat_gradients().data_ptr<float>();
+      for (int i = 0; i < 6; ++i) {
+        spy.in_call = true;
+        e.backward(fx.loss(r, i));
+        spy.in_call = false;
+        if (run.managed || i % 3 == 2) e.step();
+      }
+      if (r == 0) {
+        run.launches = spy.launches;
+        run.inside_autograd = spy.inside_autograd;
+        run.final = e.flat_parameters().clone();
+      }
+    });
+  }
+  const Run& unmanaged = runs[0];
+  const Run& plain = runs[1];
+  const Run& hooked = runs[2];
+  // Two windows, one reduce-scatter per bucket each.
+  ASSERT_GT(plain.launches.size(), 4u);
+  ASSERT_EQ(plain.launches.size() % 2, 0u);
+  EXPECT_EQ(unmanaged.launches, plain.launches);
+  EXPECT_EQ(hooked.launches.size(), plain.launches.size());
+  const size_t buckets = plain.launches.size() / 2;
+  EXPECT_TRUE(std::is_sorted(plain.launches.begin(),
+                             plain.launches.begin() + buckets));
+  EXPECT_GT(hooked.launches.front(), hooked.launches[buckets - 1]);
+  EXPECT_EQ(unmanaged.inside_autograd, 0);
+  EXPECT_EQ(plain.inside_autograd, 0);
+  EXPECT_EQ(hooked.inside_autograd, static_cast<int>(hooked.launches.size()));
+  EXPECT_TRUE(torch::equal(unmanaged.final, plain.final));
+  EXPECT_TRUE(torch::equal(unmanaged.final, hooked.final));
 }
 
 // Counts the collectives issued inside autograd's backward: during an

@@ -59,9 +59,13 @@
 // results differ in rounding (within the reference tolerance, not
 // bitwise). Costs: 1/N of the reduce-scatter traffic for N backwards;
 // stage 3 holds every group's full gradient (4 bytes per parameter) for
-// the rest of the run. overlap_comm has nothing to overlap then: no
-// effect. The per-backward window agreement stays, so a rank that runs an
-// extra backward is still caught before anything is reduced.
+// the rest of the run. overlap_comm: stage 2 in managed mode launches the
+// boundary backward's buckets from inside its autograd pass (the same
+// buckets, the same bits: zero/stage2.h); unmanaged mode has no backward
+// to overlap (the key is listed as not acted on), and stage 3 reduces its
+// groups in order after the boundary backward either way. The
+// per-backward window agreement stays, so a rank that runs an extra
+// backward is still caught before anything is reduced.
 //
 // Note [Transactional update]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "zero/stage.h"
+#include "zero/stage2.h"
 
 namespace zerostep {
 
@@ -42,18 +43,11 @@ class Stage0 final : public FlatStage {
   void apply_update(const OptimizerHyper& hyper) override;
 
  private:
-  void launch(size_t bucket, const char* phase);
-
   bool overlap_comm_;
-  std::vector<Span> buckets_;
-  std::vector<std::vector<size_t>> buckets_of_param_;
-  std::vector<size_t> params_in_bucket_;
+  internal::BucketLauncher launcher_;
   // This window's reduce: begun in the boundary backward (agreed, some
   // buckets launched) or not yet.
   bool begun_ = false;
-  std::vector<size_t> pending_;  // parameters of bucket k not yet ready
-  std::vector<bool> launched_;
-  std::vector<std::shared_ptr<Work>> works_;
 };
 
 }  // namespace zerostep

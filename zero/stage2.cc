@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "common/errors.h"
 
@@ -27,22 +28,53 @@ std::vector<Span> make_buckets(const FlatLayout& layout, int64_t bucket_size) {
   return buckets;
 }
 
-void index_buckets(const FlatLayout& layout, const std::vector<Span>& buckets,
-                   std::vector<std::vector<size_t>>* buckets_of_param,
-                   std::vector<size_t>* params_in_bucket) {
-  buckets_of_param->assign(layout.numels.size(), {});
-  params_in_bucket->assign(buckets.size(), 0);
+BucketLauncher::BucketLauncher(const FlatLayout& layout, int64_t bucket_size,
+                               Launch launch)
+    : buckets_(make_buckets(layout, bucket_size)), launch_(std::move(launch)) {
+  // Which buckets each parameter's elements touch, and how many parameters
+  // touch each bucket.
+  buckets_of_param_.assign(layout.numels.size(), {});
+  params_in_bucket_.assign(buckets_.size(), 0);
   for (size_t p = 0; p < layout.numels.size(); ++p) {
     const size_t begin = layout.offsets[p];
     const size_t end = begin + layout.numels[p];
-    for (size_t k = 0; k < buckets.size(); ++k) {
-      const Span& b = buckets[k];
+    for (size_t k = 0; k < buckets_.size(); ++k) {
+      const Span& b = buckets_[k];
       if (begin < b.offset + b.numel && b.offset < end && begin < end) {
-        (*buckets_of_param)[p].push_back(k);
-        ++(*params_in_bucket)[k];
+        buckets_of_param_[p].push_back(k);
+        ++params_in_bucket_[k];
       }
     }
   }
+  begin();
+}
+
+void BucketLauncher::begin() {
+  pending_ = params_in_bucket_;
+  launched_.assign(buckets_.size(), false);
+  works_.clear();
+}
+
+void BucketLauncher::launch(size_t k, const char* phase) {
+  launched_[k] = true;
+  works_.push_back(launch_(k, phase));
+}
+
+void BucketLauncher::ready(size_t p, const char* phase) {
+  ZS_CHECK(p < buckets_of_param_.size());
+  for (size_t k : buckets_of_param_[p]) {
+    ZS_CHECK(pending_[k] > 0);
+    if (--pending_[k] == 0 && !launched_[k]) launch(k, phase);
+  }
+}
+
+void BucketLauncher::finish(const char* phase) {
+  // Buckets whose parameters got no gradient (or all of them, when none
+  // was launched from autograd) go now, in bucket order.
+  for (size_t k = 0; k < buckets_.size(); ++k)
+    if (!launched_[k]) launch(k, phase);
+  for (const std::shared_ptr<Work>& w : works_) w->wait();
+  works_.clear();
 }
 
 }  // namespace internal
@@ -73,8 +105,16 @@ Stage2::Stage2(const StageOptions& options, FlatBuffers buffers,
       grad_accum_(options.grad_accum),
       allgather_piece_(aligned_elements(options.allgather_bucket_size /
                                         options.layout.world_size)),
-      buckets_(make_buckets(options.layout, options.reduce_bucket_size)) {
-  ZS_CHECK(buckets_.size() == owned_.size());
+      launcher_(options.layout, options.reduce_bucket_size,
+                [this](size_t k, const char* phase) {
+                  const Span& b = launcher_.buckets()[k];
+                  return comm_->reduce_scatter_async(
+                      buffer(buf_.grads + b.offset, b.numel),
+                      buffer(reduce_scratch_.data() + scratch_offset_[k],
+                             owned_[k].numel),
+                      {ReduceOp::kSum, phase});
+                }) {
+  ZS_CHECK(launcher_.buckets().size() == owned_.size());
   size_t at = 0;
   for (const Span& o : owned_) {
     scratch_offset_.push_back(at);
@@ -87,39 +127,29 @@ Stage2::Stage2(const StageOptions& options, FlatBuffers buffers,
   for (const Span& o : owned_) largest = std::max(largest, o.numel);
   if (largest > allgather_piece_)
     gather_staging_ = k_.allocate(allgather_piece_ * layout_.world_size);
-  // Which buckets each parameter touches, for overlap_comm's readiness.
-  internal::index_buckets(layout_, buckets_, &buckets_of_param_,
-                          &params_in_bucket_);
-  launched_.assign(buckets_.size(), false);
-  pending_ = params_in_bucket_;
 }
 
 void Stage2::begin_backward(int64_t backward_index, int64_t global_steps) {
   internal::agree_on_window(*comm_, internal::WindowEvent::kBackward,
                             backward_index, global_steps);
-  pending_ = params_in_bucket_;
-  std::fill(launched_.begin(), launched_.end(), false);
-  launch_order_.clear();
-  works_.clear();
+  if (!reduce_once_) launcher_.begin();
 }
 
-void Stage2::launch(size_t k, const char* phase) {
-  const Span& b = buckets_[k];
-  launched_[k] = true;
-  launch_order_.push_back(k);
-  works_.push_back(comm_->reduce_scatter_async(
-      buffer(buf_.grads + b.offset, b.numel),
-      buffer(reduce_scratch_.data() + scratch_offset_[k], owned_[k].numel),
-      {ReduceOp::kSum, phase}));
+// Note [Reduce once per step] with overlap_comm in managed mode: agree on
+// the window now, so that the boundary backward can launch its buckets.
+void Stage2::begin_boundary_backward(int64_t window_backwards,
+                                     int64_t global_steps) {
+  if (!reduce_once_ || !overlap_comm_) return;
+  internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
+                            window_backwards, global_steps);
+  begun_ = true;
+  launcher_.begin();
 }
 
 void Stage2::on_grad_ready(size_t param_index) {
-  if (!overlap_comm_ || reduce_once_) return;
-  ZS_CHECK(param_index < buckets_of_param_.size());
-  for (size_t k : buckets_of_param_[param_index]) {
-    ZS_CHECK(pending_[k] > 0);
-    if (--pending_[k] == 0 && !launched_[k]) launch(k, phase::kBackward);
-  }
+  // With reduce_once_per_step only the boundary backward reduces.
+  if (!overlap_comm_ || (reduce_once_ && !begun_)) return;
+  launcher_.ready(param_index, phase::kBackward);
 }
 
 void Stage2::end_backward() {
@@ -130,12 +160,7 @@ void Stage2::end_backward() {
 }
 
 void Stage2::reduce_buckets(const char* phase) {
-  // Buckets whose parameters got no gradient in this backward (or all of
-  // them, without overlap_comm) go now, in bucket order.
-  for (size_t k = 0; k < buckets_.size(); ++k)
-    if (!launched_[k]) launch(k, phase);
-  for (const std::shared_ptr<Work>& w : works_) w->wait();
-  works_.clear();
+  launcher_.finish(phase);
   // Bucket order, whatever the launch order: the sums are elementwise and
   // the buckets disjoint, so the result is the same bits either way.
   k_.accumulate(grad_partition_.data(), reduce_scratch_.data(), owned_numel_,
@@ -144,17 +169,18 @@ void Stage2::reduce_buckets(const char* phase) {
 
 void Stage2::reduce_window(int64_t window_backwards, int64_t global_steps,
                            const char* phase) {
-  internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
-                            window_backwards, global_steps);
   // By default every backward already reduced its gradient into the
   // partitions. Note [Reduce once per step]: the window's full gradient is
-  // reduced now; the buffer is free afterwards (staged_update stages the
-  // update in it) and zero_grad() clears it.
-  if (!reduce_once_) return;
-  std::fill(launched_.begin(), launched_.end(), false);
-  launch_order_.clear();
-  works_.clear();
-  reduce_buckets(phase);
+  // reduced now (its buckets that the boundary backward did not launch);
+  // the buffer is free afterwards (staged_update stages the update in it)
+  // and zero_grad() clears it.
+  if (!begun_) {
+    internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
+                              window_backwards, global_steps);
+    launcher_.begin();
+  }
+  begun_ = false;
+  if (reduce_once_) reduce_buckets(phase);
 }
 
 GradStats Stage2::finalize(double divisor, double clip) {
@@ -168,8 +194,8 @@ void Stage2::apply_update(const OptimizerHyper& hyper) {
   staged_update(hyper, [&](float* staged) {
     const size_t w = static_cast<size_t>(layout_.world_size);
     const size_t r = static_cast<size_t>(comm_->rank());
-    for (size_t k = 0; k < buckets_.size(); ++k) {
-      const Span& b = buckets_[k];
+    for (size_t k = 0; k < launcher_.buckets().size(); ++k) {
+      const Span& b = launcher_.buckets()[k];
       const size_t chunk = owned_[k].numel;
       if (chunk <= allgather_piece_) {
         comm_->all_gather(buffer(staged + owned_[k].offset, chunk),

@@ -27,7 +27,12 @@
 //
 // With reduce_once_per_step (Note [Reduce once per step] in zero/stage.h)
 // the backwards only agree; the full gradient accumulates every backward
-// and reduce_window() reduces its buckets once, in bucket order.
+// and reduce_window() reduces its buckets once, in bucket order. In managed
+// mode with overlap_comm the boundary backward agrees on the window before
+// its autograd pass and launches each bucket as soon as its parameters are
+// complete, as stage 0 does (Note [Stage 0 buckets] in zero/stage0.h): the
+// same buckets of the same data, so the same bits as unmanaged mode, which
+// reduces them all in step().
 //
 // Memory: the full flat gradient stays allocated (autograd accumulates into
 // it); what is partitioned is the accumulated window gradient, the
@@ -37,6 +42,7 @@
 #ifndef ZEROSTEP_ZERO_STAGE2_H_
 #define ZEROSTEP_ZERO_STAGE2_H_
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -44,17 +50,56 @@
 
 namespace zerostep {
 
+namespace internal {
+// Note [Bucket-interleaved partition]: `n` rounded down to a multiple of
+// FlatLayout::kAlignNumel (at least one), and the buckets of a layout.
+// Shared with zero/schedule.h, which plans the same collectives.
+size_t aligned_elements(int64_t n);
+std::vector<Span> make_buckets(const FlatLayout& layout, int64_t bucket_size);
+
+// One reduction of the flat gradient, bucket by bucket (stages 0 and 2):
+// with overlap_comm a bucket's collective is launched from inside autograd
+// as soon as every parameter whose elements it holds has its gradient
+// (ready()); finish() launches the rest in bucket order and waits for all.
+// Which collective a bucket gets is the stage's `launch`.
+class BucketLauncher {
+ public:
+  using Launch =
+      std::function<std::shared_ptr<Work>(size_t bucket, const char* phase)>;
+  BucketLauncher(const FlatLayout& layout, int64_t bucket_size, Launch launch);
+
+  const std::vector<Span>& buckets() const { return buckets_; }
+  // A new reduction: every bucket pending, none launched.
+  void begin();
+  // Parameter p's gradient is complete: launch the buckets that completes.
+  void ready(size_t p, const char* phase);
+  // Launch every bucket not launched yet, in bucket order, and wait for all.
+  void finish(const char* phase);
+
+ private:
+  void launch(size_t k, const char* phase);
+
+  std::vector<Span> buckets_;
+  Launch launch_;
+  std::vector<std::vector<size_t>> buckets_of_param_;
+  std::vector<size_t> params_in_bucket_;
+  std::vector<size_t> pending_;  // parameters of bucket k not yet ready
+  std::vector<bool> launched_;
+  std::vector<std::shared_ptr<Work>> works_;
+};
+}  // namespace internal
+
 class Stage2 final : public FlatStage {
  public:
   Stage2(const StageOptions& options, FlatBuffers buffers, Communicator* comm);
 
   int stage() const override { return 2; }
   void begin_backward(int64_t backward_index, int64_t global_steps) override;
+  void begin_boundary_backward(int64_t window_backwards,
+                               int64_t global_steps) override;
   void on_grad_ready(size_t param_index) override;
   void end_backward() override;
-  bool wants_grad_ready() const override {
-    return overlap_comm_ && !reduce_once_;
-  }
+  bool wants_grad_ready() const override { return overlap_comm_; }
   void reduce_window(int64_t window_backwards, int64_t global_steps,
                      const char* phase) override;
   GradStats finalize(double divisor, double clip) override;
@@ -62,10 +107,9 @@ class Stage2 final : public FlatStage {
   MemoryStats memory() const override;
 
   // Bucket k's range of the flat buffer (for tests and docs).
-  const std::vector<Span>& buckets() const { return buckets_; }
+  const std::vector<Span>& buckets() const { return launcher_.buckets(); }
 
  private:
-  void launch(size_t bucket, const char* phase);
   // Reduce-scatters every bucket not yet launched, waits for all and adds
   // the chunks into the accumulated partition.
   void reduce_buckets(const char* phase);
@@ -73,33 +117,17 @@ class Stage2 final : public FlatStage {
   bool overlap_comm_;
   bool reduce_once_;  // Note [Reduce once per step] in zero/stage.h
   Precision grad_accum_;
-  size_t allgather_piece_;             // elements per rank per all-gather
-  std::vector<Span> buckets_;          // contiguous flat ranges
+  size_t allgather_piece_;              // elements per rank per all-gather
   std::vector<size_t> scratch_offset_;  // bucket k's chunk in the scratch
-  std::vector<std::vector<size_t>> buckets_of_param_;
-  std::vector<size_t> params_in_bucket_;
-  // Per backward:
-  std::vector<size_t> pending_;  // parameters of bucket k not yet ready
-  std::vector<bool> launched_;
-  std::vector<size_t> launch_order_;
-  std::vector<std::shared_ptr<Work>> works_;
+  internal::BucketLauncher launcher_;   // contiguous flat ranges
+  // reduce_once_per_step with overlap_comm, managed mode: the window's
+  // reduce began in the boundary backward (agreed, some buckets launched).
+  bool begun_ = false;
   DeviceArray grad_partition_;  // accumulated over the window
   DeviceArray reduce_scratch_;  // this backward's reduced chunks
   DeviceArray gather_staging_;  // only if a bucket exceeds a piece
 };
 
-namespace internal {
-// Note [Bucket-interleaved partition]: `n` rounded down to a multiple of
-// FlatLayout::kAlignNumel (at least one), and the buckets of a layout.
-// Shared with zero/schedule.h, which plans the same collectives.
-size_t aligned_elements(int64_t n);
-std::vector<Span> make_buckets(const FlatLayout& layout, int64_t bucket_size);
-// For overlap_comm's readiness: the buckets each parameter's elements touch,
-// and how many parameters touch each bucket.
-void index_buckets(const FlatLayout& layout, const std::vector<Span>& buckets,
-                   std::vector<std::vector<size_t>>* buckets_of_param,
-                   std::vector<size_t>* params_in_bucket);
-}  // namespace internal
 
 }  // namespace zerostep
 

@@ -11,8 +11,9 @@ launch rotates):
   zerostep  tools/launch --nproc=W zerostep_step, Gloo, ZeRO stages 0-3
             (DeepSpeed semantics) and stage2_once, stage3_once
             (zero_optimization.reduce_once_per_step), stage2_overlap
-            (overlap_comm), stage0_overlap (managed, overlap_comm: the
-            all-reduce inside the last backward, as DDP's)
+            (overlap_comm), stage0_overlap and stage2_once_overlap
+            (managed, overlap_comm: the all-reduce, or the reduce-scatter,
+            inside the last backward, as DDP's all-reduce)
   torch     torch_step.py, W gloo processes, ddp (no_sync) and fsdp2
             (fully_shard per block, set_requires_gradient_sync)
 Every launch also times plain forward+backward (no engine, no wrapper) in its
@@ -46,7 +47,7 @@ SIZES = {
 }
 QUICK_SIZES = {"tiny": (64, 32, 2, 2)}
 ZEROSTEP_MODES = ["stage0", "stage1", "stage2", "stage3", "stage2_once", "stage3_once",
-                  "stage0_overlap", "stage2_overlap"]
+                  "stage0_overlap", "stage2_overlap", "stage2_once_overlap"]
 # Not run by default: stage 3 with stage3_max_reuse_distance 0 (every block
 # gathered again for its backward), against stage3's DeepSpeed default.
 EXTRA_ZEROSTEP_MODES = ["stage3_release"]
@@ -227,7 +228,7 @@ def main(argv):
     p.add_argument("--world", type=int, default=2, help="ranks (processes) per side")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--windows", type=int, default=3)
-    p.add_argument("--no-once", action="store_true", help="skip stage2_once, stage3_once")
+    p.add_argument("--no-once", action="store_true", help="skip the modes with _once")
     p.add_argument("--zerostep-modes", default=",".join(ZEROSTEP_MODES),
                    help="zerostep's modes, of " +
                    ", ".join(ZEROSTEP_MODES + EXTRA_ZEROSTEP_MODES))
@@ -263,7 +264,7 @@ def main(argv):
     unknown = set(zmodes) - set(ZEROSTEP_MODES + EXTRA_ZEROSTEP_MODES)
     if unknown:
         p.error("--zerostep-modes: unknown %s" % sorted(unknown))
-    zmodes = [m for m in zmodes if not (a.no_once and m.endswith("_once"))]
+    zmodes = [m for m in zmodes if not (a.no_once and "_once" in m)]
     env_cmd = " ".join(["benchmarks/peers/run.py"] + argv)
 
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

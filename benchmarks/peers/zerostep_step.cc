@@ -33,17 +33,20 @@
 //                  gradient_accumulation_steps = N: N (backward, step())
 //                  pairs, of which the last applies the update
 //        _overlap  overlap_comm with DDP's 25 MiB buckets; at stages 0-1
-//                  it implies _managed (unmanaged mode refuses overlap_comm
-//                  there): stage0_overlap all-reduces the window's buckets
-//                  inside the last backward, as DDP does when the caller
-//                  leaves no_sync() (Note [Stage 0 buckets] in
-//                  zero/stage0.h)
+//                  and with _once it implies _managed (unmanaged mode
+//                  reduces those only in step(): nothing to overlap):
+//                  stage0_overlap all-reduces the window's buckets inside
+//                  the last backward, as DDP does when the caller leaves
+//                  no_sync() (Note [Stage 0 buckets] in zero/stage0.h),
+//                  stage2_once_overlap reduce-scatters them there (Note
+//                  [Bucket-interleaved partition] in zero/stage2.h)
 //        _release  stage3_max_reuse_distance 0 (stage 3): every block
 //                  released after its forward and gathered again for its
 //                  backward, where the default (DeepSpeed's 1e9) keeps
 //                  the blocks of these models gathered in between (Note
 //                  [Stage 3 reuse distance] in zero/stage3.h)
-//      e.g. stage2_offload, stage2_managed, stage0_overlap, stage3_release.
+//      e.g. stage2_offload, stage2_managed, stage0_overlap, stage2_once_overlap,
+//      stage3_release.
 // Each part runs --warmup windows, then --windows timed ones. Rank 0 prints
 // one JSON line per mode on stdout (benchmarks/peers/torch_step.py prints
 // the same fields; the forward+backward times are the same in every line):
@@ -154,7 +157,7 @@ Mode parse_mode(const std::string& m) {
   if ((mode.once && mode.stage < 2) || (mode.offload && mode.stage < 1) ||
       (mode.release && mode.stage != 3))
     throw UsageError(what);
-  if (mode.overlap && mode.stage < 2) mode.managed = true;
+  if (mode.overlap && (mode.stage < 2 || mode.once)) mode.managed = true;
   return mode;
 }
 
