@@ -22,21 +22,84 @@
 namespace zerostep {
 namespace rank_order {
 
-// acc[i] = op(acc[i], x[i]); the op is chosen once per call, not per
-// element, so each loop is a plain elementwise pass.
-template <typename T>
-void fold(T* __restrict acc, const T* __restrict x, size_t n, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      for (size_t i = 0; i < n; ++i) acc[i] = acc[i] + x[i];
+// The passes of reduce(), each a plain elementwise loop over `f` (the op,
+// chosen once per call, not per element). A pass folds up to four ranks,
+// so it reads up to four input streams at once and the accumulator is
+// read and written once per four ranks, not once per rank; the ops stay in
+// rank order, (((acc (op) a) (op) b) (op) c) (op) d, so the bits are those
+// of one rank per pass.
+template <typename T, typename F>
+void first_pass(T* __restrict out, const T* const* in, size_t k, size_t n,
+                F f) {
+  const T* __restrict a = in[0];
+  const T* __restrict b = in[1];
+  switch (k) {
+    case 2:
+      for (size_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
       return;
-    case ReduceOp::kMax:
-      for (size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], x[i]);
+    case 3: {
+      const T* __restrict c = in[2];
+      for (size_t i = 0; i < n; ++i) out[i] = f(f(a[i], b[i]), c[i]);
       return;
-    case ReduceOp::kMin:
-      for (size_t i = 0; i < n; ++i) acc[i] = std::min(acc[i], x[i]);
+    }
+    default: {
+      const T* __restrict c = in[2];
+      const T* __restrict d = in[3];
+      for (size_t i = 0; i < n; ++i) out[i] = f(f(f(a[i], b[i]), c[i]), d[i]);
       return;
+    }
+  }
+}
+template <typename T, typename F>
+void fold_pass(T* __restrict acc, const T* const* in, size_t k, size_t n,
+               F f) {
+  const T* __restrict a = in[0];
+  switch (k) {
+    case 1:
+      for (size_t i = 0; i < n; ++i) acc[i] = f(acc[i], a[i]);
+      return;
+    case 2: {
+      const T* __restrict b = in[1];
+      for (size_t i = 0; i < n; ++i) acc[i] = f(f(acc[i], a[i]), b[i]);
+      return;
+    }
+    case 3: {
+      const T* __restrict b = in[1];
+      const T* __restrict c = in[2];
+      for (size_t i = 0; i < n; ++i) acc[i] = f(f(f(acc[i], a[i]), b[i]), c[i]);
+      return;
+    }
+    default: {
+      const T* __restrict b = in[1];
+      const T* __restrict c = in[2];
+      const T* __restrict d = in[3];
+      for (size_t i = 0; i < n; ++i)
+        acc[i] = f(f(f(f(acc[i], a[i]), b[i]), c[i]), d[i]);
+      return;
+    }
+  }
+}
+
+template <typename T, typename F>
+void reduce_with(const std::vector<const T*>& inputs, size_t offset,
+                 size_t count, T* __restrict out, F f) {
+  const size_t world = inputs.size();
+  if (world == 1) {
+    std::memcpy(out, inputs[0] + offset, count * sizeof(T));
+    return;
+  }
+  const T* in[4];
+  const auto take = [&](size_t r, size_t k) {
+    for (size_t j = 0; j < k; ++j) in[j] = inputs[r + j] + offset;
+  };
+  size_t r = std::min<size_t>(world, 4);
+  take(0, r);
+  first_pass(out, in, r, count, f);
+  while (r < world) {
+    const size_t k = std::min<size_t>(world - r, 4);
+    take(r, k);
+    fold_pass(out, in, k, count, f);
+    r += k;
   }
 }
 
@@ -47,11 +110,22 @@ void fold(T* __restrict acc, const T* __restrict x, size_t n, ReduceOp op) {
 template <typename T>
 void reduce(const std::vector<const T*>& inputs, size_t offset, size_t count,
             ReduceOp op, T* __restrict out) {
-  const size_t world = inputs.size();
-  std::memcpy(out, inputs[0] + offset, count * sizeof(T));
-  for (size_t r = 1; r < world; ++r) fold(out, inputs[r] + offset, count, op);
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      reduce_with(inputs, offset, count, out, [](T a, T b) { return a + b; });
+      break;
+    case ReduceOp::kMax:
+      reduce_with(inputs, offset, count, out,
+                  [](T a, T b) { return std::max(a, b); });
+      break;
+    case ReduceOp::kMin:
+      reduce_with(inputs, offset, count, out,
+                  [](T a, T b) { return std::min(a, b); });
+      break;
+  }
   if (op == ReduceOp::kAvg) {
-    const T w = static_cast<T>(world);
+    const T w = static_cast<T>(inputs.size());
     for (size_t i = 0; i < count; ++i) out[i] = out[i] / w;
   }
 }

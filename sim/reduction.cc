@@ -19,7 +19,10 @@ namespace {
 // rank. Each element is still acc = x0; acc = acc (op) x1; ...; then / W
 // (Note [Reduction order]): chunking only changes which elements are
 // interleaved, never the operations or their order on any one element, so
-// the result is the same bits as the unchunked fold.
+// the result is the same bits as the unchunked fold. Within a chunk,
+// rank_order::reduce folds up to four ranks per pass over the accumulator
+// (four input streams read at once), again without changing any element's
+// operations or their order.
 using rank_order::kChunkBytes;
 
 // `n` elements of `*scratch`, grown if needed.
