@@ -2,12 +2,43 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "offload/fused_adam.h"
 
 namespace zerostep {
 namespace {
+
+// Note [Sum of squares order]: element i goes into partial sum i % 8, and
+// the eight partial sums are added pairwise at the end. One fixed order, so
+// every build and every run gives the same bits. Eight independent
+// additions in flight (one vector of doubles where the compiler
+// vectorizes) instead of one chain: a single chain is bound by the latency
+// of a double addition per element, several times slower than reading the
+// gradient from memory.
+// The sum of f(x[i])^2; when x is writable, x[i] = f(x[i]) in the same pass.
+template <typename T, typename F>
+double squares_after(T* x, size_t n, F f) {
+  constexpr bool kWrite = !std::is_const_v<T>;
+  double lane[8] = {};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (size_t j = 0; j < 8; ++j) {
+      const float y = f(x[i + j]);
+      if constexpr (kWrite) x[i + j] = y;
+      const double v = y;
+      lane[j] += v * v;
+    }
+  for (size_t j = 0; i < n; ++i, ++j) {
+    const float y = f(x[i]);
+    if constexpr (kWrite) x[i] = y;
+    const double v = y;
+    lane[j] += v * v;
+  }
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+         ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
 
 // The CPU: plain loops (compiled without FMA contraction, so every build
 // gives the same bits) and the fused Adam kernel.
@@ -41,27 +72,23 @@ class HostKernels final : public Kernels {
   void scale(float* x, size_t n, float factor) override {
     for (size_t i = 0; i < n; ++i) x[i] *= factor;
   }
-  // Note [Sum of squares order]: element i goes into partial sum i % 8,
-  // and the eight partial sums are added pairwise at the end. One fixed
-  // order, so every build and every run gives the same bits. Eight
-  // independent additions in flight (one vector of doubles where the
-  // compiler vectorizes) instead of one chain: a single chain is bound by
-  // the latency of a double addition per element, several times slower
-  // than reading the gradient from memory.
   double sum_of_squares(const float* x, size_t n) override {
-    double lane[8] = {};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-      for (size_t j = 0; j < 8; ++j) {
-        const double v = x[i + j];
-        lane[j] += v * v;
-      }
-    for (size_t j = 0; i < n; ++i, ++j) {
-      const double v = x[i];
-      lane[j] += v * v;
-    }
-    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
-           ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    return squares_after(x, n, [](float v) { return v; });
+  }
+  // The divisions and the squares in one pass: each element is divided
+  // (as divide() does, in float, first then second) and written back, and
+  // its square goes into the lanes of Note [Sum of squares order]. The
+  // same operations on every element as the three passes.
+  double divide_and_sum_of_squares(float* x, size_t n, double first,
+                                   double second) override {
+    const float a = static_cast<float>(first);
+    const float b = static_cast<float>(second);
+    if (first == 1.0 && second == 1.0) return sum_of_squares(x, n);
+    if (second == 1.0)
+      return squares_after(x, n, [a](float v) { return v / a; });
+    if (first == 1.0)
+      return squares_after(x, n, [b](float v) { return v / b; });
+    return squares_after(x, n, [a, b](float v) { return v / a / b; });
   }
   void accumulate(float* acc, const float* g, size_t n, Precision grad_p,
                   Precision acc_p) override {

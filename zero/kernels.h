@@ -107,6 +107,15 @@ class Kernels {
   // Sum of x[i]^2 accumulated in double (the host: in a fixed order, Note
   // [Sum of squares order] in kernels.cc); waits for the device.
   virtual double sum_of_squares(const float* x, size_t n) = 0;
+  // divide(x, n, first), divide(x, n, second), then sum_of_squares(x, n):
+  // the same bits, in one pass over x where the kernels fuse them (the
+  // host's do).
+  virtual double divide_and_sum_of_squares(float* x, size_t n, double first,
+                                           double second) {
+    divide(x, n, first);
+    divide(x, n, second);
+    return sum_of_squares(x, n);
+  }
   // acc[i] = round_to(acc_p, acc[i] + round_to(grad_p, g[i]))
   // (Note [Precision model] in zero/precision.h).
   virtual void accumulate(float* acc, const float* g, size_t n,

@@ -63,9 +63,15 @@ FlatStage::FlatStage(const StageOptions& options, FlatBuffers buffers,
 }
 
 GradStats FlatStage::finalize(double divisor, double clip) {
+  return finalize_owned(1.0, divisor, clip);
+}
+
+GradStats FlatStage::finalize_owned(double sum_divisor, double divisor,
+                                    double clip) {
   ZS_CHECK(owned_grad_ != nullptr);
   return internal::finalize_gradient(k_, partitioned_ ? comm_ : nullptr,
-                                     owned_grad_, owned_numel_, divisor, clip);
+                                     owned_grad_, owned_numel_, sum_divisor,
+                                     divisor, clip);
 }
 
 std::vector<Segment> FlatStage::owned_segments() const {
@@ -246,11 +252,11 @@ void agree_on_window(Communicator& comm, WindowEvent event, int64_t count,
 }
 
 GradStats finalize_gradient(Kernels& k, Communicator* partition_comm,
-                            float* grad, size_t n, double divisor,
-                            double clip) {
-  k.divide(grad, n, divisor);
+                            float* grad, size_t n, double sum_divisor,
+                            double divisor, double clip) {
+  // One pass where the kernels fuse it: / sum_divisor, / divisor, squares.
   GradStats stats;
-  double sq = k.sum_of_squares(grad, n);
+  double sq = k.divide_and_sum_of_squares(grad, n, sum_divisor, divisor);
   // A replicated gradient's local norm is the global one; a partition's is
   // not (one 8-byte all-reduce per step, in both modes; a host value).
   if (partition_comm != nullptr)

@@ -327,6 +327,9 @@ class FlatStage : public Stage {
   // buffer of its own (stages 1/2), not the replicated whole (stage 0).
   FlatStage(const StageOptions& options, FlatBuffers buffers,
             Communicator* comm, bool partitioned, std::vector<Span> owned);
+  // finalize() of an owned gradient that holds the sum over the ranks
+  // (stage 2): divided by `sum_divisor` (W) first, in the same pass.
+  GradStats finalize_owned(double sum_divisor, double divisor, double clip);
   // A collective's view of n floats at p, one of this stage's buffers:
   // marked as device memory when the kernels' memory is not the host's.
   Buffer buffer(float* p, size_t n) const {
@@ -379,13 +382,14 @@ void step_and_agree(Communicator& comm, bool swapped,
 void agree_on_window(Communicator& comm, WindowEvent event, int64_t count,
                      int64_t global_steps);
 // What every stage's finalize() does to the gradient it owns (`grad`, in
-// k's memory): divide by `divisor`, compute the global L2 norm
+// k's memory): divide by `sum_divisor` (W where the reduction summed over
+// the ranks, else 1), then by `divisor`, compute the global L2 norm
 // (all-reducing the squares over `partition_comm` when the gradient is a
 // partition; nullptr when it is replicated), clip to `clip` (> 0). The norm
 // is the one value a step needs on the host (Note [Device kernels]).
 GradStats finalize_gradient(Kernels& k, Communicator* partition_comm,
-                            float* grad, size_t n, double divisor,
-                            double clip);
+                            float* grad, size_t n, double sum_divisor,
+                            double divisor, double clip);
 // LibTorch's clip_grad_norm_ coefficient: max_norm / (norm + 1e-6), or 1.
 float clip_coefficient(double norm, double max_norm);
 }  // namespace internal

@@ -185,8 +185,7 @@ void Stage2::reduce_window(int64_t window_backwards, int64_t global_steps,
 
 GradStats Stage2::finalize(double divisor, double clip) {
   // The partition holds the sum over ranks: make it the average first.
-  k_.divide(owned_grad_, owned_numel_, layout_.world_size);
-  return FlatStage::finalize(divisor, clip);
+  return finalize_owned(layout_.world_size, divisor, clip);
 }
 
 void Stage2::apply_update(const OptimizerHyper& hyper) {

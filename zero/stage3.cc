@@ -440,10 +440,11 @@ void Stage3::reduce_window(int64_t window_backwards, int64_t global_steps,
 }
 
 GradStats Stage3::finalize(double divisor, double clip) {
-  // The partition holds the sum over ranks: make it the average first.
-  k_.divide(part_grads_.data(), part_grads_.size(), world_);
+  // The partition holds the sum over ranks: made the average first, in
+  // the same pass.
   return internal::finalize_gradient(k_, comm_, part_grads_.data(),
-                                     part_grads_.size(), divisor, clip);
+                                     part_grads_.size(), world_, divisor,
+                                     clip);
 }
 
 void Stage3::apply_update(const OptimizerHyper& hyper) {

@@ -98,6 +98,32 @@ TEST(HostKernelsTest, SumOfSquaresIsExactAndKeepsItsOrder) {
             18014398509481984.0 + 12.0);
 }
 
+// The host's one-pass divide_and_sum_of_squares gives the bits of the
+// three passes it replaces (divide, divide, sum_of_squares): the divided
+// values and the sum, for every combination of divisors that are 1 or not,
+// at lengths around the eight lanes, on values that round when divided.
+TEST(HostKernelsTest, DivideAndSumOfSquaresIsTheThreePassesBitForBit) {
+  Kernels& k = host_kernels();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (size_t n : {0, 1, 7, 8, 9, 17, 1003})
+    for (double first : {1.0, 3.0})
+      for (double second : {1.0, 7.0}) {
+        std::vector<float> x(n);
+        for (float& v : x) v = normal(rng);
+        std::vector<float> three = x;
+        k.divide(three.data(), n, first);
+        k.divide(three.data(), n, second);
+        const double want = k.sum_of_squares(three.data(), n);
+        const double got =
+            k.divide_and_sum_of_squares(x.data(), n, first, second);
+        EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0)
+            << n << " " << first << " " << second;
+        EXPECT_EQ(std::memcmp(x.data(), three.data(), n * sizeof(float)), 0)
+            << n << " " << first << " " << second;
+      }
+}
+
 TEST(StageTest, ReplicasStayIdenticalAndPaddingStaysZero) {
   for (int stage : {0, 1, 2}) {
     auto params = train(stage, 3, 4, 2);
