@@ -88,7 +88,7 @@ void reduce_with(const std::vector<const T*>& inputs, size_t offset,
     std::memcpy(out, inputs[0] + offset, count * sizeof(T));
     return;
   }
-  const T* in[4];
+  const T* in[4] = {};
   const auto take = [&](size_t r, size_t k) {
     for (size_t j = 0; j < k; ++j) in[j] = inputs[r + j] + offset;
   };
