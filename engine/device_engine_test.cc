@@ -182,7 +182,7 @@ Trained expect_far_stage3_is_the_host_run(const Stage3Options& s3,
 // step's all-gather) and reduce_once_per_step (full gradients kept in the
 // groups' own storages over the window).
 TEST(DeviceEngineTest, FarKernelsGiveTheHostRunsBitsAtStage3sVariants) {
-  for (const Stage3Options s3 :
+  for (const Stage3Options& s3 :
        {Stage3Options{100, false}, Stage3Options{0, true},
         Stage3Options{100, true}})
     for (const std::string dtype : {"fp32", "bf16"})
