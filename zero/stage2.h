@@ -119,7 +119,7 @@ class Stage2 final : public FlatStage {
   Precision grad_accum_;
   size_t allgather_piece_;              // elements per rank per all-gather
   std::vector<size_t> scratch_offset_;  // bucket k's chunk in the scratch
-  internal::BucketLauncher launcher_;   // contiguous flat ranges
+  internal::BucketLauncher launcher_;   // the buckets and their launches
   // reduce_once_per_step with overlap_comm, managed mode: the window's
   // reduce began in the boundary backward (agreed, some buckets launched).
   bool begun_ = false;
@@ -127,7 +127,6 @@ class Stage2 final : public FlatStage {
   DeviceArray reduce_scratch_;  // this backward's reduced chunks
   DeviceArray gather_staging_;  // only if a bucket exceeds a piece
 };
-
 
 }  // namespace zerostep
 

@@ -45,8 +45,8 @@
 //                  backward, where the default (DeepSpeed's 1e9) keeps
 //                  the blocks of these models gathered in between (Note
 //                  [Stage 3 reuse distance] in zero/stage3.h)
-//      e.g. stage2_offload, stage2_managed, stage0_overlap, stage2_once_overlap,
-//      stage3_release.
+//      e.g. stage2_offload, stage2_managed, stage0_overlap,
+//      stage2_once_overlap, stage3_release.
 // Each part runs --warmup windows, then --windows timed ones. Rank 0 prints
 // one JSON line per mode on stdout (benchmarks/peers/torch_step.py prints
 // the same fields; the forward+backward times are the same in every line):
