@@ -115,6 +115,8 @@ void ZeroSection::parse(const Json& v) {
       if (auto b = report_->read_bool(key, p)) z.contiguous_gradients = *b;
     } else if (name == "reduce_once_per_step") {
       if (auto b = report_->read_bool(key, p)) z.reduce_once_per_step = *b;
+    } else if (name == "gather_once_per_step") {
+      if (auto b = report_->read_bool(key, p)) z.gather_once_per_step = *b;
     } else if (name == "reduce_bucket_size") {
       parse_size_zero_as_one(key, p, "a number of elements >= 0, e.g. 5e8",
                              &z.reduce_bucket_size);

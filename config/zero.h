@@ -65,6 +65,12 @@ struct ZeroConfig {
   // in step() (Note [Reduce once per step] in zero/stage.h). Off by default
   // (DeepSpeed reduces after every backward); no effect at stages 0/1.
   bool reduce_once_per_step = false;
+  // zerostep's own key zero_optimization.gather_once_per_step: at stage 3 a
+  // block's parameters, once gathered, stay gathered until the step (Note
+  // [Stage 3 gather once per step] in zero/stage3.h). Off by default
+  // (DeepSpeed gathers for every forward); parameters are whole below
+  // stage 3, so no effect there.
+  bool gather_once_per_step = false;
   // Optimizer state offload (stages 1-3) and parameter offload (stage 3;
   // below stage 3 the section is ignored, as in DeepSpeed, and this keeps
   // its defaults).

@@ -46,6 +46,33 @@ TEST(ParseConfigTest, ZeroValuesAreChecked) {
   EXPECT_EQ(ps[3].fix, "did you mean \"overlap_comm\"?");
 }
 
+// Note [Stage 3 gather once per step]: zerostep's own boolean, off by
+// default, read (not listed as ignored) at every stage.
+TEST(ParseConfigTest, GatherOncePerStepIsABooleanOffByDefault) {
+  const auto zero = [](const std::string& section) {
+    return R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": )" +
+           section + "}";
+  };
+  EXPECT_FALSE(parse_config(zero(R"({"stage": 3})"), 2)
+                   .zero.gather_once_per_step);
+  for (int stage : {0, 3}) {
+    const Config c = parse_config(
+        zero(R"({"stage": )" + std::to_string(stage) +
+             R"(, "gather_once_per_step": true})"),
+        2);
+    EXPECT_TRUE(c.zero.gather_once_per_step);
+    EXPECT_TRUE(c.ignored_keys.empty());
+  }
+  const ConfigProblem p = only_problem(
+      zero(R"({"stage": 3, "gather_once_per_step": "yes"})"));
+  EXPECT_EQ(p.key, "zero_optimization.gather_once_per_step");
+  EXPECT_EQ(p.value, "\"yes\"");
+  EXPECT_HAS(p.rule, "true or false");
+  EXPECT_EQ(only_problem(zero(R"({"stage": 3, "gather_once_per_stp": true})"))
+                .fix,
+            "did you mean \"gather_once_per_step\"?");
+}
+
 // --- offload_optimizer, offload_param ---
 
 TEST(ParseConfigTest, OffloadSectionsAreParsed) {

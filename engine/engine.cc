@@ -181,6 +181,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   bo.stage.overlap_comm = config_.zero.overlap_comm;
   bo.stage.grad_accum = config_.precision.grad_accum_dtype;
   bo.stage.reduce_once_per_step = config_.zero.reduce_once_per_step;
+  bo.stage.gather_once_per_step = config_.zero.gather_once_per_step;
   bo.stage.collectives_outside_backward =
       options.stage3_collectives_outside_backward;
   bo.stage.prefetch_numel =

@@ -629,6 +629,120 @@ TEST(EngineTest, Stage3ReuseDistanceKeepsBlocksGatheredForTheirBackward) {
     }
 }
 
+// Note [Stage 3 gather once per step] (zero/stage3.h): with
+// gather_once_per_step every block is all-gathered at most once between
+// two steps (or loads), whatever the reuse distance, managed or not, fp32
+// and bf16, for the same bits; with the default reuse distance it holds no
+// more parameter memory. The MLP's three layers are three block groups;
+// two windows of 3 backward calls, a forward of the first block without
+// backward inside the first window, one after its step, and one after
+// weights are loaded over the values it gathered: the last must see the
+// loaded values, not the kept ones. With prefetch too, the block gathered
+// ahead by the forward after the step is kept for the next window, not
+// dropped and gathered again.
+TEST(EngineTest, Stage3GatherOncePerStepGathersEachBlockOncePerWindow) {
+  const int w = 2;
+  const std::string dir = make_temp_dir("gather_once");
+  struct Setting {
+    const char* reuse;
+    bool once;
+    const char* prefetch;
+  };
+  const std::vector<Setting> settings = {{"0", false, "0"},
+                                         {"1e9", false, "0"},
+                                         {"0", true, "0"},
+                                         {"1e9", true, "0"},
+                                         {"1e9", true, "5e7"}};
+  for (const std::string dtype : {"fp32", "bf16"})
+    for (bool managed : {false, true}) {
+      const std::string what = dtype + (managed ? " managed" : " unmanaged");
+      std::vector<torch::Tensor> finals, after_step, after_load;
+      std::vector<size_t> gathers, param_bytes;
+      for (const Setting& setting : settings) {
+        MlpWorld fx(w, stage3_window_config(
+                           dtype, managed,
+                           "\"stage3_param_persistence_threshold\": 0, "
+                           "\"stage3_prefetch_bucket_size\": " +
+                               std::string(setting.prefetch) +
+                               ", \"stage3_max_reuse_distance\": " +
+                               setting.reuse + ", \"gather_once_per_step\": " +
+                               (setting.once ? "true" : "false")));
+        const std::string weights = dir + "/" + dtype +
+                                    (managed ? "_m_" : "_u_") +
+                                    setting.reuse + (setting.once ? "1" : "0") +
+                                    setting.prefetch;
+        std::vector<torch::Tensor> params(w), stepped(w), loaded(w);
+        std::string rank0_kinds;
+        size_t rank0_param_bytes = 0;
+        fx.world->run([&](int r) {
+          PrefetchSpy spy(&fx.world->comm(r));
+          Engine e(fx.models[r], fx.config, &spy);
+          std::vector<std::shared_ptr<torch::nn::Module>> blocks =
+              fx.models[r]->children();
+          auto block0 = [&] {
+            auto layer = std::dynamic_pointer_cast<MlpLayerImpl>(blocks.at(0));
+            const torch::Tensor w0 = blocks.at(0)->parameters().at(0);
+            return layer->forward(torch::ones({2, w0.size(1)}, w0.options()));
+          };
+          auto output0 = [&] {
+            torch::NoGradGuard no_grad;
+            return block0().to(torch::kFloat).clone();
+          };
+          for (int k = 0; k < 2; ++k) {
+            for (int b = 0; b < 3; ++b) {
+              e.backward(fx.loss(r, 3 * k + b));
+              if (k == 0 && b == 2) (void)block0();  // no backward follows
+              if (managed) e.step();
+            }
+            if (!managed) e.step();
+            if (k == 0) {
+              e.export_full_model(weights);
+              stepped[r] = output0();
+            }
+          }
+          params[r] = e.full_parameters();
+          if (r == 0) {
+            rank0_kinds = spy.kinds;
+            rank0_param_bytes = e.memory().param_bytes;
+          }
+          (void)output0();  // gathers (and, with the option, keeps) block 0
+          e.load_model_weights(weights);
+          loaded[r] = output0();
+        });
+        EXPECT_TRUE(torch::equal(params[0], params[1])) << what;
+        finals.push_back(params[0]);
+        after_step.push_back(stepped[0]);
+        after_load.push_back(loaded[0]);
+        // Gathered in the call ('G') or ahead ('A').
+        gathers.push_back(static_cast<size_t>(
+            std::count_if(rank0_kinds.begin(), rank0_kinds.end(),
+                          [](char c) { return c == 'G' || c == 'A'; })));
+        param_bytes.push_back(rank0_param_bytes);
+      }
+      for (size_t i = 0; i < settings.size(); ++i) {
+        const std::string which = what + " setting " + std::to_string(i);
+        EXPECT_TRUE(same_bits(finals[0], finals[i])) << which;
+        EXPECT_TRUE(same_bits(after_step[0], after_step[i])) << which;
+        // After the load, block 0 computes with the loaded weights: the
+        // output after the first step.
+        EXPECT_TRUE(same_bits(after_step[i], after_load[i])) << which;
+      }
+      // Reuse 0 gathers each block twice per backward call (36), 1e9 once
+      // (18); both once more for block 0's forward without backward and
+      // its forward after the step. gather_once_per_step: the three blocks
+      // in the first window, block 0 after the step, blocks 1 and 2 in the
+      // second window: 6 in all, 32 and 14 fewer.
+      EXPECT_EQ(gathers[0], gathers[2] + 32) << what;
+      EXPECT_EQ(gathers[1], gathers[3] + 14) << what;
+      EXPECT_EQ(gathers[2], gathers[3]) << what;
+      EXPECT_EQ(gathers[4], gathers[3]) << what;
+      // One pool slot per block: what reuse 1e9 holds anyway.
+      EXPECT_GT(param_bytes[1], param_bytes[0]) << what;
+      EXPECT_EQ(param_bytes[2], param_bytes[1]) << what;
+      EXPECT_EQ(param_bytes[3], param_bytes[1]) << what;
+    }
+}
+
 // Rank 0's collectives (PrefetchSpy's letters) of one window of one
 // backward() and its step() at world 2 under `config`.
 std::string one_window_kinds(const Config& config) {

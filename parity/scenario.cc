@@ -289,6 +289,7 @@ std::string harness_flags(const Scenario& s) {
        << ">";
   if (s.overlap_comm) os << " --overlap-comm";
   if (s.reduce_once_per_step) os << " --reduce-once-per-step";
+  if (s.gather_once_per_step) os << " --gather-once-per-step";
   if (s.reduce_bucket_size > 0)
     os << " --reduce-bucket-size=" << s.reduce_bucket_size;
   if (s.allgather_bucket_size > 0)
@@ -348,6 +349,7 @@ Config scenario_config(const Scenario& s, bool managed) {
   zero["stage"] = s.stage;
   if (s.overlap_comm) zero["overlap_comm"] = true;
   if (s.reduce_once_per_step) zero["reduce_once_per_step"] = true;
+  if (s.gather_once_per_step) zero["gather_once_per_step"] = true;
   // Unmanaged mode refuses overlap_comm at stages 0-1 (nothing to overlap
   // there); it changes when buckets are sent, never what is summed, so the
   // file's setting is dropped rather than the scenario refused. Managed
@@ -572,6 +574,17 @@ ScenarioResult run_scenario(const Scenario& s) {
     res.offload_bitwise_equal = res.in_memory.digest == res.unmanaged.digest;
     res.offload_compared = true;
   }
+  if (s.gather_once_per_step) {
+    Scenario every = s;
+    every.gather_once_per_step = false;
+    res.gathered_every_use =
+        train(every, *task, data,
+              Run{scenario_config(every, false), s.world_size, false, false,
+                  s.device});
+    res.gather_once_bitwise_equal =
+        res.gathered_every_use.digest == res.unmanaged.digest;
+    res.gather_once_compared = true;
+  }
 
   const auto& u = res.unmanaged.params;
   const auto& m = res.managed.params;
@@ -641,6 +654,25 @@ ScenarioResult run_scenario(const Scenario& s) {
               std::to_string(res.max_abs_diff) + ")");
   require(res.offload_bitwise_equal,
           "the offload run differs from the same run without offload");
+  if (res.gather_once_compared) {
+    require(res.gather_once_bitwise_equal,
+            "the gather_once_per_step run differs from the same run without "
+            "it");
+    // Note [Stage 3 gather once per step]: a window of N > 1 backward calls
+    // gathers each block once instead of at least N times (when there are
+    // blocks to gather: not when the persistence threshold keeps them
+    // whole).
+    const bool several =
+        *std::max_element(s.backwards.begin(), s.backwards.end()) > 1;
+    if (several && res.gathered_every_use.forward_comm_bytes > 0)
+      require(res.unmanaged.forward_comm_bytes <
+                  res.gathered_every_use.forward_comm_bytes,
+              "gather_once_per_step all-gathered " +
+                  std::to_string(res.unmanaged.forward_comm_bytes) +
+                  " bytes in forward, no fewer than the " +
+                  std::to_string(res.gathered_every_use.forward_comm_bytes) +
+                  " of the same run without it");
+  }
   require(res.unmanaged.comm_bytes == res.managed.comm_bytes,
           "unmanaged moved " + std::to_string(res.unmanaged.comm_bytes) +
               " bytes, managed " + std::to_string(res.managed.comm_bytes));
@@ -731,6 +763,9 @@ std::string to_json_line(const ScenarioResult& r) {
   j["backend"] = s.backend;
   j["overlap_comm"] = s.overlap_comm;
   j["reduce_once_per_step"] = s.reduce_once_per_step;
+  j["gather_once_per_step"] = s.gather_once_per_step;
+  if (r.gather_once_compared)
+    j["gather_once_bitwise_equal"] = r.gather_once_bitwise_equal;
   j["backward_reduce_scatter_bytes_unmanaged"] =
       r.unmanaged.backward_reduce_scatter_bytes;
   j["persistence_threshold"] = s.persistence_threshold;

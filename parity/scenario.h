@@ -165,6 +165,11 @@ struct Scenario {
   // it, so the bitwise claim compares the option on against on: against
   // off the sums are formed in another order (Note [Parity claims]).
   bool reduce_once_per_step = false;
+  // zero_optimization.gather_once_per_step (stage 3; Note [Stage 3 gather
+  // once per step] in zero/stage3.h), in both runs. The unmanaged run is
+  // trained again without it: the same bits, fewer all-gathered bytes when
+  // a window has several backward calls (ScenarioResult).
+  bool gather_once_per_step = false;
   int64_t reduce_bucket_size = 0;
   int64_t allgather_bucket_size = 0;
   // Stage 3: stage3_param_persistence_threshold; < 0 keeps the config's (or
@@ -286,6 +291,12 @@ struct ScenarioResult {
   // Whether that twin ran: not on cuda, where a run without offload needs
   // the engine on the device (offload_bitwise_equal is then unchecked).
   bool offload_compared = false;
+  // With gather_once_per_step: the unmanaged run trained again without it,
+  // which must give its bits and all-gather more bytes (windows of several
+  // backward calls).
+  RunDigest gathered_every_use;
+  bool gather_once_bitwise_equal = true;
+  bool gather_once_compared = false;
   double max_abs_diff = 0.0;
   double ref_max_rel_diff = 0.0;  // max|d| / max|p_ref|, informative
   double ref_rel_l2_diff = 0.0;   // ||d||₂ / ||p_ref||₂, the checked one

@@ -47,19 +47,26 @@ TEST(ScheduleTest, PlannedCollectivesAreTheLedgerOfARealRun) {
         for (bool managed : {false, true}) {
           // Stages 0/2: overlap_comm off, on, on with small buckets.
           // Stage 3: stage3_max_reuse_distance at DeepSpeed's 1e9 (every
-          // block kept for its backward), 0 (none) and 1 (the last).
-          for (int variant = 0; variant < (stage == 1 ? 1 : 3); ++variant) {
+          // block kept for its backward), 0 (none) and 1 (the last); then
+          // gather_once_per_step with 0 and with 1e9.
+          const int variants = stage == 1 ? 1 : stage == 3 ? 5 : 3;
+          for (int variant = 0; variant < variants; ++variant) {
             FaultScenario f;
             f.scenario.model = model;
             f.scenario.stage = stage;
             f.scenario.world_size = w;
             f.scenario.backwards = {3, 1, 2};
             f.scenario.persistence_threshold = model[0] == 'm' ? 0 : 40;
-            const int64_t reuse = variant == 0 ? 1000000000 : variant - 1;
+            const int64_t reuse =
+                variant == 0 || variant == 4 ? 1000000000
+                : variant == 3               ? 0
+                                             : variant - 1;
+            const bool gather_once = stage == 3 && variant >= 3;
             if (stage == 3 && variant > 0)
               f.scenario.base_config_json =
                   R"({"zero_optimization": {"stage3_max_reuse_distance": )" +
-                  std::to_string(reuse) + "}}";
+                  std::to_string(reuse) + R"(, "gather_once_per_step": )" +
+                  (gather_once ? "true" : "false") + "}}";
             f.scenario.overlap_comm = stage != 3 && variant >= 1;
             if (stage != 3 && variant == 2) {
               f.scenario.reduce_bucket_size = 1000;
@@ -76,6 +83,7 @@ TEST(ScheduleTest, PlannedCollectivesAreTheLedgerOfARealRun) {
             o.overlap_comm = f.scenario.overlap_comm;
             o.persistence_threshold = f.scenario.persistence_threshold;
             o.max_reuse_distance = reuse;
+            o.gather_once_per_step = gather_once;
             if (stage != 3 && variant == 2) {
               o.reduce_bucket_size = 1000;
               o.allgather_bucket_size = 300;
@@ -97,7 +105,7 @@ TEST(ScheduleTest, PlannedCollectivesAreTheLedgerOfARealRun) {
       }
     }
   }
-  EXPECT_EQ(compared, 2 * 3 * 2 * (3 + 1 + 3 + 3));
+  EXPECT_EQ(compared, 2 * 3 * 2 * (3 + 1 + 3 + 5));
 }
 
 // The scale mode's ledger for one window is the schedule's (the same
@@ -128,9 +136,13 @@ TEST(ScheduleTest, ScaleModeBytesEqualTheValuedRunsLedger) {
 // Stage 3's planned memory at rest is what the Engine reports after a
 // step, and the planned peak bounds the real one, with every block kept
 // for its backward (stage3_max_reuse_distance 1e9: one pool slot per
-// block), only the last (1) or none (0: one slot).
+// block), only the last (1) or none (0: one slot), and with
+// gather_once_per_step (one slot per block whatever the reuse distance).
 TEST(ScheduleTest, Stage3PlannedMemoryIsTheEnginesAtRest) {
-  for (int64_t reuse : {int64_t{1000000000}, int64_t{1}, int64_t{0}})
+  const std::vector<std::pair<int64_t, bool>> settings = {
+      {1000000000, false}, {1, false},         {0, false},
+      {0, true},           {1000000000, true}};
+  for (const auto& [reuse, gather_once] : settings)
     for (int w : {1, 2, 4}) {
       auto task = make_task("mlp", 2);
       const ModelShape shape = model_shape(*task->make_model(1), "mlp");
@@ -138,7 +150,8 @@ TEST(ScheduleTest, Stage3PlannedMemoryIsTheEnginesAtRest) {
           "{\"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": "
           "{\"stage\": 3, \"stage3_param_persistence_threshold\": 100, "
           "\"stage3_max_reuse_distance\": " +
-              std::to_string(reuse) + "}}",
+              std::to_string(reuse) + ", \"gather_once_per_step\": " +
+              (gather_once ? "true" : "false") + "}}",
           w);
       SimWorld world({w, 1});
       Batch data = task->make_data(3, 64);
@@ -156,8 +169,10 @@ TEST(ScheduleTest, Stage3PlannedMemoryIsTheEnginesAtRest) {
       o.world_size = w;
       o.persistence_threshold = 100;
       o.max_reuse_distance = reuse;
+      o.gather_once_per_step = gather_once;
       const MemoryStats plan = planned_memory(shape, o);
-      SCOPED_TRACE("max_reuse_distance " + std::to_string(reuse));
+      SCOPED_TRACE("max_reuse_distance " + std::to_string(reuse) +
+                   (gather_once ? " gather_once_per_step" : ""));
       EXPECT_EQ(plan.param_bytes, mem[0].param_bytes) << w;
       EXPECT_EQ(plan.grad_bytes, mem[0].grad_bytes) << w;
       EXPECT_EQ(plan.optimizer_state_bytes, mem[0].optimizer_state_bytes) << w;

@@ -230,6 +230,11 @@ RC_GTEST_PROP(ParityProperty, UnmanagedMatchesManagedTwin, ()) {
   if (s.stage == 3) {
     s.persistence_threshold =
         *rc::gen::element<int64_t>(0, 3000, 100000).as("persistence_threshold");
+    // Note [Stage 3 gather once per step]: both modes with it, and the
+    // scenario trains it again without it for the same bits.
+    s.gather_once_per_step =
+        *rc::gen::arbitrary<bool>().as("gather_once_per_step");
+    RC_CLASSIFY(s.gather_once_per_step, "gather once per step");
   }
   if (s.stage >= 2) {
     // Note [Reduce once per step] (zero/stage.h): both modes with it.

@@ -305,6 +305,40 @@ ScenarioResult run_named(const Scenario& s, const std::string& config_path) {
   }
 }
 
+// The table's last column: what sets the scenario apart beyond the columns
+// before it (clipping, the zero_optimization switches and bucket sizes,
+// the injected overflow, parameter offload, the base config as compact
+// JSON); "-" when nothing does.
+std::string scenario_options(const Scenario& s) {
+  std::vector<std::string> out;
+  if (s.gradient_clipping > 0) {
+    std::ostringstream clip;
+    clip << "clip=" << s.gradient_clipping;
+    out.push_back(clip.str());
+  }
+  if (s.overlap_comm) out.push_back("overlap_comm");
+  if (s.reduce_bucket_size > 0)
+    out.push_back("reduce_bucket=" + std::to_string(s.reduce_bucket_size));
+  if (s.allgather_bucket_size > 0)
+    out.push_back("allgather_bucket=" +
+                  std::to_string(s.allgather_bucket_size));
+  if (s.reduce_once_per_step) out.push_back("reduce_once");
+  if (s.gather_once_per_step) out.push_back("gather_once");
+  if (s.overflow_window >= 0)
+    out.push_back("overflow=" + std::to_string(s.overflow_window) + ":" +
+                  std::to_string(s.overflow_rank) + ":" +
+                  std::to_string(s.overflow_backward) + ":" +
+                  to_string(s.overflow_kind));
+  if (s.offload_param != OffloadDevice::kNone)
+    out.push_back(std::string("offload_param=") + to_string(s.offload_param));
+  if (!s.base_config_json.empty())
+    out.push_back(nlohmann::json::parse(s.base_config_json).dump());
+  if (out.empty()) return "-";
+  std::string joined;
+  for (const std::string& o : out) joined += (joined.empty() ? "" : " ") + o;
+  return joined;
+}
+
 // The parity matrix: every scenario's unmanaged run, its managed twin and
 // the single-rank reference; a table (or JSON lines) on stdout, progress
 // on stderr; exit 1 if any scenario fails.
@@ -314,10 +348,10 @@ int run_parity_mode(const HarnessFlags& f,
   if (!as_json) {
     std::printf(
         "%-7s %-5s %-5s %-5s %-15s %-7s %-12s %-12s %-14s %-14s %-11s %-11s "
-        "%-16s %s\n",
+        "%-16s %-6s %s\n",
         "offload", "dtype", "stage", "world", "scaling", "bitwise",
         "max_abs_diff", "ref_rel_l2", "bytes_managed", "bytes_unmgd",
-        "mem_rest", "mem_peak", "digest", "ok");
+        "mem_rest", "mem_peak", "digest", "ok", "options");
   }
   int failed = 0;
   for (size_t i = 0; i < scenarios.size(); ++i) {
@@ -347,14 +381,15 @@ int run_parity_mode(const HarnessFlags& f,
     } else {
       std::printf(
           "%-7s %-5s %-5d %-5d %-15s %-7s %-12.3g %-12.3g %-14llu %-14llu "
-          "%-11zu %-11zu %-16s %s\n",
+          "%-11zu %-11zu %-16s %-6s %s\n",
           to_string(s.offload), to_string(s.dtype), s.stage, s.world_size,
           to_string(s.scaling), r.bitwise_equal ? "yes" : "NO", r.max_abs_diff,
           r.ref_rel_l2_diff,
           static_cast<unsigned long long>(r.managed.comm_bytes),
           static_cast<unsigned long long>(r.unmanaged.comm_bytes),
           r.unmanaged.memory_rest_bytes, r.unmanaged.memory_peak_bytes,
-          r.unmanaged.digest.c_str(), r.ok ? "ok" : "FAILED");
+          r.unmanaged.digest.c_str(), r.ok ? "ok" : "FAILED",
+          scenario_options(s).c_str());
     }
     std::cout.flush();
     if (!r.ok) {
@@ -390,6 +425,8 @@ void print_run_header(const HarnessFlags& f, bool plan) {
     std::cerr << " overlap_comm=" << (f.overlap_comm ? "stage>=2" : "off")
               << " reduce_once_per_step="
               << (f.reduce_once_per_step ? "stage>=2" : "off")
+              << " gather_once_per_step="
+              << (f.gather_once_per_step ? "stage3" : "off")
               << " reduce_bucket_size=" << f.reduce_bucket_size
               << " allgather_bucket_size=" << f.allgather_bucket_size
               << " config="
@@ -454,6 +491,7 @@ std::vector<Scenario> build_scenarios(const HarnessFlags& f,
             s.gradient_clipping = f.clip;
             s.overlap_comm = f.overlap_comm && stage >= 2;
             s.reduce_once_per_step = f.reduce_once_per_step && stage >= 2;
+            s.gather_once_per_step = f.gather_once_per_step && stage == 3;
             s.reduce_bucket_size = f.reduce_bucket_size;
             s.allgather_bucket_size = f.allgather_bucket_size;
             s.persistence_threshold = f.persistence_threshold >= 0
@@ -494,8 +532,13 @@ std::vector<Scenario> build_scenarios(const HarnessFlags& f,
 //                 and unmanaged both with it: worlds 1-3 with every
 //                 scaling, SGD with clipping and overlap_comm (which it
 //                 turns off), fp16 with the one-element overflow, bf16,
-//                 and cpu offload (stage 3 with its parameters).
-// About 110 scenarios; a few seconds on the built-in mlp.
+//                 and cpu offload (stage 3 with its parameters);
+//   gather once   zero_optimization.gather_once_per_step at stage 3 (Note
+//                 [Stage 3 gather once per step] in zero/stage3.h),
+//                 trained again without it for the same bits: worlds 1-3,
+//                 with reduce_once_per_step, stage3_max_reuse_distance 0,
+//                 bf16, and cpu offload of the parameters.
+// About 120 scenarios; a few seconds on the built-in mlp.
 std::vector<Scenario> default_plan(const HarnessFlags& f,
                                    const std::string& nvme_path) {
   const std::vector<int> n = {3, 5, 2};
@@ -603,6 +646,29 @@ std::vector<Scenario> default_plan(const HarnessFlags& f,
     off.reduce_once_per_step = true;
     off.offload = OffloadDevice::kCpu;
     if (stage == 3) off.offload_param = OffloadDevice::kCpu;
+    add(off);
+  }
+  for (int w : {1, 2, 3}) {
+    Scenario s = at(3, w);
+    s.gather_once_per_step = true;
+    add(s);
+  }
+  {
+    Scenario once = at(3, 3);
+    once.gather_once_per_step = once.reduce_once_per_step = true;
+    add(once);
+    Scenario release = at(3, 2);
+    release.gather_once_per_step = true;
+    release.base_config_json =
+        R"({"zero_optimization": {"stage3_max_reuse_distance": 0}})";
+    add(release);
+    Scenario bf16 = at(3, 3);
+    bf16.gather_once_per_step = true;
+    bf16.dtype = Precision::kBf16;
+    add(bf16);
+    Scenario off = at(3, 2);
+    off.gather_once_per_step = true;
+    off.offload = off.offload_param = OffloadDevice::kCpu;
     add(off);
   }
   return out;

@@ -46,6 +46,9 @@ const char* const kHarnessUsage = R"(usage: harness [flags]
                         scenarios (stages 0/1 run without it)
   --reduce-once-per-step   zero_optimization.reduce_once_per_step for stage
                         >= 2 scenarios: reduce each window once, in step()
+  --gather-once-per-step   zero_optimization.gather_once_per_step for stage
+                        3 scenarios (and --simulate-scale): each block
+                        all-gathered once per step
   --reduce-bucket-size=E   elements per reduce-scatter bucket (stage 2)
   --allgather-bucket-size=E  elements per all-gather (stage 2)
   --persistence-threshold=E  stage3_param_persistence_threshold (default 0
@@ -161,6 +164,11 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
     }
     if (a == "--reduce-once-per-step") {
       f.reduce_once_per_step = true;
+      f.default_matrix = false;
+      continue;
+    }
+    if (a == "--gather-once-per-step") {
+      f.gather_once_per_step = true;
       f.default_matrix = false;
       continue;
     }
@@ -363,6 +371,7 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
     if (f.persistence_threshold >= 0)
       s.persistence_threshold = f.persistence_threshold;
     if (f.max_reuse_distance >= 0) s.max_reuse_distance = f.max_reuse_distance;
+    s.gather_once_per_step = f.gather_once_per_step;
     f.scale.tokens_per_micro_batch =
         f.seq_len *
         static_cast<double>(f.micro_batch_given ? f.micro_batch : 1);

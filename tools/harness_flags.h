@@ -129,6 +129,10 @@ struct HarnessFlags {
   // --reduce-once-per-step: zero_optimization.reduce_once_per_step for
   // stage >= 2 scenarios. Default false.
   bool reduce_once_per_step = false;
+  // --gather-once-per-step: zero_optimization.gather_once_per_step for
+  // stage 3 scenarios, and the schedule's with --simulate-scale. Default
+  // false.
+  bool gather_once_per_step = false;
   // --reduce-bucket-size / --allgather-bucket-size: elements. Default 0
   // (the config's value).
   int64_t reduce_bucket_size = 0;

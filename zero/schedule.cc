@@ -221,8 +221,9 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
         persistent_params += static_cast<double>(g.numel);
         continue;
       }
-      out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
-                               padded_numel(g.numel, w), phase::kForward));
+      if (k == 1 || !o.gather_once_per_step)
+        out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
+                                 padded_numel(g.numel, w), phase::kForward));
       out.push_back(
           compute(Event::Work::kForward, static_cast<double>(g.numel)));
     }
@@ -232,7 +233,7 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
       const Stage3Group& g = groups[i];
       if (g.persistent) continue;
       const size_t padded = padded_numel(g.numel, w);
-      if (!kept[i])
+      if (!kept[i] && !o.gather_once_per_step)
         out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
                                  padded, phase::kBackward));
       out.push_back(
@@ -294,7 +295,7 @@ MemoryStats planned_memory(const ModelShape& m, const ScheduleOptions& o) {
       stage3_groups(m, o.persistence_threshold);
   const std::vector<bool> kept = stage3_kept_for_backward(
       groups, static_cast<size_t>(o.max_reuse_distance));
-  size_t kept_groups = 0;
+  size_t kept_groups = 0, block_groups = 0;
   for (size_t i = 0; i < groups.size(); ++i) {
     const size_t padded = padded_numel(groups[i].numel, w);
     owned += padded / w;
@@ -302,12 +303,14 @@ MemoryStats planned_memory(const ModelShape& m, const ScheduleOptions& o) {
     if (groups[i].persistent)
       persistent += padded;
     else
-      largest_block = std::max(largest_block, padded);
+      largest_block = std::max(largest_block, padded), ++block_groups;
     if (kept[i]) ++kept_groups;
   }
   // The kept groups are the last blocks: the released ones before them
-  // share one slot, which the first kept group then takes.
-  const size_t param_slots = std::max<size_t>(kept_groups, 1);
+  // share one slot, which the first kept group then takes. With
+  // gather_once_per_step every block group is gathered at once.
+  const size_t param_slots = std::max<size_t>(
+      o.gather_once_per_step ? block_groups : kept_groups, 1);
   // Note [Stage 3 buffer pool]: after a window the pool holds one slot of
   // the largest block group for parameters (one per kept group: Note
   // [Stage 3 reuse distance]) and one for gradients, resident from then

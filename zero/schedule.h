@@ -36,9 +36,11 @@
 //              as the backward has passed every parameter it holds (reverse
 //              registration order), else all after the backward; then every
 //              one is waited for, in launch order;
-//   stage 3    per block group: all-gather, then its forward; agreement;
-//              per block group in reverse: all-gather (none for a group
-//              kept by the reuse distance), its backward, its
+//   stage 3    per block group: all-gather (with gather_once_per_step in
+//              the window's first forward only), then its forward;
+//              agreement; per block group in reverse: all-gather (none
+//              for a group kept by the reuse distance, nor with
+//              gather_once_per_step), its backward, its
 //              reduce-scatter; the persistent group's backward and
 //              reduce-scatter last. All blocking (no prefetch: the
 //              simulator does not overlap).
@@ -78,6 +80,10 @@ struct ScheduleOptions {
   // zero/stage3.h): a kept block group is not all-gathered again for its
   // backward, and the pool holds one parameter slot per kept group.
   int64_t max_reuse_distance = 1000000000;
+  // zerostep's gather_once_per_step (Note [Stage 3 gather once per step] in
+  // zero/stage3.h): a block group is all-gathered by the window's first
+  // forward only, and the pool holds one parameter slot per block group.
+  bool gather_once_per_step = false;
   // Optimizer state bytes per owned element (AdamW: 8).
   size_t optimizer_bytes_per_element = 8;
 };
@@ -115,7 +121,8 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& model,
 // stage 3 at rest between windows, its buffer pool holding the largest
 // block group's full parameters and gradients (Note [Stage 3 buffer pool]
 // in zero/stage3.h), one parameter slot per group kept by the reuse
-// distance when there are more, and peak_bytes the same.
+// distance when there are more (per block group with
+// gather_once_per_step), and peak_bytes the same.
 MemoryStats planned_memory(const ModelShape& model,
                            const ScheduleOptions& options);
 }  // namespace zerostep

@@ -159,6 +159,10 @@ struct StageOptions {
   // Stages 2/3: zero_optimization.reduce_once_per_step (Note [Reduce once
   // per step]). Stages 0/1 reduce once per window anyway.
   bool reduce_once_per_step = false;
+  // Stage 3: zerostep's zero_optimization.gather_once_per_step (Note
+  // [Stage 3 gather once per step] in zero/stage3.h): a block group
+  // gathered once stays gathered until the step or a load.
+  bool gather_once_per_step = false;
   // Stage 3: no collective inside backward (Note [Stage 3 collectives
   // outside backward] in zero/stage3.h), for ranks that share one autograd
   // thread.

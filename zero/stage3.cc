@@ -23,6 +23,7 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
       comm_(comm),
       grad_accum_(options.grad_accum),
       reduce_once_(options.reduce_once_per_step),
+      gather_once_(options.gather_once_per_step),
       outside_backward_(options.collectives_outside_backward),
       world_(comm->world_size()),
       rank_(comm->rank()),
@@ -257,7 +258,9 @@ void Stage3::settle_prefetch(size_t keep) {
     drop_params(g);
     throw;
   }
-  if (g == keep) {
+  // Note [Stage 3 gather once per step]: a group gathered ahead and not
+  // used yet holds this step's values all the same.
+  if (g == keep || gather_once_) {
     storage_->params_written(g);
   } else {
     ZS_CHECK(refs_[g] == 0);
@@ -268,7 +271,8 @@ void Stage3::settle_prefetch(size_t keep) {
 void Stage3::release(size_t g) {
   ZS_CHECK(g < groups_.size());
   ZS_CHECK(refs_[g] > 0);
-  if (--refs_[g] > 0 || groups_[g].persistent) return;
+  // Note [Stage 3 gather once per step]: kept until the step.
+  if (--refs_[g] > 0 || groups_[g].persistent || gather_once_) return;
   drop_params(g);
 }
 
@@ -379,7 +383,7 @@ void Stage3::reduce_group(size_t g) {
     reduced_[g] = true;
     if (groups_[g].persistent) return;
     refs_[g] = 0;
-    if (full_params_[g] != nullptr) drop_params(g);
+    if (full_params_[g] != nullptr && !gather_once_) drop_params(g);
     return;
   }
   reduce_scatter_group(g, phase::kBackward);
@@ -397,9 +401,10 @@ void Stage3::reduce_scatter_group(size_t g, const char* phase) {
     return;
   }
   drop_grads(g);
-  // Its backward is over: the parameters go too.
+  // Its backward is over: the parameters go too (Note [Stage 3 gather once
+  // per step]: not before the step).
   refs_[g] = 0;
-  if (full_params_[g] != nullptr) drop_params(g);
+  if (full_params_[g] != nullptr && !gather_once_) drop_params(g);
 }
 
 void Stage3::on_grad_ready(size_t param_index) {

@@ -194,6 +194,30 @@
 // forward whose backward never runs stays gathered until the end of the
 // next backward, or until a step or a load drops it (drop_held()).
 //
+// Note [Stage 3 gather once per step]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The partitions change only in a step (apply_update) or a load
+// (load_state), so a group gathered after one of them holds the right
+// values until the next. With StageOptions::gather_once_per_step
+// (zerostep's zero_optimization.gather_once_per_step) a block group, once
+// gathered (by a forward, a backward, or a prefetch), stays gathered:
+// neither release() after its forward nor the reduction after its backward
+// drops it; drop_held() does, at the step and at a load. So each block
+// group is all-gathered at most once between two steps instead of once or
+// twice per forward+backward: a window of N backward calls makes 1 all-
+// gather per group where DeepSpeed's behaviour (the default, off) makes N
+// (reuse distance keeping it) or 2N; a forward without backward (sampling,
+// evaluation) between steps gathers what the next window then reuses. It
+// is FSDP2's reshard_after_backward=False. The bits never change (the
+// gathered values are the same); what it costs is memory: from the first
+// use of every block in the window to the step, every block group's
+// parameters are gathered, one pool slot each (Note [Stage 3 buffer
+// pool]). With the default stage3_max_reuse_distance (1e9) the pool holds
+// one slot per block group already (every group is kept from its forward
+// to its backward), so for models under 5e8 block elements the option
+// costs no memory; with a reuse distance of 0 it grows the pool from one
+// parameter slot to one per block group. Gradient storage is unchanged.
+//
 // Ownership: `comm` and `storage` must outlive the Stage3.
 // Thread safety: none; one Stage3 per rank.
 #ifndef ZEROSTEP_ZERO_STAGE3_H_
@@ -360,6 +384,9 @@ class Stage3 final : public Stage {
   // Note [Reduce once per step] in zero/stage.h: the groups' full gradients
   // accumulate over the window, each in the group's own storage.
   bool reduce_once_;
+  // Note [Stage 3 gather once per step]: block groups stay gathered until
+  // the step (or a load).
+  bool gather_once_;
   bool outside_backward_;  // Note [Stage 3 collectives outside backward]
   int world_;
   int rank_;

@@ -45,8 +45,12 @@
 //                  backward, where the default (DeepSpeed's 1e9) keeps
 //                  the blocks of these models gathered in between (Note
 //                  [Stage 3 reuse distance] in zero/stage3.h)
+//        _gather   zero_optimization.gather_once_per_step (stage 3):
+//                  each block all-gathered once per window, by its first
+//                  forward, instead of once per forward (Note [Stage 3
+//                  gather once per step] in zero/stage3.h)
 //      e.g. stage2_offload, stage2_managed, stage0_overlap,
-//      stage2_once_overlap, stage3_release.
+//      stage2_once_overlap, stage3_release, stage3_once_gather.
 // Each part runs --warmup windows, then --windows timed ones. Rank 0 prints
 // one JSON line per mode on stdout (benchmarks/peers/torch_step.py prints
 // the same fields; the forward+backward times are the same in every line):
@@ -128,14 +132,15 @@ struct Mode {
   bool managed = false;
   bool overlap = false;
   bool release = false;
+  bool gather = false;
 };
 
 Mode parse_mode(const std::string& m) {
   const std::string what =
       "zerostep_step: unknown mode '" + m +
       "' (stage0 ... stage3, each with any of the suffixes _once (stages "
-      "2-3), _offload (stages 1-3), _managed, _overlap, _release (stage 3); "
-      "e.g. stage2_offload)";
+      "2-3), _offload (stages 1-3), _managed, _overlap, _release and _gather "
+      "(stage 3); e.g. stage2_offload)";
   if (m.size() < 6 || m.rfind("stage", 0) != 0 || m[5] < '0' || m[5] > '3')
     throw UsageError(what);
   Mode mode;
@@ -150,12 +155,13 @@ Mode parse_mode(const std::string& m) {
                  : part == "managed" ? &mode.managed
                  : part == "overlap" ? &mode.overlap
                  : part == "release" ? &mode.release
+                 : part == "gather"  ? &mode.gather
                                      : nullptr;
     if (flag == nullptr || *flag) throw UsageError(what);
     *flag = true;
   }
   if ((mode.once && mode.stage < 2) || (mode.offload && mode.stage < 1) ||
-      (mode.release && mode.stage != 3))
+      ((mode.release || mode.gather) && mode.stage != 3))
     throw UsageError(what);
   if (mode.overlap && (mode.stage < 2 || mode.once)) mode.managed = true;
   return mode;
@@ -303,6 +309,7 @@ Config engine_config(const Options& o, const Mode& mode, int world_size) {
                          {"stage3_param_persistence_threshold", 0}};
   if (mode.stage >= 2) zero["reduce_once_per_step"] = mode.once;
   if (mode.release) zero["stage3_max_reuse_distance"] = 0;
+  if (mode.gather) zero["gather_once_per_step"] = true;
   // Page-locked host buffers on cuda, as FSDP2's CPUOffloadPolicy there.
   if (mode.offload)
     zero["offload_optimizer"] = {{"device", "cpu"},
