@@ -87,6 +87,9 @@ int run_scale_mode(const HarnessFlags& f) {
             << " tokens_per_micro_batch=" << base.tokens_per_micro_batch
             << " managed=" << (managed ? "true" : "false")
             << " overlap_comm=" << (base.schedule.overlap_comm ? "on" : "off")
+            << " max_reuse_distance=" << base.schedule.max_reuse_distance
+            << " gather_once_per_step="
+            << (base.schedule.gather_once_per_step ? "on" : "off")
             << "\n  cost: " << base.cost.to_string() << "\n";
   if (!as_json)
     std::printf(
@@ -117,6 +120,8 @@ int run_scale_mode(const HarnessFlags& f) {
         j["stage"] = stage;
         j["world"] = w;
         j["backwards"] = o.schedule.backwards;
+        j["max_reuse_distance"] = o.schedule.max_reuse_distance;
+        j["gather_once_per_step"] = o.schedule.gather_once_per_step;
         j["step_s"] = r.step_s;
         j["compute_s"] = r.compute_s;
         j["comm_s"] = r.comm_s;

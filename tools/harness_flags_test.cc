@@ -129,6 +129,12 @@ TEST(HarnessFlagsTest, ModesFromFaultsSwarmAndScale) {
   EXPECT_EQ(parse({"--simulate-scale", "--max-reuse-distance=0"})
                 .scale.schedule.max_reuse_distance,
             0);
+  EXPECT_FALSE(parse({"--simulate-scale"}).scale.schedule.gather_once_per_step);
+  EXPECT_TRUE(parse({"--simulate-scale", "--gather-once-per-step"})
+                  .scale.schedule.gather_once_per_step);
+  const HarnessFlags parity = parse({"--gather-once-per-step"});
+  EXPECT_TRUE(parity.gather_once_per_step);
+  EXPECT_FALSE(parity.default_matrix);  // a matrix flag
 }
 
 TEST(HarnessFlagsTest, HelpStopsParsing) {

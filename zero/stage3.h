@@ -325,8 +325,9 @@ class Stage3 final : public Stage {
   // default) or keep it for the step (reduce_once_per_step).
   void reduce_group(size_t group);
   // Note [Stage 3 collectives outside backward], Note [Stage 3 reuse
-  // distance]: drops the parameters of every non-persistent group still
-  // gathered (no forward is running when this is called).
+  // distance], Note [Stage 3 gather once per step]: drops the parameters
+  // of every non-persistent group still gathered (no forward is running
+  // when this is called).
   void drop_held();
   // Elements of the block groups gathered now, by their unpadded sizes
   // (Note [Stage 3 prefetch]).

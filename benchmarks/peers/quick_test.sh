@@ -12,7 +12,8 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 modes = [row["mode"] for row in r["summary"]]
 want = ["stage0", "stage1", "stage2", "stage3", "stage2_once", "stage3_once",
-        "stage0_overlap", "stage2_overlap", "stage2_once_overlap"]
+        "stage0_overlap", "stage2_overlap", "stage2_once_overlap",
+        "stage3_gather", "stage3_once_gather"]
 assert modes == want, modes
 got = {(x["framework"], x["mode"]) for x in r["runs"]}
 assert {("torch", "ddp"), ("torch", "fsdp2")} <= got, got

@@ -13,7 +13,10 @@ launch rotates):
             (zero_optimization.reduce_once_per_step), stage2_overlap
             (overlap_comm), stage0_overlap and stage2_once_overlap
             (managed, overlap_comm: the all-reduce, or the reduce-scatter,
-            inside the last backward, as DDP's all-reduce)
+            inside the last backward, as DDP's all-reduce), stage3_gather
+            and stage3_once_gather (zero_optimization.gather_once_per_step:
+            each block gathered once per window, as FSDP2 with
+            reshard_after_backward=False)
   torch     torch_step.py, W gloo processes, ddp (no_sync) and fsdp2
             (fully_shard per block, set_requires_gradient_sync)
 Every launch also times plain forward+backward (no engine, no wrapper) in its
@@ -47,7 +50,8 @@ SIZES = {
 }
 QUICK_SIZES = {"tiny": (64, 32, 2, 2)}
 ZEROSTEP_MODES = ["stage0", "stage1", "stage2", "stage3", "stage2_once", "stage3_once",
-                  "stage0_overlap", "stage2_overlap", "stage2_once_overlap"]
+                  "stage0_overlap", "stage2_overlap", "stage2_once_overlap",
+                  "stage3_gather", "stage3_once_gather"]
 # Not run by default: stage 3 with stage3_max_reuse_distance 0 (every block
 # gathered again for its backward), against stage3's DeepSpeed default.
 EXTRA_ZEROSTEP_MODES = ["stage3_release"]
