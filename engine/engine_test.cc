@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -471,6 +472,33 @@ class PrefetchSpy final : public Communicator {
   Communicator* inner_;
 };
 
+// Block i of the MLP (a Zero3Block) alone, on two rows of ones: a forward
+// of that block's group only.
+torch::Tensor mlp_block_forward(torch::nn::Module& model, size_t i) {
+  const std::shared_ptr<torch::nn::Module> block = model.children().at(i);
+  const torch::Tensor w = block->parameters().at(0);
+  return std::dynamic_pointer_cast<MlpLayerImpl>(block)->forward(
+      torch::ones({2, w.size(1)}, w.options()));
+}
+
+// Rank r's two windows of 3 backward calls (managed: step() after each;
+// unmanaged: after the third), with a forward with gradients of the first
+// block alone, whose backward never comes, after the first window's third
+// backward; `after_first_update` runs after the first window's step.
+void two_windows_with_a_stray_forward(
+    Engine& e, MlpWorld& fx, int r, bool managed,
+    const std::function<void()>& after_first_update) {
+  for (int k = 0; k < 2; ++k) {
+    for (int b = 0; b < 3; ++b) {
+      e.backward(fx.loss(r, 3 * k + b));
+      if (k == 0 && b == 2) (void)mlp_block_forward(*fx.models[r], 0);
+      if (managed) e.step();
+    }
+    if (!managed) e.step();
+    if (k == 0) after_first_update();
+  }
+}
+
 // Note [Stage 3 prefetch]: with prefetch (the default size) each block's
 // gather issues the next block's asynchronously, in forward and in
 // backward, the parameters are the same bits as without it (size 0),
@@ -499,30 +527,20 @@ TEST(EngineTest, Stage3PrefetchGathersAheadAndGivesTheSameBits) {
         fx.world->run([&](int r) {
           PrefetchSpy spy(&fx.world->comm(r));
           Engine e(fx.models[r], fx.config, &spy);
-          std::vector<std::shared_ptr<torch::nn::Module>> blocks =
-              fx.models[r]->children();
-          auto block = [&](size_t i, const torch::Tensor& x) {
-            auto layer = std::dynamic_pointer_cast<MlpLayerImpl>(blocks.at(i));
-            return layer->forward(x);
-          };
-          const torch::Tensor w0 = blocks.at(0)->parameters().at(0);
-          const torch::Tensor w1 = blocks.at(1)->parameters().at(0);
-          const int64_t in = w0.size(1), mid = w1.size(1);
           for (int k = 0; k < 2; ++k) {
             for (int b = 0; b < 3; ++b) {
               e.backward(fx.loss(r, 3 * k + b));
               if (k == 0 && b == 2) {
                 (void)fx.loss(r, 40);
-                (void)block(0, torch::ones({2, in}, w0.options()));
+                (void)mlp_block_forward(*fx.models[r], 0);
               }
               if (managed) e.step();
             }
             if (!managed) e.step();
             if (k == 0) {
               torch::NoGradGuard no_grad;
-              second[r] = block(1, torch::ones({2, mid}, w1.options()))
-                              .to(torch::kFloat)
-                              .clone();
+              second[r] =
+                  mlp_block_forward(*fx.models[r], 1).to(torch::kFloat).clone();
             }
           }
           params[r] = e.full_parameters();
@@ -584,25 +602,11 @@ TEST(EngineTest, Stage3ReuseDistanceKeepsBlocksGatheredForTheirBackward) {
         fx.world->run([&](int r) {
           PrefetchSpy spy(&fx.world->comm(r));
           Engine e(fx.models[r], fx.config, &spy);
-          std::vector<std::shared_ptr<torch::nn::Module>> blocks =
-              fx.models[r]->children();
-          auto block0 = [&] {
-            auto layer = std::dynamic_pointer_cast<MlpLayerImpl>(blocks.at(0));
-            const torch::Tensor w0 = blocks.at(0)->parameters().at(0);
-            return layer->forward(torch::ones({2, w0.size(1)}, w0.options()));
-          };
-          for (int k = 0; k < 2; ++k) {
-            for (int b = 0; b < 3; ++b) {
-              e.backward(fx.loss(r, 3 * k + b));
-              if (k == 0 && b == 2) (void)block0();  // no backward follows
-              if (managed) e.step();
-            }
-            if (!managed) e.step();
-            if (k == 0) {
-              torch::NoGradGuard no_grad;
-              after[r] = block0().to(torch::kFloat).clone();
-            }
-          }
+          two_windows_with_a_stray_forward(e, fx, r, managed, [&] {
+            torch::NoGradGuard no_grad;
+            after[r] =
+                mlp_block_forward(*fx.models[r], 0).to(torch::kFloat).clone();
+          });
           params[r] = e.full_parameters();
           if (r == 0) {
             rank0_kinds = spy.kinds;
@@ -677,29 +681,14 @@ TEST(EngineTest, Stage3GatherOncePerStepGathersEachBlockOncePerWindow) {
         fx.world->run([&](int r) {
           PrefetchSpy spy(&fx.world->comm(r));
           Engine e(fx.models[r], fx.config, &spy);
-          std::vector<std::shared_ptr<torch::nn::Module>> blocks =
-              fx.models[r]->children();
-          auto block0 = [&] {
-            auto layer = std::dynamic_pointer_cast<MlpLayerImpl>(blocks.at(0));
-            const torch::Tensor w0 = blocks.at(0)->parameters().at(0);
-            return layer->forward(torch::ones({2, w0.size(1)}, w0.options()));
-          };
           auto output0 = [&] {
             torch::NoGradGuard no_grad;
-            return block0().to(torch::kFloat).clone();
+            return mlp_block_forward(*fx.models[r], 0).to(torch::kFloat).clone();
           };
-          for (int k = 0; k < 2; ++k) {
-            for (int b = 0; b < 3; ++b) {
-              e.backward(fx.loss(r, 3 * k + b));
-              if (k == 0 && b == 2) (void)block0();  // no backward follows
-              if (managed) e.step();
-            }
-            if (!managed) e.step();
-            if (k == 0) {
-              e.export_full_model(weights);
-              stepped[r] = output0();
-            }
-          }
+          two_windows_with_a_stray_forward(e, fx, r, managed, [&] {
+            e.export_full_model(weights);
+            stepped[r] = output0();
+          });
           params[r] = e.full_parameters();
           if (r == 0) {
             rank0_kinds = spy.kinds;
