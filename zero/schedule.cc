@@ -300,10 +300,12 @@ MemoryStats planned_memory(const ModelShape& m, const ScheduleOptions& o) {
     const size_t padded = padded_numel(groups[i].numel, w);
     owned += padded / w;
     largest_partition = std::max(largest_partition, padded / w);
-    if (groups[i].persistent)
+    if (groups[i].persistent) {
       persistent += padded;
-    else
-      largest_block = std::max(largest_block, padded), ++block_groups;
+    } else {
+      largest_block = std::max(largest_block, padded);
+      ++block_groups;
+    }
     if (kept[i]) ++kept_groups;
   }
   // The kept groups are the last blocks: the released ones before them
