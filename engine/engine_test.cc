@@ -173,9 +173,9 @@ class BoundarySpy final : public Communicator {
 // Records the flat-buffer offset of every asynchronous reduce-scatter input.
 class LaunchSpy final : public Communicator {
  public:
-  LaunchSpy(Communicator* inner, const float* flat_grads)
-      : grads(flat_grads), inner_(inner) {}
-  const float* grads;  // the engine's flat gradient buffer
+  explicit LaunchSpy(Communicator* inner) : inner_(inner) {}
+  // The engine's flat gradient buffer: set once the Engine exists.
+  const float* grads = nullptr;
   std::vector<ptrdiff_t> launches;
   // Set by the test around Engine::backward(): launches from inside
   // autograd (which runs its hooks with gradients disabled) are counted.
@@ -209,6 +209,16 @@ class LaunchSpy final : public Communicator {
   Communicator* inner_;
 };
 
+// A 2-rank stage 2 config of 1024-element buckets: the MLP's gradient in
+// several. `top` and `zero` are added at the top level and to
+// zero_optimization (each empty or ending in ", ").
+Config stage2_small_buckets(const std::string& top, const std::string& zero) {
+  return parse_config("{\"train_micro_batch_size_per_gpu\": 2, " + top +
+                          "\"zero_optimization\": {" + zero +
+                          "\"stage\": 2, \"reduce_bucket_size\": 1024}}",
+                      2);
+}
+
 // With overlap_comm, stage 2 launches a bucket from the autograd hook as soon
 // as its parameters have their gradients: the last layers finish first, so
 // the launches run from the end of the flat buffer towards its start.
@@ -219,16 +229,13 @@ TEST(EngineTest, Stage2OverlapLaunchesBucketsInGradientReadyOrder) {
   for (int overlap : {0, 1}) {
     MlpWorldOptions o;
     o.num_samples = 8;
-    MlpWorld fx(
-        2,
-        parse_config(
-            "{\"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": "
-            "{\"stage\": 2, \"reduce_bucket_size\": 1024, \"overlap_comm\": " +
-                std::string(overlap ? "true" : "false") + "}}",
-            2),
-        o);
+    MlpWorld fx(2,
+                stage2_small_buckets("", std::string("\"overlap_comm\": ") +
+                                             (overlap ? "true" : "false") +
+                                             ", "),
+                o);
     fx.world->run([&](int r) {
-      LaunchSpy spy(&fx.world->comm(r), nullptr);
+      LaunchSpy spy(&fx.world->comm(r));
       Engine e(fx.models[r], fx.config, &spy);
       spy.grads = e.flat_gradients().data_ptr<float>();
       e.backward(fx.loss_on(r, 2 * r));
@@ -266,21 +273,17 @@ TEST(EngineTest, Stage2ReduceOnceOverlapLaunchesBucketsInTheBoundaryBackward) {
   for (Run& run : runs) {
     MlpWorldOptions o;
     o.num_samples = 32;
-    MlpWorld fx(2,
-                parse_config(
-                    "{\"train_micro_batch_size_per_gpu\": 2, "
-                    "\"gradient_accumulation_steps\": 3, "
-                    "\"managed_gradient_accumulation\": " +
-                        std::string(run.managed ? "true" : "false") +
-                        ", \"zero_optimization\": {\"stage\": 2, "
-                        "\"reduce_bucket_size\": 1024, "
-                        "\"reduce_once_per_step\": true, "
-                        "\"overlap_comm\": " +
-                        std::string(run.overlap ? "true" : "false") + "}}",
-                    2),
-                o);
+    MlpWorld fx(
+        2,
+        stage2_small_buckets(
+            std::string("\"gradient_accumulation_steps\": 3, "
+                        "\"managed_gradient_accumulation\": ") +
+                (run.managed ? "true" : "false") + ", ",
+            std::string("\"reduce_once_per_step\": true, \"overlap_comm\": ") +
+                (run.overlap ? "true" : "false") + ", "),
+        o);
     fx.world->run([&](int r) {
-      LaunchSpy spy(&fx.world->comm(r), nullptr);
+      LaunchSpy spy(&fx.world->comm(r));
       Engine e(fx.models[r], fx.config, &spy);
       spy.grads = e.flat_gradients().data_ptr<float>();
       for (int i = 0; i < 6; ++i) {

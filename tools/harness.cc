@@ -313,7 +313,7 @@ ScenarioResult run_named(const Scenario& s, const std::string& config_path) {
 // The table's last column: what sets the scenario apart beyond the columns
 // before it (clipping, the zero_optimization switches and bucket sizes,
 // the injected overflow, parameter offload, the base config as compact
-// JSON); "-" when nothing does.
+// JSON, cut at 160 bytes); "-" when nothing does.
 std::string scenario_options(const Scenario& s) {
   std::vector<std::string> out;
   if (s.gradient_clipping > 0) {
@@ -336,8 +336,10 @@ std::string scenario_options(const Scenario& s) {
                   to_string(s.overflow_kind));
   if (s.offload_param != OffloadDevice::kNone)
     out.push_back(std::string("offload_param=") + to_string(s.offload_param));
+  // A --config file can be long: its first bytes (the header names it).
   if (!s.base_config_json.empty())
-    out.push_back(nlohmann::json::parse(s.base_config_json).dump());
+    out.push_back(
+        elide(nlohmann::json::parse(s.base_config_json).dump(), 160));
   if (out.empty()) return "-";
   std::string joined;
   for (const std::string& o : out) joined += (joined.empty() ? "" : " ") + o;
