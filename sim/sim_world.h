@@ -54,7 +54,10 @@
 //               A reduction of several parts (Note [Parallel reduction]) is
 //               instead moved in reduce_parts() by every rank, outside the
 //               mutex, each taking the next part not yet taken; no rank
-//               leaves until every part is done.
+//               leaves until every part is done. A rank that waits for
+//               its peers spins briefly before it sleeps when every rank
+//               can have a core (Note [Spin before sleeping] in
+//               sim_world.cc).
 //
 // Failure model: if a rank's function throws, the rank is marked exited and
 // every other rank blocked in (or later entering) a collective that needs it
@@ -74,6 +77,7 @@
 #ifndef ZEROSTEP_SIM_SIM_WORLD_H_
 #define ZEROSTEP_SIM_SIM_WORLD_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -208,6 +212,12 @@ class SimWorld final : public LocalWorld {
 
   void mark_exited(int rank, const std::string& reason);
 
+  // Waking (Note [Spin before sleeping] in sim_world.cc): notify() wakes
+  // every waiting rank; wait() returns once ready() holds, under the lock.
+  void notify();
+  template <typename Ready>
+  void wait(std::unique_lock<std::mutex>& lock, Ready ready);
+
   SimOptions options_;
   std::vector<std::unique_ptr<RankComm>> raw_comms_;
   std::vector<Ledger> ledgers_;
@@ -215,6 +225,8 @@ class SimWorld final : public LocalWorld {
 
   std::mutex mu_;
   std::condition_variable cv_;
+  std::atomic<uint64_t> notifications_{0};  // notify() calls
+  bool spin_ = false;  // every rank can have a core: wait() spins first
   std::map<int64_t, std::unique_ptr<Slot>> slots_;  // GUARDED_BY(mu_)
   std::vector<int64_t> next_seq_;                   // GUARDED_BY(mu_)
   std::vector<bool> exited_;                        // GUARDED_BY(mu_)
