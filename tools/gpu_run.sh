@@ -11,13 +11,20 @@
 #                          # to its driver (peers/gpu_run.py), e.g.
 #                          # PEERS_ARGS="--device=cpu --quick" as a smoke run
 #                          # where there is no GPU
+#   run.sh --only=cpu-threads
+#                          # no GPU: issue 16 item 5 on the node's CPU cores,
+#                          # 2 Gloo ranks of 2 compute threads, then of 1,
+#                          # against DDP and FSDP2 with the same threads
+#                          # (peers/run.py, about 4 minutes); THREADS_ARGS
+#                          # adds arguments to run.py, e.g. "--quick"
 set -euo pipefail
 cd "$(dirname "$0")"
 only="all"
 case "${1:-}" in
   "") ;;
   --only=peers) only=peers ;;
-  *) echo "usage: run.sh [--only=peers]" >&2; exit 2 ;;
+  --only=cpu-threads) only=cpu-threads ;;
+  *) echo "usage: run.sh [--only=peers|--only=cpu-threads]" >&2; exit 2 ;;
 esac
 
 torch_dir="${TORCH_DIR:-}"
@@ -75,6 +82,15 @@ parity() {
   ./harness --device=cuda --stages=2 --offload=cpu --world=1 --model=gpt --overlap-comm
 }
 
+# The python of $torch_dir's venv (<venv>/lib/python3.X/site-packages/torch),
+# not the one it links to, so that its site-packages come along.
+venv_python() {
+  local python
+  python="$(cd "$(dirname "$(readlink -f "$torch_dir")")/../../.." && pwd)/bin/python3"
+  [ -x "$python" ] || python="$(command -v python3)"
+  echo "$python"
+}
+
 # The engine's AdamW on the device against LibTorch's fused AdamW and the
 # HBM bandwidth (issue 12 item 4, benchmarks/device_adam_bench.cc): 16, 64
 # and 256 Mi parameters, well under a minute. Writes adam_gpu.json here (and
@@ -92,11 +108,8 @@ adam() {
 # Sets ds_state: "ran", or why DeepSpeed did not.
 peers() {
   echo "== GPU benchmark against FSDP2 and DeepSpeed (issue 12, item 8): world 1, GPT 125M and 350M, N = 4, about 4 minutes"
-  # The venv of $torch_dir (<venv>/lib/python3.X/site-packages/torch): its
-  # python, not the one it links to, so that its site-packages come along.
   local python
-  python="$(cd "$(dirname "$(readlink -f "$torch_dir")")/../../.." && pwd)/bin/python3"
-  [ -x "$python" ] || python="$(command -v python3)"
+  python="$(venv_python)"
   local ds_args=() ds_why=""
   if [ -f wheels/MISSING ]; then
     ds_why="$(cat wheels/MISSING)"
@@ -129,6 +142,43 @@ peers() {
   [ -n "$ds_why" ] && ds_state="not run: $ds_why"
   return 0
 }
+
+# Issue 16 item 5 (benchmarks/peers/run.py), on CPU cores, which this
+# node has and the 2-core build machines lack: 2 Gloo ranks of 2 compute
+# threads each against DDP and FSDP2 with 2 threads per process, then the
+# same at 1 thread (the scaling), 7M and 26M, stages 0-3 and the two
+# once-modes, 3 rounds. Writes peers_threads2.json and peers_threads1.json
+# here (and into $OUT when that is set).
+cpu_threads() {
+  local cores
+  cores="$(nproc)"
+  echo "== CPU benchmark against DDP and FSDP2, ranks of 2 threads (issue 16, item 5): $cores cores"
+  if [ "$cores" -lt 4 ]; then
+    echo "run.sh: $cores cores: 2 ranks of 2 threads need at least 4, or they measure the oversubscription" >&2
+    exit 2
+  fi
+  local python t
+  python="$(venv_python)"
+  for t in 2 1; do
+    # shellcheck disable=SC2086 # THREADS_ARGS is a list of arguments
+    LD_LIBRARY_PATH="$caller_ld_library_path" PYTHONUNBUFFERED=1 timeout 240 "$python" peers/run.py \
+      --zerostep-bin=peers/zerostep_step --launch-bin=peers/launch --zerostep-lib-path="$LD_LIBRARY_PATH" \
+      --python="$python" --world=2 --threads="$t" --sizes=7M,26M --rounds=3 \
+      --zerostep-modes=stage0,stage1,stage2,stage3,stage2_once,stage3_once_gather \
+      --out="peers_threads$t.json" ${THREADS_ARGS:-} || {
+      local rc=$?
+      echo "run.sh: the CPU benchmark at $t threads exited $rc (124: stopped at 240 s; run.py writes its JSON only at the end)" >&2
+      exit "$rc"
+    }
+    if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp "peers_threads$t.json" "$OUT/"; fi
+  done
+}
+
+if [ "$only" = cpu-threads ]; then
+  cpu_threads
+  echo "== the CPU benchmark ran (--only=cpu-threads: nothing else was run)"
+  exit 0
+fi
 
 ds_state=""
 # Not `[ ... ] && parity`: bash ignores set -e inside a function called from

@@ -3,8 +3,11 @@
 set -euo pipefail
 run="$1" zbin="$2" launch="$3"
 dir="${TEST_TMPDIR:-$(mktemp -d)}"
+# --zerostep-lib-path as gpu_pack/run.sh passes it: the zerostep launch's
+# own library path (here one it does not need: the binaries carry theirs).
 out=$(python3 "$run" --quick --skip-without-torch --zerostep-bin="$zbin" \
-  --launch-bin="$launch" --out="$dir/peers.json" --svg="$dir/peers.svg")
+  --launch-bin="$launch" --zerostep-lib-path="$dir/no-such-lib" \
+  --out="$dir/peers.json" --svg="$dir/peers.svg")
 echo "$out"
 if [[ "$out" == SKIPPED* ]]; then exit 0; fi
 python3 - "$dir/peers.json" <<'PY'

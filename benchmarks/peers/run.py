@@ -111,9 +111,10 @@ def shape_args(a, shape):
             "--windows=%d" % a.windows]
 
 
-def json_lines(cmd):
-    """Runs cmd; the JSON objects it printed (rank prefixes stripped)."""
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def json_lines(cmd, env=None):
+    """Runs cmd (in env, default ours); the JSON objects it printed (rank
+    prefixes stripped)."""
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     if p.returncode != 0:
         sys.exit("peers: %s exited %d:\n%s%s" % (" ".join(cmd), p.returncode,
                                                   p.stdout[-3000:], p.stderr[-3000:]))
@@ -243,6 +244,9 @@ def main(argv):
                         "library) or Debian's 1.13.1" % TORCH_VERSION)
     p.add_argument("--zerostep-bin", help="prebuilt zerostep_step (with --launch-bin: no build)")
     p.add_argument("--launch-bin")
+    p.add_argument("--zerostep-lib-path",
+                   help="LD_LIBRARY_PATH for the zerostep launch alone (a prebuilt pack run against "
+                        "another LibTorch; torch's python keeps ours)")
     p.add_argument("--python", help="torch's python (default: the pinned venv)")
     p.add_argument("--skip-without-torch", action="store_true",
                    help="exit 0 with a SKIPPED line when the pinned venv is absent (no install)")
@@ -270,6 +274,9 @@ def main(argv):
         p.error("--zerostep-modes: unknown %s" % sorted(unknown))
     zmodes = [m for m in zmodes if not (a.no_once and "_once" in m)]
     env_cmd = " ".join(["benchmarks/peers/run.py"] + argv)
+    zs_env = None
+    if a.zerostep_lib_path:
+        zs_env = dict(os.environ, LD_LIBRARY_PATH=a.zerostep_lib_path)
 
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     runs = []
@@ -282,7 +289,7 @@ def main(argv):
             for name, cmd in ([("zerostep", z), ("torch", t)] if k % 2 == 0
                               else [("torch", t), ("zerostep", z)]):
                 log("round %d/%d size %s: %s" % (k + 1, a.rounds, size, name))
-                for line in json_lines(cmd):
+                for line in json_lines(cmd, zs_env if name == "zerostep" else None):
                     line.update(round=k, size=size)
                     runs.append(line)
                     log("  %-12s window %.3f s  fwd+bwd %.3f s" % (
