@@ -457,8 +457,8 @@ bool SimWorld::survives_faults(Slot& slot, double first, int first_rank,
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A rank that waits for its peers (to meet, or for the last part of a
 // reduction) would sleep on cv_, and being woken costs it tens of
-// microseconds of the OS's time: two wake-ups are most of a 1 MiB
-// collective. When every rank can have a core of its own (world size at
+// microseconds of the OS's time: two wake-ups are a large part of a 1 MiB
+// collective (about 0.1 ms). When every rank can have a core of its own (world size at
 // most the CPUs this process may run on), a waiting rank first spins,
 // outside the lock, until notify() counts a change (any change: it then
 // checks under the lock, and sleeps if its own wait is not over) or kSpinNs
