@@ -47,8 +47,11 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "offload/fused_adam.h"
@@ -357,6 +360,102 @@ void BM_AdamStep(benchmark::State& state) {
 BENCHMARK(BM_AdamStep)
     ->ArgNames({"mparams", "threads"})
     ->ArgsProduct({{16, 64}, {1, 2}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// Note [Update out of place] (offload/fused_adam.h): what an update that
+// can be undone costs, three ways on their own buffers, alternately:
+//   in_place  the plain update, which cannot be undone (the floor)
+//   copy      the old way: copy m and v aside and p to a staging buffer,
+//             then the update in place there (what stages 1-3 did)
+//   apart     the update reading the old p, m, v and writing the new ones
+//             to a second set (streamed stores), the sets flipping every
+//             step (what they do now)
+// Manual time: apart's. Counters: the median paired ratios
+// apart_over_in_place and copy_over_apart (time / time), the medians
+// in_place_ms, copy_ms, apart_ms, and identical_bits (1 when copy's and
+// apart's parameters and moments agree bit for bit after the run).
+void BM_AdamStepUndoable(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0)) << 20;
+  const int threads = static_cast<int>(state.range(1));
+  Span plain(n, threads), copied(n, threads), apart(n, threads),
+      other(n, threads);
+  Span aside(n, threads);  // copy's saved m, v and its staged p
+  AdamStepParams hyper;
+  hyper.lr = kLr;
+  hyper.weight_decay = kWeightDecay;
+  hyper.decoupled = true;
+  const FusedAdamOptions options{threads, Isa::kAuto};
+  int64_t step_plain = 0, step_copy = 0, step_apart = 0;
+  auto run_in_place = [&] {
+    hyper.step = ++step_plain;
+    fused_adam_step(plain.p.get(), plain.g.get(), plain.m.get(), plain.v.get(),
+                    n, hyper, options);
+  };
+  auto run_copy = [&] {
+    hyper.step = ++step_copy;
+    std::memcpy(aside.m.get(), copied.m.get(), n * sizeof(float));
+    std::memcpy(aside.v.get(), copied.v.get(), n * sizeof(float));
+    std::memcpy(aside.p.get(), copied.p.get(), n * sizeof(float));
+    fused_adam_step(aside.p.get(), copied.g.get(), copied.m.get(),
+                    copied.v.get(), n, hyper, options);
+    std::swap(aside.p, copied.p);  // the staged values are the parameters
+  };
+  Span* from = &apart;
+  Span* to = &other;
+  auto run_apart = [&] {
+    hyper.step = ++step_apart;
+    fused_adam_step(AdamArrays{from->p.get(), to->p.get(), apart.g.get(),
+                               from->m.get(), to->m.get(), from->v.get(),
+                               to->v.get()},
+                    n, hyper, options);
+    std::swap(from, to);
+  };
+  for (int i = 0; i < 2; ++i) {
+    run_in_place();
+    run_copy();
+    run_apart();
+  }
+  constexpr int kAlternatives = 3;
+  std::vector<double> times[kAlternatives];
+  std::vector<double> apart_over_in_place, copy_over_apart;
+  int rotation = 0;
+  for (auto _ : state) {
+    double t[kAlternatives] = {};
+    for (int j = 0; j < kAlternatives; ++j) {
+      const int a = (rotation + j) % kAlternatives;
+      t[a] = seconds(a == 0 ? std::function<void()>(run_in_place)
+                 : a == 1   ? std::function<void()>(run_copy)
+                            : std::function<void()>(run_apart));
+    }
+    rotation = (rotation + 1) % kAlternatives;
+    for (int a = 0; a < kAlternatives; ++a) times[a].push_back(t[a]);
+    apart_over_in_place.push_back(t[2] / t[0]);
+    copy_over_apart.push_back(t[1] / t[2]);
+    state.SetIterationTime(t[2]);
+  }
+  if (times[0].empty()) return;
+  state.counters["params"] = static_cast<double>(n);
+  state.counters["threads"] = threads;
+  state.counters["in_place_ms"] = median(times[0]) * 1e3;
+  state.counters["copy_ms"] = median(times[1]) * 1e3;
+  state.counters["apart_ms"] = median(times[2]) * 1e3;
+  state.counters["apart_over_in_place"] = median(apart_over_in_place);
+  state.counters["copy_over_apart"] = median(copy_over_apart);
+  // The same steps on the same data: the same bits, or the figures mean
+  // nothing.
+  const bool same =
+      step_copy == step_apart &&
+      std::memcmp(copied.p.get(), from->p.get(), n * sizeof(float)) == 0 &&
+      std::memcmp(copied.m.get(), from->m.get(), n * sizeof(float)) == 0 &&
+      std::memcmp(copied.v.get(), from->v.get(), n * sizeof(float)) == 0;
+  state.counters["identical_bits"] = same ? 1 : 0;
+  if (!same) state.SkipWithError("apart and copy disagree");
+}
+
+BENCHMARK(BM_AdamStepUndoable)
+    ->ArgNames({"mparams", "threads"})
+    ->ArgsProduct({{16}, {1, 2}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

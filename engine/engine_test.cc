@@ -174,8 +174,11 @@ class BoundarySpy final : public Communicator {
 class LaunchSpy final : public Communicator {
  public:
   explicit LaunchSpy(Communicator* inner) : inner_(inner) {}
-  // The engine's flat gradient buffer: set once the Engine exists.
-  const float* grads = nullptr;
+  // The engine's flat gradient buffer: set once the Engine exists. A
+  // stage 1/2 update trades the parameter and gradient buffers' memory
+  // (Note [Transactional update] in zero/stage.h), so it is looked up at
+  // each launch.
+  const Engine* engine = nullptr;
   std::vector<ptrdiff_t> launches;
   // Set by the test around Engine::backward(): launches from inside
   // autograd (which runs its hooks with gradients disabled) are counted.
@@ -193,7 +196,8 @@ class LaunchSpy final : public Communicator {
   }
   std::shared_ptr<Work> reduce_scatter_async(
       Buffer i, Buffer out, const ReduceScatterOptions& o) override {
-    launches.push_back(static_cast<const float*>(i.data) - grads);
+    launches.push_back(static_cast<const float*>(i.data) -
+                       engine->flat_gradients().data_ptr<float>());
     if (in_call && !torch::GradMode::is_enabled()) ++inside_autograd;
     return inner_->reduce_scatter_async(i, out, o);
   }
@@ -237,7 +241,7 @@ TEST(EngineTest, Stage2OverlapLaunchesBucketsInGradientReadyOrder) {
     fx.world->run([&](int r) {
       LaunchSpy spy(&fx.world->comm(r));
       Engine e(fx.models[r], fx.config, &spy);
-      spy.grads = e.flat_gradients().data_ptr<float>();
+      spy.engine = &e;
       e.backward(fx.loss_on(r, 2 * r));
       e.step();
       if (r == 0) {
@@ -285,7 +289,7 @@ TEST(EngineTest, Stage2ReduceOnceOverlapLaunchesBucketsInTheBoundaryBackward) {
     fx.world->run([&](int r) {
       LaunchSpy spy(&fx.world->comm(r));
       Engine e(fx.models[r], fx.config, &spy);
-      spy.grads = e.flat_gradients().data_ptr<float>();
+      spy.engine = &e;
       for (int i = 0; i < 6; ++i) {
         spy.in_call = true;
         e.backward(fx.loss(r, i));
@@ -1280,6 +1284,75 @@ TEST(EngineTest, ReduceOncePerStepReducesEachWindowOnce) {
       EXPECT_GT(on.memory.grad_bytes, off.memory.grad_bytes) << stage;
     } else {
       EXPECT_EQ(on.memory.grad_bytes, off.memory.grad_bytes) << stage;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zerostep
+
+namespace zerostep {
+namespace {
+
+// Note [Transactional update] (zero/stage.h): at stages 1 and 2 the staged
+// parameters become the parameters by trading the flat buffers' memory, not
+// by a copy. The model's parameter tensors follow (they view the buffer),
+// their .grad views hold the old parameters until zero_grad() clears them,
+// and the bits are stage 0's (stage 1: bitwise; stage 2 sums and then
+// divides by W, so within a float32 rounding), for the plain, bf16 and
+// offload bindings.
+TEST(EngineTest, Stages1And2TradeTheFlatBuffersInsteadOfCopying) {
+  for (const std::string& extra :
+       {std::string(), std::string("\"bf16\": {\"enabled\": true}, "),
+        std::string("\"zero_optimization\": {\"offload_optimizer\": "
+                    "{\"device\": \"cpu\"}, \"stage\": ")}) {
+    SCOPED_TRACE(extra);
+    std::vector<torch::Tensor> finals;
+    for (int stage : {0, 1, 2}) {
+      const bool offload = extra.find("offload") != std::string::npos;
+      if (offload && stage == 0) {
+        finals.push_back(torch::Tensor());  // offload needs stage >= 1
+        continue;
+      }
+      const std::string zero =
+          offload ? extra + std::to_string(stage) + "}"
+                  : "\"zero_optimization\": {\"stage\": " +
+                        std::to_string(stage) + "}";
+      MlpWorld fx(2, parse_config("{\"train_micro_batch_size_per_gpu\": 2, " +
+                                      (offload ? std::string() : extra) +
+                                      zero + "}",
+                                  2));
+      fx.make_engines();
+      fx.world->run([&](int r) {
+        Engine& e = *fx.engines[r];
+        const torch::Tensor weight = fx.models[r]->parameters().front();
+        for (int k = 0; k < 3; ++k) {
+          e.backward(fx.loss(r, k));
+          const void* params_before = e.flat_parameters().data_ptr();
+          const void* grads_before = e.flat_gradients().data_ptr();
+          e.step();
+          const bool traded = stage >= 1;
+          EXPECT_EQ(e.flat_parameters().data_ptr(),
+                    traded ? grads_before : params_before);
+          EXPECT_EQ(e.flat_gradients().data_ptr(),
+                    traded ? params_before : grads_before);
+          // The model computes with the new values (bf16: its own copy,
+          // rounded from them).
+          if (extra.empty()) {
+            EXPECT_EQ(weight.data_ptr(), e.flat_parameters().data_ptr());
+          }
+          EXPECT_EQ(e.flat_gradients().abs().max().item<float>(), 0.0f);
+          for (const torch::Tensor& p : fx.models[r]->parameters())
+            EXPECT_EQ(p.grad().abs().max().item<float>(), 0.0f);
+        }
+      });
+      finals.push_back(fx.engines[0]->flat_parameters().clone());
+    }
+    if (finals[0].defined()) {
+      EXPECT_TRUE(same_bits(finals[1], finals[0]));
+      EXPECT_TRUE(torch::allclose(finals[2], finals[0], 1e-6, 1e-7));
+    } else {
+      EXPECT_TRUE(torch::allclose(finals[2], finals[1], 1e-6, 1e-7));
     }
   }
 }

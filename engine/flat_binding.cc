@@ -85,11 +85,29 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
                                  layout_.padded_numel);
   }
   params_written();
-  stage_ = make_stage(
-      options.stage,
-      {flat_params_.data_ptr<float>(), flat_grads_.data_ptr<float>()}, comm);
+  FlatBuffers buffers;
+  buffers.params = flat_params_.data_ptr<float>();
+  buffers.grads = flat_grads_.data_ptr<float>();
+  buffers.exchange = [this] { return exchange_buffers(); };
+  stage_ = make_stage(options.stage, std::move(buffers), comm);
   // Note [Offload copies]: each gradient leaves the device as it completes.
   install_grad_ready_hooks(params_, /*binding_wants=*/host_grads_.defined());
+}
+
+bool FlatBinding::exchange_buffers() {
+  c10::StorageImpl* params = flat_params_.storage().unsafeGetStorageImpl();
+  c10::StorageImpl* grads = flat_grads_.storage().unsafeGetStorageImpl();
+  // Only like for like: the same bytes, device and allocator (the float32
+  // master page-locked for offload's copies is not traded for pageable
+  // gradients).
+  if (params->nbytes() != grads->nbytes() ||
+      params->device() != grads->device() ||
+      params->allocator() != grads->allocator())
+    return false;
+  at::DataPtr was_grads = grads->set_data_ptr(at::DataPtr());
+  at::DataPtr was_params = params->set_data_ptr(std::move(was_grads));
+  grads->set_data_ptr(std::move(was_params));
+  return true;
 }
 
 void FlatBinding::begin_backward() {

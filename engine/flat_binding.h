@@ -121,6 +121,11 @@ class FlatBinding final : public ParamBinding {
   // Note [Offload copies]: queues parameter i's gradient copy to
   // host_grads_ and the clearing of the device gradient, once per backward.
   void copy_grad_to_host(size_t param_index);
+  // FlatBuffers::exchange (Note [Transactional update] in zero/stage.h):
+  // trades the memory of flat_params_ and flat_grads_, so that every view
+  // of one (the model's parameters, their .grad) sees the other's; false
+  // when the two storages differ in size, device or allocator.
+  bool exchange_buffers();
   // Waits for every copy queued so far (nothing to wait for on the CPU).
   void wait_for_copies();
   // Note [Offload copies]: waits for the weights copy params_written()

@@ -56,30 +56,45 @@ enum class Decay { kDecoupled, kL2, kNone };
 // call that checks errno. Also the tail of the vector paths, so it must be
 // usable from their target-attributed functions: it is a template and
 // always_inline, and so is compiled with its caller's ISA.
+// The arrays of one chunk, advanced together. Out-of-place arrays do not
+// overlap their inputs (AdamArrays), and in place they are the same
+// pointers, so no pointer here is __restrict: an element is loaded before
+// it is stored either way.
+struct Io {
+  const float* p_in;
+  float* p_out;
+  const float* g;
+  const float* m_in;
+  float* m_out;
+  const float* v_in;
+  float* v_out;
+  Io at(size_t i) const {
+    return {p_in + i, p_out + i, g + i, m_in + i, m_out + i, v_in + i,
+            v_out + i};
+  }
+};
+
 template <Decay D>
-__attribute__((always_inline)) inline void adam_one(
-    float* __restrict p, const float* __restrict g, float* __restrict m,
-    float* __restrict v, size_t i, const StepConstants& c) {
-  float pi = p[i];
-  float gi = g[i];
+__attribute__((always_inline)) inline void adam_one(const Io& a, size_t i,
+                                                    const StepConstants& c) {
+  float pi = a.p_in[i];
+  float gi = a.g[i];
   if (D == Decay::kDecoupled) {
     pi = pi * c.decay;
   } else if (D == Decay::kL2) {
     gi = gi + c.wd * pi;
   }
-  const float mi = c.b1 * m[i] + c.one_minus_b1 * gi;
-  const float vi = c.b2 * v[i] + c.one_minus_b2 * gi * gi;
-  m[i] = mi;
-  v[i] = vi;
+  const float mi = c.b1 * a.m_in[i] + c.one_minus_b1 * gi;
+  const float vi = c.b2 * a.v_in[i] + c.one_minus_b2 * gi * gi;
+  a.m_out[i] = mi;
+  a.v_out[i] = vi;
   const float denom = std::sqrt(vi) * c.inv_sqrt_bias2 + c.eps;
-  p[i] = pi - c.step_size * (mi / denom);
+  a.p_out[i] = pi - c.step_size * (mi / denom);
 }
 
 template <Decay D>
-void adam_scalar(float* __restrict p, const float* __restrict g,
-                 float* __restrict m, float* __restrict v, size_t n,
-                 const StepConstants& c) {
-  for (size_t i = 0; i < n; ++i) adam_one<D>(p, g, m, v, i, c);
+void adam_scalar(const Io& a, size_t n, const StepConstants& c) {
+  for (size_t i = 0; i < n; ++i) adam_one<D>(a, i, c);
 }
 
 #if ZS_FUSED_ADAM_X86
@@ -100,12 +115,25 @@ inline void prefetch_line(const float* a) {
   __builtin_prefetch(a, /*rw=*/0, /*locality=*/3);
 }
 
-inline void prefetch4(const float* p, const float* g, const float* m,
-                      const float* v) {
-  prefetch_line(p);
-  prefetch_line(g);
-  prefetch_line(m);
-  prefetch_line(v);
+// The four streams read (the out-of-place outputs are only written).
+inline void prefetch4(const Io& a) {
+  prefetch_line(a.p_in);
+  prefetch_line(a.g);
+  prefetch_line(a.m_in);
+  prefetch_line(a.v_in);
+}
+
+// Note [Update out of place] in fused_adam.h: written apart from what it
+// reads, an output line is never read, so the vector paths store it
+// around the caches (non-temporal stores), which saves the read a store to
+// an uncached line costs, when every output is apart and aligned to the
+// vector (`bytes`). In place, the lines were just read: plain stores.
+inline bool streams(const Io& a, uintptr_t bytes) {
+  auto aligned = [bytes](const float* p) {
+    return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+  };
+  return a.p_out != a.p_in && a.m_out != a.m_in && a.v_out != a.v_in &&
+         aligned(a.p_out) && aligned(a.m_out) && aligned(a.v_out);
 }
 
 // AVX2: 8 lanes. Only "avx2" is asked for, not "fma": the kernel uses no
@@ -114,35 +142,42 @@ struct Broadcast256 {
   __m256 b1, b2, omb1, omb2, eps, wd, decay, step_size, isb2;
 };
 
-template <Decay D>
+template <bool kStream>
+__attribute__((always_inline, target("avx2"))) inline void store8(float* a,
+                                                                  __m256 x) {
+  if (kStream) {
+    _mm256_stream_ps(a, x);
+  } else {
+    _mm256_storeu_ps(a, x);
+  }
+}
+
+template <Decay D, bool kStream>
 __attribute__((always_inline, target("avx2"))) inline void adam8(
-    float* __restrict p, const float* __restrict g, float* __restrict m,
-    float* __restrict v, const Broadcast256& c) {
-  __m256 pi = _mm256_loadu_ps(p);
-  __m256 gi = _mm256_loadu_ps(g);
+    const Io& a, const Broadcast256& c) {
+  __m256 pi = _mm256_loadu_ps(a.p_in);
+  __m256 gi = _mm256_loadu_ps(a.g);
   if (D == Decay::kDecoupled) {
     pi = _mm256_mul_ps(pi, c.decay);
   } else if (D == Decay::kL2) {
     gi = _mm256_add_ps(gi, _mm256_mul_ps(c.wd, pi));
   }
-  const __m256 mi = _mm256_add_ps(_mm256_mul_ps(c.b1, _mm256_loadu_ps(m)),
+  const __m256 mi = _mm256_add_ps(_mm256_mul_ps(c.b1, _mm256_loadu_ps(a.m_in)),
                                   _mm256_mul_ps(c.omb1, gi));
-  const __m256 vi = _mm256_add_ps(_mm256_mul_ps(c.b2, _mm256_loadu_ps(v)),
-                                  _mm256_mul_ps(_mm256_mul_ps(c.omb2, gi), gi));
-  _mm256_storeu_ps(m, mi);
-  _mm256_storeu_ps(v, vi);
+  const __m256 vi =
+      _mm256_add_ps(_mm256_mul_ps(c.b2, _mm256_loadu_ps(a.v_in)),
+                    _mm256_mul_ps(_mm256_mul_ps(c.omb2, gi), gi));
+  store8<kStream>(a.m_out, mi);
+  store8<kStream>(a.v_out, vi);
   const __m256 denom =
       _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(vi), c.isb2), c.eps);
-  _mm256_storeu_ps(
-      p,
+  store8<kStream>(
+      a.p_out,
       _mm256_sub_ps(pi, _mm256_mul_ps(c.step_size, _mm256_div_ps(mi, denom))));
 }
 
 template <Decay D>
-__attribute__((target("avx2"))) void adam_avx2(float* __restrict p,
-                                               const float* __restrict g,
-                                               float* __restrict m,
-                                               float* __restrict v, size_t n,
+__attribute__((target("avx2"))) void adam_avx2(const Io& a, size_t n,
                                                const StepConstants& c) {
   Broadcast256 b;
   b.b1 = _mm256_set1_ps(c.b1);
@@ -155,15 +190,23 @@ __attribute__((target("avx2"))) void adam_avx2(float* __restrict p,
   b.step_size = _mm256_set1_ps(c.step_size);
   b.isb2 = _mm256_set1_ps(c.inv_sqrt_bias2);
   size_t i = 0;
+  if (streams(a, 32)) {
+    for (; i + 16 + kPrefetchAhead <= n; i += 16) {
+      prefetch4(a.at(i + kPrefetchAhead));
+      adam8<D, true>(a.at(i), b);
+      adam8<D, true>(a.at(i + 8), b);
+    }
+    for (; i + 8 <= n; i += 8) adam8<D, true>(a.at(i), b);
+    _mm_sfence();  // the streamed stores are ordered before what follows
+  }
   // Two vectors (one cache line) per iteration, so one prefetch per line.
   for (; i + 16 + kPrefetchAhead <= n; i += 16) {
-    const size_t a = i + kPrefetchAhead;
-    prefetch4(p + a, g + a, m + a, v + a);
-    adam8<D>(p + i, g + i, m + i, v + i, b);
-    adam8<D>(p + i + 8, g + i + 8, m + i + 8, v + i + 8, b);
+    prefetch4(a.at(i + kPrefetchAhead));
+    adam8<D, false>(a.at(i), b);
+    adam8<D, false>(a.at(i + 8), b);
   }
-  for (; i + 8 <= n; i += 8) adam8<D>(p + i, g + i, m + i, v + i, b);
-  for (; i < n; ++i) adam_one<D>(p, g, m, v, i, c);
+  for (; i + 8 <= n; i += 8) adam8<D, false>(a.at(i), b);
+  for (; i < n; ++i) adam_one<D>(a, i, c);
 }
 
 // AVX-512: 16 lanes. Full vectors use plain loads and stores; the tail
@@ -184,44 +227,46 @@ __attribute__((always_inline, target("avx512f"))) inline __m512 load16(
   return kMasked ? _mm512_maskz_loadu_ps(k, a) : _mm512_loadu_ps(a);
 }
 
-template <bool kMasked>
+template <bool kMasked, bool kStream>
 __attribute__((always_inline, target("avx512f"))) inline void store16(
     float* a, __mmask16 k, __m512 x) {
   if (kMasked) {
     _mm512_mask_storeu_ps(a, k, x);
+  } else if (kStream) {
+    _mm512_stream_ps(a, x);
   } else {
     _mm512_storeu_ps(a, x);
   }
 }
 
-template <Decay D, bool kMasked>
+template <Decay D, bool kMasked, bool kStream>
 __attribute__((always_inline, target("avx512f"))) inline void adam16(
-    float* __restrict p, const float* __restrict g, float* __restrict m,
-    float* __restrict v, __mmask16 k, const Broadcast512& c) {
-  __m512 pi = load16<kMasked>(p, k);
-  __m512 gi = load16<kMasked>(g, k);
+    const Io& a, __mmask16 k, const Broadcast512& c) {
+  __m512 pi = load16<kMasked>(a.p_in, k);
+  __m512 gi = load16<kMasked>(a.g, k);
   if (D == Decay::kDecoupled) {
     pi = _mm512_mul_ps(pi, c.decay);
   } else if (D == Decay::kL2) {
     gi = _mm512_add_ps(gi, _mm512_mul_ps(c.wd, pi));
   }
-  const __m512 mi = _mm512_add_ps(_mm512_mul_ps(c.b1, load16<kMasked>(m, k)),
-                                  _mm512_mul_ps(c.omb1, gi));
-  const __m512 vi = _mm512_add_ps(_mm512_mul_ps(c.b2, load16<kMasked>(v, k)),
-                                  _mm512_mul_ps(_mm512_mul_ps(c.omb2, gi), gi));
-  store16<kMasked>(m, k, mi);
-  store16<kMasked>(v, k, vi);
+  const __m512 mi =
+      _mm512_add_ps(_mm512_mul_ps(c.b1, load16<kMasked>(a.m_in, k)),
+                    _mm512_mul_ps(c.omb1, gi));
+  const __m512 vi =
+      _mm512_add_ps(_mm512_mul_ps(c.b2, load16<kMasked>(a.v_in, k)),
+                    _mm512_mul_ps(_mm512_mul_ps(c.omb2, gi), gi));
+  store16<kMasked, kStream>(a.m_out, k, mi);
+  store16<kMasked, kStream>(a.v_out, k, vi);
   const __m512 denom =
       _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_sqrt_ps(k, vi), c.isb2), c.eps);
-  store16<kMasked>(
-      p, k,
+  store16<kMasked, kStream>(
+      a.p_out, k,
       _mm512_sub_ps(pi, _mm512_mul_ps(c.step_size, _mm512_div_ps(mi, denom))));
 }
 
 template <Decay D>
-__attribute__((target("avx512f"))) void adam_avx512(
-    float* __restrict p, const float* __restrict g, float* __restrict m,
-    float* __restrict v, size_t n, const StepConstants& c) {
+__attribute__((target("avx512f"))) void adam_avx512(const Io& a, size_t n,
+                                                    const StepConstants& c) {
   Broadcast512 b;
   b.b1 = _mm512_set1_ps(c.b1);
   b.b2 = _mm512_set1_ps(c.b2);
@@ -233,24 +278,28 @@ __attribute__((target("avx512f"))) void adam_avx512(
   b.step_size = _mm512_set1_ps(c.step_size);
   b.isb2 = _mm512_set1_ps(c.inv_sqrt_bias2);
   size_t i = 0;
+  if (streams(a, 64)) {
+    for (; i + 16 + kPrefetchAhead <= n; i += 16) {
+      prefetch4(a.at(i + kPrefetchAhead));
+      adam16<D, false, true>(a.at(i), 0xFFFF, b);
+    }
+    for (; i + 16 <= n; i += 16) adam16<D, false, true>(a.at(i), 0xFFFF, b);
+    _mm_sfence();  // the streamed stores are ordered before what follows
+  }
   for (; i + 16 + kPrefetchAhead <= n; i += 16) {
-    const size_t a = i + kPrefetchAhead;
-    prefetch4(p + a, g + a, m + a, v + a);
-    adam16<D, false>(p + i, g + i, m + i, v + i, 0xFFFF, b);
+    prefetch4(a.at(i + kPrefetchAhead));
+    adam16<D, false, false>(a.at(i), 0xFFFF, b);
   }
-  for (; i + 16 <= n; i += 16) {
-    adam16<D, false>(p + i, g + i, m + i, v + i, 0xFFFF, b);
-  }
+  for (; i + 16 <= n; i += 16) adam16<D, false, false>(a.at(i), 0xFFFF, b);
   if (i < n) {
     const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    adam16<D, true>(p + i, g + i, m + i, v + i, k, b);
+    adam16<D, true, false>(a.at(i), k, b);
   }
 }
 
 #endif  // ZS_FUSED_ADAM_X86
 
-using Kernel = void (*)(float*, const float*, float*, float*, size_t,
-                        const StepConstants&);
+using Kernel = void (*)(const Io&, size_t, const StepConstants&);
 
 template <Decay D>
 Kernel kernel_for(Isa isa) {
@@ -355,6 +404,20 @@ void parallel_chunks(size_t n, int threads,
 void fused_adam_step(float* params, const float* grads, float* exp_avg,
                      float* exp_avg_sq, size_t n, const AdamStepParams& hyper,
                      const FusedAdamOptions& options) {
+  fused_adam_step(AdamArrays{params, params, grads, exp_avg, exp_avg,
+                             exp_avg_sq, exp_avg_sq},
+                  n, hyper, options);
+}
+
+namespace {
+// Whether out is `in` itself or lies wholly outside it (AdamArrays).
+bool in_place_or_apart(const float* in, const float* out, size_t n) {
+  return in == out || out + n <= in || in + n <= out;
+}
+}  // namespace
+
+void fused_adam_step(const AdamArrays& a, size_t n, const AdamStepParams& hyper,
+                     const FusedAdamOptions& options) {
   if (hyper.step < 1) {
     throw UsageError(
         "fused_adam_step: step must be >= 1 (the 1-based number "
@@ -368,9 +431,18 @@ void fused_adam_step(float* params, const float* grads, float* exp_avg,
                      "'; best available is '" + fused_adam_isa() + "'");
   }
   if (n == 0) return;
-  if (params == nullptr || grads == nullptr || exp_avg == nullptr ||
-      exp_avg_sq == nullptr) {
+  if (a.params_in == nullptr || a.params_out == nullptr ||
+      a.grads == nullptr || a.exp_avg_in == nullptr ||
+      a.exp_avg_out == nullptr || a.exp_avg_sq_in == nullptr ||
+      a.exp_avg_sq_out == nullptr) {
     throw UsageError("fused_adam_step: null buffer for a non-empty span");
+  }
+  if (!in_place_or_apart(a.params_in, a.params_out, n) ||
+      !in_place_or_apart(a.exp_avg_in, a.exp_avg_out, n) ||
+      !in_place_or_apart(a.exp_avg_sq_in, a.exp_avg_sq_out, n)) {
+    throw UsageError(
+        "fused_adam_step: an output array overlaps its input without being "
+        "it (an update is in place or wholly out of place)");
   }
   const Isa isa =
       options.isa == Isa::kAuto ? fused_adam_best_isa() : options.isa;
@@ -383,9 +455,10 @@ void fused_adam_step(float* params, const float* grads, float* exp_avg,
   } else {
     kernel = kernel_for<Decay::kNone>(isa);
   }
+  const Io io{a.params_in,  a.params_out,  a.grads,         a.exp_avg_in,
+              a.exp_avg_out, a.exp_avg_sq_in, a.exp_avg_sq_out};
   parallel_chunks(n, options.threads, [&](size_t begin, size_t end) {
-    kernel(params + begin, grads + begin, exp_avg + begin, exp_avg_sq + begin,
-           end - begin, c);
+    kernel(io.at(begin), end - begin, c);
   });
 }
 

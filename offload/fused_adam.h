@@ -1,6 +1,7 @@
 // Fused Adam / AdamW over flat float32 spans: one pass that reads p, g, m, v
-// and writes p, m, v (28 bytes per parameter), vectorized with AVX-512 or
-// AVX2 chosen at run time, and split over threads in fixed chunks. It is the
+// and writes p, m, v (28 bytes per parameter), in place or to other arrays
+// (Note [Update out of place]), vectorized with AVX-512 or AVX2 chosen at
+// run time, and split over threads in fixed chunks. It is the
 // CPU optimizer for offloaded optimizer state (issue 4); it computes nothing
 // else (no norm, no clipping, no scaling).
 //
@@ -95,6 +96,35 @@ struct FusedAdamOptions {
 // UsageError on step < 1, a null pointer with n > 0, or an unsupported ISA.
 void fused_adam_step(float* params, const float* grads, float* exp_avg,
                      float* exp_avg_sq, size_t n, const AdamStepParams& hyper,
+                     const FusedAdamOptions& options = FusedAdamOptions());
+
+// Where an update out of place reads and writes (Note [Update out of
+// place]): each *_out array gets the new values of its *_in array, which
+// it either is (in place) or does not overlap at all. The same bits as the
+// update in place.
+struct AdamArrays {
+  const float* params_in = nullptr;
+  float* params_out = nullptr;
+  const float* grads = nullptr;
+  const float* exp_avg_in = nullptr;
+  float* exp_avg_out = nullptr;
+  const float* exp_avg_sq_in = nullptr;
+  float* exp_avg_sq_out = nullptr;
+};
+
+// Note [Update out of place]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An update that must be undoable if a later collective fails keeps the
+// old parameters and moments. Copying them aside and updating in place
+// moves 8 more bytes per array and element than the update; reading the
+// old arrays and writing the new ones beside them moves none (a store to
+// a line not in the cache reads it first, as the update's in-place stores
+// do not need to, so it costs a little more than the update in place, far
+// less than the copy). The caller then makes the new arrays current (the
+// optimizer flips its two banks of moments; zero/optimizer.h) or drops
+// them (nothing to restore).
+void fused_adam_step(const AdamArrays& arrays, size_t n,
+                     const AdamStepParams& hyper,
                      const FusedAdamOptions& options = FusedAdamOptions());
 
 // Whether this CPU (and this build) can run `isa`. kAuto and kScalar: always.

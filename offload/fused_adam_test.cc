@@ -190,6 +190,104 @@ TEST(FusedAdamTest, RejectsMisuse) {
   }
 }
 
+bool same_bytes(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// n floats starting at a 64-byte boundary plus `shift` elements, inside a
+// vector that owns them (the vector paths stream their stores only to
+// aligned outputs: both ways are tested).
+class Floats {
+ public:
+  Floats(const std::vector<float>& init, size_t shift)
+      : storage_(init.size() + 16 + shift) {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(storage_.data());
+    data_ = storage_.data() + (64 - at % 64) % 64 / sizeof(float) + shift;
+    std::copy(init.begin(), init.end(), data_);
+    n_ = init.size();
+  }
+  float* data() { return data_; }
+  std::vector<float> values() const { return {data_, data_ + n_}; }
+
+ private:
+  std::vector<float> storage_;
+  float* data_;
+  size_t n_;
+};
+
+// Note [Update out of place]: reading old arrays and writing new ones
+// beside them gives the bits of the update in place, on every ISA, thread
+// count and decay, with outputs aligned (streamed stores) or not, and
+// leaves the old arrays as they were.
+TEST(FusedAdamTest, OutOfPlaceIsBitwiseTheUpdateInPlace) {
+  // 2 * kMinChunk + 37: two threads' chunks and a tail of every vector path.
+  for (size_t n : {size_t{37}, 2 * kMinChunk + 37}) {
+    for (Isa isa : available_isas()) {
+      for (int threads : {1, 3}) {
+        for (int decay = 0; decay < 3; ++decay) {
+          for (size_t shift : {0, 1}) {
+            SCOPED_TRACE(testing::Message()
+                         << "n=" << n << " isa=" << fused_adam_isa_name(isa)
+                         << " threads=" << threads << " decay=" << decay
+                         << " shift=" << shift);
+            AdamStepParams h;
+            h.lr = 1e-2;
+            h.decoupled = decay == 0;
+            h.weight_decay = decay == 2 ? 0.0 : 0.05;
+            const FusedAdamOptions o{threads, isa};
+            AdamState in_place(n, 7);
+            // Two banks of p, m, v, flipped after every step as
+            // FlatOptimizer does.
+            std::vector<Floats> banks;
+            for (int k = 0; k < 6; ++k)
+              banks.emplace_back(k % 3 == 0 ? in_place.p
+                                            : std::vector<float>(n, 0.0f),
+                                 shift);
+            for (int step = 1; step <= 4; ++step) {
+              const std::vector<float> g = normal(n, 200 + step, 1.0f + step);
+              fused_adam_step(in_place.p.data(), g.data(), in_place.m.data(),
+                              in_place.v.data(), n, params_for(h, step), o);
+              Floats* old = &banks[(step - 1) % 2 * 3];
+              Floats* fresh = &banks[step % 2 * 3];
+              const std::vector<float> before[3] = {
+                  old[0].values(), old[1].values(), old[2].values()};
+              fused_adam_step(
+                  AdamArrays{old[0].data(), fresh[0].data(), g.data(),
+                             old[1].data(), fresh[1].data(), old[2].data(),
+                             fresh[2].data()},
+                  n, params_for(h, step), o);
+              ASSERT_TRUE(same_bytes(fresh[0].values(), in_place.p));
+              ASSERT_TRUE(same_bytes(fresh[1].values(), in_place.m));
+              ASSERT_TRUE(same_bytes(fresh[2].values(), in_place.v));
+              for (int k = 0; k < 3; ++k)
+                ASSERT_TRUE(same_bytes(old[k].values(), before[k]));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(FusedAdamTest, RejectsAnOutputOverlappingItsInput) {
+  std::vector<float> p(64, 1.0f), g(32, 0.5f), m(32, 0.0f), v(32, 0.0f);
+  AdamStepParams a;
+  // params_out one element past params_in: neither in place nor apart.
+  EXPECT_THROW(fused_adam_step(AdamArrays{p.data(), p.data() + 1, g.data(),
+                                          m.data(), m.data(), v.data(),
+                                          v.data()},
+                               32, a),
+               UsageError);
+  EXPECT_EQ(p[1], 1.0f);  // refused before anything was written
+  // Adjacent but apart is fine.
+  EXPECT_NO_THROW(fused_adam_step(AdamArrays{p.data(), p.data() + 32, g.data(),
+                                             m.data(), m.data(), v.data(),
+                                             v.data()},
+                                  32, a));
+  EXPECT_EQ(p[0], 1.0f);
+}
+
 TEST(FusedAdamTest, ParallelChunksCoverTheSpanOnceOnAlignedBoundaries) {
   for (size_t n : {size_t{1}, size_t{15}, kMinChunk - 1, 2 * kMinChunk + 1,
                    7 * kMinChunk + 13}) {

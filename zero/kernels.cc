@@ -1,7 +1,10 @@
 #include "zero/kernels.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <new>
+#include <utility>
 #include <type_traits>
 #include <vector>
 
@@ -49,8 +52,15 @@ class HostKernels final : public Kernels {
 
   DeviceArray allocate(size_t n) override {
     if (n == 0) return {};
-    auto v = std::make_shared<std::vector<float>>(n, 0.0f);
-    return DeviceArray(v->data(), n, v);
+    // 64-byte aligned, as a flat buffer's partitions are: the fused
+    // kernel streams its stores only to aligned outputs (Note [Update out
+    // of place] in offload/fused_adam.h).
+    const size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+    void* raw = std::aligned_alloc(64, bytes);
+    if (raw == nullptr) throw std::bad_alloc();
+    std::memset(raw, 0, bytes);  // zeros, touched here
+    std::shared_ptr<void> owner(raw, [](void* q) { std::free(q); });
+    return DeviceArray(static_cast<float*>(raw), n, std::move(owner));
   }
   void copy(float* dst, const float* src, size_t n) override {
     if (n != 0 && dst != src) std::memmove(dst, src, n * sizeof(float));
@@ -99,6 +109,12 @@ class HostKernels final : public Kernels {
     FusedAdamOptions options;
     options.threads = params.threads;
     fused_adam_step(p, g, m, v, n, params, options);
+  }
+  void adam_into(const AdamArrays& a, size_t n,
+                 const AdamStepParams& params) override {
+    FusedAdamOptions options;
+    options.threads = params.threads;
+    fused_adam_step(a, n, params, options);
   }
   void sgd(float* p, const float* g, float* buf, size_t n,
            const SgdStepParams& h) override {

@@ -40,11 +40,10 @@
 #include <memory>
 #include <string>
 
+#include "offload/fused_adam.h"
 #include "zero/precision.h"
 
 namespace zerostep {
-
-struct AdamStepParams;
 
 // A zero-initialised float32 array in one Kernels' memory; move-only owner
 // (an empty array owns nothing).
@@ -88,8 +87,9 @@ class Kernels {
   // read them; checkpoints can read them without a copy).
   virtual bool host_addressable() const = 0;
 
-  // n zeros. Out of memory: the allocator's error (std::bad_alloc on the
-  // host, LibTorch's OutOfMemoryError on a device).
+  // n zeros (the host's: 64-byte aligned). Out of memory: the allocator's
+  // error (std::bad_alloc on the host, LibTorch's OutOfMemoryError on a
+  // device).
   virtual DeviceArray allocate(size_t n) = 0;
   // dst[0, n) = src[0, n), both in this device's memory; may overlap only
   // when equal.
@@ -124,6 +124,20 @@ class Kernels {
   // One Adam/AdamW update of p[0, n) with its moments m, v.
   virtual void adam(float* p, const float* g, float* m, float* v, size_t n,
                     const AdamStepParams& params) = 0;
+  // The same update out of place (Note [Update out of place] in
+  // offload/fused_adam.h): the *_out arrays get the new values, the *_in
+  // ones keep theirs; each out array is its in array or does not overlap
+  // it. The same bits as adam(). By default the in arrays are copied to
+  // the out ones and adam() runs there (what a device's in-place kernel
+  // needs); the host's kernel reads and writes apart in one pass.
+  virtual void adam_into(const AdamArrays& a, size_t n,
+                         const AdamStepParams& params) {
+    if (a.params_out != a.params_in) copy(a.params_out, a.params_in, n);
+    if (a.exp_avg_out != a.exp_avg_in) copy(a.exp_avg_out, a.exp_avg_in, n);
+    if (a.exp_avg_sq_out != a.exp_avg_sq_in)
+      copy(a.exp_avg_sq_out, a.exp_avg_sq_in, n);
+    adam(a.params_out, a.grads, a.exp_avg_out, a.exp_avg_sq_out, n, params);
+  }
   // One SGD update; `buf` is the momentum buffer (nullptr without momentum).
   virtual void sgd(float* p, const float* g, float* buf, size_t n,
                    const SgdStepParams& params) = 0;

@@ -88,17 +88,27 @@ void FlatOptimizer::load_state(int64_t step_count, std::vector<float> exp_avg,
   kernels_->upload(exp_avg_sq_.data(), exp_avg_sq.data(), exp_avg_sq.size());
 }
 
-void FlatOptimizer::save(Snapshot* out) const {
+void FlatOptimizer::save(Snapshot* out) {
   out->step_count = step_count_;
+  out->generation = generation_;
+  out->num_arrays = num_arrays_;
   if (store_) return;  // the device keeps the committed moments
-  // Allocated on the first save; later saves reuse the copies.
-  if (out->exp_avg.size() != exp_avg_.size())
-    out->exp_avg = kernels_->allocate(exp_avg_.size());
-  if (out->exp_avg_sq.size() != exp_avg_sq_.size())
-    out->exp_avg_sq = kernels_->allocate(exp_avg_sq_.size());
-  kernels_->copy(out->exp_avg.data(), exp_avg_.data(), exp_avg_.size());
-  kernels_->copy(out->exp_avg_sq.data(), exp_avg_sq_.data(),
-                 exp_avg_sq_.size());
+  // Note [Two banks of moments]: the spare bank, allocated on the first
+  // save, is where every later step writes.
+  banked_ = true;
+  fit_spare();
+}
+
+void FlatOptimizer::fit_spare() {
+  if (spare_exp_avg_.size() != exp_avg_.size())
+    spare_exp_avg_ = kernels_->allocate(exp_avg_.size());
+  if (spare_exp_avg_sq_.size() != exp_avg_sq_.size())
+    spare_exp_avg_sq_ = kernels_->allocate(exp_avg_sq_.size());
+}
+
+void FlatOptimizer::flip() {
+  std::swap(exp_avg_, spare_exp_avg_);
+  std::swap(exp_avg_sq_, spare_exp_avg_sq_);
 }
 
 void FlatOptimizer::restore(const Snapshot& snapshot) {
@@ -107,11 +117,19 @@ void FlatOptimizer::restore(const Snapshot& snapshot) {
     if (store_->has_prepared()) store_->discard_prepared();
     return;
   }
-  ZS_CHECK(snapshot.exp_avg.size() == exp_avg_.size());
-  ZS_CHECK(snapshot.exp_avg_sq.size() == exp_avg_sq_.size());
-  kernels_->copy(exp_avg_.data(), snapshot.exp_avg.data(), exp_avg_.size());
-  kernels_->copy(exp_avg_sq_.data(), snapshot.exp_avg_sq.data(),
-                 exp_avg_sq_.size());
+  // The spare bank holds the saved moments only until the next step
+  // writes it: one step at most since the save.
+  ZS_CHECK(banked_);
+  ZS_CHECK(generation_ == snapshot.generation ||
+           generation_ == snapshot.generation + 1);
+  if (generation_ == snapshot.generation + 1) flip();
+  generation_ = snapshot.generation;
+  if (snapshot.num_arrays < num_arrays_) {
+    // SGD's momentum appeared in the undone step: it had no buffer before.
+    exp_avg_ = DeviceArray();
+    spare_exp_avg_ = DeviceArray();
+  }
+  num_arrays_ = snapshot.num_arrays;
 }
 
 void FlatOptimizer::commit() {
@@ -121,6 +139,10 @@ void FlatOptimizer::commit() {
 size_t FlatOptimizer::state_bytes() const {
   if (store_) return static_cast<size_t>(store_->buffer_bytes());
   return exp_avg_.bytes() + exp_avg_sq_.bytes();
+}
+
+size_t FlatOptimizer::rollback_bytes() const {
+  return spare_exp_avg_.bytes() + spare_exp_avg_sq_.bytes();
 }
 
 AdamStepParams FlatOptimizer::adam_params(const OptimizerHyper& hyper,
@@ -160,34 +182,70 @@ void FlatOptimizer::step_swapped(float* params, const float* grads,
 
 void FlatOptimizer::step(float* params, const float* grads,
                          const OptimizerHyper& hyper) {
+  step(params, params, grads, hyper);
+}
+
+void FlatOptimizer::step(const float* params_in, float* params_out,
+                         const float* grads, const OptimizerHyper& hyper) {
   if (hyper.kind != kind_) {
     throw UsageError("FlatOptimizer: the optimizer type cannot change "
                      "between steps");
   }
+  const size_t n = numel_;
   if (store_) {
-    step_swapped(params, grads, hyper);
+    if (params_out != params_in) kernels_->copy(params_out, params_in, n);
+    step_swapped(params_out, grads, hyper);
     return;
   }
-  ++step_count_;
-  const size_t n = numel_;
-  if (kind_ == OptimizerKind::kSGD) {
+  if (kind_ == OptimizerKind::kSGD && hyper.momentum != 0.0 &&
+      exp_avg_.size() != n) {
     // A momentum scheduled up from 0 gets its buffer (zeros) when it
     // first appears; a scheduled 0 runs without it.
-    if (hyper.momentum != 0.0 && exp_avg_.size() != n) {
-      exp_avg_ = kernels_->allocate(n);
-      num_arrays_ = 1;
+    exp_avg_ = kernels_->allocate(n);
+    num_arrays_ = 1;
+  }
+  if (kind_ != OptimizerKind::kSGD && kernel_ == AdamKernel::kFused) {
+    // Note [Two banks of moments]: banked, the new moments go to the spare
+    // bank in the same pass, and the banks flip.
+    float* m_out = banked_ ? spare_exp_avg_.data() : exp_avg_.data();
+    float* v_out = banked_ ? spare_exp_avg_sq_.data() : exp_avg_sq_.data();
+    kernels_->adam_into(AdamArrays{params_in, params_out, grads,
+                                   exp_avg_.data(), m_out, exp_avg_sq_.data(),
+                                   v_out},
+                        n, adam_params(hyper, step_count_ + 1));
+    ++step_count_;
+    if (banked_) {
+      flip();
+      ++generation_;
     }
+    return;
+  }
+  // SGD and the reference loop update in place: banked, on a copy of the
+  // moments in the spare bank, which then becomes the current one.
+  if (params_out != params_in) kernels_->copy(params_out, params_in, n);
+  if (banked_) {
+    fit_spare();
+    if (exp_avg_.size() == n)
+      kernels_->copy(spare_exp_avg_.data(), exp_avg_.data(), n);
+    if (exp_avg_sq_.size() == n)
+      kernels_->copy(spare_exp_avg_sq_.data(), exp_avg_sq_.data(), n);
+    flip();
+    ++generation_;
+  }
+  ++step_count_;
+  if (kind_ == OptimizerKind::kSGD) {
     float* buf = hyper.momentum != 0.0 ? exp_avg_.data() : nullptr;
-    kernels_->sgd(params, grads, buf, n,
+    kernels_->sgd(params_out, grads, buf, n,
                   {hyper.lr, hyper.weight_decay, hyper.momentum,
                    step_count_ == 1});
     return;
   }
-  if (kernel_ == AdamKernel::kFused) {
-    kernels_->adam(params, grads, exp_avg_.data(), exp_avg_sq_.data(), n,
-                   adam_params(hyper, step_count_));
-    return;
-  }
+  reference_adam(params_out, grads, hyper);
+}
+
+void FlatOptimizer::reference_adam(float* params, const float* grads,
+                                   const OptimizerHyper& hyper) {
+  const size_t n = numel_;
   // Adam / AdamW, in LibTorch's operation order.
   const double bias1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step_count_));
   const double bias2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(step_count_));

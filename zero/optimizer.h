@@ -5,7 +5,8 @@
 // the Adam update; SGD momentum with dampening 0, no Nesterov).
 //
 // State (exp_avg, exp_avg_sq or the momentum buffer) is allocated once, at
-// construction, for exactly the span's length: in the memory of the
+// construction, for exactly the span's length (and a second bank of it at
+// the first save(): Note [Two banks of moments]): in the memory of the
 // optimizer's Kernels (the host, or the device the parameters are on: Note
 // [Device kernels] in zero/kernels.h), or, with an OptimizerSwap, on a
 // BlockDevice (NVMe offload, Note [NVMe optimizer state]).
@@ -104,6 +105,11 @@ class FlatOptimizer {
   // the moments and step_count() unchanged and params partly updated (the
   // caller restores its copy).
   void step(float* params, const float* grads, const OptimizerHyper& hyper);
+  // The same update with the new parameters written to params_out, which
+  // is params_in itself or does not overlap it (params_in keeps its
+  // values): Note [Update out of place] in offload/fused_adam.h.
+  void step(const float* params_in, float* params_out, const float* grads,
+            const OptimizerHyper& hyper);
 
   int64_t step_count() const { return step_count_; }
   size_t numel() const { return numel_; }
@@ -127,16 +133,26 @@ class FlatOptimizer {
                   std::vector<float> exp_avg_sq);
 
   // Everything step() changes besides the parameters: the step count and
-  // the moments. save() copies them into `*out` (reusing its buffers, so a
-  // snapshot kept across steps allocates once); restore() puts them back.
-  // Used to undo an update whose collective failed (Note [Transactional
-  // update] in zero/stage.h).
-  // The copies live in the optimizer's Kernels' memory.
+  // the moments. save() records them in `*out`; restore() puts them back,
+  // after at most one step() since the save. Used to undo an update whose
+  // collective failed (Note [Transactional update] in zero/stage.h).
+  //
+  // Note [Two banks of moments]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // In memory, the first save() allocates a second bank of moments, the
+  // size of the first, in the optimizer's Kernels' memory (rollback_bytes()),
+  // and from then on every step() reads the current bank and writes the
+  // new moments to the other, in the fused kernel's one pass (Note [Update
+  // out of place] in offload/fused_adam.h; SGD and the reference loop copy
+  // and update in place), and the banks flip. The bank the step read keeps
+  // the saved moments until the next step writes it, so save() copies
+  // nothing and restore() flips back. Copying the moments aside before
+  // every update, as this optimizer did before, moved 16 more bytes per
+  // element and step (stages 1/2 at 26M parameters: docs/benchmarks.md).
   struct Snapshot {
     int64_t step_count = 0;
-    DeviceArray exp_avg;
-    DeviceArray exp_avg_sq;
-    size_t bytes() const { return exp_avg.bytes() + exp_avg_sq.bytes(); }
+    int64_t generation = 0;  // the banks' flips
+    size_t num_arrays = 0;
   };
   // Swapped (Note [NVMe optimizer state]): the device keeps the old moments
   // itself, so save() records the step count only; step() prepares the new
@@ -144,9 +160,11 @@ class FlatOptimizer {
   // once the update's collectives succeeded) and restore() discards them.
   // commit() throws IoError if the device fails; the old moments stay then
   // and the caller restores. In memory, commit() does nothing.
-  void save(Snapshot* out) const;
+  void save(Snapshot* out);
   void restore(const Snapshot& snapshot);
   void commit();
+  // Bytes of the second bank (0 before the first save, and swapped).
+  size_t rollback_bytes() const;
 
  private:
   OptimizerKind kind_;
@@ -157,12 +175,24 @@ class FlatOptimizer {
   // In memory: the state, in kernels_'s memory. Swapped: empty.
   DeviceArray exp_avg_;
   DeviceArray exp_avg_sq_;
+  // Note [Two banks of moments]: the other bank, and whether steps write
+  // it (from the first save() on in memory).
+  DeviceArray spare_exp_avg_;
+  DeviceArray spare_exp_avg_sq_;
+  bool banked_ = false;
+  int64_t generation_ = 0;
   size_t num_arrays_ = 0;  // state arrays: 2 (Adam), 1 or 0 (SGD)
   std::unique_ptr<SwapStore> store_;
   // Array i (0: exp_avg, 1: exp_avg_sq) as a host vector.
   std::vector<float> read_array(size_t i) const;
   void step_swapped(float* params, const float* grads,
                     const OptimizerHyper& hyper);
+  // LibTorch's Adam/AdamW loop, in place on the current bank.
+  void reference_adam(float* params, const float* grads,
+                      const OptimizerHyper& hyper);
+  // Sizes the spare bank like the current one; swaps the banks.
+  void fit_spare();
+  void flip();
   AdamStepParams adam_params(const OptimizerHyper& hyper,
                                     int64_t step) const;
 };

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "common/errors.h"
 #include "offload/adam_test_vectors.h"
 #include "offload/fused_adam.h"
 #include "offload/libtorch_reference.h"
@@ -73,6 +74,89 @@ TEST(FlatOptimizerTest, ZeroParamsAndGradsStayZero) {
     for (int i = 0; i < 5; ++i) opt.step(p.data(), g.data(), h);
     for (float x : p) EXPECT_EQ(x, 0.0f);
   }
+}
+
+// Note [Two banks of moments]: after save(), steps write the other bank and
+// restore() undoes the one step since; the results are the bits of an
+// optimizer that never saved, for every kind and kernel, with the
+// parameters updated in place or out of place.
+TEST(FlatOptimizerTest, BanksUndoOneStepAndChangeNoBit) {
+  struct Case {
+    OptimizerKind kind;
+    AdamKernel kernel;
+  };
+  for (const Case c : {Case{OptimizerKind::kAdamW, AdamKernel::kFused},
+                       Case{OptimizerKind::kAdam, AdamKernel::kFused},
+                       Case{OptimizerKind::kAdamW, AdamKernel::kReference},
+                       Case{OptimizerKind::kSGD, AdamKernel::kFused}}) {
+    SCOPED_TRACE(static_cast<int>(c.kind) * 10 + static_cast<int>(c.kernel));
+    OptimizerHyper h;
+    h.kind = c.kind;
+    h.lr = 1e-2;
+    h.weight_decay = 0.05;
+    h.momentum = 0.9;
+    const size_t n = 517;
+    const std::vector<float> init = normal(n, 3);
+    std::vector<float> plain_p = init;
+    FlatOptimizer plain(h, n, c.kernel);
+    FlatOptimizer banked(h, n, c.kernel);
+    FlatOptimizer::Snapshot saved;
+    banked.save(&saved);
+    EXPECT_EQ(banked.rollback_bytes(), banked.state_bytes());
+    // Out of place: the parameters alternate between two buffers.
+    std::vector<float> p[2] = {init, std::vector<float>(n, 0.0f)};
+    int cur = 0;
+    for (int step = 1; step <= 6; ++step) {
+      const std::vector<float> g = normal(n, 50 + step);
+      banked.save(&saved);
+      const std::vector<float> m = banked.exp_avg(), v = banked.exp_avg_sq();
+      const std::vector<float> before = p[cur];
+      banked.step(p[cur].data(), p[1 - cur].data(), g.data(), h);
+      EXPECT_EQ(p[cur], before);  // the input stays
+      if (step % 3 == 0) {
+        // A failed collective after the update: undone, then retried.
+        banked.restore(saved);
+        EXPECT_EQ(banked.step_count(), step - 1);
+        EXPECT_EQ(banked.exp_avg(), m);
+        EXPECT_EQ(banked.exp_avg_sq(), v);
+        banked.save(&saved);
+        banked.step(p[cur].data(), p[1 - cur].data(), g.data(), h);
+      }
+      cur = 1 - cur;
+      plain.step(plain_p.data(), g.data(), h);
+      ASSERT_EQ(p[cur], plain_p) << "step " << step;
+      ASSERT_EQ(banked.exp_avg(), plain.exp_avg());
+      ASSERT_EQ(banked.exp_avg_sq(), plain.exp_avg_sq());
+    }
+    // Two steps since the save: the saved bank is gone, and saying so is
+    // an internal error, not a silent wrong state.
+    const std::vector<float> g = normal(n, 99);
+    banked.step(p[cur].data(), g.data(), h);
+    banked.step(p[cur].data(), g.data(), h);
+    EXPECT_THROW(banked.restore(saved), InternalError);
+  }
+}
+
+// SGD's momentum scheduled up from 0 gets its buffer in the step that
+// first uses it; undoing that step takes the buffer away again.
+TEST(FlatOptimizerTest, RestoreUndoesAMomentumBufferThatAppeared) {
+  OptimizerHyper h;
+  h.kind = OptimizerKind::kSGD;
+  h.lr = 0.1;
+  FlatOptimizer opt(h, 8);
+  FlatOptimizer::Snapshot saved;
+  opt.save(&saved);
+  std::vector<float> p(8, 1.0f), g(8, 0.5f);
+  opt.step(p.data(), g.data(), h);
+  EXPECT_EQ(opt.state_arrays(), 0u);
+  opt.save(&saved);
+  h.momentum = 0.9;
+  opt.step(p.data(), g.data(), h);
+  EXPECT_EQ(opt.state_arrays(), 1u);
+  opt.restore(saved);
+  EXPECT_EQ(opt.state_arrays(), 0u);
+  EXPECT_TRUE(opt.exp_avg().empty());
+  EXPECT_EQ(opt.step_count(), 1);
 }
 
 TEST(FlatOptimizerTest, StateIsSizedOnceForTheSpan) {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <exception>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "common/errors.h"
@@ -131,10 +132,11 @@ void FlatStage::load_state(const std::vector<float>& params,
 
 void FlatStage::update_owned(const OptimizerHyper& hyper, float* target) {
   if (owned_.size() == 1) {
+    // Into `target` straight from the parameters (Note [Update out of
+    // place] in offload/fused_adam.h).
     const Span& s = owned_[0];
-    if (target != buf_.params)
-      k_.copy(target + s.offset, buf_.params + s.offset, s.numel);
-    optimizer_.step(target + s.offset, owned_grad_, hyper);
+    optimizer_.step(buf_.params + s.offset, target + s.offset, owned_grad_,
+                    hyper);
     return;
   }
   size_t at = 0;
@@ -168,6 +170,12 @@ void FlatStage::staged_update(
     optimizer_.restore(saved_);
     throw;
   }
+  // The staged values become the parameters: the buffers' owner trades
+  // their memory where it can (FlatBuffers::exchange), else a copy.
+  if (buf_.exchange && buf_.exchange()) {
+    std::swap(buf_.params, buf_.grads);
+    return;
+  }
   k_.copy(buf_.params, staged, layout_.padded_numel);
 }
 
@@ -183,7 +191,7 @@ MemoryStats FlatStage::memory() const {
                  (partitioned_ ? owned_numel_ * sizeof(float) : 0);
   m.optimizer_state_bytes =
       optimizer_.state_bytes() + owned_params_.bytes();
-  m.rollback_bytes = saved_.bytes();
+  m.rollback_bytes = optimizer_.rollback_bytes();
   // Stages 0-2 allocate everything up front: the peak is what is resident.
   m.peak_bytes = m.param_bytes + m.grad_bytes + m.optimizer_state_bytes +
                  m.rollback_bytes;

@@ -75,23 +75,30 @@
 // stage does, and what it costs:
 //   stage 0   nothing: the update is local and is the last thing
 //             apply_update does, so nothing can fail after it has begun.
-//   stages 1, 2  the optimizer's moments and step count are copied before
-//             the update (FlatOptimizer::Snapshot) and restored if it
-//             fails. The updated owned parameters are staged in the full
-//             gradient buffer, which holds nothing once the window's
-//             gradients are reduced into the owned partition; the
-//             all-gather runs there, in place, and only after it has
-//             succeeded is the buffer copied into the parameters (a
-//             failed collective may leave its output undefined, so it
-//             never writes the parameters). Cost: 8 bytes per owned
-//             element (4 for SGD with momentum, 0 for plain SGD), held for
-//             the stage's lifetime, and one copy of the parameter buffer
-//             per step.
-//   stage 3   the rank's partition (4 bytes per owned element) and the
-//             moments (8) are copied before the update and restored if it
-//             fails; the persistent groups are all-gathered into their
-//             gradient storage (reduced and zeroed by then) and copied into
-//             their parameters on success. Cost: 12 bytes per owned element.
+//   stages 1, 2  the optimizer's step count is saved and its moments are
+//             kept: the update writes the new ones to a second bank (Note
+//             [Two banks of moments] in zero/optimizer.h), and a failure
+//             flips back. The updated owned parameters are written, from
+//             the parameters, into the full gradient buffer, which holds
+//             nothing once the window's gradients are reduced into the
+//             owned partition; the all-gather runs there, in place, and
+//             only after it has succeeded does the buffer become the
+//             parameters (a failed collective may leave its output
+//             undefined, so it never writes the parameters): the Engine's
+//             binding trades the two buffers' memory
+//             (FlatBuffers::exchange), so the gradient buffer now holds
+//             the old parameters, which zero_grad() clears; a caller of
+//             make_stage() without an exchange gets a copy of the
+//             parameter buffer. Cost: 8 bytes per owned element (4 for
+//             SGD with momentum, 0 for plain SGD), held for the stage's
+//             lifetime.
+//   stage 3   the update writes the new partition into a spare one (4
+//             bytes per owned element), which becomes the partition on
+//             success, and the new moments into the optimizer's second
+//             bank (8), which flips back on failure; the persistent groups
+//             are all-gathered into their gradient storage (reduced and
+//             zeroed by then) and copied into their parameters on success.
+//             Cost: 12 bytes per owned element.
 //             With the partitions on NVMe (Note [NVMe parameter
 //             partitions] in zero/stage3.h) the store keeps the old
 //             partitions until its commit, after the all-gather: 8 bytes.
@@ -203,6 +210,13 @@ struct StageOptions {
 struct FlatBuffers {
   float* params = nullptr;
   float* grads = nullptr;
+  // Optional (Note [Transactional update]): trades the memory behind the
+  // two buffers, wherever else it is seen (the model's parameter tensors
+  // view `params`), so that what was at `grads` is the parameters and the
+  // old parameters are at `params`' old address, now the gradients'; the
+  // stage then swaps its two pointers. Returns false, changing nothing,
+  // when the owner cannot; the stage copies then.
+  std::function<bool()> exchange;
 };
 
 // A range of the flat buffers.

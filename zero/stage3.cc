@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "common/errors.h"
 #include "offload/swap_store.h"
@@ -185,7 +186,7 @@ MemoryStats Stage3::memory() const {
 }
 
 size_t Stage3::rollback_bytes() const {
-  return saved_params_.bytes() + saved_optimizer_.bytes();
+  return saved_params_.bytes() + optimizer_.rollback_bytes();
 }
 
 void Stage3::note_memory() {
@@ -460,13 +461,15 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
     apply_update_offloaded(hyper);
     return;
   }
-  // Note [Transactional update]: keep what the update changes until the
-  // persistent groups' all-gather has succeeded.
-  k_.copy(saved_params_.data(), part_params_.data(), owned_numel_);
+  // Note [Transactional update]: the update writes the new partition
+  // beside the old one (Note [Update out of place] in
+  // offload/fused_adam.h), which stays until the persistent groups'
+  // all-gather has succeeded.
+  float* fresh = saved_params_.data();
   optimizer_.save(&saved_optimizer_);
   try {
     internal::step_and_agree(*comm_, optimizer_.swapped(), [&] {
-      optimizer_.step(part_params_.data(), part_grads_.data(), hyper);
+      optimizer_.step(part_params_.data(), fresh, part_grads_.data(), hyper);
     });
     // Persistent groups are whole on every rank: refresh them now, through
     // their gradient storage (reduced and zeroed by now) so that a failed
@@ -475,16 +478,18 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
     for (size_t g = 0; g < groups_.size(); ++g) {
       if (!groups_[g].persistent) continue;
       ZS_CHECK(full_grads_[g] != nullptr);
-      comm_->all_gather(
-          buffer(part_params_.data() + part_offset_[g], partition_[g]),
-          group_buffer(full_grads_[g], padded_[g]), {phase::kStep});
+      comm_->all_gather(buffer(fresh + part_offset_[g], partition_[g]),
+                        group_buffer(full_grads_[g], padded_[g]),
+                        {phase::kStep});
     }
     optimizer_.commit();  // NVMe: the new moments count from here
   } catch (...) {
-    k_.copy(part_params_.data(), saved_params_.data(), owned_numel_);
     optimizer_.restore(saved_optimizer_);
     throw;
   }
+  // The new partition is the partition; the old one is the next update's
+  // output.
+  std::swap(part_params_, saved_params_);
   publish_persistent();
 }
 

@@ -403,8 +403,9 @@ class Stage3 final : public Stage {
   DeviceArray part_grads_;  // accumulated over the window
   DeviceArray scratch_;     // one group's reduced chunk
   FlatOptimizer optimizer_;
-  // Note [Transactional update]: the partition and the optimizer state as
-  // they were before the update in progress.
+  // Note [Transactional update]: the spare partition the update writes
+  // (it becomes part_params_ once the update has succeeded), and the
+  // optimizer's state before the update in progress.
   DeviceArray saved_params_;
   FlatOptimizer::Snapshot saved_optimizer_;
   // Per group, live state.

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -76,6 +78,19 @@ std::vector<std::vector<float>> train(int stage, int world, int windows,
 // is (small integers, every length around the eight lanes), and the
 // documented order where orders differ: 2^54 in lane 0 absorbs each 1
 // added to it alone, while lanes 1-7 sum theirs first.
+// The fused kernel streams its stores only to 64-byte aligned outputs
+// (Note [Update out of place] in offload/fused_adam.h): the optimizer's
+// banks of moments and stage 3's partitions come from here.
+TEST(HostKernelsTest, AllocationsAreZerosOn64ByteBoundaries) {
+  for (size_t n : {size_t{1}, size_t{17}, size_t{1} << 20, (size_t{1} << 20) + 3}) {
+    DeviceArray a = host_kernels().allocate(n);
+    ASSERT_EQ(a.size(), n);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % 64, 0u) << n;
+    EXPECT_TRUE(std::all_of(a.data(), a.data() + n,
+                            [](float x) { return x == 0.0f; }));
+  }
+}
+
 TEST(HostKernelsTest, SumOfSquaresIsExactAndKeepsItsOrder) {
   Kernels& k = host_kernels();
   for (size_t n : {0, 1, 7, 8, 9, 15, 16, 17, 40, 1003}) {
