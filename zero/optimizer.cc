@@ -187,14 +187,30 @@ void FlatOptimizer::step(float* params, const float* grads,
 
 void FlatOptimizer::step(const float* params_in, float* params_out,
                          const float* grads, const OptimizerHyper& hyper) {
+  step({Piece{params_in, params_out, 0, numel_}}, grads, hyper);
+}
+
+void FlatOptimizer::step(const std::vector<Piece>& pieces, const float* grads,
+                         const OptimizerHyper& hyper) {
   if (hyper.kind != kind_) {
     throw UsageError("FlatOptimizer: the optimizer type cannot change "
                      "between steps");
   }
   const size_t n = numel_;
+  {
+    size_t at = 0;  // the pieces cover the state in order
+    for (const Piece& q : pieces) {
+      ZS_CHECK(q.state_offset == at);
+      at += q.numel;
+    }
+    ZS_CHECK(at == n);
+  }
   if (store_) {
-    if (params_out != params_in) kernels_->copy(params_out, params_in, n);
-    step_swapped(params_out, grads, hyper);
+    // The swapped state streams over one contiguous span (steps_pieces()).
+    ZS_CHECK(pieces.size() == 1);
+    const Piece& q = pieces[0];
+    if (q.out != q.in) kernels_->copy(q.out, q.in, n);
+    step_swapped(q.out, grads, hyper);
     return;
   }
   if (kind_ == OptimizerKind::kSGD && hyper.momentum != 0.0 &&
@@ -209,10 +225,14 @@ void FlatOptimizer::step(const float* params_in, float* params_out,
     // bank in the same pass, and the banks flip.
     float* m_out = banked_ ? spare_exp_avg_.data() : exp_avg_.data();
     float* v_out = banked_ ? spare_exp_avg_sq_.data() : exp_avg_sq_.data();
-    kernels_->adam_into(AdamArrays{params_in, params_out, grads,
-                                   exp_avg_.data(), m_out, exp_avg_sq_.data(),
-                                   v_out},
-                        n, adam_params(hyper, step_count_ + 1));
+    const AdamStepParams ap = adam_params(hyper, step_count_ + 1);
+    for (const Piece& q : pieces) {
+      const size_t o = q.state_offset;
+      kernels_->adam_into(
+          AdamArrays{q.in, q.out, grads + o, exp_avg_.data() + o, m_out + o,
+                     exp_avg_sq_.data() + o, v_out + o},
+          q.numel, ap);
+    }
     ++step_count_;
     if (banked_) {
       flip();
@@ -222,7 +242,8 @@ void FlatOptimizer::step(const float* params_in, float* params_out,
   }
   // SGD and the reference loop update in place: banked, on a copy of the
   // moments in the spare bank, which then becomes the current one.
-  if (params_out != params_in) kernels_->copy(params_out, params_in, n);
+  for (const Piece& q : pieces)
+    if (q.out != q.in) kernels_->copy(q.out, q.in, q.numel);
   if (banked_) {
     fit_spare();
     if (exp_avg_.size() == n)
@@ -233,19 +254,23 @@ void FlatOptimizer::step(const float* params_in, float* params_out,
     ++generation_;
   }
   ++step_count_;
-  if (kind_ == OptimizerKind::kSGD) {
-    float* buf = hyper.momentum != 0.0 ? exp_avg_.data() : nullptr;
-    kernels_->sgd(params_out, grads, buf, n,
-                  {hyper.lr, hyper.weight_decay, hyper.momentum,
-                   step_count_ == 1});
-    return;
+  for (const Piece& q : pieces) {
+    const size_t o = q.state_offset;
+    if (kind_ == OptimizerKind::kSGD) {
+      float* buf = hyper.momentum != 0.0 ? exp_avg_.data() + o : nullptr;
+      kernels_->sgd(q.out, grads + o, buf, q.numel,
+                    {hyper.lr, hyper.weight_decay, hyper.momentum,
+                     step_count_ == 1});
+    } else {
+      reference_adam(q.out, grads + o, exp_avg_.data() + o,
+                     exp_avg_sq_.data() + o, q.numel, hyper);
+    }
   }
-  reference_adam(params_out, grads, hyper);
 }
 
 void FlatOptimizer::reference_adam(float* params, const float* grads,
+                                   float* m, float* v, size_t n,
                                    const OptimizerHyper& hyper) {
-  const size_t n = numel_;
   // Adam / AdamW, in LibTorch's operation order.
   const double bias1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step_count_));
   const double bias2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(step_count_));
@@ -259,8 +284,6 @@ void FlatOptimizer::reference_adam(float* params, const float* grads,
   const float wd = static_cast<float>(hyper.weight_decay);
   const bool decoupled = kind_ == OptimizerKind::kAdamW;
   const float decay = static_cast<float>(1.0 - hyper.lr * hyper.weight_decay);
-  float* m = exp_avg_.data();
-  float* v = exp_avg_sq_.data();
   for (size_t i = 0; i < n; ++i) {
     float p = params[i];
     float g = grads[i];

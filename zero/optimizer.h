@@ -110,6 +110,25 @@ class FlatOptimizer {
   // values): Note [Update out of place] in offload/fused_adam.h.
   void step(const float* params_in, float* params_out, const float* grads,
             const OptimizerHyper& hyper);
+  // A piece of an update whose parameters are not one span (stage 2's
+  // chunks of its buckets): state elements [state_offset, state_offset +
+  // numel) belong to the parameters at `in`, whose new values go to `out`
+  // (`in` itself or apart).
+  struct Piece {
+    const float* in = nullptr;
+    float* out = nullptr;
+    size_t state_offset = 0;
+    size_t numel = 0;
+  };
+  // Whether step() takes more than one piece: not with a swapped state,
+  // which streams through one contiguous span (the caller gathers the
+  // parameters into one then).
+  bool steps_pieces() const { return store_ == nullptr; }
+  // One update, piece by piece: the same bits as one contiguous span.
+  // `pieces` cover [0, numel()) in state order; `grads` is contiguous in
+  // state order.
+  void step(const std::vector<Piece>& pieces, const float* grads,
+            const OptimizerHyper& hyper);
 
   int64_t step_count() const { return step_count_; }
   size_t numel() const { return numel_; }
@@ -187,9 +206,9 @@ class FlatOptimizer {
   std::vector<float> read_array(size_t i) const;
   void step_swapped(float* params, const float* grads,
                     const OptimizerHyper& hyper);
-  // LibTorch's Adam/AdamW loop, in place on the current bank.
-  void reference_adam(float* params, const float* grads,
-                      const OptimizerHyper& hyper);
+  // LibTorch's Adam/AdamW loop over n elements, in place.
+  void reference_adam(float* params, const float* grads, float* m, float* v,
+                      size_t n, const OptimizerHyper& hyper);
   // Sizes the spare bank like the current one; swaps the banks.
   void fit_spare();
   void flip();

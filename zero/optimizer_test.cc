@@ -137,6 +137,61 @@ TEST(FlatOptimizerTest, BanksUndoOneStepAndChangeNoBit) {
   }
 }
 
+// Stage 2's chunks of several buckets: one update in pieces, each piece's
+// parameters elsewhere and written apart, gives the bits of one span.
+TEST(FlatOptimizerTest, PiecesGiveTheBitsOfOneSpan) {
+  for (const OptimizerKind kind :
+       {OptimizerKind::kAdamW, OptimizerKind::kSGD}) {
+    for (const AdamKernel kernel : {AdamKernel::kFused, AdamKernel::kReference}) {
+      OptimizerHyper h;
+      h.kind = kind;
+      h.lr = 1e-2;
+      h.weight_decay = 0.05;
+      h.momentum = 0.9;
+      const size_t n = 96;
+      std::vector<float> span = normal(n, 11);
+      // The pieces' parameters: 3 chunks at scattered places of a buffer.
+      std::vector<float> buffer(400, 0.0f), out(400, 0.0f);
+      const size_t where[3] = {16, 160, 320}, size[3] = {32, 48, 16};
+      FlatOptimizer one(h, n, kernel), pieces(h, n, kernel);
+      FlatOptimizer::Snapshot saved;
+      pieces.save(&saved);  // banked, as the stages run it
+      size_t at = 0;
+      for (int k = 0; k < 3; ++k) {
+        std::copy(span.begin() + at, span.begin() + at + size[k],
+                  buffer.begin() + where[k]);
+        at += size[k];
+      }
+      for (int step = 1; step <= 3; ++step) {
+        const std::vector<float> g = normal(n, 30 + step);
+        one.step(span.data(), g.data(), h);
+        std::vector<FlatOptimizer::Piece> list;
+        at = 0;
+        for (int k = 0; k < 3; ++k) {
+          list.push_back({buffer.data() + where[k], out.data() + where[k], at,
+                          size[k]});
+          at += size[k];
+        }
+        pieces.step(list, g.data(), h);
+        std::swap(buffer, out);
+        at = 0;
+        for (int k = 0; k < 3; ++k) {
+          ASSERT_TRUE(std::equal(span.begin() + at, span.begin() + at + size[k],
+                                 buffer.begin() + where[k]))
+              << "kind " << static_cast<int>(kind) << " step " << step;
+          at += size[k];
+        }
+        ASSERT_EQ(one.exp_avg(), pieces.exp_avg());
+        ASSERT_EQ(one.exp_avg_sq(), pieces.exp_avg_sq());
+      }
+      // Pieces that do not cover the state in order are a bug.
+      EXPECT_THROW(
+          pieces.step({{buffer.data(), out.data(), 8, n - 8}}, span.data(), h),
+          InternalError);
+    }
+  }
+}
+
 // SGD's momentum scheduled up from 0 gets its buffer in the step that
 // first uses it; undoing that step takes the buffer away again.
 TEST(FlatOptimizerTest, RestoreUndoesAMomentumBufferThatAppeared) {

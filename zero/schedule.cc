@@ -283,7 +283,6 @@ MemoryStats planned_memory(const ModelShape& m, const ScheduleOptions& o) {
       for (const Span& b : buckets) largest = std::max(largest, b.numel / w);
       s.grad_bytes += owned * f;  // reduce scratch
       if (largest > piece) s.param_bytes += piece * w * f;
-      if (buckets.size() > 1) s.optimizer_state_bytes += owned * f;
     }
     s.rollback_bytes = partitioned ? owned * opt : 0;
     s.peak_bytes = s.param_bytes + s.grad_bytes + s.optimizer_state_bytes +

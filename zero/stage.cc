@@ -56,7 +56,10 @@ FlatStage::FlatStage(const StageOptions& options, FlatBuffers buffers,
     ZS_CHECK(s.offset + s.numel <= layout_.padded_numel);
     owned_numel_ += s.numel;
   }
-  if (owned_.size() > 1) owned_params_ = k_.allocate(owned_numel_);
+  // Stage 2's chunks of several buckets: the optimizer steps them piece
+  // by piece, but a swapped state streams one span, gathered here.
+  if (owned_.size() > 1 && !optimizer_.steps_pieces())
+    owned_params_ = k_.allocate(owned_numel_);
   // Stages 1/2 keep a snapshot of the optimizer state to undo a failed
   // update (Note [Transactional update]); allocated now, so that memory()
   // at construction is what the stage holds for its lifetime.
@@ -140,6 +143,15 @@ void FlatStage::update_owned(const OptimizerHyper& hyper, float* target) {
     return;
   }
   size_t at = 0;
+  if (optimizer_.steps_pieces()) {
+    std::vector<FlatOptimizer::Piece> pieces;
+    for (const Span& s : owned_) {
+      pieces.push_back({buf_.params + s.offset, target + s.offset, at, s.numel});
+      at += s.numel;
+    }
+    optimizer_.step(pieces, owned_grad_, hyper);
+    return;
+  }
   for (const Span& s : owned_) {
     k_.copy(owned_params_.data() + at, buf_.params + s.offset, s.numel);
     at += s.numel;

@@ -376,7 +376,10 @@ class FlatStage : public Stage {
   size_t owned_numel_;
   float* owned_grad_ = nullptr;
   FlatOptimizer optimizer_;
-  DeviceArray owned_params_;       // stage 2's contiguous update copy
+  // Stage 2 with several buckets and a swapped optimizer state: the owned
+  // chunks gathered into one span for the update (in memory the optimizer
+  // steps the chunks where they are).
+  DeviceArray owned_params_;
   FlatOptimizer::Snapshot saved_;  // stages 1/2: to undo an update
 };
 
