@@ -117,10 +117,14 @@ struct AdamArrays {
 // An update that must be undoable if a later collective fails keeps the
 // old parameters and moments. Copying them aside and updating in place
 // moves 8 more bytes per array and element than the update; reading the
-// old arrays and writing the new ones beside them moves none (a store to
-// a line not in the cache reads it first, as the update's in-place stores
-// do not need to, so it costs a little more than the update in place, far
-// less than the copy). The caller then makes the new arrays current (the
+// old arrays and writing the new ones beside them moves none more. A
+// plain store to a line not in the cache reads the line first, which in
+// place the update has just done; so when every output is apart and
+// 64-byte aligned (32 for AVX2) the vector paths store around the caches
+// (non-temporal stores, then a fence) and nothing is read twice. Plain
+// stores to outputs apart took about twice the in-place time on the
+// development machine, streamed ones about 1.15x (docs/benchmarks.md,
+// fused_adam_bench). The caller then makes the new arrays current (the
 // optimizer flips its two banks of moments; zero/optimizer.h) or drops
 // them (nothing to restore).
 void fused_adam_step(const AdamArrays& arrays, size_t n,

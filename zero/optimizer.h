@@ -166,8 +166,8 @@ class FlatOptimizer {
   // and update in place), and the banks flip. The bank the step read keeps
   // the saved moments until the next step writes it, so save() copies
   // nothing and restore() flips back. Copying the moments aside before
-  // every update, as this optimizer did before, moved 16 more bytes per
-  // element and step (stages 1/2 at 26M parameters: docs/benchmarks.md).
+  // every update instead would move 16 more bytes per element and step
+  // (what that cost stages 1/2 at 26M parameters: docs/benchmarks.md).
   struct Snapshot {
     int64_t step_count = 0;
     int64_t generation = 0;  // the banks' flips

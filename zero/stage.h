@@ -212,10 +212,10 @@ struct FlatBuffers {
   float* grads = nullptr;
   // Optional (Note [Transactional update]): trades the memory behind the
   // two buffers, wherever else it is seen (the model's parameter tensors
-  // view `params`), so that what was at `grads` is the parameters and the
-  // old parameters are at `params`' old address, now the gradients'; the
-  // stage then swaps its two pointers. Returns false, changing nothing,
-  // when the owner cannot; the stage copies then.
+  // view `params`): afterwards the memory at `grads` holds the parameters
+  // and the memory at `params` is the gradients', and the stage swaps its
+  // two pointers to match. Returns false, changing nothing, when the
+  // owner cannot; the stage copies then.
   std::function<bool()> exchange;
 };
 
