@@ -134,16 +134,10 @@ void FlatStage::load_state(const std::vector<float>& params,
 }
 
 void FlatStage::update_owned(const OptimizerHyper& hyper, float* target) {
-  if (owned_.size() == 1) {
-    // Into `target` straight from the parameters (Note [Update out of
-    // place] in offload/fused_adam.h).
-    const Span& s = owned_[0];
-    optimizer_.step(buf_.params + s.offset, target + s.offset, owned_grad_,
-                    hyper);
-    return;
-  }
   size_t at = 0;
-  if (optimizer_.steps_pieces()) {
+  // Into `target` straight from the parameters, one piece per owned span
+  // (Note [Update out of place] in offload/fused_adam.h).
+  if (owned_.size() == 1 || optimizer_.steps_pieces()) {
     std::vector<FlatOptimizer::Piece> pieces;
     for (const Span& s : owned_) {
       pieces.push_back({buf_.params + s.offset, target + s.offset, at, s.numel});
