@@ -311,8 +311,8 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = {
          "zerostep's own key: stages 2/3 reduce a window's gradients once, "
          "in step()"),
     read("zero_optimization.gather_once_per_step",
-         "zerostep's own key: stage 3 keeps a block gathered from its first "
-         "use to the step"),
+         "zerostep's own key: stage 3 keeps a block gathered until the step, "
+         "which gathers every block again for the next window"),
     read("zero_optimization.reduce_bucket_size",
          "elements per gradient reduction; 0 as 1"),
     read("zero_optimization.allgather_bucket_size",

@@ -129,6 +129,89 @@ TEST(EngineTest, RanksThatDisagreeOnNGetAnErrorOnEveryRankAndNoUpdate) {
   }
 }
 
+// Note [Window agreement] (zero/stage.h): a backward that communicates
+// nothing skips its agreement: stage 2 with reduce_once_per_step, stage 3
+// with it when every block group is gathered as the backward begins (kept
+// by gather_once_per_step, or by the reuse distance). Where the backward
+// gathers (stage 3 with reuse distance 0) or reduces (the default), it
+// still agrees. A rank that runs one backward too many is then caught by
+// the step's agreement, before anything is reduced: the same error on
+// every rank, and neither parameters nor moments move.
+TEST(EngineTest, ABackwardThatCommunicatesNothingSkipsItsAgreement) {
+  struct Case {
+    int stage;
+    std::string zero;
+    int agreements;  // rank 0's, in the backward calls of two windows of 2
+    bool disagree;   // also run the extra backward
+  };
+  const std::string s3 = "\"stage3_param_persistence_threshold\": 0, ";
+  const std::vector<Case> cases = {
+      {2, "\"reduce_once_per_step\": true", 0, true},
+      {3, s3 + "\"reduce_once_per_step\": true, \"gather_once_per_step\": true",
+       0, true},
+      {3, s3 + "\"reduce_once_per_step\": true", 0, false},
+      {3, s3 + "\"reduce_once_per_step\": true, \"stage3_max_reuse_distance\": 0",
+       4, false},
+      {3, s3 + "\"gather_once_per_step\": true", 4, false},
+      {2, "\"reduce_once_per_step\": false", 4, false},
+  };
+  const int w = 3;
+  for (const Case& c : cases) {
+    const std::string what = "stage " + std::to_string(c.stage) + " " + c.zero;
+    const Config config = parse_config(
+        "{\"train_micro_batch_size_per_gpu\": 2, "
+        "\"gradient_accumulation_steps\": 2, "
+        "\"managed_gradient_accumulation\": false, \"zero_optimization\": "
+        "{\"stage\": " +
+            std::to_string(c.stage) + ", " + c.zero + "}}",
+        w);
+    MlpWorld fx(w, config);
+    fx.world->run([&](int r) {
+      Engine e(fx.models[r], fx.config, &fx.world->comm(r));
+      for (int k = 0; k < 2; ++k) {
+        for (int b = 0; b < 2; ++b) e.backward(fx.loss(r, 2 * k + b));
+        e.step();
+      }
+    });
+    size_t agreements = 0;  // Note [Window agreement]: 3 int64 per rank
+    for (const LedgerEntry& l : fx.world->ledger(0).entries())
+      agreements += l.kind == CollectiveKind::kAllGather &&
+                    l.dtype == DType::kInt64 &&
+                    std::string_view(l.label) == phase::kBackward;
+    EXPECT_EQ(agreements, static_cast<size_t>(c.agreements)) << what;
+    if (!c.disagree) continue;
+    MlpWorld bad(w, config);
+    auto errors = bad.world->run_collect([&](int r) {
+      Engine e(bad.models[r], bad.config, &bad.world->comm(r));
+      for (int b = 0; b < 2; ++b) e.backward(bad.loss(r, b));
+      e.step();
+      const std::vector<float> moments = e.optimizer().exp_avg();
+      const std::vector<float> owned = e.owned_parameters();
+      try {
+        const int n = r == 1 ? 3 : 2;  // rank 1 runs one backward too many
+        for (int b = 0; b < n; ++b) e.backward(bad.loss(r, 2 + b));
+        e.step();
+      } catch (...) {
+        EXPECT_EQ(e.optimizer().exp_avg(), moments) << what << " rank " << r;
+        EXPECT_EQ(e.owned_parameters(), owned) << what << " rank " << r;
+        EXPECT_EQ(e.global_steps(), 1) << what;
+        throw;
+      }
+    });
+    for (int r = 0; r < w; ++r) {
+      ASSERT_TRUE(errors[r]) << what << " rank " << r;
+      const std::string msg =
+          message_of([&] { std::rethrow_exception(errors[r]); });
+      EXPECT_NE(msg.find("rank 1 ran 3 backward() calls and steps"),
+                std::string::npos)
+          << what << ": " << msg;
+      EXPECT_NE(msg.find("rank 0 ran 2 backward() calls and steps"),
+                std::string::npos)
+          << what << ": " << msg;
+    }
+  }
+}
+
 // A Communicator decorator that records the engine's boundary flag each time
 // the engine communicates: the flag must be true exactly during step().
 class BoundarySpy final : public Communicator {
@@ -726,10 +809,11 @@ TEST(EngineTest, Stage3GatherOncePerStepGathersEachBlockOncePerWindow) {
       // Reuse 0 gathers each block twice per backward call (36), 1e9 once
       // (18); both once more for block 0's forward without backward and
       // its forward after the step. gather_once_per_step: the three blocks
-      // in the first window, block 0 after the step, blocks 1 and 2 in the
-      // second window: 6 in all, 32 and 14 fewer.
-      EXPECT_EQ(gathers[0], gathers[2] + 32) << what;
-      EXPECT_EQ(gathers[1], gathers[3] + 14) << what;
+      // in the first window's first forward, then all three at each of the
+      // two steps, so nothing in the second window nor in the forward
+      // after the first step: 9 in all, 29 and 11 fewer.
+      EXPECT_EQ(gathers[0], gathers[2] + 29) << what;
+      EXPECT_EQ(gathers[1], gathers[3] + 11) << what;
       EXPECT_EQ(gathers[2], gathers[3]) << what;
       EXPECT_EQ(gathers[4], gathers[3]) << what;
       // One pool slot per block: what reuse 1e9 holds anyway.

@@ -5,6 +5,8 @@
 
 #include <filesystem>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "common/errors.h"
 #include "zero/phase.h"
@@ -48,10 +50,16 @@ std::vector<std::string> every_class(int rank, int64_t k) {
 // every class, at every stage, managed and unmanaged: every rank ends with
 // CommError naming the fault, and no rank's parameters, optimizer state or
 // counters moved in the failed step().
+// Stage 3 once more with gather_once_per_step and reduce_once_per_step:
+// its step all-gathers every block group too (Note [Stage 3 gather once per
+// step]), all in flight at once, and reduce-scatters every group.
 TEST(FaultRunTest, EveryFaultInsideStepIsAnErrorEverywhereAndNoPartialUpdate) {
-  for (int stage : {0, 1, 2, 3}) {
+  const std::vector<std::pair<int, bool>> runs = {
+      {0, false}, {1, false}, {2, false}, {3, false}, {3, true}};
+  for (const auto& [stage, once] : runs) {
     for (bool managed : {false, true}) {
       FaultScenario f = base(stage, managed);
+      f.scenario.gather_once_per_step = f.scenario.reduce_once_per_step = once;
       const std::vector<CollectiveTiming> schedule = baseline_schedule(f);
       int in_step = 0;  // faults that hit inside step() itself
       for (const CollectiveTiming& c : schedule) {

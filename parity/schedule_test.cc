@@ -90,9 +90,11 @@ TEST(ScheduleTest, PlannedCollectivesAreTheLedgerOfARealRun) {
             }
             Multiset plan;
             add(&plan, setup_schedule(shape, o));
+            o.first_window = true;
             for (int n : f.scenario.backwards) {
               o.backwards = n;
               add(&plan, window_schedule(shape, o));
+              o.first_window = false;
             }
             EXPECT_EQ(real, plan)
                 << model << " stage " << stage << " world " << w << " managed "

@@ -119,7 +119,10 @@ ScaleReport simulate_scale(const ModelShape& model,
               rec.reduce_scatter(full, one, {e.op, e.phase});
             break;
           case CollectiveKind::kAllGather:
-            rec.all_gather(one, full, {e.phase});
+            if (e.async)
+              works[i] = rec.all_gather_async(one, full, {e.phase});
+            else
+              rec.all_gather(one, full, {e.phase});
             break;
           case CollectiveKind::kBroadcast:
             rec.broadcast(full, {0, e.phase});

@@ -221,7 +221,7 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
         persistent_params += static_cast<double>(g.numel);
         continue;
       }
-      if (k == 1 || !o.gather_once_per_step)
+      if (!o.gather_once_per_step || (k == 1 && o.first_window))
         out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
                                  padded_numel(g.numel, w), phase::kForward));
       out.push_back(
@@ -253,10 +253,22 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
   if (!o.managed) out.push_back(agreement(w, phase::kStep));
   out.push_back(norm());
   out.push_back(compute(Event::Work::kOptimizer, static_cast<double>(owned)));
-  for (const Stage3Group& g : groups)
-    if (g.persistent)
-      out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
-                               padded_numel(g.numel, w), phase::kStep));
+  // The persistent groups and, with gather_once_per_step, every block group
+  // for the next window: all in flight at once.
+  std::vector<size_t> launched;
+  for (const Stage3Group& g : groups) {
+    if (!g.persistent && !o.gather_once_per_step) continue;
+    launched.push_back(out.size());
+    out.push_back(collective(CollectiveKind::kAllGather, DType::kFloat32,
+                             padded_numel(g.numel, w), phase::kStep,
+                             ReduceOp::kSum, true));
+  }
+  for (size_t idx : launched) {
+    Event e;
+    e.type = Event::Type::kWait;
+    e.waits_for = idx;
+    out.push_back(e);
+  }
   return out;
 }
 

@@ -36,8 +36,9 @@
 //              as the backward has passed every parameter it holds (reverse
 //              registration order), else all after the backward; then every
 //              one is waited for, in launch order;
-//   stage 3    per block group: all-gather (with gather_once_per_step in
-//              the window's first forward only), then its forward;
+//   stage 3    per block group: all-gather (with gather_once_per_step
+//              none: the step before gathered it; only a run's first
+//              window gathers, in its first forward), then its forward;
 //              agreement; per block group in reverse: all-gather (none
 //              for a group kept by the reuse distance, nor with
 //              gather_once_per_step), its backward, its
@@ -46,8 +47,10 @@
 //              simulator does not overlap).
 // step(): agreement (unmanaged; managed mode agrees in the boundary
 // backward), the reduce (stages 0/1), the norm all-reduce (stages 1-3), the
-// optimizer over the owned elements, the all-gathers (stages 1, 2, and
-// stage 3's persistent groups).
+// optimizer over the owned elements, the all-gathers (stages 1, 2; stage
+// 3's persistent groups and, with gather_once_per_step, every block
+// group's, in group order, asynchronous, all launched before the first is
+// waited for; the simulator's all-gathers complete in the call).
 //
 // Thread safety: pure functions of their arguments.
 #ifndef ZEROSTEP_ZERO_SCHEDULE_H_
@@ -81,9 +84,13 @@ struct ScheduleOptions {
   // backward, and the pool holds one parameter slot per kept group.
   int64_t max_reuse_distance = 1000000000;
   // zerostep's gather_once_per_step (Note [Stage 3 gather once per step] in
-  // zero/stage3.h): a block group is all-gathered by the window's first
-  // forward only, and the pool holds one parameter slot per block group.
+  // zero/stage3.h): a block group is all-gathered by the step, for the next
+  // window, and the pool holds one parameter slot per block group.
   bool gather_once_per_step = false;
+  // With gather_once_per_step: the window is a run's first (or the first
+  // after a load), whose first forward gathers the block groups; later
+  // windows find them gathered by the step before.
+  bool first_window = false;
   // Optimizer state bytes per owned element (AdamW: 8).
   size_t optimizer_bytes_per_element = 8;
 };

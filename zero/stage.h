@@ -8,7 +8,9 @@
 // when each call happens (Note [Boundary semantics]).
 //
 //   begin_backward(k, s)    before the autograd pass of the window's k-th
-//                           backward (stages 2/3: agree on k, s).
+//                           backward (stages 2/3: agree on k, s, if the
+//                           backward communicates: Note [Window
+//                           agreement]).
 //   begin_boundary_backward(n, s)  managed mode, before the autograd pass of
 //                           the window's last backward, which ends in
 //                           reduce_window (stage 0 with overlap_comm: agree
@@ -39,6 +41,15 @@
 // before any gradient of that call is reduced: nothing is updated and
 // nothing hangs, on any backend. Both accumulation modes issue the same
 // agreements, so managed and unmanaged runs move the same bytes.
+// A backward that issues no collective skips its agreement: stage 2 with
+// reduce_once_per_step, and stage 3 with it when every block group is
+// gathered as the backward begins (kept from its forward by the reuse
+// distance or by gather_once_per_step: nothing is gathered, prefetched or
+// reduced before the window's reduce). Nothing it does can meet another
+// rank's collective, so a rank that runs one backward too many meets the
+// others in the step's agreement (managed mode: the boundary backward's),
+// still before anything is reduced. An agreement there would only make
+// every rank wait for the slowest at every backward.
 //
 // Note [Reduce once per step]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -59,13 +70,16 @@
 // results differ in rounding (within the reference tolerance, not
 // bitwise). Costs: 1/N of the reduce-scatter traffic for N backwards;
 // stage 3 holds every group's full gradient (4 bytes per parameter) for
-// the rest of the run. overlap_comm: stage 2 in managed mode launches the
+// the rest of the run, and a reduce scratch of its whole partition instead
+// of the largest group's chunk (4 bytes per owned element: every group's
+// reduce-scatter is in flight at once, the latencies overlapping). overlap_comm: stage 2 in managed mode launches the
 // boundary backward's buckets from inside its autograd pass (the same
 // buckets, the same bits: zero/stage2.h); unmanaged mode has no backward
 // to overlap (the key is listed as not acted on), and stage 3 reduces its
-// groups in order after the boundary backward either way. The
-// per-backward window agreement stays, so a rank that runs an extra
-// backward is still caught before anything is reduced.
+// groups in order after the boundary backward either way. A backward
+// that communicates nothing skips its window agreement (Note [Window
+// agreement]); a rank that runs an extra backward is still caught, by the
+// step's agreement, before anything is reduced.
 //
 // Note [Transactional update]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -130,9 +130,12 @@ Stage2::Stage2(const StageOptions& options, FlatBuffers buffers,
 }
 
 void Stage2::begin_backward(int64_t backward_index, int64_t global_steps) {
+  // Note [Window agreement] in zero/stage.h: with reduce_once_per_step
+  // no backward communicates.
+  if (reduce_once_) return;
   internal::agree_on_window(*comm_, internal::WindowEvent::kBackward,
                             backward_index, global_steps);
-  if (!reduce_once_) launcher_.begin();
+  launcher_.begin();
 }
 
 // Note [Reduce once per step] with overlap_comm in managed mode: agree on

@@ -3,12 +3,42 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "common/errors.h"
 #include "offload/swap_store.h"
 
 namespace zerostep {
+namespace {
+
+// Runs issue(i) for i in [0, n), which returns an asynchronous collective
+// or nullptr (nothing to do for i), until one throws; then waits for every
+// collective issued, in issue order, calling done(i) after each while none
+// has failed. Rethrows the first error once nothing issued is in flight, so
+// no transfer outlives the call.
+template <typename Issue, typename Done>
+void in_flight_at_once(size_t n, Issue issue, Done done) {
+  std::vector<std::pair<size_t, std::shared_ptr<Work>>> works;
+  std::exception_ptr failed;
+  try {
+    for (size_t i = 0; i < n; ++i)
+      if (std::shared_ptr<Work> w = issue(i)) works.emplace_back(i, w);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  for (auto& [i, w] : works) try {
+      w->wait();
+      if (!failed) done(i);
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+    }
+  if (failed) std::rethrow_exception(failed);
+}
+
+}  // namespace
 
 Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
                const std::vector<size_t>& param_numels,
@@ -96,7 +126,8 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
   }
   part_grads_ = k_.allocate(owned_numel_);
   optimizer_.save(&saved_optimizer_);
-  scratch_ = k_.allocate(largest);
+  // Note [Reduce once per step]: every group's chunk at once.
+  scratch_ = k_.allocate(reduce_once_ ? owned_numel_ : largest);
   full_params_.assign(groups_.size(), nullptr);
   full_grads_.assign(groups_.size(), nullptr);
   param_slot_.assign(groups_.size(), GroupStorage::kOwn);
@@ -367,9 +398,19 @@ void Stage3::drop_held() {
   }
 }
 
+bool Stage3::backward_communicates() const {
+  if (!reduce_once_) return true;  // every group's reduce-scatter
+  // A group not gathered now is gathered by its backward, or prefetched.
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (!groups_[g].persistent && full_params_[g] == nullptr) return true;
+  return false;
+}
+
 void Stage3::begin_backward(int64_t backward_index, int64_t global_steps) {
-  internal::agree_on_window(*comm_, internal::WindowEvent::kBackward,
-                            backward_index, global_steps);
+  // Note [Window agreement] in zero/stage.h.
+  if (backward_communicates())
+    internal::agree_on_window(*comm_, internal::WindowEvent::kBackward,
+                              backward_index, global_steps);
   for (size_t g = 0; g < groups_.size(); ++g) {
     pending_[g] = groups_[g].params.size();
     reduced_[g] = false;
@@ -394,8 +435,12 @@ void Stage3::reduce_scatter_group(size_t g, const char* phase) {
   comm_->reduce_scatter(group_buffer(full_grads_[g], padded_[g]),
                         buffer(scratch_.data(), partition_[g]),
                         {ReduceOp::kSum, phase});
-  k_.accumulate(part_grads_.data() + part_offset_[g], scratch_.data(),
-                partition_[g], Precision::kFp32, grad_accum_);
+  sum_reduced_chunk(g, scratch_.data());
+}
+
+void Stage3::sum_reduced_chunk(size_t g, const float* chunk) {
+  k_.accumulate(part_grads_.data() + part_offset_[g], chunk, partition_[g],
+                Precision::kFp32, grad_accum_);
   reduced_[g] = true;
   if (groups_[g].persistent || reduce_once_) {
     gk_.zero(full_grads_[g], padded_[g]);
@@ -437,12 +482,19 @@ void Stage3::reduce_window(int64_t window_backwards, int64_t global_steps,
                             window_backwards, global_steps);
   if (!reduce_once_) return;
   // Note [Reduce once per step]: every group has its full gradient (each
-  // backward ends with all of them, end_backward()); reduce, in group
-  // order, and clear for the next window.
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    ZS_CHECK(full_grads_[g] != nullptr);
-    reduce_scatter_group(g, phase);
-  }
+  // backward ends with all of them, end_backward()); reduce every one, all
+  // in flight at once, each into its own range of the scratch; sum them
+  // into the partition in group order and clear them for the next window.
+  in_flight_at_once(
+      groups_.size(),
+      [&](size_t g) {
+        ZS_CHECK(full_grads_[g] != nullptr);
+        return comm_->reduce_scatter_async(
+            group_buffer(full_grads_[g], padded_[g]),
+            buffer(scratch_.data() + part_offset_[g], partition_[g]),
+            {ReduceOp::kSum, phase});
+      },
+      [&](size_t g) { sum_reduced_chunk(g, scratch_.data() + part_offset_[g]); });
 }
 
 GradStats Stage3::finalize(double divisor, double clip) {
@@ -471,19 +523,11 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
     internal::step_and_agree(*comm_, optimizer_.swapped(), [&] {
       optimizer_.step(part_params_.data(), fresh, part_grads_.data(), hyper);
     });
-    // Persistent groups are whole on every rank: refresh them now, through
-    // their gradient storage (reduced and zeroed by now) so that a failed
-    // gather leaves the parameters untouched. The others are gathered from
-    // the partitions when next used.
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      if (!groups_[g].persistent) continue;
-      ZS_CHECK(full_grads_[g] != nullptr);
-      comm_->all_gather(buffer(fresh + part_offset_[g], partition_[g]),
-                        group_buffer(full_grads_[g], padded_[g]),
-                        {phase::kStep});
-    }
+    gather_updated(fresh);
     optimizer_.commit();  // NVMe: the new moments count from here
   } catch (...) {
+    // A block group gathered (or half gathered) holds the new values.
+    drop_held();
     optimizer_.restore(saved_optimizer_);
     throw;
   }
@@ -491,6 +535,37 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
   // output.
   std::swap(part_params_, saved_params_);
   publish_persistent();
+  if (gather_once_)
+    for (size_t g = 0; g < groups_.size(); ++g)
+      if (!groups_[g].persistent) storage_->params_written(g);
+}
+
+// Persistent groups are whole on every rank: they are refreshed at once,
+// through their gradient storage (reduced and zeroed by now) so that a
+// failed gather leaves the parameters untouched. With gather_once_per_step
+// so is every block group, into a pool slot (Note [Stage 3 gather once per
+// step]); without it they are gathered from the partitions when next used.
+// Every all-gather is in flight at once; on failure all have ended before
+// this throws (the caller drops the slots).
+void Stage3::gather_updated(float* partitions) {
+  in_flight_at_once(
+      groups_.size(),
+      [&](size_t g) -> std::shared_ptr<Work> {
+        float* out = nullptr;
+        if (groups_[g].persistent) {
+          ZS_CHECK(full_grads_[g] != nullptr);
+          out = full_grads_[g];
+        } else if (gather_once_) {
+          take_params(g);
+          out = full_params_[g];
+        } else {
+          return nullptr;
+        }
+        return comm_->all_gather_async(
+            buffer(partitions + part_offset_[g], partition_[g]),
+            group_buffer(out, padded_[g]), {phase::kStep});
+      },
+      [](size_t) {});
 }
 
 void Stage3::publish_persistent() {

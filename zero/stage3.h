@@ -28,11 +28,13 @@
 //               first backward on) and accumulates over the window; only
 //               the parameters are released.
 //   step        agreement (reduce_once_per_step: then every group's full
-//               gradient reduce-scattered, in group order, and cleared),
+//               gradient reduce-scattered, all in flight at once, summed
+//               into the partition in group order, and cleared),
 //               divide by W (and the per_step_count divisor),
 //               norm (8-byte all-reduce), clip, optimizer on the
-//               partitions, all-gather of the persistent group; all or
-//               nothing (Note [Transactional update] in zero/stage.h:
+//               partitions, all-gather of the persistent group (and,
+//               with gather_once_per_step, of every block group); all
+//               or nothing (Note [Transactional update] in zero/stage.h:
 //               12 bytes per owned element kept to undo it).
 // Memory: Note [Stage 3 buffer pool]; memory() reports what is resident
 // now and the peak since the last reset_peak().
@@ -206,9 +208,20 @@
 // group is all-gathered at most once between two steps instead of once or
 // twice per forward+backward: a window of N backward calls makes 1 all-
 // gather per group where DeepSpeed's behaviour (the default, off) makes N
-// (reuse distance keeping it) or 2N; a forward without backward (sampling,
-// evaluation) between steps gathers what the next window then reuses. It
-// is FSDP2's reshard_after_backward=False. The bits never change (the
+// (reuse distance keeping it) or 2N. It is FSDP2's
+// reshard_after_backward=False.
+// The step gathers them: once the update has written the new partitions,
+// apply_update all-gathers every block group from them into its pool slot,
+// all the all-gathers in flight at once, inside the update's transaction
+// (a failure drops the slots with the rest: Note [Transactional update]).
+// The next window's forward then finds every group gathered; only a run's
+// first window, and the first after a load, gather in forward. The same
+// bytes move, in one burst: the forward's blocks no longer wait in turn
+// for their gathers (each a synchronization of the ranks), and the gathers'
+// latencies overlap one another (docs/benchmarks.md). With the partitions
+// on NVMe (Note [NVMe parameter partitions]) the forward gathers, as
+// without the option. A forward without backward (sampling, evaluation)
+// between steps uses what the step gathered. The bits never change (the
 // gathered values are the same); what it costs is memory: from the first
 // use of every block in the window to the step, every block group's
 // parameters are gathered, one pool slot each (Note [Stage 3 buffer
@@ -336,6 +349,8 @@ class Stage3 final : public Stage {
   // accumulator, then clear it (persistent groups, reduce_once_per_step)
   // or release it and the parameters.
   void reduce_scatter_group(size_t group, const char* phase);
+  // The second half of that: `chunk` holds the group's reduced chunk.
+  void sum_reduced_chunk(size_t group, const float* chunk);
   // Note [Stage 3 buffer pool]: group g's parameters (gradients) into a
   // free slot, and back.
   void take_params(size_t group);
@@ -364,6 +379,14 @@ class Stage3 final : public Stage {
   Buffer group_buffer(float* p, size_t n) const {
     return internal::buffer_in(gk_, p, n);
   }
+  // Whether this backward may issue a collective (Note [Window agreement]
+  // in zero/stage.h).
+  bool backward_communicates() const;
+  // After an update: all-gathers the persistent groups (into their
+  // gradient storage) and, with gather_once_per_step, every block group
+  // (into pool slots) from `partitions` (the rank's, laid out as
+  // part_params_).
+  void gather_updated(float* partitions);
   // apply_update with the partitions on the device.
   void apply_update_offloaded(const OptimizerHyper& hyper);
   // The persistent groups' parameters := their gradient storage, which
@@ -401,7 +424,9 @@ class Stage3 final : public Stage {
   std::vector<float> part_scratch_;
   std::vector<float> step_params_;
   DeviceArray part_grads_;  // accumulated over the window
-  DeviceArray scratch_;     // one group's reduced chunk
+  // One group's reduced chunk; with reduce_once_per_step every group's,
+  // at its partition's offset.
+  DeviceArray scratch_;
   FlatOptimizer optimizer_;
   // Note [Transactional update]: the spare partition the update writes
   // (it becomes part_params_ once the update has succeeded), and the
