@@ -19,12 +19,18 @@ launch rotates):
             reshard_after_backward=False)
   torch     torch_step.py, W gloo processes, ddp (no_sync) and fsdp2
             (fully_shard per block, set_requires_gradient_sync)
+  deepspeed only with --deepspeed-site: deepspeed_step.py (DeepSpeed
+            0.19.8 on its CPU accelerator, W gloo processes), ZeRO stages
+            0-3 with managed_gradient_accumulation false, the peer of
+            zerostep's stage0-stage3 rows (the same semantics); the three
+            frameworks' order rotates from round to round
 Every launch also times plain forward+backward (no engine, no wrapper) in its
 framework. A run's time is the median of its timed windows; per (size, mode)
 the JSON (--out) holds every run and the medians and ranges over rounds of
 the paired ratios peer time / zerostep time (peer = ddp, fsdp2, and the
-faster of the two in that round). Progress goes to stderr, the table to
-stdout; --svg draws the ratio against the faster peer per stage and size.
+faster of the two in that round; DeepSpeed's stage k against zerostep's
+stagek, apart). Progress goes to stderr, the tables to stdout; --svg draws
+the ratio against the faster peer per stage and size.
 --quick: tiny shapes, one round, one window (a smoke run, not a measurement).
 W is --world (default 2); --threads compute threads per rank on both sides.
 """
@@ -56,6 +62,9 @@ ZEROSTEP_MODES = ["stage0", "stage1", "stage2", "stage3", "stage2_once", "stage3
 # gathered again for its backward), against stage3's DeepSpeed default.
 EXTRA_ZEROSTEP_MODES = ["stage3_release"]
 TORCH_MODES = ["ddp", "fsdp2"]
+# DeepSpeed's modes, each the peer of the zerostep mode of the same name.
+DEEPSPEED_MODES = ["stage0", "stage1", "stage2", "stage3"]
+DEEPSPEED_VERSION = "0.19.8"
 
 
 def log(*args):
@@ -139,10 +148,11 @@ def summarize(runs, sizes, zmodes):
     """Per (size, zerostep mode): times and paired ratios over rounds."""
     rows = []
     for size in sizes:
-        by = {}
+        by, ds = {}, {}
         for r in runs:
             if r["size"] == size:
-                by.setdefault(r["mode"], {})[r["round"]] = r
+                into = ds if r["framework"] == "deepspeed" else by
+                into.setdefault(r["mode"], {})[r["round"]] = r
         rounds = sorted(by["ddp"])
         fz = [by[zmodes[0]][k]["fwdbwd_s_median"] for k in rounds]
         ft = [by["ddp"][k]["fwdbwd_s_median"] for k in rounds]
@@ -166,6 +176,11 @@ def summarize(runs, sizes, zmodes):
                 "overhead_zerostep_s": spread([w - f for w, f in zip(z, fz)]),
                 "overhead_faster_peer_s": spread([w - f for w, f in zip(best, ft)]),
             })
+            if mode in ds:
+                # DeepSpeed at the same stage, the same semantics.
+                d = [ds[mode][k]["window_s_median"] for k in rounds]
+                rows[-1]["deepspeed_s"] = spread(d)
+                rows[-1]["ratio_deepspeed"] = spread([p / q for p, q in zip(d, z)])
             # A window's forward / backward / step parts (medians over rounds).
             for name, runs_of in (("zerostep", by[mode]), ("ddp", by["ddp"]), ("fsdp2", by["fsdp2"])):
                 if "step_s_median" in runs_of[rounds[0]]:
@@ -187,6 +202,19 @@ def table(rows):
             r["ratio_ddp"]["median"], r["ratio_fsdp2"]["median"], r["ratio_fwdbwd"]["median"],
             r["overhead_zerostep_s"]["median"], r["overhead_faster_peer_s"]["median"]))
     return "\n".join(out)
+
+
+def deepspeed_table(rows):
+    """zerostep's stage k against DeepSpeed's, where DeepSpeed ran."""
+    out = ["| size (params) | mode | zerostep s | DeepSpeed s | **DeepSpeed / zerostep** (range) |",
+           "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if "ratio_deepspeed" in r:
+            d = r["ratio_deepspeed"]
+            out.append("| %s (%s) | %s | %.3f | %.3f | **%.2f** (%.2f-%.2f) |" % (
+                r["size"], format(r["params"], ","), r["mode"], r["zerostep_s"]["median"],
+                r["deepspeed_s"]["median"], d["median"], d["min"], d["max"]))
+    return "\n".join(out) if len(out) > 2 else ""
 
 
 def phase_table(rows):
@@ -248,6 +276,13 @@ def main(argv):
                    help="LD_LIBRARY_PATH for the zerostep launch alone (a prebuilt pack run against "
                         "another LibTorch; torch's python keeps ours)")
     p.add_argument("--python", help="torch's python (default: the pinned venv)")
+    p.add_argument("--deepspeed-site",
+                   help="also run DeepSpeed %s: a folder put first on its PYTHONPATH that "
+                        "holds DeepSpeed and its needs for torch's python (pip install "
+                        "--target; docs/benchmarks.md says how). Without it DeepSpeed is not "
+                        "run" % DEEPSPEED_VERSION)
+    p.add_argument("--deepspeed-modes", default=",".join(DEEPSPEED_MODES),
+                   help="DeepSpeed's modes, of " + ", ".join(DEEPSPEED_MODES))
     p.add_argument("--skip-without-torch", action="store_true",
                    help="exit 0 with a SKIPPED line when the pinned venv is absent (no install)")
     p.add_argument("--from-json", help="print the table (and --svg) of an earlier --out; run nothing")
@@ -273,10 +308,22 @@ def main(argv):
     if unknown:
         p.error("--zerostep-modes: unknown %s" % sorted(unknown))
     zmodes = [m for m in zmodes if not (a.no_once and "_once" in m)]
+    dmodes = a.deepspeed_modes.split(",") if a.deepspeed_site else []
+    if set(dmodes) - set(DEEPSPEED_MODES):
+        p.error("--deepspeed-modes: unknown %s" % sorted(set(dmodes) - set(DEEPSPEED_MODES)))
+    if a.deepspeed_site and not os.path.isdir(os.path.join(a.deepspeed_site, "deepspeed")):
+        p.error("--deepspeed-site=%s holds no deepspeed package. Fix: pip install --target "
+                "there DeepSpeed %s and its needs (docs/benchmarks.md)"
+                % (a.deepspeed_site, DEEPSPEED_VERSION))
     env_cmd = " ".join(["benchmarks/peers/run.py"] + argv)
     zs_env = None
     if a.zerostep_lib_path:
         zs_env = dict(os.environ, LD_LIBRARY_PATH=a.zerostep_lib_path)
+    ds_env = None
+    if a.deepspeed_site:
+        ds_env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=a.deepspeed_site + (
+            ":" + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
+    envs = {"zerostep": zs_env, "torch": None, "deepspeed": ds_env}
 
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     runs = []
@@ -286,10 +333,19 @@ def main(argv):
             z = [launch, "--nproc=%d" % a.world, "--", zbin, "--modes=" + ",".join(rotate(zmodes, k))] + args
             t = [python, "-W", "ignore", os.path.join(HERE, "torch_step.py"),
                  "--modes=" + ",".join(rotate(TORCH_MODES, k)), "--world=%d" % a.world] + args
-            for name, cmd in ([("zerostep", z), ("torch", t)] if k % 2 == 0
-                              else [("torch", t), ("zerostep", z)]):
+            launches = [("zerostep", z), ("torch", t)]
+            if dmodes:
+                launches.append(("deepspeed", [
+                    python, "-W", "ignore", os.path.join(HERE, "deepspeed_step.py"),
+                    "--modes=" + ",".join(rotate(dmodes, k)), "--world=%d" % a.world,
+                    "--device=cpu"] + args))
+            # Who goes first rotates (with two frameworks: alternates).
+            for name, cmd in rotate(launches, k):
                 log("round %d/%d size %s: %s" % (k + 1, a.rounds, size, name))
-                for line in json_lines(cmd, zs_env if name == "zerostep" else None):
+                for line in json_lines(cmd, envs[name]):
+                    if "unsupported" in line:
+                        sys.exit("peers: %s refused mode %s: %s" % (
+                            name, line["mode"], line["unsupported"]))
                     line.update(round=k, size=size)
                     runs.append(line)
                     log("  %-12s window %.3f s  fwd+bwd %.3f s" % (
@@ -309,6 +365,8 @@ def main(argv):
                      "warmup_windows": a.warmup, "timed_windows": a.windows, "rounds": a.rounds,
                      "sizes": sizes, "optimizer": "AdamW lr=1e-4 weight_decay=0.01",
                      "torch": TORCH_VERSION,
+                     "deepspeed": (DEEPSPEED_VERSION + " (CPU accelerator), " + ",".join(dmodes)
+                                   if dmodes else "not run (no --deepspeed-site)"),
                      "zerostep_libtorch": ("prebuilt" if a.zerostep_bin else
                                            "PyPI torch " + TORCH_VERSION if a.libtorch == "torch"
                                            else "Debian 1.13.1")},
@@ -330,6 +388,9 @@ def report(rows, svg_path, world):
     phases = phase_table(rows)
     if phases:
         print("\n" + phases)
+    against_ds = deepspeed_table(rows)
+    if against_ds:
+        print("\n" + against_ds)
 
 
 def cpu_model():
