@@ -72,14 +72,14 @@
 // stage 3 holds every group's full gradient (4 bytes per parameter) for
 // the rest of the run, and a reduce scratch of its whole partition instead
 // of the largest group's chunk (4 bytes per owned element: every group's
-// reduce-scatter is in flight at once, the latencies overlapping). overlap_comm: stage 2 in managed mode launches the
-// boundary backward's buckets from inside its autograd pass (the same
-// buckets, the same bits: zero/stage2.h); unmanaged mode has no backward
-// to overlap (the key is listed as not acted on), and stage 3 reduces its
-// groups in order after the boundary backward either way. A backward
-// that communicates nothing skips its window agreement (Note [Window
-// agreement]); a rank that runs an extra backward is still caught, by the
-// step's agreement, before anything is reduced.
+// reduce-scatter is in flight at once, the latencies overlapping).
+// overlap_comm: stage 2 in managed mode launches the boundary backward's
+// buckets from inside its autograd pass (the same buckets, the same bits:
+// zero/stage2.h); unmanaged mode has no backward to overlap (the key is listed
+// as not acted on), and stage 3 reduces its groups in order after the boundary
+// backward either way. A backward that communicates nothing skips its window
+// agreement (Note [Window agreement]); a rank that runs an extra backward is
+// still caught, by the step's agreement, before anything is reduced.
 //
 // Note [Transactional update]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~

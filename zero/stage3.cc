@@ -494,7 +494,9 @@ void Stage3::reduce_window(int64_t window_backwards, int64_t global_steps,
             buffer(scratch_.data() + part_offset_[g], partition_[g]),
             {ReduceOp::kSum, phase});
       },
-      [&](size_t g) { sum_reduced_chunk(g, scratch_.data() + part_offset_[g]); });
+      [&](size_t g) {
+        sum_reduced_chunk(g, scratch_.data() + part_offset_[g]);
+      });
 }
 
 GradStats Stage3::finalize(double divisor, double clip) {
