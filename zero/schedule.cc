@@ -39,6 +39,18 @@ Event agreement(int world, const char* phase) {
                     3 * static_cast<size_t>(world), phase);
 }
 
+// A wait for each asynchronous collective in `launched` (event indices),
+// in launch order.
+void wait_for_all(const std::vector<size_t>& launched,
+                  std::vector<Event>* out) {
+  for (size_t idx : launched) {
+    Event e;
+    e.type = Event::Type::kWait;
+    e.waits_for = idx;
+    out->push_back(e);
+  }
+}
+
 // The global-norm all-reduce of a partitioned gradient.
 Event norm() {
   return collective(CollectiveKind::kAllReduce, DType::kFloat64, 1,
@@ -147,12 +159,7 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
       }
       for (size_t b = 0; b < buckets.size(); ++b)
         if (!done[b]) launch(b);
-      for (size_t idx : launched) {
-        Event e;
-        e.type = Event::Type::kWait;
-        e.waits_for = idx;
-        out.push_back(e);
-      }
+      wait_for_all(launched, &out);
     };
     // Stage 0's window reduce; `backward`: inside the boundary backward.
     auto stage0_reduce = [&](const char* ph, bool backward) {
@@ -263,12 +270,7 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
                              padded_numel(g.numel, w), phase::kStep,
                              ReduceOp::kSum, true));
   }
-  for (size_t idx : launched) {
-    Event e;
-    e.type = Event::Type::kWait;
-    e.waits_for = idx;
-    out.push_back(e);
-  }
+  wait_for_all(launched, &out);
   return out;
 }
 

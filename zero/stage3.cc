@@ -525,7 +525,7 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
     internal::step_and_agree(*comm_, optimizer_.swapped(), [&] {
       optimizer_.step(part_params_.data(), fresh, part_grads_.data(), hyper);
     });
-    gather_updated(fresh);
+    gather_updated(fresh, /*blocks=*/gather_once_);
     optimizer_.commit();  // NVMe: the new moments count from here
   } catch (...) {
     // A block group gathered (or half gathered) holds the new values.
@@ -544,12 +544,12 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
 
 // Persistent groups are whole on every rank: they are refreshed at once,
 // through their gradient storage (reduced and zeroed by now) so that a
-// failed gather leaves the parameters untouched. With gather_once_per_step
-// so is every block group, into a pool slot (Note [Stage 3 gather once per
-// step]); without it they are gathered from the partitions when next used.
-// Every all-gather is in flight at once; on failure all have ended before
-// this throws (the caller drops the slots).
-void Stage3::gather_updated(float* partitions) {
+// failed gather leaves the parameters untouched. With `blocks` so is every
+// block group, into a pool slot (Note [Stage 3 gather once per step]);
+// without it they are gathered from the partitions when next used. Every
+// all-gather is in flight at once; on failure all have ended before this
+// throws (the caller drops the slots).
+void Stage3::gather_updated(float* partitions, bool blocks) {
   in_flight_at_once(
       groups_.size(),
       [&](size_t g) -> std::shared_ptr<Work> {
@@ -557,7 +557,7 @@ void Stage3::gather_updated(float* partitions) {
         if (groups_[g].persistent) {
           ZS_CHECK(full_grads_[g] != nullptr);
           out = full_grads_[g];
-        } else if (gather_once_) {
+        } else if (blocks) {
           take_params(g);
           out = full_params_[g];
         } else {
@@ -598,13 +598,8 @@ void Stage3::apply_update_offloaded(const OptimizerHyper& hyper) {
                     sg.count * sizeof(float));
       });
     });
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      if (!groups_[g].persistent) continue;
-      ZS_CHECK(full_grads_[g] != nullptr);
-      comm_->all_gather(
-          Buffer::of(step_params_.data() + part_offset_[g], partition_[g]),
-          group_buffer(full_grads_[g], padded_[g]), {phase::kStep});
-    }
+    // The forward gathers the blocks (Note [Stage 3 gather once per step]).
+    gather_updated(step_params_.data(), /*blocks=*/false);
     // The commits: old partitions and moments or new ones, never a mix
     // (but for the indeterminate commit of zero/optimizer.h).
     param_store_->commit_prepared();

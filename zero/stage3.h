@@ -383,10 +383,9 @@ class Stage3 final : public Stage {
   // in zero/stage.h).
   bool backward_communicates() const;
   // After an update: all-gathers the persistent groups (into their
-  // gradient storage) and, with gather_once_per_step, every block group
-  // (into pool slots) from `partitions` (the rank's, laid out as
-  // part_params_).
-  void gather_updated(float* partitions);
+  // gradient storage) and, with `blocks`, every block group (into pool
+  // slots) from `partitions` (the rank's, laid out as part_params_).
+  void gather_updated(float* partitions, bool blocks);
   // apply_update with the partitions on the device.
   void apply_update_offloaded(const OptimizerHyper& hyper);
   // The persistent groups' parameters := their gradient storage, which
