@@ -146,6 +146,16 @@ class Kernels {
 // The CPU's kernels (Note [Device kernels]); one object per process.
 Kernels& host_kernels();
 
+namespace internal {
+// The host's gradient-norm passes on one instruction set (kAuto: the
+// widest this CPU has; UsageError for one it lacks), for tests and
+// benchmarks; HostKernels calls them with kAuto. Every ISA gives the same
+// bits (Note [Sum of squares order] in kernels.cc).
+double host_sum_of_squares(const float* x, size_t n, Isa isa);
+double host_divide_and_sum_of_squares(float* x, size_t n, double first,
+                                      double second, Isa isa);
+}  // namespace internal
+
 }  // namespace zerostep
 
 #endif  // ZEROSTEP_ZERO_KERNELS_H_
