@@ -44,7 +44,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -54,6 +53,7 @@
 #include <utility>
 #include <vector>
 
+#include "benchmarks/bench_stats.h"
 #include "offload/fused_adam.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -219,22 +219,8 @@ struct Span {
   }
 };
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  const size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + mid, v.end());
-  const double hi = v[mid];
-  if (v.size() % 2 == 1) return hi;
-  return (hi + *std::max_element(v.begin(), v.begin() + mid)) / 2.0;
-}
-
-template <typename F>
-double seconds(F&& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  const auto t1 = std::chrono::steady_clock::now();
-  return std::chrono::duration<double>(t1 - t0).count();
-}
+using bench::median;
+using bench::seconds;
 
 void BM_AdamStep(benchmark::State& state) {
   const size_t n = static_cast<size_t>(state.range(0)) << 20;

@@ -40,13 +40,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_stats.h"
 #include "benchmarks/sim_rig.h"
 #include "comm/ledger.h"
 #include "config/config.h"
@@ -86,12 +86,7 @@ int64_t minor_faults() {
   return static_cast<int64_t>(u.ru_minflt);
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t mid = v.size() / 2;
-  return v.size() % 2 == 1 ? v[mid] : (v[mid - 1] + v[mid]) / 2.0;
-}
+using bench::median;
 
 void BM_GptWindow(benchmark::State& state) {
   const int stage = static_cast<int>(state.range(0));

@@ -28,7 +28,8 @@
 // so the values stay where they started. Each alternative has its own
 // span, first-touched before timing with the same values; every iteration
 // runs each alternative once, rotating which goes first; the manual time
-// is the best ISA's.
+// is the best ISA's ("best": the one kAuto picks, the widest this CPU
+// has).
 // Counters:
 //   GBps_scalar, GBps_avx2, GBps_avx512, GBps_read   bytes read / median time
 //   best_over_scalar     median over iterations of scalar time / best time
@@ -55,7 +56,6 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -65,6 +65,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_stats.h"
 #include "offload/fused_adam.h"
 #include "zero/kernels.h"
 
@@ -116,8 +117,12 @@ __attribute__((target("avx512f"))) float read_avx512(const float* x,
     a2 = _mm512_add_ps(a2, _mm512_loadu_ps(x + i + 32));
     a3 = _mm512_add_ps(a3, _mm512_loadu_ps(x + i + 48));
   }
-  float s = _mm512_reduce_add_ps(
-      _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  // Not _mm512_reduce_add_ps: GCC 12 warns inside its own header there.
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, _mm512_add_ps(_mm512_add_ps(a0, a1),
+                                       _mm512_add_ps(a2, a3)));
+  float s = 0;
+  for (float l : lanes) s += l;
   for (; i < n; ++i) s += x[i];
   return s;
 }
@@ -157,22 +162,8 @@ float read_span(const float* x, size_t n) {
   return read_plain(x, n);
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  const size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + mid, v.end());
-  const double hi = v[mid];
-  if (v.size() % 2 == 1) return hi;
-  return (hi + *std::max_element(v.begin(), v.begin() + mid)) / 2.0;
-}
-
-template <typename F>
-double seconds(F&& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  const auto t1 = std::chrono::steady_clock::now();
-  return std::chrono::duration<double>(t1 - t0).count();
-}
+using bench::median;
+using bench::seconds;
 
 void BM_GradNorm(benchmark::State& state) {
   const size_t n = static_cast<size_t>(state.range(0));

@@ -38,13 +38,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_stats.h"
 #include "benchmarks/sim_rig.h"
 #include "comm/ledger.h"
 #include "config/config.h"
@@ -84,14 +84,7 @@ std::unique_ptr<SimRig> make_rig(const Task& task, int stage, int world_size,
       kBackwardsPerWindow, kMicroBatch, kSeed);
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  const size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + mid, v.end());
-  const double hi = v[mid];
-  if (v.size() % 2 == 1) return hi;
-  return (hi + *std::max_element(v.begin(), v.begin() + mid)) / 2.0;
-}
+using bench::median;
 
 void BM_Window(benchmark::State& state) {
   const int stage = static_cast<int>(state.range(0));

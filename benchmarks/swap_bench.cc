@@ -84,12 +84,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_stats.h"
 #include "offload/block_device.h"
 #include "offload/fused_adam.h"
 #include "offload/posix_block_device.h"
@@ -112,11 +112,7 @@ struct Flags {
 };
 Flags flags;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::median;
 
 // CPU time of the whole process (every thread, io_uring's workers too).
 double process_cpu_seconds() {
@@ -125,12 +121,7 @@ double process_cpu_seconds() {
   return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
-double seconds(const std::function<void()>& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-      .count();
-}
+using bench::seconds;
 
 std::string filesystem_of(const std::string& dir) {
   struct statfs fs;

@@ -92,6 +92,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_stats.h"
 #include "comm/gloo_world.h"
 #include "common/errors.h"
 #include "config/config.h"
@@ -334,12 +335,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
       .count();
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
+using bench::median;
 
 nlohmann::json memory_json(const Options& o, int device_index, int64_t baseline,
                            const MemoryStats* engine) {
