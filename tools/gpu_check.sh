@@ -45,14 +45,17 @@ deepspeed_wheels() {
 pack() {
   local dir=gpu_pack
   local targets=(//comm:nccl_communicator_test //tools:harness //benchmarks/peers:zerostep_step
-    //tools:launch //benchmarks:device_adam_bench)
+    //tools:launch //benchmarks:device_adam_bench //benchmarks:sim_comm_bench)
   echo "== building ${targets[*]} (--config=cuda)"
   ./bazelw build --config=cuda "${targets[@]}"
   local bin
   bin="$(./bazelw info --config=cuda bazel-bin 2>/dev/null)"
   rm -rf "$dir"
   mkdir -p "$dir/peers"
-  cp "$bin/comm/nccl_communicator_test" "$bin/tools/harness" "$bin/benchmarks/device_adam_bench" "$dir/"
+  # sim_comm_bench: issue 16 item 4 at worlds 4 and 8 with a core per rank
+  # (run.sh --only=cpu-threads).
+  cp "$bin/comm/nccl_communicator_test" "$bin/tools/harness" "$bin/benchmarks/device_adam_bench" \
+    "$bin/benchmarks/sim_comm_bench" "$dir/"
   # The GPU benchmark against FSDP2 and DeepSpeed (benchmarks/peers/gpu_run.py),
   # and the CPU one against DDP and FSDP2 with ranks of two threads on the
   # node's cores (benchmarks/peers/run.py: run.sh --only=cpu-threads).
@@ -60,14 +63,14 @@ pack() {
   cp benchmarks/peers/gpu_run.py benchmarks/peers/run.py benchmarks/peers/torch_step.py \
     benchmarks/peers/deepspeed_step.py "$dir/peers/"
   chmod u+w "$dir"/* "$dir"/peers/*
-  strip "$dir/nccl_communicator_test" "$dir/harness" "$dir/device_adam_bench" "$dir/peers/zerostep_step" \
-    "$dir/peers/launch"
+  strip "$dir/nccl_communicator_test" "$dir/harness" "$dir/device_adam_bench" "$dir/sim_comm_bench" \
+    "$dir/peers/zerostep_step" "$dir/peers/launch"
   # The Debian libraries they need that the node may lack (liburing,
   # libstdc++ of GCC 12, ...), into lib/; glibc, LibTorch and CUDA stay
   # the node's own.
   mkdir -p "$dir/lib"
-  ldd "$dir/nccl_communicator_test" "$dir/harness" "$dir/device_adam_bench" "$dir/peers/zerostep_step" \
-    "$dir/peers/launch" |
+  ldd "$dir/nccl_communicator_test" "$dir/harness" "$dir/device_adam_bench" "$dir/sim_comm_bench" \
+    "$dir/peers/zerostep_step" "$dir/peers/launch" |
     awk '$3 ~ /^\// {print $3}' | sort -u |
     grep -v -E '/(libc|libm|libdl|librt|libpthread|libutil|ld-linux[^/]*)\.so|/torch[^/]*/|/libtorch-|/nvidia/|/cuda[^/]*/' |
     while read -r lib; do cp -L "$lib" "$dir/lib/"; done
