@@ -103,8 +103,7 @@ Span make_span(size_t n, uint64_t seed) {
 // The ceiling: read every byte, as little arithmetic as keeps the loads
 // (float sums into four accumulators), the kernels' prefetch distance.
 #if ZS_BENCH_X86
-__attribute__((target("avx512f"))) float read_avx512(const float* x,
-                                                     size_t n) {
+__attribute__((target("avx512f"))) float read_avx512(const float* x, size_t n) {
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   size_t i = 0;
   for (; i + 64 + 256 <= n; i += 64) {
@@ -119,8 +118,8 @@ __attribute__((target("avx512f"))) float read_avx512(const float* x,
   }
   // Not _mm512_reduce_add_ps: GCC 12 warns inside its own header there.
   alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, _mm512_add_ps(_mm512_add_ps(a0, a1),
-                                       _mm512_add_ps(a2, a3)));
+  _mm512_store_ps(lanes,
+                  _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
   float s = 0;
   for (float l : lanes) s += l;
   for (; i < n; ++i) s += x[i];
@@ -139,8 +138,8 @@ __attribute__((target("avx2"))) float read_avx2(const float* x, size_t n) {
     a3 = _mm256_add_ps(a3, _mm256_loadu_ps(x + i + 24));
   }
   alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1),
-                                       _mm256_add_ps(a2, a3)));
+  _mm256_store_ps(lanes,
+                  _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
   float s = 0;
   for (float l : lanes) s += l;
   for (; i < n; ++i) s += x[i];

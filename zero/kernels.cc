@@ -5,8 +5,8 @@
 #include <cstring>
 #include <new>
 #include <string>
-#include <utility>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common/errors.h"
@@ -131,8 +131,8 @@ squares8_avx512(T* p, __m256 a, __m256 b, __m512d acc) {
 
 template <bool kA, bool kB, typename T>
 __attribute__((target("avx512f"))) size_t squares_avx512(T* x, size_t n,
-                                                        const Divisors& d,
-                                                        double lane[8]) {
+                                                         const Divisors& d,
+                                                         double lane[8]) {
   const __m256 a = _mm256_set1_ps(d.a);
   const __m256 b = _mm256_set1_ps(d.b);
   __m512d acc = _mm512_loadu_pd(lane);
@@ -182,8 +182,7 @@ double squares(T* x, size_t n, const Divisors& d, Isa isa) {
 constexpr size_t kStreamZeroBytes = size_t{64} << 20;
 
 #if ZS_SQUARES_X86
-__attribute__((target("avx512f"))) void zero_lines_avx512(float* x,
-                                                          size_t n) {
+__attribute__((target("avx512f"))) void zero_lines_avx512(float* x, size_t n) {
   const __m512 z = _mm512_setzero_ps();
   for (size_t i = 0; i < n; i += 16) _mm512_stream_ps(x + i, z);
 }
@@ -223,10 +222,9 @@ void zero_floats(float* x, size_t n) {
 
 Isa resolve(Isa isa) {
   if (!fused_adam_isa_supported(isa))
-    throw UsageError(std::string("this CPU has no ") +
-                     fused_adam_isa_name(isa) +
-                     " for the gradient norm; best available is '" +
-                     fused_adam_isa() + "'");
+    throw UsageError(
+        std::string("this CPU has no ") + fused_adam_isa_name(isa) +
+        " for the gradient norm; best available is '" + fused_adam_isa() + "'");
   return isa == Isa::kAuto ? fused_adam_best_isa() : isa;
 }
 

@@ -19,12 +19,13 @@ namespace {
 // (Note [Update out of place] in offload/fused_adam.h): the optimizer's
 // banks of moments and stage 3's partitions come from here.
 TEST(HostKernelsTest, AllocationsAreZerosOn64ByteBoundaries) {
-  for (size_t n : {size_t{1}, size_t{17}, size_t{1} << 20, (size_t{1} << 20) + 3}) {
+  for (size_t n :
+       {size_t{1}, size_t{17}, size_t{1} << 20, (size_t{1} << 20) + 3}) {
     DeviceArray a = host_kernels().allocate(n);
     ASSERT_EQ(a.size(), n);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % 64, 0u) << n;
-    EXPECT_TRUE(std::all_of(a.data(), a.data() + n,
-                            [](float x) { return x == 0.0f; }));
+    EXPECT_TRUE(
+        std::all_of(a.data(), a.data() + n, [](float x) { return x == 0.0f; }));
   }
 }
 
@@ -107,8 +108,8 @@ TEST(HostKernelsTest, EveryIsaGivesTheBitsOfTheDocumentedOrder) {
   std::uniform_int_distribution<int> exponent(-40, 40);
   std::vector<size_t> lengths;
   for (size_t n = 0; n <= 48; ++n) lengths.push_back(n);
-  for (size_t n : {255, 256, 257, 271, 272, 273, 279, 280, 287, 288, 289,
-                   303, 304, 1003, 4099, 100003})
+  for (size_t n : {255, 256, 257, 271, 272, 273, 279, 280, 287, 288, 289, 303,
+                   304, 1003, 4099, 100003})
     lengths.push_back(n);
   int isas_run = 0;
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAuto}) {
@@ -131,7 +132,8 @@ TEST(HostKernelsTest, EveryIsaGivesTheBitsOfTheDocumentedOrder) {
               << got << " != " << want;
           EXPECT_EQ(std::memcmp(got_x.data(), want_x.data(), n * 4), 0);
           if (first == 1.0f && second == 1.0f) {
-            const double plain = internal::host_sum_of_squares(x.data(), n, isa);
+            const double plain =
+                internal::host_sum_of_squares(x.data(), n, isa);
             EXPECT_EQ(std::memcmp(&plain, &want, sizeof plain), 0);
           }
         }
@@ -172,9 +174,9 @@ TEST(HostKernelsTest, ZeroClearsExactlyItsSpanAtEveryAlignment) {
           << "before the span: n=" << len << " start=" << start;
       EXPECT_EQ(std::memcmp(buf.data() + start, zeros.data(), len * 4), 0)
           << "in the span: n=" << len << " start=" << start;
-      EXPECT_EQ(std::memcmp(buf.data() + end, marks.data(),
-                            (buf.size() - end) * 4),
-                0)
+      EXPECT_EQ(
+          std::memcmp(buf.data() + end, marks.data(), (buf.size() - end) * 4),
+          0)
           << "after the span: n=" << len << " start=" << start;
     }
 }
