@@ -14,9 +14,9 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
-#define ZS_SQUARES_X86 1
+#define ZS_KERNELS_X86 1
 #else
-#define ZS_SQUARES_X86 0
+#define ZS_KERNELS_X86 0
 #endif
 
 namespace zerostep {
@@ -73,7 +73,7 @@ void squares_scalar(T* x, size_t i, size_t n, const Divisors& d,
   }
 }
 
-#if ZS_SQUARES_X86
+#if ZS_KERNELS_X86
 
 // As offload/fused_adam.cc: 1 KiB ahead, one prefetch per 64-byte line.
 constexpr size_t kSquaresPrefetchAhead = 256;
@@ -147,7 +147,7 @@ __attribute__((target("avx512f"))) size_t squares_avx512(T* x, size_t n,
   return i;
 }
 
-#endif  // ZS_SQUARES_X86
+#endif  // ZS_KERNELS_X86
 
 // The sum of the squares of x[i] divided as `d` says (written back where
 // x is writable), on `isa` (not kAuto), in Note [Sum of squares order].
@@ -155,7 +155,7 @@ template <bool kA, bool kB, typename T>
 double squares(T* x, size_t n, const Divisors& d, Isa isa) {
   double lane[8] = {};
   size_t i = 0;
-#if ZS_SQUARES_X86
+#if ZS_KERNELS_X86
   if (isa == Isa::kAvx512) i = squares_avx512<kA, kB>(x, n, d, lane);
   if (isa == Isa::kAvx2) i = squares_avx2<kA, kB>(x, n, d, lane);
 #endif
@@ -172,8 +172,8 @@ double squares(T* x, size_t n, const Divisors& d, Isa isa) {
 // backward; so from kStreamZeroBytes on, zero() stores around the caches
 // (non-temporal stores, then a fence), writing without reading. Measured
 // on the development machine (docs/benchmarks.md, grad_passes_bench): a
-// 104 MB gradient (the 26M model) took 10.6-11.0 ms with memset and
-// 4.8-5.0 ms streamed, and the accumulation pass after it the same time
+// 105 MB gradient (the 26M model) took 10.1-11.0 ms with memset and
+// 4.7-5.0 ms streamed, and the accumulation pass after it the same time
 // either way; a 27 MB one (the 7M model) took as long either way, but the
 // accumulation after the streamed one was 1.2-1.6 ms slower, because
 // memset had left it in the cache. So streaming starts at 64 MiB, between
@@ -181,7 +181,7 @@ double squares(T* x, size_t n, const Divisors& d, Isa isa) {
 // not tuned further. Below it, memset.
 constexpr size_t kStreamZeroBytes = size_t{64} << 20;
 
-#if ZS_SQUARES_X86
+#if ZS_KERNELS_X86
 __attribute__((target("avx512f"))) void zero_lines_avx512(float* x, size_t n) {
   const __m512 z = _mm512_setzero_ps();
   for (size_t i = 0; i < n; i += 16) _mm512_stream_ps(x + i, z);
@@ -200,7 +200,7 @@ void zero_lines_sse(float* x, size_t n) {
 
 void zero_floats(float* x, size_t n) {
   if (n == 0) return;
-#if ZS_SQUARES_X86
+#if ZS_KERNELS_X86
   if (n * sizeof(float) >= kStreamZeroBytes) {
     // The partial lines at either end with memset, the whole lines
     // between them streamed.
