@@ -164,6 +164,14 @@ double squares(T* x, size_t n, const Divisors& d, Isa isa) {
          ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
+Isa resolve(Isa isa) {
+  if (!fused_adam_isa_supported(isa))
+    throw UsageError(std::string("this CPU has no ") +
+                     fused_adam_isa_name(isa) + "; best available is '" +
+                     fused_adam_isa() + "'");
+  return isa == Isa::kAuto ? fused_adam_best_isa() : isa;
+}
+
 // Note [Zeroing around the caches]: a plain store to a line that is not
 // in the cache reads the line first (to own it), so memset of a buffer
 // larger than the caches reads about as many bytes as it writes. The
@@ -198,7 +206,8 @@ void zero_lines_sse(float* x, size_t n) {
 }
 #endif
 
-void zero_floats(float* x, size_t n) {
+// Below AVX-512 the streaming stores are SSE's, which every x86-64 has.
+void zero_floats(float* x, size_t n, Isa isa) {
   if (n == 0) return;
 #if ZS_KERNELS_X86
   if (n * sizeof(float) >= kStreamZeroBytes) {
@@ -208,7 +217,7 @@ void zero_floats(float* x, size_t n) {
     const size_t head = ((64 - at % 64) % 64) / sizeof(float);
     const size_t lines = (n - head) / 16 * 16;
     std::memset(x, 0, head * sizeof(float));
-    if (fused_adam_best_isa() == Isa::kAvx512)
+    if (isa == Isa::kAvx512)
       zero_lines_avx512(x + head, lines);
     else
       zero_lines_sse(x + head, lines);
@@ -218,14 +227,6 @@ void zero_floats(float* x, size_t n) {
   }
 #endif
   std::memset(x, 0, n * sizeof(float));
-}
-
-Isa resolve(Isa isa) {
-  if (!fused_adam_isa_supported(isa))
-    throw UsageError(
-        std::string("this CPU has no ") + fused_adam_isa_name(isa) +
-        " for the gradient norm; best available is '" + fused_adam_isa() + "'");
-  return isa == Isa::kAuto ? fused_adam_best_isa() : isa;
 }
 
 // The CPU: plain loops (compiled without FMA contraction, so every build
@@ -250,7 +251,9 @@ class HostKernels final : public Kernels {
   void copy(float* dst, const float* src, size_t n) override {
     if (n != 0 && dst != src) std::memmove(dst, src, n * sizeof(float));
   }
-  void zero(float* x, size_t n) override { zero_floats(x, n); }
+  void zero(float* x, size_t n) override {
+    zero_floats(x, n, fused_adam_best_isa());
+  }
   void download(float* host, const float* x, size_t n) override {
     copy(host, x, n);
   }
@@ -328,6 +331,8 @@ double host_divide_and_sum_of_squares(float* x, size_t n, double first,
   if (first == 1.0) return squares<false, true>(x, n, d, use);
   return squares<true, true>(x, n, d, use);
 }
+
+void host_zero(float* x, size_t n, Isa isa) { zero_floats(x, n, resolve(isa)); }
 
 }  // namespace internal
 

@@ -154,6 +154,9 @@ namespace internal {
 double host_sum_of_squares(const float* x, size_t n, Isa isa);
 double host_divide_and_sum_of_squares(float* x, size_t n, double first,
                                       double second, Isa isa);
+// The host's zero() with the streaming stores of `isa` (Note [Zeroing
+// around the caches]; below AVX-512, SSE's).
+void host_zero(float* x, size_t n, Isa isa);
 }  // namespace internal
 
 }  // namespace zerostep

@@ -157,28 +157,35 @@ TEST(HostKernelsTest, AnIsaTheCpuLacksIsAUsageError) {
 // lines and memsets the partial ones at either end. Every float of the
 // span becomes +0.0f and none outside it changes, at every alignment of
 // the start (so every length of the partial lines at both ends), both
-// sides of the threshold.
+// sides of the threshold, with each ISA's streaming stores.
 TEST(HostKernelsTest, ZeroClearsExactlyItsSpanAtEveryAlignment) {
-  Kernels& k = host_kernels();
   const size_t threshold = (size_t{64} << 20) / sizeof(float);
   std::vector<float> buf(threshold + 64);
   const std::vector<float> zeros(buf.size(), 0.0f);
   const std::vector<float> marks(buf.size(), -3.5f);
-  for (size_t n : {threshold - 1, threshold, threshold + 17})
-    for (size_t start = 0; start < 16; ++start) {
-      std::fill(buf.begin(), buf.end(), -3.5f);
-      const size_t len = std::min(n, buf.size() - start - 1);
-      k.zero(buf.data() + start, len);
-      const size_t end = start + len;
-      EXPECT_EQ(std::memcmp(buf.data(), marks.data(), start * 4), 0)
-          << "before the span: n=" << len << " start=" << start;
-      EXPECT_EQ(std::memcmp(buf.data() + start, zeros.data(), len * 4), 0)
-          << "in the span: n=" << len << " start=" << start;
-      EXPECT_EQ(
-          std::memcmp(buf.data() + end, marks.data(), (buf.size() - end) * 4),
-          0)
-          << "after the span: n=" << len << " start=" << start;
-    }
+  // kAvx512 streams with AVX-512, the others with SSE; kAuto is zero().
+  for (Isa isa : {Isa::kAuto, Isa::kAvx2, Isa::kAvx512}) {
+    if (!fused_adam_isa_supported(isa)) continue;
+    SCOPED_TRACE(fused_adam_isa_name(isa));
+    for (size_t n : {threshold - 1, threshold, threshold + 17})
+      for (size_t start = 0; start < 16; ++start) {
+        std::fill(buf.begin(), buf.end(), -3.5f);
+        const size_t len = std::min(n, buf.size() - start - 1);
+        if (isa == Isa::kAuto)
+          host_kernels().zero(buf.data() + start, len);
+        else
+          internal::host_zero(buf.data() + start, len, isa);
+        const size_t end = start + len;
+        EXPECT_EQ(std::memcmp(buf.data(), marks.data(), start * 4), 0)
+            << "before the span: n=" << len << " start=" << start;
+        EXPECT_EQ(std::memcmp(buf.data() + start, zeros.data(), len * 4), 0)
+            << "in the span: n=" << len << " start=" << start;
+        EXPECT_EQ(
+            std::memcmp(buf.data() + end, marks.data(), (buf.size() - end) * 4),
+            0)
+            << "after the span: n=" << len << " start=" << start;
+      }
+  }
 }
 
 }  // namespace
