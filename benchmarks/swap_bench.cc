@@ -80,6 +80,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -90,6 +91,8 @@
 #include <vector>
 
 #include "benchmarks/bench_stats.h"
+#include "common/cli.h"
+#include "common/errors.h"
 #include "offload/block_device.h"
 #include "offload/fused_adam.h"
 #include "offload/posix_block_device.h"
@@ -380,30 +383,43 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   const char* env = std::getenv("ZEROSTEP_SWAP_DIR");
   flags.dir = env != nullptr && *env != '\0' ? env : "/var/tmp";
-  for (int i = 1; i < argc; ++i) {
-    std::string v;
-    if (zerostep::parse_flag(argv[i], "swap_dir", &v)) {
-      flags.dir = v;
-    } else if (zerostep::parse_flag(argv[i], "swap_numel", &v)) {
-      flags.numel = std::stoull(v);
-    } else if (zerostep::parse_flag(argv[i], "swap_subgroup_numel", &v)) {
-      flags.subgroup_numel = std::stoull(v);
-    } else if (zerostep::parse_flag(argv[i], "swap_buffer_count", &v)) {
-      flags.buffer_count = std::stoull(v);
-    } else if (zerostep::parse_flag(argv[i], "swap_io_chunk_bytes", &v)) {
-      flags.io_chunk_bytes = std::stoull(v);
-    } else if (zerostep::parse_flag(argv[i], "swap_disk_chunk_bytes", &v)) {
-      flags.disk_chunk_bytes = std::stoull(v);
-    } else if (zerostep::parse_flag(argv[i], "swap_queue_depth", &v)) {
-      flags.queue_depth = std::stoi(v);
-    } else if (zerostep::parse_flag(argv[i], "swap_iterations", &v)) {
-      flags.iterations = std::stoi(v);
-    } else if (zerostep::parse_flag(argv[i], "swap_adam_threads", &v)) {
-      flags.adam_threads = std::stoi(v);
-    } else {
-      std::fprintf(stderr, "swap_bench: unknown argument '%s'\n", argv[i]);
-      return 1;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      std::string v;
+      if (zerostep::parse_flag(argv[i], "swap_dir", &v)) {
+        flags.dir = v;
+      } else if (zerostep::parse_flag(argv[i], "swap_numel", &v)) {
+        flags.numel = static_cast<uint64_t>(
+            zerostep::parse_int("--swap_numel", v, 1, INT64_MAX));
+      } else if (zerostep::parse_flag(argv[i], "swap_subgroup_numel", &v)) {
+        flags.subgroup_numel = static_cast<size_t>(
+            zerostep::parse_int("--swap_subgroup_numel", v, 1, INT64_MAX));
+      } else if (zerostep::parse_flag(argv[i], "swap_buffer_count", &v)) {
+        flags.buffer_count = static_cast<size_t>(
+            zerostep::parse_int("--swap_buffer_count", v, 1, INT64_MAX));
+      } else if (zerostep::parse_flag(argv[i], "swap_io_chunk_bytes", &v)) {
+        flags.io_chunk_bytes = static_cast<size_t>(
+            zerostep::parse_int("--swap_io_chunk_bytes", v, 1, INT64_MAX));
+      } else if (zerostep::parse_flag(argv[i], "swap_disk_chunk_bytes", &v)) {
+        flags.disk_chunk_bytes = static_cast<size_t>(
+            zerostep::parse_int("--swap_disk_chunk_bytes", v, 1, INT64_MAX));
+      } else if (zerostep::parse_flag(argv[i], "swap_queue_depth", &v)) {
+        flags.queue_depth = static_cast<int>(
+            zerostep::parse_int("--swap_queue_depth", v, 1, INT_MAX));
+      } else if (zerostep::parse_flag(argv[i], "swap_iterations", &v)) {
+        flags.iterations = static_cast<int>(
+            zerostep::parse_int("--swap_iterations", v, 1, INT_MAX));
+      } else if (zerostep::parse_flag(argv[i], "swap_adam_threads", &v)) {
+        flags.adam_threads = static_cast<int>(
+            zerostep::parse_int("--swap_adam_threads", v, 1, INT_MAX));
+      } else {
+        std::fprintf(stderr, "swap_bench: unknown argument '%s'\n", argv[i]);
+        return 1;
+      }
     }
+  } catch (const zerostep::Error& e) {
+    std::fprintf(stderr, "swap_bench: %s\n", e.what());
+    return 1;
   }
   struct stat st;
   if (::stat(flags.dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {

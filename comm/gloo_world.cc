@@ -1,17 +1,19 @@
 #include "comm/gloo_world.h"
 
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "comm/rank_order.h"
+#include "common/cli.h"
 #include "common/errors.h"
 
 namespace zerostep {
@@ -144,7 +146,9 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo> make_pg(
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, o);
 }
 
-int env_int(const char* name) {
+// A torchrun variable, read whole and checked against its range (strtol
+// and the casts after it read MASTER_PORT=99999 as port 34463).
+int env_int(const char* name, int64_t min, int64_t max) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0')
     throw UsageError(std::string("environment variable ") + name +
@@ -152,12 +156,7 @@ int env_int(const char* name) {
                      "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Fix: "
                      "start the program with tools/launch, torchrun or your "
                      "scheduler, or set them");
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < 0)
-    throw UsageError(std::string("environment variable ") + name + "=" + v +
-                     " is not a non-negative integer");
-  return static_cast<int>(x);
+  return static_cast<int>(parse_int(name, v, min, max));
 }
 
 }  // namespace
@@ -170,9 +169,9 @@ GlooCommunicator::~GlooCommunicator() = default;
 
 std::unique_ptr<GlooCommunicator> GlooCommunicator::from_environment(
     const GlooOptions& options) {
-  const int rank = env_int("RANK");
-  const int world = env_int("WORLD_SIZE");
-  const int port = env_int("MASTER_PORT");
+  const int rank = env_int("RANK", 0, INT_MAX);
+  const int world = env_int("WORLD_SIZE", 1, INT_MAX);
+  const int port = env_int("MASTER_PORT", 1, 65535);
   const char* addr = std::getenv("MASTER_ADDR");
   if (world < 1 || rank >= world)
     throw UsageError("RANK=" + std::to_string(rank) + " WORLD_SIZE=" +

@@ -41,6 +41,34 @@ TEST(GlooWorldTest, FromEnvironmentNamesTheMissingVariable) {
   }
 }
 
+// A set variable is read whole and within its range: MASTER_PORT=99999
+// was read as port 34463 and RANK=1x as rank 1.
+TEST(GlooWorldTest, FromEnvironmentRefusesAVariableThatIsNotItsNumber) {
+  const struct {
+    const char *rank, *world, *port, *want;
+  } cases[] = {
+      {"0", "2", "99999",
+       "MASTER_PORT=99999: must be an integer from 1 to 65535"},
+      {"1x", "2", "29500", "RANK=1x: not an integer"},
+      {"0", "0", "29500", "WORLD_SIZE=0: must be an integer from 1 to"},
+      {"0", "99999999999", "29500", "WORLD_SIZE=99999999999: must be an"},
+  };
+  for (const auto& c : cases) {
+    setenv("RANK", c.rank, 1);
+    setenv("WORLD_SIZE", c.world, 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", c.port, 1);
+    try {
+      GlooCommunicator::from_environment();
+      ADD_FAILURE() << "no error for " << c.want;
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(c.want, 0), 0u) << e.what();
+    }
+  }
+  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
+    unsetenv(v);
+}
+
 // A rank that stops taking part makes its peers fail within the timeout,
 // with a CommError, instead of hanging.
 TEST(GlooWorldTest, APeerThatNeverArrivesIsACommErrorAfterTheTimeout) {

@@ -19,16 +19,19 @@
 // --offload-param: at stage 3 the parameter partitions too)
 // and --dtype=fp32|bf16|fp16 select optimizer offload and the training
 // dtype.
+#include <unistd.h>
+
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "comm/gloo_world.h"
 #include "comm/ledger.h"
+#include "common/cli.h"
 #include "common/errors.h"
 #include "config/config.h"
 #include "engine/engine.h"
@@ -39,11 +42,12 @@
 namespace zerostep {
 namespace {
 
-std::vector<int> int_list(const std::string& v) {
+std::vector<int> int_list(const std::string& flag, const std::string& v) {
   std::vector<int> out;
   std::stringstream ss(v);
   std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::atoi(item.c_str()));
+  while (std::getline(ss, item, ','))
+    out.push_back(static_cast<int>(parse_int(flag, item, 0, INT_MAX)));
   return out;
 }
 
@@ -58,12 +62,18 @@ int main_impl(int argc, char** argv) {
   std::vector<int> backwards = {2, 5, 3};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a.rfind("--stage=", 0) == 0) stage = std::atoi(a.c_str() + 8);
-    else if (a.rfind("--backwards=", 0) == 0) backwards = int_list(a.substr(12));
-    else if (a.rfind("--die-at-step=", 0) == 0) die_at_step = std::atoi(a.c_str() + 14);
+    if (a.rfind("--stage=", 0) == 0)
+      stage = static_cast<int>(parse_int("--stage", a.substr(8), 0, 3));
+    else if (a.rfind("--backwards=", 0) == 0)
+      backwards = int_list("--backwards", a.substr(12));
+    else if (a.rfind("--die-at-step=", 0) == 0)
+      die_at_step = static_cast<int>(
+          parse_int("--die-at-step", a.substr(14), -1, INT_MAX));
     else if (a.rfind("--checkpoint-dir=", 0) == 0) checkpoint_dir = a.substr(17);
     else if (a.rfind("--resume-from=", 0) == 0) resume_from = a.substr(14);
-    else if (a.rfind("--timeout-s=", 0) == 0) timeout_s = std::atoi(a.c_str() + 12);
+    else if (a.rfind("--timeout-s=", 0) == 0)
+      timeout_s =
+          static_cast<int>(parse_int("--timeout-s", a.substr(12), 1, INT_MAX));
     else if (a == "--offload=cpu") offload = OffloadDevice::kCpu;
     else if (a == "--offload=nvme") offload = OffloadDevice::kNvme;
     else if (a == "--offload-param") offload_param = true;

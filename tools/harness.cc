@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cli.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "config/config.h"
@@ -755,5 +756,11 @@ int main(int argc, char** argv) {
   } catch (const zerostep::Error& e) {
     std::cerr << "harness: " << e.what() << "\n";
     return 2;
+  } catch (const std::exception& e) {
+    // LibTorch's c10::Error (a failed allocation: --world or --model-scale
+    // beyond this machine's memory), std::bad_alloc.
+    std::cerr << "harness: failed: " << zerostep::message_without_backtrace(e)
+              << "\n";
+    return 1;
   }
 }

@@ -1,8 +1,11 @@
 #include "tools/harness_flags.h"
 
 #include <algorithm>
-#include <cstdlib>
+#include <climits>
+#include <cstdint>
 #include <sstream>
+
+#include "common/cli.h"
 
 namespace zerostep {
 
@@ -103,31 +106,49 @@ std::vector<std::string> split(const std::string& s) {
 std::vector<int> int_list(const std::string& flag, const std::string& v) {
   std::vector<int> out;
   for (const std::string& s : split(v)) {
-    char* end = nullptr;
-    long x = std::strtol(s.c_str(), &end, 10);
-    if (end == s.c_str() || *end != '\0')
+    int64_t x = 0;
+    const NumberText r = read_int(s, &x);
+    if (r == NumberText::kNotANumber)
       throw FlagError("--" + flag + "=" + v + ": '" + s +
                       "' is not an integer");
+    if (r == NumberText::kOutOfRange || x < INT_MIN || x > INT_MAX)
+      throw FlagError("--" + flag + "=" + v + ": '" + s +
+                      "' is out of range (at most " + std::to_string(INT_MAX) +
+                      ")");
     out.push_back(static_cast<int>(x));
   }
   if (out.empty()) throw FlagError("--" + flag + " needs at least one value");
   return out;
 }
 
+// A flag that takes one integer, not a list ("--micro-batch=2,3" was read
+// as 2).
+int single_int(const std::string& flag, const std::string& v) {
+  const std::vector<int> x = int_list(flag, v);
+  if (x.size() != 1)
+    throw FlagError("--" + flag + "=" + v + ": takes one integer, not a list");
+  return x.front();
+}
+
+// A finite number ("nan", "inf" and trailing text are refused).
 double parse_double(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0')
+  double x = 0;
+  if (read_double(v, &x) != NumberText::kOk)
     throw FlagError("--" + flag + "=" + v + ": not a number");
   return x;
 }
 
-uint64_t parse_u64(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
-  if (v.empty() || v[0] == '-' || *end != '\0')
+// A non-negative integer that fits the int64_t fields it sets (at most
+// 2^63 - 1; strtoull read "-1" as 2^64 - 1, which then wrapped to -1).
+int64_t parse_count(const std::string& flag, const std::string& v) {
+  uint64_t x = 0;
+  const NumberText r = read_uint64(v, &x);
+  if (r == NumberText::kNotANumber)
     throw FlagError("--" + flag + "=" + v + ": not a non-negative integer");
-  return x;
+  if (r == NumberText::kOutOfRange || x > static_cast<uint64_t>(INT64_MAX))
+    throw FlagError("--" + flag + "=" + v + ": out of range (at most " +
+                    std::to_string(INT64_MAX) + ")");
+  return static_cast<int64_t>(x);
 }
 
 double parse_positive(const std::string& flag, const std::string& v) {
@@ -200,7 +221,7 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
     } else if (key == "backwards") {
       f.backwards = int_list(key, v);
     } else if (key == "steps") {
-      f.steps = int_list(key, v).front();
+      f.steps = single_int(key, v);
       f.steps_given = true;
     } else if (key == "scaling") {
       f.scalings.clear();
@@ -213,7 +234,7 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
       f.faults = v;
       faults_given = true;
     } else if (key == "swarm") {
-      f.swarm = int_list(key, v).front();
+      f.swarm = single_int(key, v);
     } else if (key == "managed") {
       if (v != "both" && v != "true" && v != "false")
         throw FlagError("--managed=" + v + ": not one of both, true, false");
@@ -225,7 +246,9 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
     } else if (key == "gamma") {
       f.scale.cost.gamma_s_per_byte = parse_positive(key, v);
     } else if (key == "ranks-per-node") {
-      f.scale.cost.ranks_per_node = static_cast<int>(parse_positive(key, v));
+      f.scale.cost.ranks_per_node = single_int(key, v);
+      if (f.scale.cost.ranks_per_node < 1)
+        throw FlagError("--ranks-per-node=" + v + ": must be >= 1");
     } else if (key == "intra-node-bw") {
       f.scale.cost.intra_node_bytes_per_s = parse_positive(key, v);
     } else if (key == "inter-node-bw") {
@@ -247,9 +270,9 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
         throw FlagError("--backend=" + v + ": not one of sim, gloo");
       f.backend = v;
     } else if (key == "model-scale") {
-      f.model_scale = int_list(key, v).front();
+      f.model_scale = single_int(key, v);
     } else if (key == "micro-batch") {
-      f.micro_batch = int_list(key, v).front();
+      f.micro_batch = single_int(key, v);
       f.micro_batch_given = true;
     } else if (key == "clip") {
       f.clip = parse_double(key, v);
@@ -281,7 +304,7 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
     } else if (key == "nvme-path") {
       f.nvme_path = v;
     } else if (key == "sub-group-size") {
-      f.sub_group_size = static_cast<int64_t>(parse_u64(key, v));
+      f.sub_group_size = parse_count(key, v);
       if (f.sub_group_size < 1)
         throw FlagError("--sub-group-size must be >= 1");
     } else if (key == "overflow") {
@@ -306,27 +329,30 @@ HarnessFlags parse_harness_flags(int argc, const char* const* argv) {
                         "1:0:2:element");
       f.overflow.clear();
       for (const std::string& part : parts) {
-        char* end = nullptr;
-        const long x = std::strtol(part.c_str(), &end, 10);
-        if (part.empty() || *end != '\0')
+        int64_t x = 0;
+        if (read_int(part, &x) != NumberText::kOk || x < INT_MIN || x > INT_MAX)
           throw FlagError("--overflow=" + v + ": '" + part +
                           "' is not an integer");
         f.overflow.push_back(static_cast<int>(x));
       }
     } else if (key == "seed") {
-      f.seed = parse_u64(key, v);
+      uint64_t seed = 0;
+      if (read_uint64(v, &seed) != NumberText::kOk)
+        throw FlagError("--seed=" + v +
+                        ": not a non-negative integer of at most 64 bits");
+      f.seed = seed;
     } else if (key == "config") {
       f.config_path = v;
     } else if (key == "threads") {
-      f.threads = int_list(key, v).front();
+      f.threads = single_int(key, v);
     } else if (key == "reduce-bucket-size") {
-      f.reduce_bucket_size = static_cast<int64_t>(parse_u64(key, v));
+      f.reduce_bucket_size = parse_count(key, v);
     } else if (key == "persistence-threshold") {
-      f.persistence_threshold = static_cast<int64_t>(parse_u64(key, v));
+      f.persistence_threshold = parse_count(key, v);
     } else if (key == "max-reuse-distance") {
-      f.max_reuse_distance = static_cast<int64_t>(parse_u64(key, v));
+      f.max_reuse_distance = parse_count(key, v);
     } else if (key == "allgather-bucket-size") {
-      f.allgather_bucket_size = static_cast<int64_t>(parse_u64(key, v));
+      f.allgather_bucket_size = parse_count(key, v);
     } else {
       throw FlagError("unknown flag --" + key);
     }

@@ -143,6 +143,38 @@ TEST(HarnessFlagsTest, HelpStopsParsing) {
   EXPECT_EQ(error_of({"--nonsense=1", "--help"}), "unknown flag --nonsense");
 }
 
+// Numbers are read whole and checked for range: strtol, strtoull and the
+// casts after them read these as other values (a wrapped world of
+// 1215752191, a bucket size of -1, a micro-batch of 2, a clip of NaN).
+TEST(HarnessFlagsTest, NumbersThatAreNotTheirOwnValueAreErrors) {
+  EXPECT_EQ(error_of({"--world=99999999999"}),
+            "--world=99999999999: '99999999999' is out of range (at most "
+            "2147483647)");
+  EXPECT_EQ(error_of({"--world=2,99999999999999999999"}),
+            "--world=2,99999999999999999999: '99999999999999999999' is out of "
+            "range (at most 2147483647)");
+  EXPECT_EQ(error_of({"--world=+2"}), "--world=+2: '+2' is not an integer");
+  EXPECT_EQ(error_of({"--micro-batch=2,3"}),
+            "--micro-batch=2,3: takes one integer, not a list");
+  EXPECT_EQ(error_of({"--reduce-bucket-size=18446744073709551615"}),
+            "--reduce-bucket-size=18446744073709551615: out of range (at most "
+            "9223372036854775807)");
+  EXPECT_EQ(error_of({"--reduce-bucket-size=1e6"}),
+            "--reduce-bucket-size=1e6: not a non-negative integer");
+  EXPECT_EQ(error_of({"--clip=nan"}), "--clip=nan: not a number");
+  EXPECT_EQ(error_of({"--alpha=inf"}), "--alpha=inf: not a number");
+  EXPECT_EQ(error_of({"--clip=1.0x"}), "--clip=1.0x: not a number");
+  EXPECT_EQ(error_of({"--ranks-per-node=2.5"}),
+            "--ranks-per-node=2.5: '2.5' is not an integer");
+  EXPECT_EQ(error_of({"--ranks-per-node=0"}),
+            "--ranks-per-node=0: must be >= 1");
+  EXPECT_EQ(error_of({"--overflow=1:99999999999:2"}),
+            "--overflow=1:99999999999:2: '99999999999' is not an integer");
+  // The whole range of a seed is still a seed.
+  EXPECT_EQ(parse({"--seed=18446744073709551615"}).seed,
+            18446744073709551615ull);
+}
+
 TEST(HarnessFlagsTest, ErrorsNameTheFlagAndTheRule) {
   EXPECT_EQ(error_of({"stages"}), "unrecognised argument 'stages'");
   EXPECT_EQ(error_of({"--stages=1,x"}), "--stages=1,x: 'x' is not an integer");
@@ -161,7 +193,8 @@ TEST(HarnessFlagsTest, ErrorsNameTheFlagAndTheRule) {
   EXPECT_EQ(error_of({"--device=gpu"}), "--device=gpu: not one of cpu, cuda");
   EXPECT_EQ(error_of({"--managed=yes"}),
             "--managed=yes: not one of both, true, false");
-  EXPECT_EQ(error_of({"--seed=-1"}), "--seed=-1: not a non-negative integer");
+  EXPECT_EQ(error_of({"--seed=-1"}),
+            "--seed=-1: not a non-negative integer of at most 64 bits");
   EXPECT_EQ(error_of({"--alpha=0"}), "--alpha=0: must be > 0");
   EXPECT_EQ(error_of({"--clip=x"}), "--clip=x: not a number");
   EXPECT_EQ(error_of({"--clip=-1"}), "--clip must be >= 0 (0 = off)");

@@ -13,10 +13,14 @@
 #include <string>
 #include <vector>
 
+#include "common/cli.h"
 #include "common/errors.h"
 #include "tools/launcher.h"
 
 namespace {
+
+// More ranks than one machine runs usefully; a larger --nproc is a typo.
+constexpr int kMaxProcesses = 4096;
 
 constexpr const char kUsage[] =
     "usage: launch --nproc=N [--master-port=P] -- <program> [args...]\n";
@@ -33,8 +37,9 @@ constexpr const char kHelp[] =
     "SIGINT, SIGTERM and SIGHUP are forwarded to every rank, which gets 60 s\n"
     "to exit; launch exits 0 if every rank exits 0, else 128 + the signal.\n"
     "\n"
-    "  --nproc=N          ranks to start (>= 1; default 1)\n"
-    "  --master-port=P    the rendezvous port (default: a free one)\n"
+    "  --nproc=N          ranks to start (1 to 4096; default 1)\n"
+    "  --master-port=P    the rendezvous port, 1 to 65535 (default, or 0: a "
+    "free one)\n"
     "  --help             this text\n";
 
 }  // namespace
@@ -54,15 +59,24 @@ int main(int argc, char** argv) {
       std::fputs(kHelp, stdout);
       return 0;
     }
-    if (a.rfind("--nproc=", 0) == 0) {
-      options.nproc = std::atoi(a.c_str() + 8);
-    } else if (a.rfind("--master-port=", 0) == 0) {
-      options.master_port = std::atoi(a.c_str() + 14);
-    } else {
-      std::fprintf(stderr, "launch: unknown argument '%s'\n%s", a.c_str(),
-                   kUsage);
+    try {
+      if (a.rfind("--nproc=", 0) == 0) {
+        options.nproc = static_cast<int>(
+            zerostep::parse_int("--nproc", a.substr(8), 1, kMaxProcesses, 2));
+        continue;
+      }
+      if (a.rfind("--master-port=", 0) == 0) {
+        options.master_port = static_cast<int>(zerostep::parse_int(
+            "--master-port", a.substr(14), 0, 65535, 29500));
+        continue;
+      }
+    } catch (const zerostep::Error& e) {
+      std::fprintf(stderr, "launch: %s\n", e.what());
       return 2;
     }
+    std::fprintf(stderr, "launch: unknown argument '%s'\n%s", a.c_str(),
+                 kUsage);
+    return 2;
   }
   for (; i < argc; ++i) program.push_back(argv[i]);
   try {

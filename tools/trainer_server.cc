@@ -62,6 +62,7 @@
 #include <vector>
 
 #include "comm/gloo_world.h"
+#include "common/cli.h"
 #include "common/errors.h"
 #include "engine/checkpoint_io.h"
 #include "sim/sim_world.h"
@@ -201,34 +202,32 @@ Flags parse_flags(int argc, char** argv) {
           "[--seq-gap-timeout-s=T]\n");
       std::exit(0);
     } else if (value(a, "port", &v))
-      f.port = std::atoi(v.c_str());
+      f.port = static_cast<int>(parse_int("--port", v, 0, 65535, 8000));
     else if (value(a, "host", &v))
       f.host = v;
     else if (value(a, "config", &v))
       f.config_path = v;
     else if (value(a, "stage", &v))
-      f.stage = std::atoi(v.c_str());
+      f.stage = static_cast<int>(parse_int("--stage", v, 0, 3));
     else if (value(a, "world", &v))
-      f.world = std::atoi(v.c_str());
+      f.world = static_cast<int>(parse_int("--world", v, 1, 4096));
     else if (value(a, "backend", &v))
       f.backend = v;
     else if (value(a, "state-dir", &v))
       f.state_dir = v;
     else if (value(a, "seed", &v))
-      f.seed = std::strtoull(v.c_str(), nullptr, 10);
+      f.seed = parse_uint64("--seed", v);
     else if (value(a, "long-poll-s", &v))
-      f.long_poll_s = std::atof(v.c_str());
+      f.long_poll_s = parse_double("--long-poll-s", v, 0, 3600, 30.0);
     else if (value(a, "seq-gap-timeout-s", &v))
-      f.seq_gap_timeout_s = std::atof(v.c_str());
+      f.seq_gap_timeout_s =
+          parse_double("--seq-gap-timeout-s", v, 0, 86400, 60.0);
     else
       throw UsageError("trainer_server: unknown argument '" + a +
                        "' (see --help)");
   }
   if (f.backend != "sim" && f.backend != "gloo")
     throw UsageError("--backend must be sim or gloo, not '" + f.backend + "'");
-  if (f.world < 1) throw UsageError("--world must be >= 1");
-  if (f.port < 0 || f.port > 65535)
-    throw UsageError("--port must be in [0, 65535]");
   return f;
 }
 
@@ -336,5 +335,9 @@ int main(int argc, char** argv) {
   } catch (const zerostep::Error& e) {
     std::fprintf(stderr, "trainer_server: %s\n", e.what());
     return 2;
+  } catch (const std::exception& e) {  // LibTorch's c10::Error, bad_alloc
+    std::fprintf(stderr, "trainer_server: failed: %s\n",
+                 zerostep::message_without_backtrace(e).c_str());
+    return 1;
   }
 }

@@ -83,6 +83,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -94,6 +95,7 @@
 
 #include "benchmarks/bench_stats.h"
 #include "comm/gloo_world.h"
+#include "common/cli.h"
 #include "common/errors.h"
 #include "config/config.h"
 #include "engine/engine.h"
@@ -203,11 +205,11 @@ Options parse(int argc, char** argv) {
       *strings[key] = value;
       continue;
     }
-    const long long v = std::atoll(value.c_str());
     if (ints.count(key))
-      *ints[key] = v;
+      *ints[key] = parse_int(key, value, 1, INT64_MAX);
     else
-      *small[key] = static_cast<int>(v);
+      *small[key] = static_cast<int>(
+          parse_int(key, value, key == "--warmup" ? 0 : 1, INT_MAX));
   }
   if (o.backwards < 1 || o.windows < 1 || o.warmup < 0 || o.threads < 1 ||
       o.micro_batch < 1)
@@ -230,7 +232,9 @@ Options parse(int argc, char** argv) {
 
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
-  return v == nullptr || *v == '\0' ? fallback : std::atoi(v);
+  return v == nullptr || *v == '\0'
+             ? fallback
+             : static_cast<int>(parse_int(name, v, 0, INT_MAX));
 }
 
 // What LibTorch's CUDA caching allocator saw on one device (bytes).

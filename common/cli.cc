@@ -1,0 +1,112 @@
+#include "common/cli.h"
+
+#include <charconv>
+#include <cmath>
+#include <sstream>
+#include <system_error>
+
+#include "common/errors.h"
+
+namespace zerostep {
+namespace {
+
+constexpr size_t kTextBytes = 64;
+
+[[noreturn]] void refuse(const std::string& name, const std::string& text,
+                         const std::string& rule, const std::string& example) {
+  throw UsageError(name + "=" + elide(text, kTextBytes) + ": " + rule +
+                   ". Fix: write e.g. " + name + "=" + example);
+}
+
+// from_chars over the whole text.
+template <typename T>
+NumberText read_whole(const std::string& text, T* out) {
+  const char* end = text.data() + text.size();
+  T x{};
+  const auto r = std::from_chars(text.data(), end, x);
+  if (r.ec == std::errc::result_out_of_range) return NumberText::kOutOfRange;
+  if (text.empty() || r.ec != std::errc() || r.ptr != end)
+    return NumberText::kNotANumber;
+  *out = x;
+  return NumberText::kOk;
+}
+
+std::string show(double x) {
+  std::ostringstream os;
+  os << x;
+  return os.str();
+}
+
+}  // namespace
+
+NumberText read_int(const std::string& text, int64_t* out) {
+  return read_whole(text, out);
+}
+
+NumberText read_uint64(const std::string& text, uint64_t* out) {
+  return read_whole(text, out);
+}
+
+NumberText read_double(const std::string& text, double* out) {
+  double x = 0;
+  const NumberText r = read_whole(text, &x);
+  if (r != NumberText::kOk) return r;
+  // from_chars reads "inf" and "nan"; neither is a setting's value.
+  if (!std::isfinite(x)) return NumberText::kNotANumber;
+  *out = x;
+  return NumberText::kOk;
+}
+
+int64_t parse_int(const std::string& name, const std::string& text, int64_t min,
+                  int64_t max, std::optional<int64_t> example) {
+  const std::string fix = std::to_string(example.value_or(min));
+  const std::string rule = "must be an integer from " + std::to_string(min) +
+                           " to " + std::to_string(max);
+  int64_t x = 0;
+  const NumberText r = read_int(text, &x);
+  if (r != NumberText::kOk)
+    refuse(
+        name, text,
+        (r == NumberText::kOutOfRange ? "out of range: " : "not an integer: ") +
+            rule,
+        fix);
+  if (x < min || x > max) refuse(name, text, rule, fix);
+  return x;
+}
+
+uint64_t parse_uint64(const std::string& name, const std::string& text) {
+  uint64_t x = 0;
+  const NumberText r = read_uint64(text, &x);
+  if (r != NumberText::kOk)
+    refuse(name, text,
+           std::string(r == NumberText::kOutOfRange
+                           ? "out of range: "
+                           : "not a non-negative integer: ") +
+               "must be digits only, at most 18446744073709551615",
+           "1");
+  return x;
+}
+
+double parse_double(const std::string& name, const std::string& text,
+                    double min, double max, std::optional<double> example) {
+  const std::string fix = show(example.value_or(min));
+  const std::string rule =
+      "must be a finite number from " + show(min) + " to " + show(max);
+  double x = 0;
+  // A double out of range ("1e999") is not a finite number either.
+  if (read_double(text, &x) != NumberText::kOk)
+    refuse(name, text, "not a number: " + rule, fix);
+  if (x < min || x > max) refuse(name, text, rule, fix);
+  return x;
+}
+
+std::string message_without_backtrace(const std::exception& e) {
+  std::string m = e.what();
+  for (const char* marker : {"\nException raised from ", "\nframe #"}) {
+    const size_t at = m.find(marker);
+    if (at != std::string::npos) m.erase(at);
+  }
+  return m;
+}
+
+}  // namespace zerostep

@@ -1,0 +1,55 @@
+// What zerostep's command-line programs share.
+//
+// Strict numbers from the command line and the environment: the whole text must
+// be the number (no leading blank or
+// '+', nothing after it, no overflow, finite), within the range the caller
+// states. Anything else is a UsageError naming the setting, the text given,
+// the rule and a value that would do, so that "--nproc=2x" or
+// "--master-port=99999" is refused instead of read as 2 or wrapped into
+// another port (atoi and strtol read a prefix and saturate or wrap).
+//
+// `name` is printed as given before "=": "--nproc" for a flag,
+// "MASTER_PORT" for an environment variable. Texts longer than 64 bytes
+// are elided in the message (common/errors.h, elide()).
+//
+// Thread safety: pure functions. No LibTorch.
+#ifndef ZEROSTEP_COMMON_CLI_H_
+#define ZEROSTEP_COMMON_CLI_H_
+
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+
+namespace zerostep {
+
+// The strict readers under the parse_* functions, for a program that words
+// its own errors (tools/harness_flags.cc): kOk and *out set, or why not.
+enum class NumberText { kOk, kNotANumber, kOutOfRange };
+NumberText read_int(const std::string& text, int64_t* out);
+NumberText read_uint64(const std::string& text, uint64_t* out);
+NumberText read_double(const std::string& text, double* out);  // finite
+
+// An integer in [min, max], e.g. parse_int("--nproc", "4", 1, 4096). The
+// error's fix suggests `example` (default: min).
+int64_t parse_int(const std::string& name, const std::string& text, int64_t min,
+                  int64_t max, std::optional<int64_t> example = std::nullopt);
+
+// Any unsigned 64-bit integer (seeds): digits only.
+uint64_t parse_uint64(const std::string& name, const std::string& text);
+
+// A finite decimal number in [min, max] ("1e-3" and "0.5" are numbers;
+// "nan", "inf" and "0x1p3" are not).
+double parse_double(const std::string& name, const std::string& text,
+                    double min, double max,
+                    std::optional<double> example = std::nullopt);
+
+// e.what() without the C++ backtrace LibTorch appends to its c10::Error
+// messages ("\nException raised from ..." or "\nframe #0: ..."), for a
+// program's last-resort error line (an exception that is not a
+// zerostep::Error, such as a failed allocation); other messages whole.
+std::string message_without_backtrace(const std::exception& e);
+
+}  // namespace zerostep
+
+#endif  // ZEROSTEP_COMMON_CLI_H_
