@@ -80,11 +80,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -375,6 +375,18 @@ bool parse_flag(const char* arg, const char* name, std::string* value) {
   return true;
 }
 
+// "--name=N" for one of our count flags: N read whole, from 1 to the
+// largest T (common/cli.h); false if arg is not it.
+template <typename T>
+bool parse_count(const char* arg, const char* name, T* out) {
+  std::string v;
+  if (!parse_flag(arg, name, &v)) return false;
+  const int64_t max = static_cast<int64_t>(std::min<uint64_t>(
+      std::numeric_limits<T>::max(), std::numeric_limits<int64_t>::max()));
+  *out = static_cast<T>(parse_int(std::string("--") + name, v, 1, max));
+  return true;
+}
+
 }  // namespace
 }  // namespace zerostep
 
@@ -385,35 +397,22 @@ int main(int argc, char** argv) {
   flags.dir = env != nullptr && *env != '\0' ? env : "/var/tmp";
   try {
     for (int i = 1; i < argc; ++i) {
+      using zerostep::parse_count;
+      const char* a = argv[i];
       std::string v;
-      if (zerostep::parse_flag(argv[i], "swap_dir", &v)) {
+      if (zerostep::parse_flag(a, "swap_dir", &v)) {
         flags.dir = v;
-      } else if (zerostep::parse_flag(argv[i], "swap_numel", &v)) {
-        flags.numel = static_cast<uint64_t>(
-            zerostep::parse_int("--swap_numel", v, 1, INT64_MAX));
-      } else if (zerostep::parse_flag(argv[i], "swap_subgroup_numel", &v)) {
-        flags.subgroup_numel = static_cast<size_t>(
-            zerostep::parse_int("--swap_subgroup_numel", v, 1, INT64_MAX));
-      } else if (zerostep::parse_flag(argv[i], "swap_buffer_count", &v)) {
-        flags.buffer_count = static_cast<size_t>(
-            zerostep::parse_int("--swap_buffer_count", v, 1, INT64_MAX));
-      } else if (zerostep::parse_flag(argv[i], "swap_io_chunk_bytes", &v)) {
-        flags.io_chunk_bytes = static_cast<size_t>(
-            zerostep::parse_int("--swap_io_chunk_bytes", v, 1, INT64_MAX));
-      } else if (zerostep::parse_flag(argv[i], "swap_disk_chunk_bytes", &v)) {
-        flags.disk_chunk_bytes = static_cast<size_t>(
-            zerostep::parse_int("--swap_disk_chunk_bytes", v, 1, INT64_MAX));
-      } else if (zerostep::parse_flag(argv[i], "swap_queue_depth", &v)) {
-        flags.queue_depth = static_cast<int>(
-            zerostep::parse_int("--swap_queue_depth", v, 1, INT_MAX));
-      } else if (zerostep::parse_flag(argv[i], "swap_iterations", &v)) {
-        flags.iterations = static_cast<int>(
-            zerostep::parse_int("--swap_iterations", v, 1, INT_MAX));
-      } else if (zerostep::parse_flag(argv[i], "swap_adam_threads", &v)) {
-        flags.adam_threads = static_cast<int>(
-            zerostep::parse_int("--swap_adam_threads", v, 1, INT_MAX));
-      } else {
-        std::fprintf(stderr, "swap_bench: unknown argument '%s'\n", argv[i]);
+        continue;
+      }
+      if (!(parse_count(a, "swap_numel", &flags.numel) ||
+            parse_count(a, "swap_subgroup_numel", &flags.subgroup_numel) ||
+            parse_count(a, "swap_buffer_count", &flags.buffer_count) ||
+            parse_count(a, "swap_io_chunk_bytes", &flags.io_chunk_bytes) ||
+            parse_count(a, "swap_disk_chunk_bytes", &flags.disk_chunk_bytes) ||
+            parse_count(a, "swap_queue_depth", &flags.queue_depth) ||
+            parse_count(a, "swap_iterations", &flags.iterations) ||
+            parse_count(a, "swap_adam_threads", &flags.adam_threads))) {
+        std::fprintf(stderr, "swap_bench: unknown argument '%s'\n", a);
         return 1;
       }
     }

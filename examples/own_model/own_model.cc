@@ -32,6 +32,7 @@
 
 #include "blocks/zero3_block.h"
 #include "comm/gloo_world.h"
+#include "common/cli.h"
 #include "common/errors.h"
 #include "config/config.h"
 #include "engine/engine.h"
@@ -148,11 +149,11 @@ Flags parse(int argc, char** argv) {
       return a.rfind(prefix, 0) == 0 ? argv[i] + prefix.size() : nullptr;
     };
     if (const char* v = value("stage")) {
-      f.stage = std::atoi(v);
+      f.stage = static_cast<int>(zerostep::parse_int("--stage", v, 0, 3));
     } else if (const char* v = value("steps")) {
-      f.steps = std::atoll(v);
+      f.steps = zerostep::parse_int("--steps", v, 1, INT64_MAX);
     } else if (const char* v = value("save-at")) {
-      f.save_at = std::atoll(v);
+      f.save_at = zerostep::parse_int("--save-at", v, 1, INT64_MAX);
     } else if (const char* v = value("dir")) {
       f.dir = v;
     } else if (const char* v = value("export")) {
@@ -165,8 +166,6 @@ Flags parse(int argc, char** argv) {
           "'; see the comment at the top of own_model.cc");
     }
   }
-  if (f.stage < 0 || f.stage > 3)
-    throw zerostep::UsageError("--stage must be 0, 1, 2 or 3");
   if ((f.save_at >= 0 || f.resume) && f.dir.empty())
     throw zerostep::UsageError("--save-at and --resume need --dir");
   return f;
