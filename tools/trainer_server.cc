@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -245,6 +246,32 @@ std::string ds_config_text(const Flags& f) {
   return doc.dump();
 }
 
+// The state folder (checkpoints, sampler weights) is created and written
+// once before any request is served: a save_weights that failed hours into
+// a run would lose what it was asked to keep. Empty if `dir` could be
+// created and a file written and removed there; else the IoError's text.
+std::string state_dir_problem(const std::string& dir, int rank) {
+  try {
+    make_dirs(dir);
+    const std::string probe = dir + "/.write-probe-rank" +
+                              std::to_string(rank) + "-" +
+                              std::to_string(getpid());
+    atomic_write_file(probe, "ok");
+    if (unlink(probe.c_str()) != 0)
+      return "cannot remove " + probe + ": " + std::strerror(errno);
+  } catch (const IoError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+[[noreturn]] void refuse_state_dir(const std::string& dir,
+                                   const std::string& problem) {
+  throw UsageError("the state folder '" + dir + "' (--state-dir) " + problem +
+                   ". Fix: give --state-dir a folder this user can create "
+                   "and write (with several machines, one they share)");
+}
+
 int run(int argc, char** argv) {
   const Flags f = parse_flags(argc, argv);
   tinker::TrainerOptions topts;
@@ -285,6 +312,9 @@ int run(int argc, char** argv) {
   };
 
   if (f.backend == "sim") {
+    const std::string problem = state_dir_problem(topts.state_dir, 0);
+    if (!problem.empty())
+      refuse_state_dir(topts.state_dir, "cannot be used: " + problem);
     std::printf("seed=%llu backend=sim world=%d config=%s state_dir=%s\n",
                 static_cast<unsigned long long>(f.seed), f.world,
                 topts.ds_config_json.c_str(), topts.state_dir.c_str());
@@ -312,6 +342,22 @@ int run(int argc, char** argv) {
   // Every rank writes and reads the same checkpoint folder: rank 0's choice
   // (on several machines it must be on a shared file system).
   tinker::broadcast_bytes(*comm, &topts.state_dir);
+  {
+    // Every rank writes there: each checks, and all stop if one cannot,
+    // naming the lowest such rank.
+    const std::string problem =
+        state_dir_problem(topts.state_dir, comm->rank());
+    int64_t first_bad = problem.empty() ? INT64_MAX : comm->rank();
+    comm->all_reduce(Buffer::of(&first_bad, 1), {ReduceOp::kMin, "setup"});
+    if (!problem.empty())
+      refuse_state_dir(topts.state_dir, "cannot be used on rank " +
+                                            std::to_string(comm->rank()) +
+                                            ": " + problem);
+    if (first_bad != INT64_MAX)
+      refuse_state_dir(topts.state_dir, "cannot be used on rank " +
+                                            std::to_string(first_bad) +
+                                            " (its own message says why)");
+  }
   tinker::RankTrainer trainer(comm.get(), topts);
   if (comm->rank() == 0) {
     std::printf("seed=%llu backend=gloo world=%d config=%s state_dir=%s\n",
