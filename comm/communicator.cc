@@ -82,6 +82,15 @@ std::shared_ptr<Work> Communicator::all_reduce_async(
   return std::make_shared<CompletedWork>();
 }
 
+void refuse_accumulate(const std::string& backend, int rank,
+                       const ReduceScatterOptions& opts) {
+  if (!opts.accumulate) return;
+  throw UsageError(backend + " on rank " + std::to_string(rank) +
+                   ": reduce_scatter with accumulate is not supported "
+                   "(reduce_scatter_accumulates() is false). Fix: reduce "
+                   "into a scratch buffer and add it");
+}
+
 void check_host_buffer(const std::string& backend, int rank, Buffer b) {
   if (!b.device) return;
   throw UsageError(backend + " on rank " + std::to_string(rank) +

@@ -86,6 +86,13 @@ struct AllReduceOptions {
 struct ReduceScatterOptions {
   ReduceOp op = ReduceOp::kSum;
   const char* label = "step";
+  // output[i] = output[i] + result[i] instead of output[i] = result[i]:
+  // the bits of a reduce-scatter into a scratch buffer followed by adding
+  // that buffer into `output`, without the scratch buffer's write and read
+  // (the ZeRO stages' per-backward reduce-scatter into the gradient
+  // partition). Only where reduce_scatter_accumulates(); other backends
+  // refuse it (UsageError).
+  bool accumulate = false;
 };
 
 struct AllGatherOptions {
@@ -170,6 +177,10 @@ class Communicator {
   // in zero/stage3.h).
   virtual bool overlaps_async() const { return false; }
 
+  // Whether reduce_scatter and reduce_scatter_async take
+  // ReduceScatterOptions::accumulate (sim, gloo; wrappers pass it on).
+  virtual bool reduce_scatter_accumulates() const { return false; }
+
   // Whether buffers marked `device` may be given as they are (NCCL), also
   // beside a host buffer in one collective (stage 3's offload from a
   // device gathers host partitions into device storage); otherwise only
@@ -184,6 +195,10 @@ void check_reduce_scatter_args(int rank, int world_size, Buffer input,
 void check_all_gather_args(int rank, int world_size, Buffer input,
                            Buffer output);
 void check_broadcast_root(int root, int world_size);
+// For backends without reduce_scatter_accumulates(): UsageError naming the
+// backend when opts.accumulate is set.
+void refuse_accumulate(const std::string& backend, int rank,
+                       const ReduceScatterOptions& opts);
 // For backends that read host memory only (sim, gloo): UsageError naming
 // the backend and the fix when `b` is device memory.
 void check_host_buffer(const std::string& backend, int rank, Buffer b);

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <numeric>
 
+#include "common/errors.h"
+
 namespace zerostep {
 namespace {
 
@@ -59,6 +61,44 @@ void reduce_scatter_gives_each_rank_its_chunk(Communicator& c) {
     for (int r = 0; r < w; ++r) expect += value_at<float>(r, g);
     ASSERT_EQ(out[i], expect) << "rank " << c.rank() << " element " << i;
   }
+}
+
+// ReduceScatterOptions::accumulate: output + the reduced chunk, the ranks
+// folded first (1e8 + 3 + 3 rounds back to 1e8 in float, 1e8 + 6 does not),
+// blocking and async; a backend without reduce_scatter_accumulates()
+// refuses it on every rank, before anything moves.
+void reduce_scatter_accumulates_where_supported(Communicator& c) {
+  const int w = c.world_size();
+  const size_t chunk = 7;
+  std::vector<float> in(chunk * w, 3.0f);
+  std::vector<float> out(chunk);
+  for (size_t i = 0; i < chunk; ++i) out[i] = 1e8f + 16.0f * i;
+  const std::vector<float> before = out;
+  ReduceScatterOptions o;
+  o.accumulate = true;
+  const Buffer bin = Buffer::of(in.data(), in.size());
+  const Buffer bout = Buffer::of(out.data(), chunk);
+  if (!c.reduce_scatter_accumulates()) {
+    EXPECT_THROW(c.reduce_scatter(bin, bout, o), UsageError);
+    EXPECT_THROW(c.reduce_scatter_async(bin, bout, o), UsageError);
+    EXPECT_EQ(out, before);
+    return;
+  }
+  float fold = 3.0f;
+  for (int r = 1; r < w; ++r) fold = fold + 3.0f;
+  c.reduce_scatter(bin, bout, o);
+  for (size_t i = 0; i < chunk; ++i)
+    ASSERT_EQ(out[i], before[i] + fold) << "rank " << c.rank() << " " << i;
+  c.reduce_scatter_async(bin, bout, o)->wait();
+  for (size_t i = 0; i < chunk; ++i)
+    ASSERT_EQ(out[i], (before[i] + fold) + fold)
+        << "async: rank " << c.rank() << " " << i;
+  o.op = ReduceOp::kAvg;
+  out = before;
+  c.reduce_scatter(bin, bout, o);
+  for (size_t i = 0; i < chunk; ++i)
+    ASSERT_EQ(out[i], before[i] + fold / static_cast<float>(w))
+        << "kAvg: rank " << c.rank() << " " << i;
 }
 
 void async_reduce_scatters_match_in_issue_order(Communicator& c) {
@@ -233,6 +273,8 @@ const Case kCases[] = {
     {"AllReduceEveryOpAndDtype", all_reduce_every_op_and_dtype},
     {"ReduceScatterGivesEachRankItsChunk",
      reduce_scatter_gives_each_rank_its_chunk},
+    {"ReduceScatterAccumulatesWhereSupported",
+     reduce_scatter_accumulates_where_supported},
     {"AsyncReduceScattersMatchInIssueOrder",
      async_reduce_scatters_match_in_issue_order},
     {"AsyncAllReducesMatchInIssueOrder",

@@ -411,6 +411,7 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(
         [&](int p) { return slice(input, p * n, n); }, &recvs, &sends);
     const int rank = rank_, world = world_size_;
     const ReduceOp op = opts.op;
+    const bool accumulate = opts.accumulate;
     auto finish = [=]() mutable {
       rank_order::with_type(input.dtype, [&](auto type) {
         using T = decltype(type);
@@ -419,8 +420,14 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(
           parts[p] = p == rank ? static_cast<const T*>(input.data) + p * n
                                : static_cast<const T*>(from_peers.data) +
                                      (p - (p > rank)) * n;
-        rank_order::reduce_chunked<T>(parts, 0, n, op,
-                                      static_cast<T*>(output.data));
+        if (accumulate) {
+          std::vector<T> tile(rank_order::kChunkBytes / sizeof(T));
+          rank_order::reduce_add_chunked<T>(
+              parts, 0, n, op, static_cast<T*>(output.data), tile.data());
+        } else {
+          rank_order::reduce_chunked<T>(parts, 0, n, op,
+                                        static_cast<T*>(output.data));
+        }
       });
       if (scratch.defined()) pool->give_back(std::move(scratch));
     };

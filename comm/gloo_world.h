@@ -60,6 +60,7 @@ class GlooCommunicator final : public Communicator {
   int world_size() const override { return world_size_; }
   std::string backend_name() const override { return "gloo"; }
   bool overlaps_async() const override { return true; }
+  bool reduce_scatter_accumulates() const override { return true; }
   void all_reduce(Buffer buf, const AllReduceOptions& opts) override;
   void reduce_scatter(Buffer input, Buffer output,
                       const ReduceScatterOptions& opts) override;

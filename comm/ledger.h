@@ -75,6 +75,9 @@ class RecordingCommunicator final : public Communicator {
   int world_size() const override { return inner_->world_size(); }
   std::string backend_name() const override { return inner_->backend_name(); }
   bool overlaps_async() const override { return inner_->overlaps_async(); }
+  bool reduce_scatter_accumulates() const override {
+    return inner_->reduce_scatter_accumulates();
+  }
   bool reads_device_memory() const override {
     return inner_->reads_device_memory();
   }

@@ -229,6 +229,7 @@ void NcclCommunicator::reduce_scatter(Buffer input, Buffer output,
 std::shared_ptr<Work> NcclCommunicator::reduce_scatter_async(
     Buffer input, Buffer output, const ReduceScatterOptions& opts) {
   check_reduce_scatter_args(rank_, world_size_, input, output);
+  refuse_accumulate("nccl", rank_, opts);
   if (output.numel == 0) return std::make_shared<CompletedWork>();
   return impl_->work(impl_->run(input, output, [&](const void* src, void* dst) {
     nccl_check(ncclReduceScatter(src, dst, output.numel, nccl_type(input.dtype),

@@ -146,6 +146,24 @@ void reduce_chunked(const std::vector<const T*>& inputs, size_t offset,
     reduce(inputs, offset + at, std::min(chunk, count - at), op, out + at);
 }
 
+// out[i] = out[i] + reduce(...)[i] for `count` elements (a reduce-scatter
+// with ReduceScatterOptions::accumulate): each kChunkBytes piece is
+// reduced into `tile` (kChunkBytes / sizeof(T) elements), then added, so
+// the bits are those of reduce() into a scratch buffer followed by adding
+// that buffer into `out`. `out` must not overlap any input or `tile`.
+template <typename T>
+void reduce_add_chunked(const std::vector<const T*>& inputs, size_t offset,
+                        size_t count, ReduceOp op, T* __restrict out,
+                        T* __restrict tile) {
+  const size_t chunk = kChunkBytes / sizeof(T);
+  for (size_t at = 0; at < count; at += chunk) {
+    const size_t k = std::min(chunk, count - at);
+    reduce(inputs, offset + at, k, op, tile);
+    T* __restrict o = out + at;
+    for (size_t i = 0; i < k; ++i) o[i] = o[i] + tile[i];
+  }
+}
+
 // Calls fn(T{}) for the element type of `dtype`.
 template <typename Fn>
 void with_type(DType dtype, Fn&& fn) {

@@ -80,18 +80,23 @@ void all_reduce_range(const std::vector<Buffer>& bufs, ReduceOp op,
 // Elements [begin, end) of a reduce-scatter's index space. Outputs do not
 // overlap inputs: each output chunk is its own accumulator. A chunk never
 // crosses from one output into the next.
+// With `accumulate` (ReduceScatterOptions::accumulate) each chunk is
+// reduced into `tile` and added to the output (rank_order::reduce_add_chunked).
 template <typename T>
 void reduce_scatter_range(const std::vector<Buffer>& inputs,
                           const std::vector<Buffer>& outputs, ReduceOp op,
-                          size_t begin, size_t end) {
+                          bool accumulate, size_t begin, size_t end, T* tile) {
   const size_t n = outputs[0].numel;
   const size_t chunk = kChunkBytes / sizeof(T);
   const std::vector<const T*> in = data_of<T>(inputs);
   for (size_t at = begin; at < end;) {
     const size_t owner = at / n, offset = at - owner * n;
     const size_t count = std::min({chunk, end - at, n - offset});
-    rank_order::reduce<T>(in, at, count, op,
-                         static_cast<T*>(outputs[owner].data) + offset);
+    T* out = static_cast<T*>(outputs[owner].data) + offset;
+    if (accumulate)
+      rank_order::reduce_add_chunked<T>(in, at, count, op, out, tile);
+    else
+      rank_order::reduce<T>(in, at, count, op, out);
     at += count;
   }
 }
@@ -108,15 +113,17 @@ size_t index_space(CollectiveKind kind, const std::vector<Buffer>& inputs,
 // Reduces elements [begin, end) of the index space of an all-reduce or
 // reduce-scatter.
 template <typename T>
-void reduce_range(CollectiveKind kind, ReduceOp op,
+void reduce_range(CollectiveKind kind, ReduceOp op, bool accumulate,
                   const std::vector<Buffer>& inputs,
-                  const std::vector<Buffer>& outputs, size_t begin,
-                  size_t end, std::vector<unsigned char>* scratch) {
+                  const std::vector<Buffer>& outputs, size_t begin, size_t end,
+                  std::vector<unsigned char>* scratch) {
+  const size_t chunk = std::min(end - begin, kChunkBytes / sizeof(T));
   if (kind == CollectiveKind::kAllReduce) {
-    const size_t chunk = std::min(end - begin, kChunkBytes / sizeof(T));
     all_reduce_range<T>(inputs, op, begin, end, scratch_of<T>(scratch, chunk));
   } else {
-    reduce_scatter_range<T>(inputs, outputs, op, begin, end);
+    reduce_scatter_range<T>(
+        inputs, outputs, op, accumulate, begin, end,
+        accumulate ? scratch_of<T>(scratch, chunk) : nullptr);
   }
 }
 
@@ -139,18 +146,21 @@ void all_gather_typed(const std::vector<Buffer>& inputs,
 void all_reduce_in_rank_order(const std::vector<Buffer>& bufs, ReduceOp op,
                               std::vector<unsigned char>* scratch) {
   rank_order::with_type(bufs[0].dtype, [&](auto tag) {
-    reduce_range<decltype(tag)>(CollectiveKind::kAllReduce, op, bufs, bufs, 0,
-                                bufs[0].numel, scratch);
+    reduce_range<decltype(tag)>(CollectiveKind::kAllReduce, op, false, bufs,
+                                bufs, 0, bufs[0].numel, scratch);
   });
 }
 
 void reduce_scatter_in_rank_order(const std::vector<Buffer>& inputs,
                                   const std::vector<Buffer>& outputs,
-                                  ReduceOp op) {
+                                  ReduceOp op, bool accumulate,
+                                  std::vector<unsigned char>* scratch) {
+  std::vector<unsigned char> own;
   rank_order::with_type(inputs[0].dtype, [&](auto tag) {
     reduce_range<decltype(tag)>(
-        CollectiveKind::kReduceScatter, op, inputs, outputs, 0,
-        index_space(CollectiveKind::kReduceScatter, inputs, outputs), nullptr);
+        CollectiveKind::kReduceScatter, op, accumulate, inputs, outputs, 0,
+        index_space(CollectiveKind::kReduceScatter, inputs, outputs),
+        scratch != nullptr ? scratch : &own);
   });
 }
 
@@ -166,15 +176,15 @@ size_t reduction_parts(CollectiveKind kind, const std::vector<Buffer>& inputs,
 
 void reduce_part_in_rank_order(CollectiveKind kind, ReduceOp op,
                                const std::vector<Buffer>& inputs,
-                               const std::vector<Buffer>& outputs,
-                               size_t part,
-                               std::vector<unsigned char>* scratch) {
+                               const std::vector<Buffer>& outputs, size_t part,
+                               std::vector<unsigned char>* scratch,
+                               bool accumulate) {
   rank_order::with_type(inputs[0].dtype, [&](auto tag) {
     using T = decltype(tag);
     const size_t total = index_space(kind, inputs, outputs);
     const size_t size = kPartBytes / sizeof(T);
     const size_t begin = std::min(total, part * size);
-    reduce_range<T>(kind, op, inputs, outputs, begin,
+    reduce_range<T>(kind, op, accumulate, inputs, outputs, begin,
                     std::min(total, begin + size), scratch);
   });
 }
@@ -197,13 +207,14 @@ void broadcast_from_root(const std::vector<Buffer>& bufs, int root) {
 void move_collective_data(CollectiveKind kind, ReduceOp op, int root,
                           const std::vector<Buffer>& inputs,
                           const std::vector<Buffer>& outputs,
-                          std::vector<unsigned char>* scratch) {
+                          std::vector<unsigned char>* scratch,
+                          bool accumulate) {
   switch (kind) {
     case CollectiveKind::kAllReduce:
       all_reduce_in_rank_order(inputs, op, scratch);
       return;
     case CollectiveKind::kReduceScatter:
-      reduce_scatter_in_rank_order(inputs, outputs, op);
+      reduce_scatter_in_rank_order(inputs, outputs, op, accumulate, scratch);
       return;
     case CollectiveKind::kAllGather:
       all_gather_in_rank_order(inputs, outputs, scratch);

@@ -31,11 +31,15 @@ namespace zerostep {
 void all_reduce_in_rank_order(const std::vector<Buffer>& bufs, ReduceOp op,
                               std::vector<unsigned char>* scratch);
 
-// outputs[r] becomes op over the ranks of chunk r of their inputs. Every
+// outputs[r] becomes op over the ranks of chunk r of their inputs (with
+// `accumulate`, outputs[r] + that: ReduceScatterOptions::accumulate). Every
 // input holds W * n elements, every output n; no output overlaps an input.
-void reduce_scatter_in_rank_order(const std::vector<Buffer>& inputs,
-                                  const std::vector<Buffer>& outputs,
-                                  ReduceOp op);
+// `scratch` (a piece of the fold, with `accumulate`): nullptr for a
+// buffer of its own.
+void reduce_scatter_in_rank_order(
+    const std::vector<Buffer>& inputs, const std::vector<Buffer>& outputs,
+    ReduceOp op, bool accumulate = false,
+    std::vector<unsigned char>* scratch = nullptr);
 
 // Parallel reduction (Note [Parallel reduction] in sim/reduction.cc): an
 // all-reduce or reduce-scatter cut into parts that read and write disjoint
@@ -52,7 +56,8 @@ size_t reduction_parts(CollectiveKind kind, const std::vector<Buffer>& inputs,
 void reduce_part_in_rank_order(CollectiveKind kind, ReduceOp op,
                                const std::vector<Buffer>& inputs,
                                const std::vector<Buffer>& outputs, size_t part,
-                               std::vector<unsigned char>* scratch);
+                               std::vector<unsigned char>* scratch,
+                               bool accumulate = false);
 
 // Every outputs[r] becomes inputs[0], ..., inputs[W-1] concatenated. Every
 // input holds n elements, every output W * n; an input may be its own
@@ -66,11 +71,13 @@ void broadcast_from_root(const std::vector<Buffer>& bufs, int root);
 
 // The data movement of collective `kind` (one of the above; a barrier moves
 // nothing). all_reduce and broadcast are in place: they use `inputs` and
-// ignore `outputs`. `op` applies to the reductions, `root` to broadcast.
+// ignore `outputs`. `op` applies to the reductions, `root` to broadcast,
+// `accumulate` to a reduce-scatter (reduce_scatter_in_rank_order).
 void move_collective_data(CollectiveKind kind, ReduceOp op, int root,
                           const std::vector<Buffer>& inputs,
                           const std::vector<Buffer>& outputs,
-                          std::vector<unsigned char>* scratch);
+                          std::vector<unsigned char>* scratch,
+                          bool accumulate = false);
 
 }  // namespace zerostep
 

@@ -71,12 +71,14 @@ void ShapeOnlyCommunicator::all_reduce(Buffer buf,
 
 void ShapeOnlyCommunicator::reduce_scatter(Buffer input, Buffer output,
                                            const ReduceScatterOptions& opts) {
+  refuse_accumulate("shape_only", 0, opts);
   check_multiple("reduce_scatter", input.numel, output.numel, world_size_);
   charge(CollectiveKind::kReduceScatter, input.bytes(), opts.label, false);
 }
 
 std::shared_ptr<Work> ShapeOnlyCommunicator::reduce_scatter_async(
     Buffer input, Buffer output, const ReduceScatterOptions& opts) {
+  refuse_accumulate("shape_only", 0, opts);
   check_multiple("reduce_scatter", input.numel, output.numel, world_size_);
   const double end =
       charge(CollectiveKind::kReduceScatter, input.bytes(), opts.label, true);

@@ -22,6 +22,7 @@ struct SimWorld::Call {
   int root = 0;
   const char* label = kBarrierLabel;
   bool async = false;
+  bool accumulate = false;  // ReduceScatterOptions::accumulate
 };
 
 // How a failed slot charges virtual time to the ranks that leave it.
@@ -165,6 +166,7 @@ class SimWorld::RankComm final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_->world_size(); }
   std::string backend_name() const override { return "sim"; }
+  bool reduce_scatter_accumulates() const override { return true; }
 
   void all_reduce(Buffer buf, const AllReduceOptions& opts) override {
     world_->collective(rank_, all_reduce_call(buf, opts));
@@ -236,6 +238,7 @@ class SimWorld::RankComm final : public Communicator {
     c.input = input;
     c.output = output;
     c.label = opts.label;
+    c.accumulate = opts.accumulate;
     return c;
   }
 
@@ -550,7 +553,8 @@ void SimWorld::meet(Slot& slot) {
   }
   const size_t parts = reduction_parts(a0.kind, inputs, outputs);
   if (parts == 1) {
-    move_collective_data(a0.kind, a0.op, a0.root, inputs, outputs, &scratch_);
+    move_collective_data(a0.kind, a0.op, a0.root, inputs, outputs, &scratch_,
+                         a0.accumulate);
     return;
   }
   // Every rank reduces parts once it wakes (reduce_parts).
@@ -570,7 +574,7 @@ void SimWorld::reduce_parts(std::unique_lock<std::mutex>& lock, int rank,
   size_t done = 0;
   for (size_t p = slot.next_part++; p < slot.parts; p = slot.next_part++) {
     reduce_part_in_rank_order(a0.kind, a0.op, slot.inputs, slot.outputs, p,
-                              &part_scratch_[rank]);
+                              &part_scratch_[rank], a0.accumulate);
     ++done;
   }
   lock.lock();
@@ -597,13 +601,14 @@ bool SimWorld::check_same(Slot& slot, const std::vector<Call>& calls,
   for (int r = 0; r < w; ++r) {
     const Call& c = calls[r];
     text[r] = zerostep::describe(c.kind, c.op, c.input, c.output, c.root) +
-              " in phase " + c.label;
+              (c.accumulate ? " accumulating" : "") + " in phase " + c.label;
   }
   bool same = true;
   for (int r = 1; r < w; ++r) {
     const Call& c = calls[r];
     same = same && c.kind == a0.kind && c.op == a0.op &&
-           c.input.dtype == a0.input.dtype && c.input.numel == a0.input.numel &&
+           c.accumulate == a0.accumulate && c.input.dtype == a0.input.dtype &&
+           c.input.numel == a0.input.numel &&
            c.output.numel == a0.output.numel && c.root == a0.root;
   }
   if (!same) {

@@ -265,6 +265,10 @@ void agree_on_window(Communicator& comm, WindowEvent event, int64_t count,
   throw UsageError(os.str());
 }
 
+bool reduces_into_partition(const Communicator& comm, Precision grad_accum) {
+  return comm.reduce_scatter_accumulates() && grad_accum == Precision::kFp32;
+}
+
 GradStats finalize_gradient(Kernels& k, Communicator* partition_comm,
                             float* grad, size_t n, double sum_divisor,
                             double divisor, double clip) {

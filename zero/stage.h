@@ -416,6 +416,23 @@ void step_and_agree(Communicator& comm, bool swapped,
                     const std::function<void()>& step);
 void agree_on_window(Communicator& comm, WindowEvent event, int64_t count,
                      int64_t global_steps);
+
+// Note [Reduce-scatter into the partition]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Stages 2 and 3 add every reduce-scatter's chunk into the rank's
+// gradient partition (after each backward by default, once per window with
+// reduce_once_per_step). Where the backend can add as it reduces
+// (Communicator::reduce_scatter_accumulates(): sim, gloo) and the window
+// accumulates in float32 (Kernels::accumulate's acc += g), the reduce-
+// scatter goes straight into the partition with
+// ReduceScatterOptions::accumulate: each element is the same fold of the
+// ranks in rank order, then one float addition to the partition, so the
+// bits are those of reducing into a scratch buffer and adding it
+// (tools/harness's digests did not move). It saves the scratch buffer's
+// write and read: about 100 MB of memory traffic per backward for the 26M
+// model's 105 MB gradient at 2 ranks (docs/benchmarks.md). Elsewhere
+// (nccl, a device's staging, grad_accum_dtype bf16) the scratch stays.
+bool reduces_into_partition(const Communicator& comm, Precision grad_accum);
 // What every stage's finalize() does to the gradient it owns (`grad`, in
 // k's memory): divide by `sum_divisor` (W where the reduction summed over
 // the ranks, else 1), then by `divisor`, compute the global L2 norm

@@ -108,11 +108,14 @@ Stage2::Stage2(const StageOptions& options, FlatBuffers buffers,
       launcher_(options.layout, options.reduce_bucket_size,
                 [this](size_t k, const char* phase) {
                   const Span& b = launcher_.buckets()[k];
+                  // Note [Reduce-scatter into the partition]: straight into
+                  // the partition where the backend can add.
+                  float* into =
+                      fused_ ? grad_partition_.data() : reduce_scratch_.data();
                   return comm_->reduce_scatter_async(
                       buffer(buf_.grads + b.offset, b.numel),
-                      buffer(reduce_scratch_.data() + scratch_offset_[k],
-                             owned_[k].numel),
-                      {ReduceOp::kSum, phase});
+                      buffer(into + scratch_offset_[k], owned_[k].numel),
+                      {ReduceOp::kSum, phase, fused_});
                 }) {
   ZS_CHECK(launcher_.buckets().size() == owned_.size());
   size_t at = 0;
@@ -120,6 +123,7 @@ Stage2::Stage2(const StageOptions& options, FlatBuffers buffers,
     scratch_offset_.push_back(at);
     at += o.numel;
   }
+  fused_ = internal::reduces_into_partition(*comm_, grad_accum_);
   grad_partition_ = k_.allocate(owned_numel_);
   reduce_scratch_ = k_.allocate(owned_numel_);
   set_owned_grad(grad_partition_.data());
@@ -164,6 +168,7 @@ void Stage2::end_backward() {
 
 void Stage2::reduce_buckets(const char* phase) {
   launcher_.finish(phase);
+  if (fused_) return;  // each bucket added itself to the partition
   // Bucket order, whatever the launch order: the sums are elementwise and
   // the buckets disjoint, so the result is the same bits either way.
   k_.accumulate(grad_partition_.data(), reduce_scratch_.data(), owned_numel_,

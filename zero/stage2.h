@@ -117,6 +117,8 @@ class Stage2 final : public FlatStage {
   bool overlap_comm_;
   bool reduce_once_;  // Note [Reduce once per step] in zero/stage.h
   Precision grad_accum_;
+  // Note [Reduce-scatter into the partition] in zero/stage.h.
+  bool fused_ = false;
   size_t allgather_piece_;              // elements per rank per all-gather
   std::vector<size_t> scratch_offset_;  // bucket k's chunk in the scratch
   internal::BucketLauncher launcher_;   // the buckets and their launches

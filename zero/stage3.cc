@@ -125,6 +125,7 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
     saved_params_ = k_.allocate(owned_numel_);
   }
   part_grads_ = k_.allocate(owned_numel_);
+  fused_ = internal::reduces_into_partition(*comm_, grad_accum_);
   optimizer_.save(&saved_optimizer_);
   // Note [Reduce once per step]: every group's chunk at once.
   scratch_ = k_.allocate(reduce_once_ ? owned_numel_ : largest);
@@ -432,15 +433,18 @@ void Stage3::reduce_group(size_t g) {
 }
 
 void Stage3::reduce_scatter_group(size_t g, const char* phase) {
+  // Note [Reduce-scatter into the partition] in zero/stage.h.
+  float* into = fused_ ? part_grads_.data() + part_offset_[g] : scratch_.data();
   comm_->reduce_scatter(group_buffer(full_grads_[g], padded_[g]),
-                        buffer(scratch_.data(), partition_[g]),
-                        {ReduceOp::kSum, phase});
-  sum_reduced_chunk(g, scratch_.data());
+                        buffer(into, partition_[g]),
+                        {ReduceOp::kSum, phase, fused_});
+  sum_reduced_chunk(g, fused_ ? nullptr : scratch_.data());
 }
 
 void Stage3::sum_reduced_chunk(size_t g, const float* chunk) {
-  k_.accumulate(part_grads_.data() + part_offset_[g], chunk, partition_[g],
-                Precision::kFp32, grad_accum_);
+  if (chunk != nullptr)  // else the reduce-scatter added it already
+    k_.accumulate(part_grads_.data() + part_offset_[g], chunk, partition_[g],
+                  Precision::kFp32, grad_accum_);
   reduced_[g] = true;
   if (groups_[g].persistent || reduce_once_) {
     gk_.zero(full_grads_[g], padded_[g]);
@@ -489,13 +493,15 @@ void Stage3::reduce_window(int64_t window_backwards, int64_t global_steps,
       groups_.size(),
       [&](size_t g) {
         ZS_CHECK(full_grads_[g] != nullptr);
+        float* into = fused_ ? part_grads_.data() : scratch_.data();
         return comm_->reduce_scatter_async(
             group_buffer(full_grads_[g], padded_[g]),
-            buffer(scratch_.data() + part_offset_[g], partition_[g]),
-            {ReduceOp::kSum, phase});
+            buffer(into + part_offset_[g], partition_[g]),
+            {ReduceOp::kSum, phase, fused_});
       },
       [&](size_t g) {
-        sum_reduced_chunk(g, scratch_.data() + part_offset_[g]);
+        sum_reduced_chunk(g,
+                          fused_ ? nullptr : scratch_.data() + part_offset_[g]);
       });
 }
 

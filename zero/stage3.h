@@ -349,7 +349,9 @@ class Stage3 final : public Stage {
   // accumulator, then clear it (persistent groups, reduce_once_per_step)
   // or release it and the parameters.
   void reduce_scatter_group(size_t group, const char* phase);
-  // The second half of that: `chunk` holds the group's reduced chunk.
+  // The second half of that: `chunk` holds the group's reduced chunk
+  // (nullptr: the reduce-scatter added it, Note [Reduce-scatter into the
+  // partition] in zero/stage.h).
   void sum_reduced_chunk(size_t group, const float* chunk);
   // Note [Stage 3 buffer pool]: group g's parameters (gradients) into a
   // free slot, and back.
@@ -404,6 +406,8 @@ class Stage3 final : public Stage {
   GroupStorage* storage_;
   Communicator* comm_;
   Precision grad_accum_;
+  // Note [Reduce-scatter into the partition] in zero/stage.h.
+  bool fused_ = false;
   // Note [Reduce once per step] in zero/stage.h: the groups' full gradients
   // accumulate over the window, each in the group's own storage.
   bool reduce_once_;

@@ -35,6 +35,7 @@ void StagingCommunicator::all_reduce(Buffer buf, const AllReduceOptions& opts) {
 
 void StagingCommunicator::reduce_scatter(Buffer input, Buffer output,
                                          const ReduceScatterOptions& opts) {
+  if (input.device || output.device) refuse_accumulate("staging", rank(), opts);
   const Buffer hi = stage(input, &in_, true);
   const Buffer ho = stage(output, &out_, false);
   inner_->reduce_scatter(hi, ho, opts);
@@ -84,6 +85,7 @@ std::shared_ptr<Work> StagingCommunicator::reduce_scatter_async(
     Buffer input, Buffer output, const ReduceScatterOptions& opts) {
   if (!input.device && !output.device)
     return inner_->reduce_scatter_async(input, output, opts);
+  refuse_accumulate("staging", rank(), opts);
   std::vector<float> in, out;
   const Buffer hi = stage(input, &in, true);
   const Buffer ho = stage(output, &out, false);
