@@ -1,12 +1,12 @@
 // What zerostep's command-line programs share.
 //
-// Strict numbers from the command line and the environment: the whole text must
-// be the number (no leading blank or
-// '+', nothing after it, no overflow, finite), within the range the caller
-// states. Anything else is a UsageError naming the setting, the text given,
-// the rule and a value that would do, so that "--nproc=2x" or
-// "--master-port=99999" is refused instead of read as 2 or wrapped into
-// another port (atoi and strtol read a prefix and saturate or wrap).
+// Strict numbers from the command line and the environment: the whole
+// text must be the number (no leading blank or '+', nothing after it, no
+// overflow, finite), within the range the caller states. Anything else is
+// a UsageError naming the setting, the text given, the rule and a value
+// that would do, so that "--nproc=2x" or "--master-port=99999" is refused
+// instead of read as 2 or wrapped into another port (atoi and strtol read
+// a prefix and saturate or wrap).
 //
 // `name` is printed as given before "=": "--nproc" for a flag,
 // "MASTER_PORT" for an environment variable. Texts longer than 64 bytes
