@@ -126,7 +126,9 @@ class Stage2 final : public FlatStage {
   // reduce began in the boundary backward (agreed, some buckets launched).
   bool begun_ = false;
   DeviceArray grad_partition_;  // accumulated over the window
-  DeviceArray reduce_scratch_;  // this backward's reduced chunks
+  // This backward's reduced chunks; unused where fused_ (still allocated,
+  // so memory() does not depend on the backend).
+  DeviceArray reduce_scratch_;
   DeviceArray gather_staging_;  // only if a bucket exceeds a piece
 };
 

@@ -428,7 +428,9 @@ class Stage3 final : public Stage {
   std::vector<float> step_params_;
   DeviceArray part_grads_;  // accumulated over the window
   // One group's reduced chunk; with reduce_once_per_step every group's,
-  // at its partition's offset.
+  // at its partition's offset. Unused where fused_ (Note [Reduce-scatter
+  // into the partition]; still allocated, so memory() does not depend on
+  // the backend).
   DeviceArray scratch_;
   FlatOptimizer optimizer_;
   // Note [Transactional update]: the spare partition the update writes
