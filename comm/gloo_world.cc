@@ -509,23 +509,17 @@ GlooLocalWorld::GlooLocalWorld(int world_size, const GlooOptions& options)
                      std::to_string(world_size) + ": must be at least 1");
   auto store = c10::make_intrusive<c10d::HashStore>();
   raw_.resize(world_size);
-  std::vector<std::exception_ptr> errors(world_size);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world_size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
+  // The ranks started wait in the rendezvous for the ones that could not
+  // be, until options.timeout (Note [A rank whose thread cannot start]).
+  const std::vector<std::exception_ptr> errors =
+      run_thread_per_rank(world_size, [&](int r) {
         auto impl = std::make_unique<GlooCommunicator::Impl>();
         guarded("connect", r, [&] {
           impl->pg = make_pg(store, r, world_size, options);
           impl->timeout = options.timeout;
         });
         raw_[r].reset(new GlooCommunicator(std::move(impl), r, world_size));
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+      });
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);
   ledgers_.resize(world_size);
@@ -556,19 +550,7 @@ Ledger& GlooLocalWorld::mutable_ledger(int rank) {
 
 std::vector<std::exception_ptr> GlooLocalWorld::run_collect(
     const std::function<void(int rank)>& fn) {
-  std::vector<std::exception_ptr> errors(world_size_);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world_size_; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return errors;
+  return run_thread_per_rank(world_size_, fn);
 }
 
 }  // namespace zerostep

@@ -36,6 +36,17 @@ class LocalWorld {
   virtual void run(const std::function<void(int rank)>& fn);
 };
 
+// Runs fn(rank) on one new thread per rank, 0 to world_size - 1, and joins
+// them all; returns what each rank's fn threw (nullptr where it returned).
+// Where the process cannot start rank r's thread (Note [A rank whose thread
+// cannot start] in local_world.cc), the ranks from r on get a UsageError
+// that says why and how to fix it, and `not_started(r)` runs (when given)
+// before the started threads are joined, so that a backend can release
+// them from collectives that wait for the missing ranks.
+std::vector<std::exception_ptr> run_thread_per_rank(
+    int world_size, const std::function<void(int rank)>& fn,
+    const std::function<void(int first_not_started)>& not_started = nullptr);
+
 }  // namespace zerostep
 
 #endif  // ZEROSTEP_COMM_LOCAL_WORLD_H_

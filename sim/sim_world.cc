@@ -751,33 +751,32 @@ std::vector<std::exception_ptr> SimWorld::run_collect(
     slots_.clear();
     std::fill(next_seq_.begin(), next_seq_.end(), 0);
   }
-  std::vector<std::exception_ptr> errors(w);
-  std::vector<std::thread> threads;
-  threads.reserve(w);
-  for (int r = 0; r < w; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-        mark_exited(r, "it returned");
-      } catch (const std::exception& e) {
-        errors[r] = std::current_exception();
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (first_failed_rank_ < 0) first_failed_rank_ = r;
+  auto fail = [&](int r) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (first_failed_rank_ < 0) first_failed_rank_ = r;
+  };
+  return run_thread_per_rank(
+      w,
+      [&](int r) {
+        try {
+          fn(r);
+          mark_exited(r, "it returned");
+        } catch (const std::exception& e) {
+          fail(r);
+          mark_exited(r, std::string("it failed: ") + e.what());
+          throw;
+        } catch (...) {
+          fail(r);
+          mark_exited(r, "it failed with a non-standard exception");
+          throw;
         }
-        mark_exited(r, std::string("it failed: ") + e.what());
-      } catch (...) {
-        errors[r] = std::current_exception();
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (first_failed_rank_ < 0) first_failed_rank_ = r;
-        }
-        mark_exited(r, "it failed with a non-standard exception");
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return errors;
+      },
+      // The ranks not started leave the world, as a crashed rank does.
+      [&](int first) {
+        fail(first);
+        for (int q = first; q < w; ++q)
+          mark_exited(q, "its thread could not be started");
+      });
 }
 
 void SimWorld::run(const std::function<void(int rank)>& fn) {

@@ -1,9 +1,13 @@
 #include "sim/sim_world.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iostream>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -28,6 +32,54 @@ const bool registered = [] {
       "sim", [] { return std::make_unique<SimRunner>(); });
   return true;
 }();
+
+// The process's address space now (VmSize), in bytes.
+uint64_t address_space_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  while (status >> key) {
+    if (key == "VmSize:") {
+      uint64_t kib = 0;
+      status >> kib;
+      return kib * 1024;
+    }
+    std::getline(status, key);
+  }
+  return 0;
+}
+
+// In a child process: an address space with room for a few thread stacks
+// (8 MiB each by default), then a world of 64 ranks that meet in a
+// barrier. Exits 0 with the error on stderr when the run is refused with
+// a UsageError; any other outcome exits non-zero.
+void run_world_beyond_the_threads_allowed() {
+  const uint64_t now = address_space_bytes();
+  if (now == 0) std::exit(3);
+  const rlimit limit = {now + (48u << 20), now + (48u << 20)};
+  if (setrlimit(RLIMIT_AS, &limit) != 0) std::exit(4);
+  try {
+    SimWorld world({64, 1});
+    world.run([&](int r) { world.comm(r).barrier(); });
+  } catch (const UsageError& e) {
+    std::cerr << e.what() << "\n";
+    std::exit(0);
+  } catch (const std::exception& e) {
+    std::cerr << "not a UsageError: " << e.what() << "\n";
+    std::exit(5);
+  }
+  std::exit(6);  // every thread started: the limit did not bite
+}
+
+// Note [A rank whose thread cannot start]: before, the std::thread that
+// could not be created left the started ones joinable, and the process
+// ended in std::terminate (an abort, or a hang in their barrier).
+TEST(SimWorldDeathTest, AWorldLargerThanTheThreadsAllowedIsAUsageError) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(run_world_beyond_the_threads_allowed(),
+              ::testing::ExitedWithCode(0),
+              "could not start the thread of rank [0-9]+ of 64 .*Fix: "
+              "run fewer ranks");
+}
 
 TEST(SimWorldTest, MismatchedCollectiveIsAnErrorOnEveryRank) {
   SimWorld world({3, 7});
