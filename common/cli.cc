@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <fstream>
 #include <sstream>
 #include <system_error>
 
@@ -107,6 +108,70 @@ std::string message_without_backtrace(const std::exception& e) {
     if (at != std::string::npos) m.erase(at);
   }
   return m;
+}
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The digits of `text` without the surrounding blanks and newline.
+std::string trimmed(const std::string& text) {
+  const size_t b = text.find_first_not_of(" \t\n");
+  if (b == std::string::npos) return "";
+  return text.substr(b, text.find_last_not_of(" \t\n") - b + 1);
+}
+
+}  // namespace
+
+std::optional<uint64_t> meminfo_available_bytes(const std::string& meminfo) {
+  std::istringstream lines(meminfo);
+  std::string key;
+  while (lines >> key) {
+    if (key == "MemAvailable:") {
+      std::string number, unit;
+      uint64_t kib = 0;
+      if (!(lines >> number >> unit) || unit != "kB" ||
+          read_uint64(number, &kib) != NumberText::kOk ||
+          kib > UINT64_MAX / 1024)
+        return std::nullopt;
+      return kib * 1024;
+    }
+    std::getline(lines, key);
+  }
+  return std::nullopt;
+}
+
+std::optional<uint64_t> cgroup_headroom_bytes(const std::string& max_text,
+                                              const std::string& current_text) {
+  uint64_t max = 0, current = 0;
+  if (read_uint64(trimmed(max_text), &max) != NumberText::kOk ||
+      read_uint64(trimmed(current_text), &current) != NumberText::kOk)
+    return std::nullopt;
+  return max > current ? max - current : 0;
+}
+
+std::optional<AvailableMemory> available_memory() {
+  std::optional<AvailableMemory> result;
+  if (const auto bytes = meminfo_available_bytes(read_text("/proc/meminfo")))
+    result = AvailableMemory{*bytes, "MemAvailable in /proc/meminfo"};
+  // cgroup v2: the line "0::/path" of /proc/self/cgroup names the group.
+  std::istringstream groups(read_text("/proc/self/cgroup"));
+  std::string line;
+  while (std::getline(groups, line)) {
+    if (line.rfind("0::", 0) != 0) continue;
+    const std::string dir = "/sys/fs/cgroup" + line.substr(3);
+    const auto headroom = cgroup_headroom_bytes(
+        read_text(dir + "/memory.max"), read_text(dir + "/memory.current"));
+    if (headroom && (!result || *headroom < result->bytes))
+      result = AvailableMemory{
+          *headroom, "the cgroup limit " + dir + "/memory.max less its use"};
+  }
+  return result;
 }
 
 }  // namespace zerostep

@@ -50,6 +50,24 @@ double parse_double(const std::string& name, const std::string& text,
 // zerostep::Error, such as a failed allocation); other messages whole.
 std::string message_without_backtrace(const std::exception& e);
 
+// Memory this process may still take before the kernel reclaims or kills:
+// MemAvailable of /proc/meminfo, lowered to the headroom under the
+// process's cgroup v2 limit (memory.max - memory.current) where one is
+// set; `source` names which. nullopt where neither can be read. For a
+// program that refuses work it cannot hold before starting it (the
+// harness's --world).
+struct AvailableMemory {
+  uint64_t bytes = 0;
+  std::string source;
+};
+std::optional<AvailableMemory> available_memory();
+// The readers under it: the bytes of "MemAvailable:  N kB" in the text of
+// /proc/meminfo; memory.max - memory.current (0 when current is above),
+// nullopt for "max" (no limit) or text that is not a number.
+std::optional<uint64_t> meminfo_available_bytes(const std::string& meminfo);
+std::optional<uint64_t> cgroup_headroom_bytes(const std::string& max_text,
+                                              const std::string& current_text);
+
 }  // namespace zerostep
 
 #endif  // ZEROSTEP_COMMON_CLI_H_

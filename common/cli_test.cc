@@ -132,5 +132,26 @@ TEST(MessageWithoutBacktraceTest, CutsLibTorchsBacktraceOnly) {
   EXPECT_EQ(message_without_backtrace(plain), "two\nlines");
 }
 
+TEST(AvailableMemoryTest, ReadsMemAvailableAndTheCgroupHeadroom) {
+  EXPECT_EQ(meminfo_available_bytes("MemTotal:       24000000 kB\n"
+                                    "MemFree:         1000000 kB\n"
+                                    "MemAvailable:   20971520 kB\n"
+                                    "Buffers:          100 kB\n"),
+            uint64_t{20971520} * 1024);
+  EXPECT_EQ(meminfo_available_bytes("MemTotal: 1 kB\n"), std::nullopt);
+  EXPECT_EQ(meminfo_available_bytes("MemAvailable: 12x kB\n"), std::nullopt);
+  EXPECT_EQ(meminfo_available_bytes("MemAvailable: 12 MB\n"), std::nullopt);
+  EXPECT_EQ(cgroup_headroom_bytes("8589934592\n", "1073741824\n"),
+            uint64_t{7516192768});
+  EXPECT_EQ(cgroup_headroom_bytes("100\n", "200\n"), uint64_t{0});
+  EXPECT_EQ(cgroup_headroom_bytes("max\n", "200\n"), std::nullopt);
+  EXPECT_EQ(cgroup_headroom_bytes("", ""), std::nullopt);
+  // This machine's own: Linux has /proc/meminfo.
+  const std::optional<AvailableMemory> here = available_memory();
+  ASSERT_TRUE(here.has_value());
+  EXPECT_GT(here->bytes, 0u);
+  EXPECT_FALSE(here->source.empty());
+}
+
 }  // namespace
 }  // namespace zerostep

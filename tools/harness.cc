@@ -22,11 +22,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/cli.h"
@@ -682,6 +685,54 @@ std::vector<Scenario> default_plan(const HarnessFlags& f,
   return out;
 }
 
+// Note [Refusing a world that cannot fit]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A simulated world keeps all its ranks in this process: each is a thread
+// with its own engine and its own replica of the model, so --world=100000
+// ran until the kernel killed the process. Before any scenario runs, each
+// one's least memory is checked against what the process may still take
+// (common/cli.h, available_memory()): world x (kRankFloorBytes + 8 bytes
+// per parameter: the replica and its gradients, in host memory unless
+// --device=cuda). The floor is below every measurement (the MLP at stage
+// 0, one window: 0.64 MiB per rank at 1000 ranks, 0.85 at 2000, 1.3 at
+// 4000 by /usr/bin/time's maximum RSS, AMD EPYC, 2026-12-02), so only a
+// world that cannot fit is refused; one that passes can still run out.
+constexpr uint64_t kRankFloorBytes = uint64_t{512} << 10;
+
+void check_worlds_fit_in_memory(const std::vector<Scenario>& scenarios) {
+  const std::optional<AvailableMemory> available = available_memory();
+  if (!available) return;  // not Linux: nothing to compare with
+  std::map<std::pair<std::string, int>, uint64_t> params;  // per model
+  for (const Scenario& s : scenarios) {
+    auto [it, fresh] = params.try_emplace({s.model, s.model_scale}, 0);
+    if (fresh)
+      for (const auto& p :
+           make_task(s.model, s.model_scale)->make_model(s.seed)->parameters())
+        it->second += static_cast<uint64_t>(p.numel());
+    const uint64_t per_rank =
+        kRankFloorBytes + (s.device == "cuda" ? 0 : 8 * it->second);
+    const uint64_t world = static_cast<uint64_t>(s.world_size);
+    if (world <= available->bytes / per_rank) continue;
+    std::ostringstream m;
+    m.precision(3);
+    const double mib = 1024.0 * 1024.0, gib = mib * 1024.0;
+    m << "--world=" << s.world_size << ": the scenario stage=" << s.stage
+      << " world=" << s.world_size << " model=" << s.model << " needs at least "
+      << static_cast<double>(world) * per_rank / gib << " GiB (" << world
+      << " simulated ranks x " << static_cast<double>(per_rank) / mib
+      << " MiB: each rank's thread and engine, and its replica of the "
+         "model's "
+      << it->second << " parameters with their gradients), and this process "
+      << "may take " << static_cast<double>(available->bytes) / gib << " GiB ("
+      << available->source << "). Fix: simulate fewer ranks: "
+      << "even at this floor no more than " << available->bytes / per_rank
+      << " fit, and measured use is higher (0.64 MiB per rank at 1000 "
+         "ranks, 1.3 at 4000, for the MLP); for thousands of ranks use "
+         "--simulate-scale (shape only: no rank holds a model)";
+    throw FlagError(m.str());
+  }
+}
+
 int main_impl(int argc, char** argv) {
   const HarnessFlags parsed = parse_harness_flags(argc, argv);
   if (parsed.help) {
@@ -727,6 +778,7 @@ int main_impl(int argc, char** argv) {
   for (const Scenario& s : scenarios)
     if (const std::string why = device_problem(s); !why.empty())
       throw FlagError("--device=" + f.device + ": " + why);
+  check_worlds_fit_in_memory(scenarios);
   if (f.device == "cuda")
     std::cerr << "  device=cuda: models, data and ZeRO state on cuda:0 (with "
                  "--offload: the state on the host); reference runs on the "

@@ -11,7 +11,9 @@ namespace zerostep {
 
 const char* const kHarnessUsage = R"(usage: harness [flags]
   --stages=0,1,2,3      ZeRO stages to run
-  --world=1,2,4         simulated world sizes
+  --world=1,2,4         simulated world sizes (each rank a thread holding a
+                        model replica; a world that cannot fit in memory
+                        is refused before it starts)
   --backwards=4         N backward() calls per step; a list (2,5,3) gives one
                         N per step and sets --steps to its length
   --steps=K             steps per scenario (default 3; repeats a single N)
