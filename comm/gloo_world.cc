@@ -7,7 +7,6 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
-#include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
