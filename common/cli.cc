@@ -159,17 +159,29 @@ std::optional<AvailableMemory> available_memory() {
   std::optional<AvailableMemory> result;
   if (const auto bytes = meminfo_available_bytes(read_text("/proc/meminfo")))
     result = AvailableMemory{*bytes, "MemAvailable in /proc/meminfo"};
-  // cgroup v2: the line "0::/path" of /proc/self/cgroup names the group.
+  // The process's memory cgroup, from its line in /proc/self/cgroup:
+  // "0::/path" (v2: memory.max, memory.current under /sys/fs/cgroup) or
+  // "N:memory:/path" (v1: memory.limit_in_bytes, memory.usage_in_bytes
+  // under /sys/fs/cgroup/memory; "no limit" reads as about 2^63).
   std::istringstream groups(read_text("/proc/self/cgroup"));
   std::string line;
   while (std::getline(groups, line)) {
-    if (line.rfind("0::", 0) != 0) continue;
-    const std::string dir = "/sys/fs/cgroup" + line.substr(3);
+    const size_t first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    const bool v2 = line.compare(0, first, "0") == 0 && controllers.empty();
+    if (!v2 && controllers != "memory") continue;
+    std::string dir = (v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory") +
+                      line.substr(second + 1);
+    if (dir.back() == '/') dir.pop_back();  // the root group
+    const std::string limit =
+        dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes");
     const auto headroom = cgroup_headroom_bytes(
-        read_text(dir + "/memory.max"), read_text(dir + "/memory.current"));
+        read_text(limit),
+        read_text(dir + (v2 ? "/memory.current" : "/memory.usage_in_bytes")));
     if (headroom && (!result || *headroom < result->bytes))
-      result = AvailableMemory{
-          *headroom, "the cgroup limit " + dir + "/memory.max less its use"};
+      result = AvailableMemory{*headroom,
+                               "the cgroup limit " + limit + " less its use"};
   }
   return result;
 }

@@ -12,7 +12,11 @@
 // "MASTER_PORT" for an environment variable. Texts longer than 64 bytes
 // are elided in the message (common/errors.h, elide()).
 //
-// Thread safety: pure functions. No LibTorch.
+// Also: a program's last-resort error line without LibTorch's backtrace,
+// and the memory the process may still take (available_memory()).
+//
+// Thread safety: pure functions, except available_memory(), which reads
+// /proc and /sys. No LibTorch.
 #ifndef ZEROSTEP_COMMON_CLI_H_
 #define ZEROSTEP_COMMON_CLI_H_
 
@@ -52,8 +56,9 @@ std::string message_without_backtrace(const std::exception& e);
 
 // Memory this process may still take before the kernel reclaims or kills:
 // MemAvailable of /proc/meminfo, lowered to the headroom under the
-// process's cgroup v2 limit (memory.max - memory.current) where one is
-// set; `source` names which. nullopt where neither can be read. For a
+// process's memory cgroup limit where one is set (v2: memory.max -
+// memory.current; v1: memory.limit_in_bytes - memory.usage_in_bytes);
+// `source` names which. nullopt where neither can be read. For a
 // program that refuses work it cannot hold before starting it (the
 // harness's --world).
 struct AvailableMemory {
