@@ -51,7 +51,7 @@ void validate_sampling(const TinyGpt& model, int64_t prompt_length,
   if (o.max_tokens < 1)
     throw UsageError("max_tokens = " + std::to_string(o.max_tokens) +
                      " must be >= 1");
-  if (prompt_length + o.max_tokens > block)
+  if (o.max_tokens > block - prompt_length)  // never overflows
     throw UsageError(
         "the prompt's " + std::to_string(prompt_length) + " tokens + " +
         "max_tokens = " + std::to_string(o.max_tokens) +
@@ -64,7 +64,7 @@ void validate_sampling(const TinyGpt& model, int64_t prompt_length,
                      " must be a finite number >= 0 (0 is greedy)");
   if (o.top_k < -1)
     throw UsageError("top_k = " + std::to_string(o.top_k) +
-                     " must be -1 (no limit) or >= 1");
+                     " must be -1 or 0 (no limit) or >= 1");
   if (!std::isfinite(o.top_p) || o.top_p <= 0 || o.top_p > 1)
     throw UsageError("top_p = " + num(o.top_p) +
                      " must be in (0, 1] (1: no nucleus filter)");

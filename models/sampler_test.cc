@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "common/errors.h"
@@ -200,6 +201,11 @@ TEST(Sampler, BadInputIsAUsageErrorNamingTheField) {
   o.max_tokens = 0;
   expect_usage_error(m, 1, o, "max_tokens = 0 must be >= 1");
   o.max_tokens = 27;  // 6 + 27 > 32
+  expect_usage_error(m, 1, o, "lower max_tokens to at most 26");
+  // The prompt's length + INT64_MAX wrapped to a negative sum, which passed,
+  // and LibTorch then failed on a negative size (found by
+  // //tools/tinker:request_property_test).
+  o.max_tokens = std::numeric_limits<int64_t>::max();
   expect_usage_error(m, 1, o, "lower max_tokens to at most 26");
   o = ok;
   o.temperature = -0.5;
