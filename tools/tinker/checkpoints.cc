@@ -33,7 +33,7 @@ nlohmann::json CheckpointStore::save_weights(ModelRegistry& models,
   Model& m = models.get(require_string(a, "model_id"));
   const std::string name = get_or<std::string>(a, "path", "");
   if (!safe_checkpoint_name(name))
-    throw UsageError("save_weights name '" + name +
+    throw UsageError("save_weights name (field 'path') '" + elide(name, 140) +
                      "' must be 1-128 "
                      "characters of [A-Za-z0-9._-] (and not 'latest')");
   const std::string dir = run_folder(m.id);

@@ -100,17 +100,17 @@ nlohmann::json ModelRegistry::create_model(const nlohmann::json& a) {
   const std::string id = require_string(a, "model_id");
   if (contains(id)) throw UsageError("model '" + id + "' exists already");
   const BaseModel& base = find_base_model(require_string(a, "base_model"));
-  if (a.contains("optimizer_config") && a["optimizer_config"].is_object()) {
+  if (const nlohmann::json* oc = get_object(a, "optimizer_config")) {
     const std::string t =
-        get_or<std::string>(a["optimizer_config"], "type", "adamw");
+        get_or<std::string>(*oc, "type", "adamw", "optimizer_config.");
     if (t != "adamw")
       throw UsageError("optimizer_config.type '" + t +
                        "' is not served: "
                        "this server trains with decoupled AdamW ('adamw')");
   }
   LoraOptions lora;
-  if (a.contains("lora_config") && a["lora_config"].is_object()) {
-    const nlohmann::json& l = a["lora_config"];
+  if (const nlohmann::json* lc = get_object(a, "lora_config")) {
+    const nlohmann::json& l = *lc;
     lora.rank = get_or<int64_t>(l, "rank", 0, "lora_config.");
     if (lora.rank < 1 || lora.rank > base.d_model)
       throw UsageError("lora_config.rank = " + std::to_string(lora.rank) +
@@ -120,9 +120,9 @@ nlohmann::json ModelRegistry::create_model(const nlohmann::json& a) {
     // seed is the default, not an error.
     if (!(l.contains("seed") && l["seed"].is_null()))
       lora.seed = get_or<uint64_t>(l, "seed", 0, "lora_config.");
-    lora.attn = get_or<bool>(l, "train_attn", true);
-    lora.mlp = get_or<bool>(l, "train_mlp", true);
-    lora.unembed = get_or<bool>(l, "train_unembed", true);
+    lora.attn = get_or<bool>(l, "train_attn", true, "lora_config.");
+    lora.mlp = get_or<bool>(l, "train_mlp", true, "lora_config.");
+    lora.unembed = get_or<bool>(l, "train_unembed", true, "lora_config.");
     if (!lora.attn && !lora.mlp && !lora.unembed)
       throw UsageError(
           "lora_config trains nothing: set one of train_attn, "

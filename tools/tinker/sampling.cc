@@ -74,7 +74,7 @@ std::vector<std::vector<int64_t>> parse_stop(const json& params) {
     if (s.is_string()) {
       strings = true;
       out.push_back(bytes_of(s.get<std::string>()));
-    } else if (s.is_number_integer()) {
+    } else if (is_int64(s)) {
       ints = true;
       out.push_back({s.get<int64_t>()});
     } else {
@@ -112,7 +112,7 @@ SampleRequestIn parse_sample_request(const json& a, uint64_t default_seed) {
                        "': this server samples from token chunks "
                        "(encoded_text) only");
     for (const json& t : c["tokens"]) {
-      if (!t.is_number_integer())
+      if (!is_int64(t))
         throw UsageError(
             "prompt chunk " + std::to_string(i) +
             " holds a token that is not an integer: " + elide(t.dump(), 40));
@@ -207,7 +207,8 @@ json SamplerStore::save_for_sampler(ModelRegistry& models, const json& a) {
   if (named) {
     const std::string name = require_string(a, "path");
     if (!safe_checkpoint_name(name))
-      throw UsageError("save_weights_for_sampler name '" + elide(name, 140) +
+      throw UsageError("save_weights_for_sampler name (field 'path') '" +
+                       elide(name, 140) +
                        "' must be 1-128 characters of [A-Za-z0-9._-] (and "
                        "not 'latest')");
     const std::string path = "tinker://" + m.id + "/sampler_weights/" + name;
@@ -245,14 +246,12 @@ json SamplerStore::save_for_sampler(ModelRegistry& models, const json& a) {
     }
     return {{"path", path}, {"type", "save_weights_for_sampler"}};
   }
-  if (!a.contains("sampling_session_seq_id") ||
-      !a["sampling_session_seq_id"].is_number_integer())
+  int64_t sampling_seq = 0;
+  if (!get_int64(a, "sampling_session_seq_id", &sampling_seq))
     throw UsageError(
         "save_weights_for_sampler needs 'path' (a name) or an integer "
         "'sampling_session_seq_id'");
-  const std::string id =
-      m.id +
-      ":sample:" + std::to_string(a["sampling_session_seq_id"].get<int64_t>());
+  const std::string id = m.id + ":sample:" + std::to_string(sampling_seq);
   if (agree(rank0 && sessions_.count(id) != 0))
     throw UsageError("sampling session '" + id + "' exists already");
   TinyGpt net = snapshot_of(m, models.base_seed(), rank0);

@@ -10,6 +10,7 @@
 #include "config/text.h"
 #include "engine/checkpoint_io.h"
 #include "tools/tinker/protocol.h"
+#include "tools/tinker/request_fields.h"
 
 namespace zerostep {
 namespace tinker {
@@ -227,25 +228,26 @@ HttpResponse Service::handle(const HttpRequest& req) {
     std::string model_id;
     if (!get_string(body, "model_id", &model_id))
       return error_response(400, ep + ": missing string field 'model_id'");
-    if (!body.contains("seq_id") || !body["seq_id"].is_number_integer())
+    int64_t seq_id = 0;
+    if (!get_int64(body, "seq_id", &seq_id))
       return error_response(400, ep + ": missing integer field 'seq_id' "
                                       "(this server runs a model's requests "
-                                      "in seq_id order)");
+                                      "in seq_id order, from 1)");
     Command c;
     c.op = ep;
     c.args = body;
-    return sequenced(ep, model_id, body["seq_id"].get<int64_t>(), raw,
-                     std::move(c));
+    return sequenced(ep, model_id, seq_id, raw, std::move(c));
   }
   // Not served. A numbered request of a model still consumes its seq_id
   // (else every later request of that client waits for it, then fails).
   std::string model_id;
-  if (get_string(body, "model_id", &model_id) && body.contains("seq_id") &&
-      body["seq_id"].is_number_integer()) {
+  int64_t seq_id = 0;
+  if (get_string(body, "model_id", &model_id) &&
+      get_int64(body, "seq_id", &seq_id)) {
     const std::string message = not_implemented(ep) + "; seq_id " +
-                                std::to_string(body["seq_id"].get<int64_t>()) +
-                                " of model '" + model_id + "' is consumed";
-    return sequenced(ep, model_id, body["seq_id"].get<int64_t>(), raw,
+                                std::to_string(seq_id) + " of model '" +
+                                model_id + "' is consumed";
+    return sequenced(ep, model_id, seq_id, raw,
                      Command{kUnserved, {{"error", message}}, ""});
   }
   return error_response(404, not_implemented("POST /api/v1/" + ep));
@@ -259,12 +261,11 @@ HttpResponse Service::create_model(const std::string& raw) {
                           "create_model: missing string field 'base_model'");
   std::lock_guard<std::mutex> lock(mu_);
   std::string model_id;
+  int64_t model_seq_id = 0;
   if (get_string(body, "session_id", &session) &&
-      body.contains("model_seq_id") &&
-      body["model_seq_id"].is_number_integer()) {
+      get_int64(body, "model_seq_id", &model_seq_id)) {
     // The id the SDK itself derives for create-via-load.
-    model_id = session +
-               ":train:" + std::to_string(body["model_seq_id"].get<int64_t>());
+    model_id = session + ":train:" + std::to_string(model_seq_id);
   } else {
     model_id = "model-" + instance_ + "-" + std::to_string(next_request_);
   }
@@ -292,22 +293,21 @@ HttpResponse Service::load_weights(const std::string& raw) {
   if (!get_string(body, "path", &path))
     return error_response(400, "load_weights: missing string field 'path'");
   if (get_string(body, "model_id", &model_id)) {
-    if (!body.contains("seq_id") || !body["seq_id"].is_number_integer())
+    int64_t seq_id = 0;
+    if (!get_int64(body, "seq_id", &seq_id))
       return error_response(400,
                             "load_weights: missing integer field 'seq_id'");
     Command c{"load_weights", body, ""};
-    return sequenced("load_weights", model_id, body["seq_id"].get<int64_t>(),
-                     raw, std::move(c));
+    return sequenced("load_weights", model_id, seq_id, raw, std::move(c));
   }
   // Create-via-load: a new model whose first request is this load.
+  int64_t model_seq_id = 0;
   if (!get_string(body, "session_id", &session) ||
-      !body.contains("model_seq_id") ||
-      !body["model_seq_id"].is_number_integer())
+      !get_int64(body, "model_seq_id", &model_seq_id))
     return error_response(400,
                           "load_weights: give model_id and seq_id, or "
                           "session_id and model_seq_id");
-  model_id =
-      session + ":train:" + std::to_string(body["model_seq_id"].get<int64_t>());
+  model_id = session + ":train:" + std::to_string(model_seq_id);
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t h = hash_of(raw);
   auto seen = creates_.find(model_id);
@@ -419,16 +419,13 @@ HttpResponse Service::asample(const std::string& raw, const json& body) {
   // The promise names each sample up front (the SDK stamps these ids on
   // the sequences of the result): "<request id>:<i>".
   int64_t n = 1;
-  if (body.contains("num_samples") && body["num_samples"].is_number_integer())
-    n = std::max<int64_t>(0,
-                          std::min<int64_t>(body["num_samples"].get<int64_t>(),
-                                            kMaxSampleIdsPerRequest));
-  std::string key;
-  if (body.contains("sampling_session_id") &&
-      body["sampling_session_id"].is_string() && body.contains("seq_id") &&
-      body["seq_id"].is_number_integer())
-    key = body["sampling_session_id"].get<std::string>() + "#" +
-          std::to_string(body["seq_id"].get<int64_t>());
+  if (get_int64(body, "num_samples", &n))
+    n = std::max<int64_t>(0, std::min<int64_t>(n, kMaxSampleIdsPerRequest));
+  std::string key, session;
+  int64_t seq_id = 0;
+  if (get_string(body, "sampling_session_id", &session) &&
+      get_int64(body, "seq_id", &seq_id))
+    key = session + "#" + std::to_string(seq_id);
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t h = hash_of(raw);
   std::string rid;

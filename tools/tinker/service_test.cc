@@ -211,6 +211,26 @@ TEST_F(ServiceTest, ADeeplyNestedBodyIsRefusedAndTheServerServesOn) {
   create_model();  // still serving
 }
 
+// Note [Integer fields] (request_fields.h): a seq_id above 2^63 - 1 was
+// read as a negative number and refused as "seq_id -1 must be >= 1".
+TEST_F(ServiceTest, ASeqIdNoInt64HoldsIsRefusedAsMissing) {
+  const std::string model = create_model();
+  for (const char* ep : {"optim_step", "save_weights", "load_weights"}) {
+    HttpRequest req;
+    req.method = "POST";
+    req.path = std::string("/api/v1/") + ep;
+    req.body = R"({"model_id": ")" + model +
+               R"(", "path": "p", "seq_id": 18446744073709551615})";
+    const HttpResponse res = service_.handle(req);
+    EXPECT_EQ(res.status, 400) << ep;
+    EXPECT_NE(res.body.find("missing integer field 'seq_id'"),
+              std::string::npos)
+        << ep << ": " << res.body;
+    EXPECT_EQ(res.body.find("-1"), std::string::npos) << ep << ": " << res.body;
+  }
+  EXPECT_EQ(executed(), std::vector<std::string>{"create_model"});
+}
+
 }  // namespace
 }  // namespace tinker
 }  // namespace zerostep

@@ -263,8 +263,8 @@ struct RankTrainer::Impl {
   CommandResult optim_step(const nlohmann::json& a) {
     Model& m = models.get(require_string(a, "model_id"));
     nlohmann::json p;
-    if (a.contains("adam_params")) {
-      p = a["adam_params"];
+    if (const nlohmann::json* adam = get_object(a, "adam_params")) {
+      p = *adam;
     } else if (a.contains("optimizer_params")) {
       throw UsageError("optimizer_params of type '" +
                        get_or<std::string>(a["optimizer_params"], "type", "?") +

@@ -1,0 +1,395 @@
+// A RapidCheck property over the trainer's JSON requests, as a client
+// could send them: a valid create_model, optim_step, save_weights or
+// sample request with one field (or one field of a nested object) replaced
+// by a JSON value of any kind. What must hold, whatever the value:
+//   - the command never fails as the server's fault (category "server"):
+//     a bad value is the user's, and its error says so;
+//   - a value of a kind the field never takes (a string for a number, a
+//     fraction for an integer, a number for an object, ...) is refused,
+//     and the error names the field: it is never read as something else
+//     (Note [Integer fields] in request_fields.h);
+//   - a refused optim_step changes nothing: a valid optim_step after it
+//     gives the parameters a step gives without it, to the bit;
+//   - a refused create_model registers nothing: the valid one then works.
+// On a failure RapidCheck shrinks to the smallest such request and prints
+// it, with the reproduce string (propertytests/README.md).
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "propertytests/property_main.h"
+#include "sim/sim_world.h"
+#include "tools/tinker/command.h"
+#include "tools/tinker/tinker_public.pb.h"
+#include "tools/tinker/trainer.h"
+
+namespace zerostep {
+namespace tinker {
+namespace {
+
+using nlohmann::json;
+
+// Cases per property in CI (about 0.1 s each).
+constexpr int kCiMaxSuccess = 60;
+
+const char kModel[] = "m";
+const char kBase[] = "zerostep/tiny-gpt";
+
+// What a field takes.
+enum class Want { kNumber, kInteger, kBool, kString, kObject };
+
+struct Field {
+  std::vector<std::string> path;  // into the command's args
+  Want want;
+  bool null_is_default;  // a null value takes the field's default
+};
+
+// The kinds of value a client can send.
+enum class Kind {
+  kNull,
+  kBool,
+  kInteger,   // an integer in int64's range, extremes included
+  kUnsigned,  // 2^63 to 2^64 - 1
+  kWhole,     // a float with no fraction
+  kFraction,  // a float with one
+  kString,
+  kArray,
+  kObject
+};
+
+const char* to_string(Kind k) {
+  switch (k) {
+    case Kind::kNull:
+      return "null";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInteger:
+      return "integer";
+    case Kind::kUnsigned:
+      return "unsigned above 2^63";
+    case Kind::kWhole:
+      return "whole float";
+    case Kind::kFraction:
+      return "fraction";
+    case Kind::kString:
+      return "string";
+    case Kind::kArray:
+      return "array";
+    case Kind::kObject:
+      return "object";
+  }
+  return "?";
+}
+
+void showValue(Kind k, std::ostream& os) { os << to_string(k); }
+
+rc::Gen<json> value_of(Kind k) {
+  switch (k) {
+    case Kind::kNull:
+      return rc::gen::just(json(nullptr));
+    case Kind::kBool:
+      return rc::gen::map(rc::gen::arbitrary<bool>(),
+                          [](bool b) { return json(b); });
+    case Kind::kInteger:
+      return rc::gen::map(
+          rc::gen::oneOf(rc::gen::inRange<int64_t>(-3, 300),
+                         rc::gen::element(std::numeric_limits<int64_t>::min(),
+                                          std::numeric_limits<int64_t>::max(),
+                                          int64_t{1} << 40)),
+          [](int64_t i) { return json(i); });
+    case Kind::kUnsigned:
+      return rc::gen::map(
+          rc::gen::inRange<uint64_t>(uint64_t{1} << 63,
+                                     std::numeric_limits<uint64_t>::max()),
+          [](uint64_t u) { return json(u); });
+    case Kind::kWhole:
+      return rc::gen::map(rc::gen::element(0.0, 1.0, 4.0, -2.0, 1e30, -1e19),
+                          [](double d) { return json(d); });
+    case Kind::kFraction:
+      return rc::gen::map(
+          rc::gen::element(0.5, 2.5, -0.25, 1e-3, 3.999999, 1.5e-300),
+          [](double d) { return json(d); });
+    case Kind::kString:
+      return rc::gen::map(
+          rc::gen::container<std::string>(rc::gen::inRange<char>(32, 127)),
+          [](std::string s) { return json(s); });
+    case Kind::kArray:
+      return rc::gen::element(json::array(), json::array({1, "x"}),
+                              json::array({4}));
+    case Kind::kObject:
+      return rc::gen::element(json::object(), json{{"rank", 4}},
+                              json{{"a", nullptr}});
+  }
+  return rc::gen::just(json(nullptr));
+}
+
+// A JSON text of kind k (text, so that RapidCheck prints it as it is).
+rc::Gen<std::string> text_of(Kind k) {
+  return rc::gen::map(value_of(k), [](const json& j) { return j.dump(); });
+}
+
+// Whether a field may take a value of kind k (and then be refused only by
+// its range or meaning): if not, it must be refused.
+bool takes(const Field& f, Kind k) {
+  if (k == Kind::kNull) return f.null_is_default;
+  switch (f.want) {
+    case Want::kNumber:
+      return k == Kind::kInteger || k == Kind::kUnsigned || k == Kind::kWhole ||
+             k == Kind::kFraction;
+    case Want::kInteger:
+      return k == Kind::kInteger || k == Kind::kUnsigned || k == Kind::kWhole;
+    case Want::kBool:
+      return k == Kind::kBool;
+    case Want::kString:
+      return k == Kind::kString;
+    case Want::kObject:
+      return k == Kind::kObject;
+  }
+  return false;
+}
+
+// The requests, valid as they are, and the fields a client sets.
+struct Request {
+  const char* op;
+  json args;
+  std::vector<Field> fields;
+};
+
+std::vector<Request> requests() {
+  const json lora = {{"rank", 4},
+                     {"seed", 3},
+                     {"train_attn", true},
+                     {"train_mlp", true},
+                     {"train_unembed", true}};
+  const json adam = {{"learning_rate", 1e-2}, {"beta1", 0.9},
+                     {"beta2", 0.95},         {"eps", 1e-8},
+                     {"weight_decay", 0.0},   {"grad_clip_norm", 0.0}};
+  const json sampling = {{"max_tokens", 4},
+                         {"temperature", 1.0},
+                         {"top_k", -1},
+                         {"top_p", 1.0},
+                         {"seed", 5}};
+  return {
+      {"create_model",
+       {{"model_id", kModel},
+        {"base_model", kBase},
+        {"lora_config", lora},
+        {"optimizer_config", {{"type", "adamw"}}}},
+       {{{"base_model"}, Want::kString, false},
+        {{"lora_config"}, Want::kObject, true},
+        {{"lora_config", "rank"}, Want::kInteger, false},
+        {{"lora_config", "seed"}, Want::kInteger, true},
+        {{"lora_config", "train_attn"}, Want::kBool, true},
+        {{"lora_config", "train_mlp"}, Want::kBool, true},
+        {{"lora_config", "train_unembed"}, Want::kBool, true},
+        {{"optimizer_config"}, Want::kObject, true},
+        {{"optimizer_config", "type"}, Want::kString, true}}},
+      {"optim_step",
+       {{"model_id", kModel}, {"adam_params", adam}},
+       {{{"model_id"}, Want::kString, false},
+        {{"adam_params"}, Want::kObject, false},
+        {{"adam_params", "learning_rate"}, Want::kNumber, false},
+        {{"adam_params", "beta1"}, Want::kNumber, false},
+        {{"adam_params", "beta2"}, Want::kNumber, false},
+        {{"adam_params", "eps"}, Want::kNumber, false},
+        {{"adam_params", "weight_decay"}, Want::kNumber, false},
+        {{"adam_params", "grad_clip_norm"}, Want::kNumber, false}}},
+      {"save_weights",
+       {{"model_id", kModel}, {"path", "w"}},
+       {{{"path"}, Want::kString, false}}},
+      {"sample",
+       {{"base_model", kBase},
+        {"prompt",
+         {{"chunks", json::array({{{"type", "encoded_text"},
+                                   {"tokens", json::array({1, 2, 3})}}})}}},
+        {"num_samples", 1},
+        {"sampling_params", sampling},
+        {"prompt_logprobs", false}},
+       {{{"num_samples"}, Want::kInteger, false},
+        {{"prompt_logprobs"}, Want::kBool, true},
+        {{"sampling_params"}, Want::kObject, false},
+        {{"sampling_params", "max_tokens"}, Want::kInteger, true},
+        {{"sampling_params", "temperature"}, Want::kNumber, false},
+        {{"sampling_params", "top_k"}, Want::kInteger, false},
+        {{"sampling_params", "top_p"}, Want::kNumber, false},
+        {{"sampling_params", "seed"}, Want::kInteger, true}}},
+  };
+}
+
+std::string path_of(const Field& f) {
+  std::string s;
+  for (const std::string& k : f.path) s += (s.empty() ? "" : ".") + k;
+  return s;
+}
+
+// A forward_backward of two byte-level datums (cross_entropy).
+Command forward_backward() {
+  tinker_public::ForwardBackwardRequest req;
+  req.set_model_id(kModel);
+  req.set_loss_fn("cross_entropy");
+  for (int i = 0; i < 2; ++i) {
+    std::vector<int32_t> input;
+    std::vector<int64_t> targets;
+    for (int k = 0; k < 9 + i; ++k) {
+      input.push_back((i * 31 + k * 17 + 5) % 256);
+      targets.push_back((i * 31 + (k + 1) * 17 + 5) % 256);
+    }
+    tinker_public::Datum* d = req.add_data();
+    d->add_model_input()->mutable_encoded_text()->set_tokens(
+        std::string(reinterpret_cast<const char*>(input.data()),
+                    input.size() * sizeof(int32_t)));
+    tinker_public::Tensor& t = (*d->mutable_loss_fn_inputs())["target_tokens"];
+    t.set_dtype(tinker_public::DTYPE_INT64);
+    t.add_shape(static_cast<int64_t>(targets.size()));
+    t.set_dense(std::string(reinterpret_cast<const char*>(targets.data()),
+                            targets.size() * sizeof(int64_t)));
+  }
+  Command c;
+  c.op = "forward_backward";
+  c.blob = req.SerializeAsString();
+  return c;
+}
+
+Command command(const char* op, json args) {
+  Command c;
+  c.op = op;
+  c.args = std::move(args);
+  return c;
+}
+
+// Runs `commands` on every rank of a simulated world of 2 (stage 2) with a
+// fresh state folder; rank 0's results.
+std::vector<CommandResult> execute(const std::vector<Command>& commands) {
+  static int run = 0;
+  TrainerOptions o;
+  o.ds_config_json = R"({"zero_optimization": {"stage": 2}})";
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  o.state_dir = std::string(tmp != nullptr ? tmp : "/tmp") +
+                "/request_property_test/" + std::to_string(run++);
+  const int world = 2;
+  SimWorld sim({world, 1});
+  std::vector<std::unique_ptr<RankTrainer>> trainers;
+  for (int r = 0; r < world; ++r)
+    trainers.push_back(std::make_unique<RankTrainer>(&sim.comm(r), o));
+  std::vector<std::vector<CommandResult>> results(world);
+  sim.run([&](int r) {
+    for (const Command& c : commands)
+      results[r].push_back(trainers[r]->execute(c));
+  });
+  return results[0];
+}
+
+std::string digest_of(const CommandResult& r) {
+  const json& m = r.json.at("metrics");
+  return m.at("param_digest_hi:unique").dump() + ":" +
+         m.at("param_digest_lo:unique").dump();
+}
+
+const Request& request_named(const char* op) {
+  static const std::vector<Request> all = requests();
+  for (const Request& r : all)
+    if (std::string(r.op) == op) return r;
+  std::abort();
+}
+
+// The parameters after one valid step: the reference of a refused step.
+const std::string& reference_digest() {
+  static const std::string digest = [] {
+    const std::vector<CommandResult> r =
+        execute({command("create_model", request_named("create_model").args),
+                 forward_backward(),
+                 command("optim_step", request_named("optim_step").args)});
+    for (const CommandResult& x : r) EXPECT_TRUE(x.ok) << x.error;
+    return digest_of(r.back());
+  }();
+  return digest;
+}
+
+void check_request(const char* op) {
+  const Request& req = request_named(op);
+  const size_t i = *rc::gen::inRange<size_t>(0, req.fields.size());
+  const Field& field = req.fields[i];
+  const Kind kind = *rc::gen::element(
+      Kind::kNull, Kind::kBool, Kind::kInteger, Kind::kUnsigned, Kind::kWhole,
+      Kind::kFraction, Kind::kString, Kind::kArray, Kind::kObject);
+  const json value = json::parse(*text_of(kind));
+  json args = req.args;
+  json* at = &args;
+  for (const std::string& k : field.path) at = &(*at)[k];
+  *at = value;
+  RC_LOG() << op << " with " << path_of(field) << " = " << value.dump() << " ("
+           << to_string(kind) << ")" << std::endl;
+
+  const Command mutated = command(op, args);
+  const Command create =
+      command("create_model", request_named("create_model").args);
+  const Command step = command("optim_step", request_named("optim_step").args);
+  std::vector<Command> commands;
+  size_t at_mutated = 0;
+  if (std::string(op) == "create_model") {
+    commands = {mutated, create};
+  } else if (std::string(op) == "optim_step") {
+    commands = {create, forward_backward(), mutated, step};
+    at_mutated = 2;
+  } else if (std::string(op) == "save_weights") {
+    commands = {create, mutated};
+    at_mutated = 1;
+  } else {
+    commands = {mutated};
+  }
+  const std::vector<CommandResult> r = execute(commands);
+  const CommandResult& got = r[at_mutated];
+  // What runs before the request is valid, and what runs after it is valid
+  // when the request was refused (else it may not be: a second
+  // create_model of the same id, a step with no gradient left).
+  for (size_t c = 0; c < r.size(); ++c)
+    if (c < at_mutated || (c > at_mutated && !got.ok)) RC_ASSERT(r[c].ok);
+  RC_LOG() << (got.ok ? std::string("accepted")
+                      : "refused (" + got.category + "): " + got.error)
+           << std::endl;
+  RC_ASSERT(got.ok || got.category == "user");
+  RC_ASSERT(got.ok || !got.error.empty());
+  if (!takes(field, kind)) {
+    RC_ASSERT(!got.ok);
+    RC_ASSERT(got.error.find(field.path.back()) != std::string::npos);
+  }
+  if (std::string(op) == "optim_step" && !got.ok)
+    RC_ASSERT(digest_of(r.back()) == reference_digest());
+}
+
+RC_GTEST_PROP(TrainerRequests, CreateModelRefusesWhatItCannotTake, ()) {
+  check_request("create_model");
+}
+
+RC_GTEST_PROP(TrainerRequests,
+              OptimStepRefusesWhatItCannotTakeAndChangesNothing, ()) {
+  check_request("optim_step");
+}
+
+RC_GTEST_PROP(TrainerRequests, SaveWeightsRefusesWhatItCannotTake, ()) {
+  check_request("save_weights");
+}
+
+RC_GTEST_PROP(TrainerRequests, SampleRefusesWhatItCannotTake, ()) {
+  check_request("sample");
+}
+
+}  // namespace
+}  // namespace tinker
+}  // namespace zerostep
+
+int main(int argc, char** argv) {
+  zerostep::prepare_property_run(zerostep::tinker::kCiMaxSuccess);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
