@@ -1,5 +1,7 @@
 #include "tools/tinker/protocol.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "common/errors.h"
@@ -21,10 +23,19 @@ TensorValue decode_tensor(const tinker_public::Tensor& t,
                      "array or TensorData)");
   TensorValue v;
   v.shape.assign(t.shape().begin(), t.shape().end());
-  int64_t numel = 1;
-  for (int64_t d : v.shape) {
+  // The element count without wrapping: a shape of [2^61] int64s once
+  // needed 2^64 = 0 bytes, matched an empty tensor, and then a vector of
+  // 2^61 elements failed (found by //tools/tinker:request_property_test).
+  uint64_t numel = 1;
+  bool too_large = false;
+  for (int64_t d : v.shape)
     if (d < 0) throw UsageError(where + " has a negative dimension in its shape");
-    numel *= d;
+  if (std::find(v.shape.begin(), v.shape.end(), 0) != v.shape.end()) {
+    numel = 0;
+  } else {
+    for (int64_t d : v.shape)
+      too_large = too_large || __builtin_mul_overflow(
+                                   numel, static_cast<uint64_t>(d), &numel);
   }
   size_t item = 0;
   switch (t.dtype()) {
@@ -44,12 +55,15 @@ TensorValue decode_tensor(const tinker_public::Tensor& t,
                        ": expected DTYPE_FLOAT32, DTYPE_INT64 or DTYPE_INT32");
   }
   const std::string& bytes = t.dense();
-  if (v.shape.empty()) numel = static_cast<int64_t>(bytes.size() / item);
-  if (bytes.size() != static_cast<size_t>(numel) * item)
-    throw UsageError(where + " holds " + std::to_string(bytes.size()) +
-                     " bytes but its shape and dtype need " +
-                     std::to_string(static_cast<size_t>(numel) * item));
-  if (v.shape.empty()) v.shape = {numel};
+  if (v.shape.empty()) numel = bytes.size() / item;
+  uint64_t need = 0;
+  too_large = too_large || __builtin_mul_overflow(numel, item, &need);
+  if (too_large || bytes.size() != need)
+    throw UsageError(
+        where + " holds " + std::to_string(bytes.size()) +
+        " bytes but its shape and dtype need " +
+        (too_large ? std::string("more than 2^64") : std::to_string(need)));
+  if (v.shape.empty()) v.shape = {static_cast<int64_t>(numel)};
   if (v.is_float) {
     v.floats.resize(static_cast<size_t>(numel));
     std::memcpy(v.floats.data(), bytes.data(), bytes.size());

@@ -11,6 +11,11 @@
 //   - a refused optim_step changes nothing: a valid optim_step after it
 //     gives the parameters a step gives without it, to the bit;
 //   - a refused create_model registers nothing: the valid one then works.
+// And a forward_backward request (protobuf) changed in one way (a token,
+// a dtype, a shape, its bytes, a weight, the loss, its config, a corrupt
+// body) never fails as the server's fault, and when refused leaves the
+// window as it was: a valid request and a step after it give the
+// parameters they give without it.
 // On a failure RapidCheck shrinks to the smallest such request and prints
 // it, with the reproduce string (propertytests/README.md).
 #include <gtest/gtest.h>
@@ -18,8 +23,10 @@
 #include <rapidcheck/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -382,6 +389,182 @@ RC_GTEST_PROP(TrainerRequests, SaveWeightsRefusesWhatItCannotTake, ()) {
 
 RC_GTEST_PROP(TrainerRequests, SampleRefusesWhatItCannotTake, ()) {
   check_request("sample");
+}
+
+// The parameters after a valid forward_backward and step: the reference
+// of a refused forward_backward followed by the same two.
+const std::string& reference_window_digest() {
+  static const std::string digest = [] {
+    const std::vector<CommandResult> r =
+        execute({command("create_model", request_named("create_model").args),
+                 forward_backward(),
+                 command("optim_step", request_named("optim_step").args)});
+    for (const CommandResult& x : r) EXPECT_TRUE(x.ok) << x.error;
+    return digest_of(r.back());
+  }();
+  return digest;
+}
+
+// One change to a valid ForwardBackwardRequest, as a client (or a corrupt
+// body) could make it; RC_LOG says which.
+std::string mutate(tinker_public::ForwardBackwardRequest* req) {
+  const int i = *rc::gen::inRange(0, req->data_size());
+  tinker_public::Datum* d = req->mutable_data(i);
+  const std::string at = "data[" + std::to_string(i) + "]";
+  tinker_public::Tensor& target =
+      (*d->mutable_loss_fn_inputs())["target_tokens"];
+  const int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+  switch (*rc::gen::inRange(0, 12)) {
+    case 0: {  // a token id
+      std::string* tokens =
+          d->mutable_model_input(0)->mutable_encoded_text()->mutable_tokens();
+      if (tokens->size() < 4) return at + " (no token to change)";
+      const int32_t v = *rc::gen::element<int32_t>(
+          -1, 0, 255, 256, std::numeric_limits<int32_t>::min(),
+          std::numeric_limits<int32_t>::max());
+      const size_t k = *rc::gen::inRange<size_t>(0, tokens->size() / 4);
+      std::memcpy(&(*tokens)[k * 4], &v, 4);
+      return at + " token " + std::to_string(k) + " = " + std::to_string(v);
+    }
+    case 1: {  // token bytes that are not whole int32s, or none
+      std::string* tokens =
+          d->mutable_model_input(0)->mutable_encoded_text()->mutable_tokens();
+      const size_t n = *rc::gen::inRange<size_t>(0, 4);
+      if (n == 0) {
+        tokens->clear();
+        return at + " with no token bytes";
+      }
+      tokens->append(n, '\x01');
+      return at + " tokens + " + std::to_string(n) + " bytes";
+    }
+    case 2: {  // a dtype, the SDK's unserved ones and unknown numbers too
+      const int dtype = *rc::gen::inRange(0, 9);
+      target.set_dtype(static_cast<tinker_public::DType>(dtype));
+      return at + " target_tokens dtype " + std::to_string(dtype);
+    }
+    case 3: {  // a shape, overflowing products included, maybe no bytes
+      const std::vector<int64_t> shape =
+          *rc::gen::container<std::vector<int64_t>>(
+              *rc::gen::inRange<size_t>(0, 3),
+              rc::gen::element<int64_t>(-1, 0, 1, 9, 10, int64_t{1} << 30,
+                                        int64_t{1} << 31, int64_t{1} << 61,
+                                        int64_t{1} << 62, kInt64Max));
+      target.clear_shape();
+      std::string text;
+      for (int64_t v : shape) {
+        target.add_shape(v);
+        text += (text.empty() ? "" : ", ") + std::to_string(v);
+      }
+      const bool empty = *rc::gen::arbitrary<bool>();
+      if (empty) target.clear_dense();
+      return at + " target_tokens shape [" + text + "]" +
+             (empty ? " and no bytes" : "");
+    }
+    case 4: {  // dense bytes cut, grown or gone
+      std::string* dense = target.mutable_dense();
+      const int64_t delta = *rc::gen::element<int64_t>(
+          -8, -1, 1, 8, -static_cast<int64_t>(dense->size()));
+      if (delta < 0)
+        dense->resize(dense->size() -
+                      std::min(dense->size(), static_cast<size_t>(-delta)));
+      else
+        dense->append(static_cast<size_t>(delta), '\0');
+      return at + " target_tokens dense " + std::to_string(delta) + " bytes";
+    }
+    case 5: {  // a target id
+      const int64_t v = *rc::gen::element<int64_t>(
+          -1, 256, std::numeric_limits<int64_t>::min(), kInt64Max, 7);
+      if (target.dense().size() < 8) return at + " (no target to change)";
+      std::memcpy(&(*target.mutable_dense())[0], &v, 8);
+      return at + " target_tokens[0] = " + std::to_string(v);
+    }
+    case 6: {  // a weight
+      tinker_public::Tensor& w = (*d->mutable_loss_fn_inputs())["weights"];
+      const float v = *rc::gen::element<float>(
+          std::numeric_limits<float>::quiet_NaN(),
+          std::numeric_limits<float>::infinity(), -1.0f, 0.0f, 3.0e38f);
+      const int64_t n = static_cast<int64_t>(target.dense().size() / 8);
+      w.set_dtype(tinker_public::DTYPE_FLOAT32);
+      w.clear_shape();
+      w.add_shape(n);
+      std::string bytes(static_cast<size_t>(n) * 4, '\0');
+      for (int64_t k = 0; k < n; ++k) std::memcpy(&bytes[k * 4], &v, 4);
+      w.set_dense(bytes);
+      return at + " weights all " + std::to_string(v);
+    }
+    case 7: {  // a loss
+      const std::string loss = *rc::gen::element<std::string>(
+          "cross_entropy", "ppo", "importance_sampling", "cispo", "dro", "gspo",
+          "", "CROSS_ENTROPY");
+      req->set_loss_fn(loss);
+      return "loss_fn '" + loss + "'";
+    }
+    case 8: {  // a loss_fn_config entry
+      const std::string key = *rc::gen::element<std::string>(
+          "clip_low_threshold", "clip_high_threshold", "beta", "x");
+      const double v = *rc::gen::element<double>(
+          std::numeric_limits<double>::quiet_NaN(),
+          std::numeric_limits<double>::infinity(), -1.0, 0.2);
+      (*req->mutable_loss_fn_config())[key] = v;
+      return "loss_fn_config['" + key + "'] = " + std::to_string(v);
+    }
+    case 9: {  // an input the loss does not read, or none of the targets
+      if (*rc::gen::arbitrary<bool>()) {
+        d->mutable_loss_fn_inputs()->erase("target_tokens");
+        return at + " without target_tokens";
+      }
+      (*d->mutable_loss_fn_inputs())["advantages"] = target;
+      return at + " with advantages";
+    }
+    case 10: {  // sparse instead of dense
+      target.mutable_sparse_csr();
+      return at + " target_tokens sparse";
+    }
+    default: {  // a corrupt body: one byte changed
+      std::string bytes = req->SerializeAsString();
+      const size_t k = *rc::gen::inRange<size_t>(0, bytes.size());
+      const char v = *rc::gen::arbitrary<char>();
+      bytes[k] = v;
+      req->Clear();
+      if (!req->ParseFromString(bytes)) return "an unparsable body";
+      return "byte " + std::to_string(k) + " = " + std::to_string(int{v});
+    }
+  }
+}
+
+// A forward_backward request changed in one way, then a valid one and a
+// step: the changed request never fails as the server's fault, and when it
+// is refused the window goes on as if it had never come.
+RC_GTEST_PROP(TrainerRequests,
+              ForwardBackwardRefusesWhatItCannotTakeAndChangesNothing, ()) {
+  tinker_public::ForwardBackwardRequest req;
+  const Command valid = forward_backward();
+  RC_ASSERT(req.ParseFromString(valid.blob));
+  // One to three changes: some defects need two (a shape whose element
+  // count overflows to the size of the bytes sent).
+  std::string what;
+  const int changes = *rc::gen::inRange(1, 4);
+  for (int c = 0; c < changes && what.find("unparsable") == std::string::npos;
+       ++c)
+    what += (what.empty() ? "" : ", ") + mutate(&req);
+  Command changed = valid;
+  changed.blob = req.SerializeAsString();
+  if (what.find("an unparsable body") != std::string::npos)
+    changed.blob = "\x0a\xff";
+  RC_LOG() << "forward_backward with " << what << std::endl;
+  const std::vector<CommandResult> r = execute(
+      {command("create_model", request_named("create_model").args), changed,
+       valid, command("optim_step", request_named("optim_step").args)});
+  const CommandResult& got = r[1];
+  RC_LOG() << (got.ok ? std::string("accepted")
+                      : "refused (" + got.category + "): " + got.error)
+           << std::endl;
+  RC_ASSERT(r[0].ok);
+  RC_ASSERT(got.ok || got.category == "user");
+  if (got.ok) return;
+  RC_ASSERT(r[2].ok);
+  RC_ASSERT(r[3].ok);
+  RC_ASSERT(digest_of(r[3]) == reference_window_digest());
 }
 
 }  // namespace

@@ -1,0 +1,94 @@
+#include "tools/tinker/protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "tools/tinker/tinker_public.pb.h"
+
+namespace zerostep {
+namespace tinker {
+namespace {
+
+// A request of one datum whose target_tokens are int64s of `shape` held
+// in `bytes`.
+std::string request_with_targets(
+    const std::vector<int64_t>& shape, const std::string& bytes,
+    tinker_public::DType dtype = tinker_public::DTYPE_INT64) {
+  tinker_public::ForwardBackwardRequest req;
+  req.set_model_id("m");
+  req.set_loss_fn("cross_entropy");
+  tinker_public::Datum* d = req.add_data();
+  const int32_t token = 7;
+  d->add_model_input()->mutable_encoded_text()->set_tokens(
+      std::string(reinterpret_cast<const char*>(&token), 4));
+  tinker_public::Tensor& t = (*d->mutable_loss_fn_inputs())["target_tokens"];
+  t.set_dtype(dtype);
+  for (int64_t s : shape) t.add_shape(s);
+  t.set_dense(bytes);
+  return req.SerializeAsString();
+}
+
+std::string usage_error(const std::string& body) {
+  try {
+    decode_forward_backward(body);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A shape whose byte count wrapped around 2^64 to the bytes sent (none)
+// passed the size check, and the decoder then asked for a vector of 2^61
+// elements (std::length_error: the server's fault, not the client's).
+// Found by //tools/tinker:request_property_test.
+TEST(DecodeForwardBackward, AShapeWhoseSizeOverflowsIsRefused) {
+  const int64_t k61 = int64_t{1} << 61, k62 = int64_t{1} << 62;
+  for (const auto& [shape, dtype] :
+       std::vector<std::pair<std::vector<int64_t>, tinker_public::DType>>{
+           {{k61}, tinker_public::DTYPE_INT64},
+           {{int64_t{1} << 31, int64_t{1} << 30}, tinker_public::DTYPE_INT64},
+           {{k62}, tinker_public::DTYPE_FLOAT32},
+           {{k62, k62, 4}, tinker_public::DTYPE_INT32}}) {
+    const std::string e = usage_error(request_with_targets(shape, "", dtype));
+    EXPECT_NE(e.find("data[0].loss_fn_inputs['target_tokens'] holds 0 bytes "
+                     "but its shape and dtype need more than 2^64"),
+              std::string::npos)
+        << e;
+  }
+}
+
+TEST(DecodeForwardBackward, AZeroDimensionMakesAnEmptyTensor) {
+  const int64_t k62 = int64_t{1} << 62;
+  const ForwardBackwardIn in =
+      decode_forward_backward(request_with_targets({k62, k62, 0}, ""));
+  const TensorValue& v = in.data.at(0).inputs.at("target_tokens");
+  EXPECT_EQ(v.numel(), 0);
+  EXPECT_EQ(v.shape, (std::vector<int64_t>{k62, k62, 0}));
+}
+
+TEST(DecodeForwardBackward, ShapeAndBytesMustAgree) {
+  const std::vector<int64_t> ids = {3, -1, 255};
+  const std::string bytes(reinterpret_cast<const char*>(ids.data()), 24);
+  const ForwardBackwardIn in =
+      decode_forward_backward(request_with_targets({3}, bytes));
+  EXPECT_EQ(in.data.at(0).inputs.at("target_tokens").ints, ids);
+  EXPECT_EQ(decode_forward_backward(request_with_targets({}, bytes))
+                .data.at(0)
+                .inputs.at("target_tokens")
+                .shape,
+            std::vector<int64_t>{3});
+  EXPECT_NE(usage_error(request_with_targets({4}, bytes))
+                .find("holds 24 bytes but its shape and dtype need 32"),
+            std::string::npos);
+  EXPECT_NE(usage_error(request_with_targets({-3}, bytes))
+                .find("has a negative dimension"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace tinker
+}  // namespace zerostep
