@@ -43,6 +43,7 @@
 #include "sim/cost_model.h"
 #include "sim/faults.h"
 #include "tools/harness_flags.h"
+#include "zero/flat_layout.h"
 
 namespace zerostep {
 namespace {
@@ -692,12 +693,18 @@ std::vector<Scenario> default_plan(const HarnessFlags& f,
 // ran until the kernel killed the process. Before any scenario runs, each
 // one's least memory is checked against what the process may still take
 // (common/cli.h, available_memory()): world x (kRankFloorBytes + 8 bytes
-// per parameter: the replica and its gradients, in host memory unless
-// --device=cuda). The floor is below every measurement (the MLP at stage
-// 0, one window: 0.64 MiB per rank at 1000 ranks, 0.85 at 2000, 1.3 at
-// 4000 by /usr/bin/time's maximum RSS, AMD EPYC, 2026-12-02), so only a
-// world that cannot fit is refused; one that passes can still run out.
-constexpr uint64_t kRankFloorBytes = uint64_t{512} << 10;
+// per element of the replica's flat buffer: its parameters and gradients,
+// in host memory unless --device=cuda). That buffer is padded to at least
+// 16 elements per rank (Note [Padding rule] in zero/flat_layout.h), so a
+// small model's replica grows with the world: the MLP's is 64,000 elements
+// at 4000 ranks. The floor is below every measurement (the MLP at stage 0,
+// one window, by /usr/bin/time's maximum RSS, AMD EPYC, 2026-12-02: 0.621
+// MiB per rank at 1000 ranks against a floor of 0.497, 0.813 at 2000
+// against 0.619, 1.30 at 4000 against 0.863; the use grows by about 16
+// bytes per padded element, the replica, its gradients and Adam's two
+// moments), so only a world that cannot fit is refused; one that passes
+// can still run out.
+constexpr uint64_t kRankFloorBytes = uint64_t{384} << 10;
 
 void check_worlds_fit_in_memory(const std::vector<Scenario>& scenarios) {
   const std::optional<AvailableMemory> available = available_memory();
@@ -709,10 +716,30 @@ void check_worlds_fit_in_memory(const std::vector<Scenario>& scenarios) {
       for (const auto& p :
            make_task(s.model, s.model_scale)->make_model(s.seed)->parameters())
         it->second += static_cast<uint64_t>(p.numel());
-    const uint64_t per_rank =
-        kRankFloorBytes + (s.device == "cuda" ? 0 : 8 * it->second);
+    const uint64_t n = it->second;
+    const bool host = s.device != "cuda";
+    // The floor per rank in a world of w ranks (it grows with w).
+    const auto per_rank_at = [&](int w) {
+      return kRankFloorBytes + (host ? 8 * padded_numel(n, w) : 0);
+    };
+    const auto fits = [&](int w) {
+      return static_cast<uint64_t>(w) <= available->bytes / per_rank_at(w);
+    };
+    if (fits(s.world_size)) continue;
+    // The largest world that fits at the floor (fits is monotone).
+    int most = 0;
+    for (int lo = 1, hi = s.world_size - 1; lo <= hi;) {
+      const int mid = lo + (hi - lo) / 2;
+      if (fits(mid)) {
+        most = mid;
+        lo = mid + 1;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    const uint64_t flat = padded_numel(n, s.world_size);
+    const uint64_t per_rank = per_rank_at(s.world_size);
     const uint64_t world = static_cast<uint64_t>(s.world_size);
-    if (world <= available->bytes / per_rank) continue;
     std::ostringstream m;
     m.precision(3);
     const double mib = 1024.0 * 1024.0, gib = mib * 1024.0;
@@ -722,12 +749,13 @@ void check_worlds_fit_in_memory(const std::vector<Scenario>& scenarios) {
       << " simulated ranks x " << static_cast<double>(per_rank) / mib
       << " MiB: each rank's thread and engine, and its replica of the "
          "model's "
-      << it->second << " parameters with their gradients), and this process "
+      << it->second << " parameters with their gradients, padded to " << flat
+      << " elements for " << s.world_size << " ranks), and this process "
       << "may take " << static_cast<double>(available->bytes) / gib << " GiB ("
       << available->source << "). Fix: simulate fewer ranks: "
-      << "even at this floor no more than " << available->bytes / per_rank
-      << " fit, and measured use is higher (0.64 MiB per rank at 1000 "
-         "ranks, 1.3 at 4000, for the MLP); for thousands of ranks use "
+      << "even at this floor no more than " << most
+      << " fit, and measured use is higher (for the MLP, 0.62 MiB per "
+         "rank at 1000 ranks, 1.3 at 4000); for thousands of ranks use "
          "--simulate-scale (shape only: no rank holds a model)";
     throw FlagError(m.str());
   }
