@@ -40,7 +40,9 @@ HttpServer::HttpServer(Service* service) : impl_(new Impl) {
       out.body = std::string(
                      "{\"error\": \"internal error\", \"category\": "
                      "\"server\", \"detail\": ") +
-                 nlohmann::json(e.what()).dump() + "}";
+                 nlohmann::json(e.what()).dump(
+                     -1, ' ', false, nlohmann::json::error_handler_t::replace) +
+                 "}";
     }
     res.status = out.status;
     // Error bodies go out uncompressed: the SDK's HTTP client drops

@@ -18,10 +18,13 @@ namespace {
 
 using nlohmann::json;
 
+// A message may quote what a client sent (a path, an id) byte for byte;
+// bytes that are not UTF-8 become U+FFFD instead of making dump() throw
+// (which turned a 404 into a 500).
 HttpResponse json_response(int status, const json& body) {
   HttpResponse r;
   r.status = status;
-  r.body = body.dump();
+  r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
   return r;
 }
 

@@ -1,7 +1,11 @@
 #include "tools/tinker/service.h"
 
 #include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
 
+#include <cstdint>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -229,6 +233,163 @@ TEST_F(ServiceTest, ASeqIdNoInt64HoldsIsRefusedAsMissing) {
     EXPECT_EQ(res.body.find("-1"), std::string::npos) << ep << ": " << res.body;
   }
   EXPECT_EQ(executed(), std::vector<std::string>{"create_model"});
+}
+
+// A path that is not UTF-8 made the 404's message throw in json::dump(),
+// which the HTTP layer answered with a 500 (found by the property below).
+TEST_F(ServiceTest, APathThatIsNotUtf8IsAnsweredWith404) {
+  for (const char* method : {"GET", "POST"}) {
+    HttpRequest req;
+    req.method = method;
+    req.path = "/api/v1/\xbc\xff";
+    req.body = "{}";
+    const HttpResponse res = service_.handle(req);
+    EXPECT_EQ(res.status, 404) << method;
+    EXPECT_NE(json::parse(res.body)["error"].get<std::string>().find(
+                  "\xef\xbf\xbd"),  // U+FFFD
+              std::string::npos)
+        << res.body;
+  }
+}
+
+// Any JSON value, up to two levels of arrays and objects deep.
+rc::Gen<json> any_json(int depth = 2) {
+  std::vector<rc::Gen<json>> leaves = {
+      rc::gen::just(json(nullptr)),
+      rc::gen::map(rc::gen::arbitrary<bool>(), [](bool b) { return json(b); }),
+      rc::gen::map(rc::gen::element<int64_t>(
+                       0, 1, -1, 7, std::numeric_limits<int64_t>::min(),
+                       std::numeric_limits<int64_t>::max()),
+                   [](int64_t i) { return json(i); }),
+      rc::gen::just(json(std::numeric_limits<uint64_t>::max())),
+      rc::gen::map(rc::gen::element(0.5, -2.0, 1e300),
+                   [](double d) { return json(d); }),
+      rc::gen::map(rc::gen::string<std::string>(),
+                   [](std::string x) { return json(x); }),
+  };
+  if (depth == 0)
+    return rc::gen::oneOf(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4],
+                          leaves[5]);
+  const auto array =
+      rc::gen::map(rc::gen::container<std::vector<json>>(any_json(depth - 1)),
+                   [](std::vector<json> v) { return json(v); });
+  const auto object =
+      rc::gen::map(rc::gen::container<std::map<std::string, json>>(
+                       rc::gen::element<std::string>(
+                           "model_id", "seq_id", "session_id", "model_seq_id",
+                           "request_id", "num_samples", "path", "x"),
+                       any_json(depth - 1)),
+                   [](std::map<std::string, json> m) { return json(m); });
+  return rc::gen::oneOf(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4],
+                        leaves[5], array, object);
+}
+
+// Whatever a client sends to whichever path, the Service answers: an HTTP
+// status it means (never an exception, which the HTTP layer turns into a
+// 500), a JSON body with an "error" on every error status, and it serves
+// on. The bodies: a valid request with one field set to any JSON value or
+// removed, any JSON value, or any bytes; the paths: every endpoint, and
+// any bytes after /api/v1/.
+RC_GTEST_PROP(ServiceRequests, EveryRequestGetsAMeaningfulAnswer, ()) {
+  ServiceOptions o;
+  o.instance_id = "prop";
+  o.long_poll_s = 0.0;  // a future not done answers try_again at once
+  o.seq_gap_timeout_s = 0.01;
+  Service service(o);
+  std::thread loop([&] {
+    service.run_rank0([](const Command& c) {
+      CommandResult r;
+      r.json = {{"op", c.op}};
+      return r;
+    });
+  });
+  // Stops and joins the loop however the case ends (a failed RC_ASSERT
+  // throws).
+  struct Joiner {
+    Service& service;
+    std::thread& loop;
+    ~Joiner() {
+      service.stop();
+      loop.join();
+    }
+  } joiner{service, loop};
+  const auto call = [&](const std::string& method, const std::string& path,
+                        const std::string& body) {
+    HttpRequest req;
+    req.method = method;
+    req.path = path;
+    req.body = body;
+    req.accept = "application/json";
+    return service.handle(req);
+  };
+  const json model = json::parse(
+      call("POST", "/api/v1/create_model",
+           R"({"session_id": "s", "model_seq_id": 0, "base_model": "b"})")
+          .body);
+  const std::string endpoint = *rc::gen::element<std::string>(
+      "create_session", "session_heartbeat", "sessions/s/finish", "telemetry",
+      "create_model", "load_weights", "get_info", "retrieve_future",
+      "create_sampling_session", "asample", "optim_step", "save_weights",
+      "save_weights_for_sampler", "forward_backward", "save_weights_external",
+      "client/config", "client/dynamic_config", "healthz",
+      "get_server_capabilities", "samplers/x");
+  const bool any_path = *rc::gen::weightedOneOf<bool>(
+      {{1, rc::gen::just(true)}, {4, rc::gen::just(false)}});
+  const std::string path =
+      "/api/v1/" + (any_path ? *rc::gen::string<std::string>() : endpoint);
+  const std::string method = *rc::gen::weightedOneOf<std::string>(
+      {{4, rc::gen::just<std::string>("POST")},
+       {1, rc::gen::just<std::string>("GET")},
+       {1, rc::gen::just<std::string>("PUT")}});
+  json valid = {{"model_id", model["model_id"]},
+                {"seq_id", 1},
+                {"session_id", "s"},
+                {"model_seq_id", 1},
+                {"base_model", "b"},
+                {"path", "p"},
+                {"request_id", model["request_id"]},
+                {"sampling_session_id", "s:sample:0"},
+                {"sampling_session_seq_id", 0},
+                {"num_samples", 2}};
+  std::string body;
+  switch (*rc::gen::inRange(0, 3)) {
+    case 0: {
+      const std::string key = *rc::gen::element<std::string>(
+          "model_id", "seq_id", "session_id", "model_seq_id", "base_model",
+          "path", "request_id", "sampling_session_id",
+          "sampling_session_seq_id", "num_samples");
+      if (*rc::gen::arbitrary<bool>())
+        valid.erase(key);
+      else
+        valid[key] = *any_json();
+      body = valid.dump(-1, ' ', false, json::error_handler_t::replace);
+      break;
+    }
+    case 1:
+      body = (*any_json()).dump(-1, ' ', false, json::error_handler_t::replace);
+      break;
+    default:
+      body = *rc::gen::string<std::string>();
+  }
+  RC_LOG() << method << " "
+           << json(path).dump(-1, ' ', true, json::error_handler_t::replace)
+           << " "
+           << json(body).dump(-1, ' ', true, json::error_handler_t::replace)
+           << std::endl;
+  const HttpResponse res = call(method, path, body);
+  RC_LOG() << res.status << " " << res.body << std::endl;
+  const std::vector<int> meant = {200, 400, 404, 405, 406, 409, 415};
+  RC_ASSERT(std::find(meant.begin(), meant.end(), res.status) != meant.end());
+  if (res.content_type == "application/json") {
+    const json answer = json::parse(res.body);
+    if (res.status >= 400) {
+      RC_ASSERT(answer.contains("error"));
+      RC_ASSERT(answer["error"].is_string());
+    }
+  }
+  // And it serves on.
+  RC_ASSERT(call("GET", "/api/v1/healthz", "").status == 200);
+  RC_ASSERT(call("POST", "/api/v1/create_session", "{}").status == 200);
 }
 
 }  // namespace
