@@ -46,9 +46,10 @@
 //                  the blocks of these models gathered in between (Note
 //                  [Stage 3 reuse distance] in zero/stage3.h)
 //        _gather   zero_optimization.gather_once_per_step (stage 3):
-//                  each block all-gathered once per window, by its first
-//                  forward, instead of once per forward (Note [Stage 3
-//                  gather once per step] in zero/stage3.h)
+//                  each block all-gathered once per window, by the step
+//                  before it (the first window's by its first forward),
+//                  instead of once per forward (Note [Stage 3 gather once
+//                  per step] in zero/stage3.h)
 //      e.g. stage2_offload, stage2_managed, stage0_overlap,
 //      stage2_once_overlap, stage3_release, stage3_once_gather.
 // Each part runs --warmup windows, then --windows timed ones. Rank 0 prints
