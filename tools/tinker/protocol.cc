@@ -62,7 +62,7 @@ TensorValue decode_tensor(const tinker_public::Tensor& t,
     throw UsageError(
         where + " holds " + std::to_string(bytes.size()) +
         " bytes but its shape and dtype need " +
-        (too_large ? std::string("more than 2^64") : std::to_string(need)));
+        (too_large ? std::string("2^64 or more") : std::to_string(need)));
   if (v.shape.empty()) v.shape = {static_cast<int64_t>(numel)};
   if (v.is_float) {
     v.floats.resize(static_cast<size_t>(numel));
