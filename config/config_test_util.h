@@ -1,5 +1,6 @@
 // Helpers for the parse_config tests (config/*_test.cc): the problems a
-// document has, and substring expectations on their messages.
+// document has, substring expectations on their messages, and reading the
+// corpus' files.
 //
 // Thread safety: test-only functions; no shared state.
 #ifndef ZEROSTEP_CONFIG_CONFIG_TEST_UTIL_H_
@@ -7,6 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,6 +19,23 @@
 
 namespace zerostep {
 namespace testing_config {
+
+// `path` (relative to the workspace) among the test's runfiles; `path` as
+// it is outside Bazel.
+inline std::string runfile(const std::string& path) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr || workspace == nullptr) return path;
+  return std::string(srcdir) + "/" + workspace + "/" + path;
+}
+
+// The whole file ("" when it cannot be read).
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 // The problems parse_config reports; fails the test when it does not throw.
 inline std::vector<ConfigProblem> problems_of(const std::string& json,

@@ -23,8 +23,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -32,25 +30,15 @@
 
 #include "common/errors.h"
 #include "config/config.h"
+#include "config/config_test_util.h"
 
 namespace zerostep {
 namespace {
 
 const char* const kCorpus = "config/testdata/corpus";
 
-std::string runfile(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return path;
-  return std::string(srcdir) + "/" + workspace + "/" + path;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testing_config::read_file;
+using testing_config::runfile;
 
 // The corpus' file names without extension, sorted, for `ext`.
 std::vector<std::string> names_with(const std::string& ext) {

@@ -35,10 +35,10 @@
 #include <vector>
 
 #include "propertytests/property_main.h"
-#include "sim/sim_world.h"
 #include "tools/tinker/command.h"
 #include "tools/tinker/tinker_public.pb.h"
 #include "tools/tinker/trainer.h"
+#include "tools/tinker/trainer_test_util.h"
 
 namespace zerostep {
 namespace tinker {
@@ -274,8 +274,8 @@ Command command(const char* op, json args) {
   return c;
 }
 
-// Runs `commands` on every rank of a simulated world of 2 (stage 2) with a
-// fresh state folder; rank 0's results.
+// Runs `commands` on a simulated world of 2 ranks (stage 2) with a fresh
+// state folder; rank 0's results.
 std::vector<CommandResult> execute(const std::vector<Command>& commands) {
   static int run = 0;
   TrainerOptions o;
@@ -283,23 +283,7 @@ std::vector<CommandResult> execute(const std::vector<Command>& commands) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   o.state_dir = std::string(tmp != nullptr ? tmp : "/tmp") +
                 "/request_property_test/" + std::to_string(run++);
-  const int world = 2;
-  SimWorld sim({world, 1});
-  std::vector<std::unique_ptr<RankTrainer>> trainers;
-  for (int r = 0; r < world; ++r)
-    trainers.push_back(std::make_unique<RankTrainer>(&sim.comm(r), o));
-  std::vector<std::vector<CommandResult>> results(world);
-  sim.run([&](int r) {
-    for (const Command& c : commands)
-      results[r].push_back(trainers[r]->execute(c));
-  });
-  return results[0];
-}
-
-std::string digest_of(const CommandResult& r) {
-  const json& m = r.json.at("metrics");
-  return m.at("param_digest_hi:unique").dump() + ":" +
-         m.at("param_digest_lo:unique").dump();
+  return execute_on_sim_world(2, o, commands);
 }
 
 const Request& request_named(const char* op) {
@@ -309,7 +293,9 @@ const Request& request_named(const char* op) {
   std::abort();
 }
 
-// The parameters after one valid step: the reference of a refused step.
+// The parameters after a valid forward_backward and step: the reference
+// of a refused optim_step, and of a refused forward_backward, followed by
+// those two.
 const std::string& reference_digest() {
   static const std::string digest = [] {
     const std::vector<CommandResult> r =
@@ -389,20 +375,6 @@ RC_GTEST_PROP(TrainerRequests, SaveWeightsRefusesWhatItCannotTake, ()) {
 
 RC_GTEST_PROP(TrainerRequests, SampleRefusesWhatItCannotTake, ()) {
   check_request("sample");
-}
-
-// The parameters after a valid forward_backward and step: the reference
-// of a refused forward_backward followed by the same two.
-const std::string& reference_window_digest() {
-  static const std::string digest = [] {
-    const std::vector<CommandResult> r =
-        execute({command("create_model", request_named("create_model").args),
-                 forward_backward(),
-                 command("optim_step", request_named("optim_step").args)});
-    for (const CommandResult& x : r) EXPECT_TRUE(x.ok) << x.error;
-    return digest_of(r.back());
-  }();
-  return digest;
 }
 
 // One change to a valid ForwardBackwardRequest, as a client (or a corrupt
@@ -564,7 +536,7 @@ RC_GTEST_PROP(TrainerRequests,
   if (got.ok) return;
   RC_ASSERT(r[2].ok);
   RC_ASSERT(r[3].ok);
-  RC_ASSERT(digest_of(r[3]) == reference_window_digest());
+  RC_ASSERT(digest_of(r[3]) == reference_digest());
 }
 
 }  // namespace

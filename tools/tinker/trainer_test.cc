@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "sim/sim_world.h"
 #include "tools/tinker/command.h"
 #include "tools/tinker/tinker_public.pb.h"
+#include "tools/tinker/trainer_test_util.h"
 
 namespace zerostep {
 namespace tinker {
@@ -117,35 +117,17 @@ std::string ds_config(int stage) {
 std::vector<CommandResult> execute(int world, int stage,
                                    const std::vector<Command>& commands,
                                    bool allow_errors = false) {
-  at::set_num_threads(1);
   TrainerOptions o;
   o.ds_config_json = ds_config(stage);
   const char* tmp = std::getenv("TEST_TMPDIR");
   o.state_dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/trainer_test";
-  SimWorld sim({world, 1});
-  std::vector<std::unique_ptr<RankTrainer>> trainers;
-  for (int r = 0; r < world; ++r)
-    trainers.push_back(std::make_unique<RankTrainer>(&sim.comm(r), o));
-  std::vector<std::vector<CommandResult>> results(world);
-  sim.run([&](int r) {
-    for (const Command& c : commands)
-      results[r].push_back(trainers[r]->execute(c));
-  });
+  const std::vector<CommandResult> results =
+      execute_on_sim_world(world, o, commands);
   if (!allow_errors) {
-    for (size_t i = 0; i < results[0].size(); ++i)
-      EXPECT_TRUE(results[0][i].ok)
-          << commands[i].op << ": " << results[0][i].error;
+    for (size_t i = 0; i < results.size(); ++i)
+      EXPECT_TRUE(results[i].ok) << commands[i].op << ": " << results[i].error;
   }
-  return results[0];
-}
-
-std::string digest_of(const CommandResult& r) {
-  const json& m = r.json["metrics"];
-  const uint64_t hi =
-      static_cast<uint64_t>(m["param_digest_hi:unique"].get<double>());
-  const uint64_t lo =
-      static_cast<uint64_t>(m["param_digest_lo:unique"].get<double>());
-  return digest_hex(hi << 32 | lo);
+  return results;
 }
 
 // Two windows of `total` datums each, the client's calls of each window
