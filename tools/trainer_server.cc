@@ -277,6 +277,9 @@ int run(int argc, char** argv) {
   tinker::TrainerOptions topts;
   topts.ds_config_json = ds_config_text(f);
   topts.base_seed = f.seed;
+  // Note [A model that cannot fit] (tools/tinker/model_registry.h).
+  topts.ranks_in_process = f.backend == "sim" ? f.world : 1;
+  topts.available_memory = available_memory;
   // Stable across restarts, so the last run's checkpoints are found.
   topts.state_dir =
       f.state_dir.empty() ? tinker::default_state_dir() : f.state_dir;

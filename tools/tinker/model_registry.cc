@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include <mutex>
+#include <optional>
+#include <sstream>
 #include <utility>
 
 #include "common/errors.h"
@@ -49,8 +51,11 @@ TinyGpt new_tiny_gpt(const BaseModel& base, const LoraOptions& lora,
 }
 
 ModelRegistry::ModelRegistry(Communicator* comm, const Config& config,
-                             uint64_t base_seed)
-    : comm_(comm), config_(config), base_seed_(base_seed) {}
+                             uint64_t base_seed, MemoryCheck memory)
+    : comm_(comm),
+      config_(config),
+      base_seed_(base_seed),
+      memory_(std::move(memory)) {}
 
 Model& ModelRegistry::get(const std::string& id) {
   auto it = models_.find(id);
@@ -67,9 +72,60 @@ bool ModelRegistry::contains(const std::string& id) const {
   return models_.count(id) != 0;
 }
 
+void ModelRegistry::require_fits(const std::string& id, const BaseModel& base,
+                                 const LoraOptions& lora) {
+  std::string refusal;
+  const std::optional<AvailableMemory> available =
+      comm_->rank() == 0 && memory_.available ? memory_.available()
+                                              : std::nullopt;
+  if (available) {
+    // The model's parameters, trainable and frozen: one replica, on rank 0.
+    TinyGpt probe = new_tiny_gpt(base, lora, base_seed_);
+    if (lora.rank > 0) freeze_all_but_lora(*probe);
+    double trainable = 0, frozen = 0;
+    for (const torch::Tensor& p : probe->parameters())
+      (p.requires_grad() ? trainable : frozen) +=
+          static_cast<double>(p.numel());
+    const double w = comm_->world_size();
+    const int stage = config_.zero.stage;
+    const double per_trainable = stage == 0   ? 16.0
+                                 : stage == 1 ? 8.0 + 8.0 / w
+                                 : stage == 2 ? 4.0 + 12.0 / w
+                                              : 16.0 / w;
+    const double per_rank = 4.0 * frozen + per_trainable * trainable;
+    const double need = per_rank * memory_.ranks_in_process;
+    if (need > static_cast<double>(available->bytes)) {
+      std::ostringstream m;
+      m.precision(3);
+      const double gib = 1024.0 * 1024.0 * 1024.0;
+      m << "model '" << id << "' (" << base.name << ", "
+        << static_cast<int64_t>(trainable) << " trainable and "
+        << static_cast<int64_t>(frozen) << " frozen parameters, ZeRO stage "
+        << stage << ") needs at least " << need / gib << " GiB on the "
+        << memory_.ranks_in_process << " rank(s) in this server's process ("
+        << per_rank / (1024.0 * 1024.0) << " MiB each), and the process may "
+        << "take " << static_cast<double>(available->bytes) / gib << " GiB ("
+        << available->source
+        << "). Nothing was created. Fix: use LoRA (a "
+           "lower lora_config.rank), a smaller base model, fewer models, or "
+           "restart the server with fewer --world ranks or a higher ZeRO "
+           "stage";
+      refusal = m.str();
+    }
+  }
+  int64_t refused = refusal.empty() ? 0 : 1;
+  comm_->broadcast(Buffer::of(&refused, 1), {0, phase::kSetup});
+  if (refused == 0) return;
+  if (comm_->rank() == 0) throw UsageError(refusal);
+  throw UsageError("model '" + id +
+                   "' cannot fit in this server's memory (rank 0 says "
+                   "why). Nothing was created");
+}
+
 std::unique_ptr<Model> ModelRegistry::build(const std::string& id,
                                             const BaseModel& base,
                                             const LoraOptions& lora) {
+  require_fits(id, base, lora);
   auto m = std::make_unique<Model>();
   m->id = id;
   m->base = base;

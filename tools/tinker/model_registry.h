@@ -11,12 +11,15 @@
 #define ZEROSTEP_TOOLS_TINKER_MODEL_REGISTRY_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "comm/communicator.h"
+#include "common/cli.h"  // AvailableMemory
 #include "config/config.h"
 #include "engine/engine.h"
 #include "models/lora.h"
@@ -46,11 +49,39 @@ LoraOptions lora_from_json(const nlohmann::json& l);
 TinyGpt new_tiny_gpt(const BaseModel& base, const LoraOptions& lora,
                      uint64_t seed);
 
+// Note [A model that cannot fit]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A create_model (or a load that creates) allocates a replica and an
+// Engine on every rank; in a simulated world every rank shares this
+// process, so a model too large for the world (small-gpt, every
+// parameter trained, on 4096 simulated ranks: about 15 GB at stage 0) ran
+// the process out of memory, and the kernel's kill took every session with
+// it. Before building, rank 0
+// compares a floor of the model's memory with what the process may still
+// take, and every rank refuses the request (UsageError, nothing built) when
+// it does not fit. The floor per rank, in float32 bytes of P trainable
+// and F frozen parameters over W ranks: 4F (the frozen weights, replicated)
+// plus the trainable weights, gradients and Adam's two moments as ZeRO
+// splits them: 16P at stage 0, 8P + 8P/W at stage 1, 4P + 12P/W at stage 2,
+// 16P/W at stage 3 (mixed precision and the engine's own buffers only add).
+// Times the ranks in this process. A model that passes can still run out;
+// one refused could not have fit. (Measured, AMD EPYC, 2026-12-02: small-
+// gpt trained in full at stage 0 on 64 simulated ranks grew the server's
+// resident memory by 4.6 MB per rank at its creation, before any training
+// touched its buffers; its floor is 3.9 MB.)
+struct MemoryCheck {
+  int ranks_in_process = 1;
+  // What the process may still take; nullopt (or no function): not checked.
+  std::function<std::optional<AvailableMemory>()> available;
+};
+
 class ModelRegistry {
  public:
   // Every model's Engine gets `config` and runs on `*comm`, which must
-  // outlive the registry; every base model's weights come from `base_seed`.
-  ModelRegistry(Communicator* comm, const Config& config, uint64_t base_seed);
+  // outlive the registry; every base model's weights come from `base_seed`;
+  // `memory` is Note [A model that cannot fit]'s check.
+  ModelRegistry(Communicator* comm, const Config& config, uint64_t base_seed,
+                MemoryCheck memory = {});
   ModelRegistry(const ModelRegistry&) = delete;
   ModelRegistry& operator=(const ModelRegistry&) = delete;
 
@@ -63,6 +94,8 @@ class ModelRegistry {
   // A new model, not registered: the base model's weights, LoRA adapters
   // when lora.rank > 0 (then only they train), rank 0's values of the
   // frozen weights (a collective: every rank calls it), an Engine over it.
+  // UsageError on every rank, nothing built, when it cannot fit (Note [A
+  // model that cannot fit]).
   std::unique_ptr<Model> build(const std::string& id, const BaseModel& base,
                                const LoraOptions& lora);
   // Registers `model` under its id, which must not be registered yet.
@@ -73,9 +106,14 @@ class ModelRegistry {
   nlohmann::json create_model(const nlohmann::json& args);
 
  private:
+  // Note [A model that cannot fit]: rank 0 decides, every rank throws.
+  void require_fits(const std::string& id, const BaseModel& base,
+                    const LoraOptions& lora);
+
   Communicator* comm_;
   Config config_;
   uint64_t base_seed_;
+  MemoryCheck memory_;
   std::map<std::string, std::unique_ptr<Model>> models_;
 };
 

@@ -93,7 +93,8 @@ struct RankTrainer::Impl {
         config(parse_config(
             server_ds_config(options.ds_config_json, comm->world_size()),
             comm->world_size())),
-        models(comm, config, options.base_seed),
+        models(comm, config, options.base_seed,
+               MemoryCheck{options.ranks_in_process, options.available_memory}),
         checkpoints(comm, options.state_dir),
         samplers(comm, options.state_dir) {}
 

@@ -65,11 +65,14 @@
 #define ZEROSTEP_TOOLS_TINKER_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "common/cli.h"               // AvailableMemory
 #include "tools/tinker/base_model.h"  // base_models(), for the server
 #include "tools/tinker/command.h"
 
@@ -86,6 +89,12 @@ struct TrainerOptions {
   std::string state_dir = "/tmp/zerostep-tinker";
   // Seed of every base model's weights.
   uint64_t base_seed = 1234;
+  // The ranks that share this process's memory (a simulated world: all of
+  // them; one process per rank: 1), and what the process may still take
+  // (default: available_memory(), common/cli.h; tests give their own):
+  // Note [A model that cannot fit] in model_registry.h.
+  int ranks_in_process = 1;
+  std::function<std::optional<AvailableMemory>()> available_memory;
 };
 
 // The ds_config every model's Engine gets (validated; ConfigError if the

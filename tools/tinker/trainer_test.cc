@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -233,6 +234,51 @@ TEST(TrainerTest, SaveInsideAnOpenWindowIsRefused) {
   EXPECT_TRUE(r[4].ok) << r[4].error;
 }
 
+// Note [A model that cannot fit]: a create_model whose floor exceeds what
+// the process may take is refused on every rank with nothing built; the
+// same request fits when the memory is there, and the ranks in the process
+// multiply the floor.
+TEST(TrainerTest, AModelThatCannotFitIsRefusedAndNothingIsBuilt) {
+  const auto with_memory = [](uint64_t bytes, int ranks_in_process) {
+    TrainerOptions o;
+    o.ds_config_json = ds_config(0);
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    o.state_dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/trainer_test";
+    o.ranks_in_process = ranks_in_process;
+    o.available_memory = [bytes]() -> std::optional<AvailableMemory> {
+      return AvailableMemory{bytes, "the test's limit"};
+    };
+    return o;
+  };
+  Command full = create_model();
+  full.args.erase("lora_config");  // every parameter trains: 16 bytes each
+  // tiny-gpt has 44,160 parameters: a floor of 706,560 bytes per rank at
+  // stage 0.
+  const std::vector<CommandResult> refused = execute_on_sim_world(
+      2, with_memory(1'000'000, 2),
+      {full, with_model("get_info", json::object()), create_model()});
+  ASSERT_FALSE(refused[0].ok);
+  EXPECT_EQ(refused[0].category, "user");
+  EXPECT_NE(refused[0].error.find(
+                "model 'm' (zerostep/tiny-gpt, 44160 trainable and 0 frozen "
+                "parameters, ZeRO stage 0) needs at least"),
+            std::string::npos)
+      << refused[0].error;
+  EXPECT_NE(refused[0].error.find("on the 2 rank(s) in this server's "
+                                  "process"),
+            std::string::npos)
+      << refused[0].error;
+  EXPECT_NE(refused[0].error.find("(the test's limit). Nothing was created"),
+            std::string::npos)
+      << refused[0].error;
+  EXPECT_FALSE(refused[1].ok);  // no model 'm'
+  // LoRA: the frozen weights count 4 bytes each, the adapters 16.
+  EXPECT_TRUE(refused[2].ok) << refused[2].error;
+  // One rank in the process: the same model fits.
+  const std::vector<CommandResult> fits =
+      execute_on_sim_world(2, with_memory(1'000'000, 1), {full});
+  EXPECT_TRUE(fits[0].ok) << fits[0].error;
+}
 }  // namespace
 }  // namespace tinker
 }  // namespace zerostep
