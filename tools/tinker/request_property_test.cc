@@ -1,7 +1,8 @@
 // A RapidCheck property over the trainer's JSON requests, as a client
-// could send them: a valid create_model, optim_step, save_weights or
-// sample request with one field (or one field of a nested object) replaced
-// by a JSON value of any kind. What must hold, whatever the value:
+// could send them: a valid create_model, optim_step, save_weights,
+// load_weights or sample request with one field (or one field of a nested
+// object) replaced by a JSON value of any kind. What must hold, whatever the
+// value:
 //   - the command never fails as the server's fault (category "server"):
 //     a bad value is the user's, and its error says so;
 //   - a value of a kind the field never takes (a string for a number, a
@@ -214,6 +215,11 @@ std::vector<Request> requests() {
       {"save_weights",
        {{"model_id", kModel}, {"path", "w"}},
        {{{"path"}, Want::kString, false}}},
+      {"load_weights",
+       {{"model_id", kModel},
+        {"path", std::string("tinker://") + kModel + "/weights/w"},
+        {"optimizer", true}},
+       {{{"path"}, Want::kString, false}, {{"optimizer"}, Want::kBool, true}}},
       {"sample",
        {{"base_model", kBase},
         {"prompt",
@@ -308,6 +314,48 @@ const std::string& reference_digest() {
   return digest;
 }
 
+// The commands that run `request` (an op of requests()): what it needs
+// before it (a model, a checkpoint, a gradient), the request at
+// *at_request, and what checks it after (a second create_model, a step).
+std::vector<Command> around(const Command& request, size_t* at_request) {
+  const std::string op = request.op;
+  const Command create =
+      command("create_model", request_named("create_model").args);
+  const Command step = command("optim_step", request_named("optim_step").args);
+  *at_request = 0;
+  if (op == "create_model") return {request, create};
+  if (op == "optim_step") {
+    *at_request = 2;
+    return {create, forward_backward(), request, step};
+  }
+  if (op == "save_weights") {
+    *at_request = 1;
+    return {create, request};
+  }
+  if (op == "load_weights") {
+    *at_request = 2;
+    return {create, command("save_weights", request_named("save_weights").args),
+            request};
+  }
+  return {request};
+}
+
+// The requests as they are, unchanged, succeed: the properties change
+// valid requests.
+TEST(TrainerRequests, EveryRequestAsWrittenSucceeds) {
+  for (const Request& req : requests()) {
+    size_t at = 0;
+    const std::vector<Command> commands =
+        around(command(req.op, req.args), &at);
+    const std::vector<CommandResult> r = execute(commands);
+    // What comes after the request checks a refused one: a second
+    // create_model of the same id, a step with no gradient left, fail here.
+    for (size_t c = 0; c <= at; ++c)
+      EXPECT_TRUE(r[c].ok) << req.op << ", command " << c << " ("
+                           << commands[c].op << "): " << r[c].error;
+  }
+}
+
 void check_request(const char* op) {
   const Request& req = request_named(op);
   const size_t i = *rc::gen::inRange<size_t>(0, req.fields.size());
@@ -324,22 +372,8 @@ void check_request(const char* op) {
            << to_string(kind) << ")" << std::endl;
 
   const Command mutated = command(op, args);
-  const Command create =
-      command("create_model", request_named("create_model").args);
-  const Command step = command("optim_step", request_named("optim_step").args);
-  std::vector<Command> commands;
   size_t at_mutated = 0;
-  if (std::string(op) == "create_model") {
-    commands = {mutated, create};
-  } else if (std::string(op) == "optim_step") {
-    commands = {create, forward_backward(), mutated, step};
-    at_mutated = 2;
-  } else if (std::string(op) == "save_weights") {
-    commands = {create, mutated};
-    at_mutated = 1;
-  } else {
-    commands = {mutated};
-  }
+  const std::vector<Command> commands = around(mutated, &at_mutated);
   const std::vector<CommandResult> r = execute(commands);
   const CommandResult& got = r[at_mutated];
   // What runs before the request is valid, and what runs after it is valid
@@ -371,6 +405,10 @@ RC_GTEST_PROP(TrainerRequests,
 
 RC_GTEST_PROP(TrainerRequests, SaveWeightsRefusesWhatItCannotTake, ()) {
   check_request("save_weights");
+}
+
+RC_GTEST_PROP(TrainerRequests, LoadWeightsRefusesWhatItCannotTake, ()) {
+  check_request("load_weights");
 }
 
 RC_GTEST_PROP(TrainerRequests, SampleRefusesWhatItCannotTake, ()) {
