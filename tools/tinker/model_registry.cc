@@ -74,10 +74,11 @@ bool ModelRegistry::contains(const std::string& id) const {
 
 void ModelRegistry::require_fits(const std::string& id, const BaseModel& base,
                                  const LoraOptions& lora) {
+  // Every rank has the same options: without a check, no rank agrees.
+  if (!memory_.available) return;
   std::string refusal;
   const std::optional<AvailableMemory> available =
-      comm_->rank() == 0 && memory_.available ? memory_.available()
-                                              : std::nullopt;
+      comm_->rank() == 0 ? memory_.available() : std::nullopt;
   if (available) {
     // The model's parameters, trainable and frozen: one replica, on rank 0.
     TinyGpt probe = new_tiny_gpt(base, lora, base_seed_);
@@ -106,10 +107,9 @@ void ModelRegistry::require_fits(const std::string& id, const BaseModel& base,
         << per_rank / (1024.0 * 1024.0) << " MiB each), and the process may "
         << "take " << static_cast<double>(available->bytes) / gib << " GiB ("
         << available->source
-        << "). Nothing was created. Fix: use LoRA (a "
-           "lower lora_config.rank), a smaller base model, fewer models, or "
-           "restart the server with fewer --world ranks or a higher ZeRO "
-           "stage";
+        << "). Nothing was created. Fix: use LoRA (the base weights then "
+           "do not train), a smaller base model, fewer models, or restart "
+           "the server with fewer --world ranks or a higher ZeRO stage";
       refusal = m.str();
     }
   }
