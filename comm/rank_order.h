@@ -3,7 +3,8 @@
 // that reduces in this order gives the simulator's bits.
 //
 //   out[i] = x0[i]; out[i] = out[i] (op) x1[i]; ...; out[i] (op) x{W-1}[i];
-//   then out[i] / W for kAvg (a true division, in the buffer's dtype).
+//   then out[i] / W for kAvg (a true division's bits, in the buffer's
+//   dtype: Note [Finishing in the last pass]).
 //
 // Header-only templates without LibTorch: the simulator's reductions
 // (sim/reduction.cc) and the gloo backend's reduce-scatter
@@ -15,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -27,46 +29,32 @@ namespace rank_order {
 // so it reads up to four input streams at once and the accumulator is
 // read and written once per four ranks, not once per rank; the ops stay in
 // rank order, (((acc (op) a) (op) b) (op) c) (op) d, so the bits are those
-// of one rank per pass.
-template <typename T, typename F>
-void first_pass(T* __restrict out, const T* const* in, size_t k, size_t n,
-                F f) {
-  const T* __restrict a = in[0];
-  const T* __restrict b = in[1];
-  switch (k) {
-    case 2:
-      for (size_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
-      return;
-    case 3: {
-      const T* __restrict c = in[2];
-      for (size_t i = 0; i < n; ++i) out[i] = f(f(a[i], b[i]), c[i]);
-      return;
-    }
-    default: {
-      const T* __restrict c = in[2];
-      const T* __restrict d = in[3];
-      for (size_t i = 0; i < n; ++i) out[i] = f(f(f(a[i], b[i]), c[i]), d[i]);
-      return;
-    }
+// of one rank per pass. The last pass applies `g`, kAvg's division (Note
+// [Finishing in the last pass]); the others pass Identity.
+struct Identity {
+  template <typename T>
+  T operator()(T x) const {
+    return x;
   }
-}
-template <typename T, typename F>
-void fold_pass(T* __restrict acc, const T* const* in, size_t k, size_t n,
-               F f) {
+};
+
+template <typename T, typename F, typename G>
+void first_pass(T* __restrict out, const T* const* in, size_t k, size_t n, F f,
+                G g) {
   const T* __restrict a = in[0];
   switch (k) {
     case 1:
-      for (size_t i = 0; i < n; ++i) acc[i] = f(acc[i], a[i]);
+      for (size_t i = 0; i < n; ++i) out[i] = g(a[i]);
       return;
     case 2: {
       const T* __restrict b = in[1];
-      for (size_t i = 0; i < n; ++i) acc[i] = f(f(acc[i], a[i]), b[i]);
+      for (size_t i = 0; i < n; ++i) out[i] = g(f(a[i], b[i]));
       return;
     }
     case 3: {
       const T* __restrict b = in[1];
       const T* __restrict c = in[2];
-      for (size_t i = 0; i < n; ++i) acc[i] = f(f(f(acc[i], a[i]), b[i]), c[i]);
+      for (size_t i = 0; i < n; ++i) out[i] = g(f(f(a[i], b[i]), c[i]));
       return;
     }
     default: {
@@ -74,32 +62,111 @@ void fold_pass(T* __restrict acc, const T* const* in, size_t k, size_t n,
       const T* __restrict c = in[2];
       const T* __restrict d = in[3];
       for (size_t i = 0; i < n; ++i)
-        acc[i] = f(f(f(f(acc[i], a[i]), b[i]), c[i]), d[i]);
+        out[i] = g(f(f(f(a[i], b[i]), c[i]), d[i]));
+      return;
+    }
+  }
+}
+template <typename T, typename F, typename G>
+void fold_pass(T* __restrict acc, const T* const* in, size_t k, size_t n, F f,
+               G g) {
+  const T* __restrict a = in[0];
+  switch (k) {
+    case 1:
+      for (size_t i = 0; i < n; ++i) acc[i] = g(f(acc[i], a[i]));
+      return;
+    case 2: {
+      const T* __restrict b = in[1];
+      for (size_t i = 0; i < n; ++i) acc[i] = g(f(f(acc[i], a[i]), b[i]));
+      return;
+    }
+    case 3: {
+      const T* __restrict b = in[1];
+      const T* __restrict c = in[2];
+      for (size_t i = 0; i < n; ++i)
+        acc[i] = g(f(f(f(acc[i], a[i]), b[i]), c[i]));
+      return;
+    }
+    default: {
+      const T* __restrict b = in[1];
+      const T* __restrict c = in[2];
+      const T* __restrict d = in[3];
+      for (size_t i = 0; i < n; ++i)
+        acc[i] = g(f(f(f(f(acc[i], a[i]), b[i]), c[i]), d[i]));
       return;
     }
   }
 }
 
-template <typename T, typename F>
-void reduce_with(const std::vector<const T*>& inputs, size_t offset,
-                 size_t count, T* __restrict out, F f) {
-  const size_t world = inputs.size();
-  if (world == 1) {
-    std::memcpy(out, inputs[0] + offset, count * sizeof(T));
-    return;
+// Note [Finishing in the last pass]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// kAvg is the rank-order sum divided by W (Note [Reduction order]). The
+// division is applied to each element as the last pass writes it, not in
+// a pass of its own: the element is rounded to its dtype after every
+// addition either way, so the bits are the same, and the loop that reads
+// and writes every element once more is gone.
+//
+// For a float or double and W a power of two the division is a
+// multiplication by 1 / W, which is exact (W <= 2^31, far inside the
+// exponent range): x * (1 / W) is the same real number as x / W, IEEE
+// rounds both correctly to the same value, subnormals included, and a NaN
+// or an infinity passes through either the same way. So the
+// multiplication gives the division's bits, at a fraction of its cost.
+// Any other W, and the integer types (whose division truncates), divide.
+// docs/benchmarks.md measures both changes.
+//
+// Calls fn(f, g) with op's fold `f` and its finish `g` for `world` ranks.
+template <typename T, typename Fn>
+void with_fold(ReduceOp op, size_t world, Fn&& fn) {
+  const auto plus = [](T a, T b) { return a + b; };
+  switch (op) {
+    case ReduceOp::kSum:
+      fn(plus, Identity{});
+      return;
+    case ReduceOp::kAvg:
+      if constexpr (std::is_floating_point_v<T>) {
+        if ((world & (world - 1)) == 0) {
+          const T inverse = T{1} / static_cast<T>(world);
+          fn(plus, [inverse](T x) { return x * inverse; });
+          return;
+        }
+      }
+      fn(plus, [w = static_cast<T>(world)](T x) { return x / w; });
+      return;
+    case ReduceOp::kMax:
+      fn([](T a, T b) { return std::max(a, b); }, Identity{});
+      return;
+    case ReduceOp::kMin:
+      fn([](T a, T b) { return std::min(a, b); }, Identity{});
+      return;
   }
+}
+
+// The fold of `count` elements at `offset` of `inputs` into `out`, the
+// last pass finished by `g`.
+template <typename T, typename F, typename G>
+void reduce_with(const std::vector<const T*>& inputs, size_t offset,
+                 size_t count, T* __restrict out, F f, G g) {
+  const size_t world = inputs.size();
   const T* in[4] = {};
   const auto take = [&](size_t r, size_t k) {
     for (size_t j = 0; j < k; ++j) in[j] = inputs[r + j] + offset;
   };
   size_t r = std::min<size_t>(world, 4);
   take(0, r);
-  first_pass(out, in, r, count, f);
+  if (r == world) {
+    first_pass(out, in, r, count, f, g);
+    return;
+  }
+  first_pass(out, in, r, count, f, Identity{});
   while (r < world) {
     const size_t k = std::min<size_t>(world - r, 4);
     take(r, k);
-    fold_pass(out, in, k, count, f);
     r += k;
+    if (r == world)
+      fold_pass(out, in, k, count, f, g);
+    else
+      fold_pass(out, in, k, count, f, Identity{});
   }
 }
 
@@ -110,24 +177,9 @@ void reduce_with(const std::vector<const T*>& inputs, size_t offset,
 template <typename T>
 void reduce(const std::vector<const T*>& inputs, size_t offset, size_t count,
             ReduceOp op, T* __restrict out) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      reduce_with(inputs, offset, count, out, [](T a, T b) { return a + b; });
-      break;
-    case ReduceOp::kMax:
-      reduce_with(inputs, offset, count, out,
-                  [](T a, T b) { return std::max(a, b); });
-      break;
-    case ReduceOp::kMin:
-      reduce_with(inputs, offset, count, out,
-                  [](T a, T b) { return std::min(a, b); });
-      break;
-  }
-  if (op == ReduceOp::kAvg) {
-    const T w = static_cast<T>(inputs.size());
-    for (size_t i = 0; i < count; ++i) out[i] = out[i] / w;
-  }
+  with_fold<T>(op, inputs.size(), [&](auto f, auto g) {
+    reduce_with(inputs, offset, count, out, f, g);
+  });
 }
 
 // The piece size of a long reduction (Note [Chunked reduction] in

@@ -76,17 +76,49 @@ TEST(ReductionTest, AllReduceMaxAndMinOverIntegersAndDoubles) {
   for (const auto& v : dbl) EXPECT_EQ(v, (std::vector<double>{-1.5, 2.0}));
 }
 
-// Scratch grows to the largest call and is reused after it.
+// Scratch grows to the largest call and is reused after it. Five ranks:
+// up to four reduce in place, without scratch (Note [In-place all-reduce]).
 TEST(ReductionTest, ScratchGrowsAndIsNotShrunk) {
   std::vector<unsigned char> scratch;
-  std::vector<std::vector<double>> big(2, std::vector<double>(64, 1.0));
+  std::vector<std::vector<double>> big(5, std::vector<double>(64, 1.0));
   all_reduce_in_rank_order(buffers(big), ReduceOp::kSum, &scratch);
   EXPECT_EQ(scratch.size(), 64 * sizeof(double));
-  std::vector<std::vector<double>> small = {{1.0}, {2.0}};
+  std::vector<std::vector<double>> small = {{1.0}, {2.0}, {3.0}, {4.0}, {5.0}};
   all_reduce_in_rank_order(buffers(small), ReduceOp::kSum, &scratch);
   EXPECT_EQ(scratch.size(), 64 * sizeof(double));
-  EXPECT_EQ(small[0][0], 3.0);
-  EXPECT_EQ(small[1][0], 3.0);
+  for (const std::vector<double>& r : small) EXPECT_EQ(r[0], 15.0);
+
+  std::vector<unsigned char> unused;
+  std::vector<std::vector<double>> two(2, std::vector<double>(64, 1.0));
+  all_reduce_in_rank_order(buffers(two), ReduceOp::kSum, &unused);
+  EXPECT_EQ(unused.size(), 0u) << "two ranks reduce in place";
+  EXPECT_EQ(two[1][63], 2.0);
+}
+
+// Ranks whose buffers overlap (the same memory, or part of it) are not
+// reduced in place (Note [In-place all-reduce]): every element of a chunk
+// is read from every rank before any is written, so each rank gets the
+// fold of the values as they were.
+TEST(ReductionTest, AllReduceOfOverlappingBuffersFoldsTheValuesAsTheyWere) {
+  std::vector<float> shared = {1, 2, 3, 4};
+  std::vector<float> own = {10, 20, 30, 40};
+  std::vector<Buffer> same = {Buffer::of(shared.data(), 4),
+                              Buffer::of(own.data(), 4),
+                              Buffer::of(shared.data(), 4)};
+  std::vector<unsigned char> scratch;
+  all_reduce_in_rank_order(same, ReduceOp::kSum, &scratch);
+  EXPECT_EQ(shared, (std::vector<float>{12, 24, 36, 48}));
+  EXPECT_EQ(own, (std::vector<float>{12, 24, 36, 48}));
+
+  // Buffers that overlap by half: element i is wide[i] + wide[i + 2] as
+  // they were, {4, 6, 8, 10}, written to rank 0's then rank 1's elements,
+  // so rank 1's copy is what the shared bytes hold. Reduced in place, the
+  // fold of element 2 would read the 4 just written to wide[2].
+  std::vector<float> wide = {1, 2, 3, 4, 5, 6};
+  std::vector<Buffer> halves = {Buffer::of(wide.data(), 4),
+                                Buffer::of(wide.data() + 2, 4)};
+  all_reduce_in_rank_order(halves, ReduceOp::kSum, &scratch);
+  EXPECT_EQ(wide, (std::vector<float>{4, 6, 4, 6, 8, 10}));
 }
 
 // Rank r receives chunk r reduced over the ranks, in rank order.
@@ -220,6 +252,102 @@ TEST(ReductionTest, ChunkedFloat64MatchesThePerElementFoldBitForBit) {
 
 TEST(ReductionTest, ChunkedInt64MatchesThePerElementFoldBitForBit) {
   expect_chunked_matches_reference<int64_t>();
+}
+
+// ----- kAvg over a power of two: Note [Finishing in the last pass] -----------
+
+// Float bit patterns from every exponent (a stride through all 2^32), every
+// subnormal and small normal at the bottom of the range with both signs,
+// and the specials.
+std::vector<float> float_patterns() {
+  std::vector<uint32_t> bits;
+  for (uint32_t k = 0; k < (1u << 20); ++k) bits.push_back(k * 4099u + 17u);
+  for (uint32_t k = 0; k < (1u << 24); k += 5) {
+    bits.push_back(k);
+    bits.push_back(k | 0x80000000u);
+  }
+  for (uint32_t b : {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
+                     0xffc12345u, 0x7f7fffffu, 0x00000001u, 0x00800000u})
+    bits.push_back(b);
+  std::vector<float> out(bits.size());
+  std::memcpy(out.data(), bits.data(), bits.size() * sizeof(float));
+  return out;
+}
+
+// Double bit patterns: random ones (every exponent), and the bottom of the
+// range (subnormals into the normals) with both signs, and the specials.
+std::vector<double> double_patterns() {
+  std::mt19937_64 rng(2);
+  std::vector<uint64_t> bits;
+  for (int k = 0; k < (1 << 20); ++k) bits.push_back(rng());
+  for (uint64_t k = 0; k < (uint64_t{1} << 20); ++k) {
+    const uint64_t b = k * 0x1000000000001ull % (uint64_t{1} << 54);
+    bits.push_back(b);
+    bits.push_back(b | (uint64_t{1} << 63));
+  }
+  for (uint64_t b :
+       {0x7ff0000000000000ull, 0xfff0000000000000ull, 0x7ff8000000000000ull,
+        0x7ff0000000000001ull, 0x0000000000000001ull, 0x0010000000000000ull})
+    bits.push_back(b);
+  std::vector<double> out(bits.size());
+  std::memcpy(out.data(), bits.data(), bits.size() * sizeof(double));
+  return out;
+}
+
+// kAvg over W = 2, 4, 8 and 16 ranks multiplies by 1 / W instead of
+// dividing; the result must be a true division's bits for every value,
+// subnormal results, infinities and NaNs included. Rank 0 holds the
+// patterns and every other rank -0.0, so the rank-order sum is the pattern
+// itself (x + -0.0 == x for every x, a NaN quieted), and the expected
+// element is that sum divided by W through a volatile divisor, which the
+// compiler cannot turn into a multiplication. W = 2 and 4 reduce in place
+// (Note [In-place all-reduce]), 8 and 16 in chunks; reduce-scatter goes
+// through rank_order::reduce.
+template <typename T>
+void expect_power_of_two_average_divides(const std::vector<T>& patterns) {
+  for (int world : {2, 4, 8, 16}) {
+    SCOPED_TRACE(testing::Message() << "world " << world);
+    const size_t n = patterns.size() / world * world;
+    std::vector<std::vector<T>> in(world, std::vector<T>(n, T(-0.0)));
+    std::copy(patterns.begin(), patterns.begin() + n, in[0].begin());
+    volatile T divisor = static_cast<T>(world);
+    std::vector<T> expect(n);
+    for (size_t i = 0; i < n; ++i) {
+      T sum = in[0][i];
+      for (int r = 1; r < world; ++r) sum = sum + in[r][i];
+      expect[i] = sum / divisor;
+    }
+    const auto mismatch = [&](const T* got, size_t count, size_t first) {
+      for (size_t i = 0; i < count; ++i)
+        if (std::memcmp(&got[i], &expect[first + i], sizeof(T)) != 0)
+          return testing::AssertionFailure()
+                 << "element " << first + i << ": got " << got[i]
+                 << ", a division gives " << expect[first + i];
+      return testing::AssertionSuccess();
+    };
+
+    std::vector<std::vector<T>> all = in;
+    std::vector<unsigned char> scratch;
+    all_reduce_in_rank_order(buffers(all), ReduceOp::kAvg, &scratch);
+    for (int r = 0; r < world; ++r)
+      ASSERT_TRUE(mismatch(all[r].data(), n, 0)) << "all_reduce rank " << r;
+
+    std::vector<std::vector<T>> rs_in = in;
+    std::vector<std::vector<T>> rs_out(world, std::vector<T>(n / world));
+    reduce_scatter_in_rank_order(buffers(rs_in), buffers(rs_out),
+                                 ReduceOp::kAvg);
+    for (int r = 0; r < world; ++r)
+      ASSERT_TRUE(mismatch(rs_out[r].data(), n / world, r * (n / world)))
+          << "reduce_scatter rank " << r;
+  }
+}
+
+TEST(ReductionTest, Float32AverageOverAPowerOfTwoIsTheDivisionBitForBit) {
+  expect_power_of_two_average_divides(float_patterns());
+}
+
+TEST(ReductionTest, Float64AverageOverAPowerOfTwoIsTheDivisionBitForBit) {
+  expect_power_of_two_average_divides(double_patterns());
 }
 
 // ----- Parts: Note [Parallel reduction] in sim/reduction.cc ------------------

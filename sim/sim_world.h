@@ -15,11 +15,12 @@
 // parts of disjoint elements that the rank threads reduce at once (Note
 // [Parallel reduction] in sim/reduction.cc); which thread reduces which
 // part never changes an element's operations or their order. kAvg is the
-// kSum result divided by W (a true division, not a multiplication by
-// 1/W). All ranks receive the same bits. Real backends (ring, tree) sum in
-// other orders, so their float results may differ from sim's in the last
-// bits; zerostep's managed/unmanaged parity does not depend on the order,
-// only on it being the same for both modes.
+// kSum result divided by W (a true division's bits: a multiplication by
+// 1/W only where that is exact and rounds the same, Note [Finishing in
+// the last pass] in comm/rank_order.h). All ranks receive the same bits. Real
+// backends (ring, tree) sum in other orders, so their float results may differ
+// from sim's in the last bits; zerostep's managed/unmanaged parity does not
+// depend on the order, only on it being the same for both modes.
 //
 // Note [Virtual clock]
 // ~~~~~~~~~~~~~~~~~~~~
