@@ -597,12 +597,6 @@ bool SimWorld::check_same(Slot& slot, const std::vector<Call>& calls,
                           double last) {
   const int w = world_size();
   const Call& a0 = calls[0];
-  std::vector<std::string> text(w);
-  for (int r = 0; r < w; ++r) {
-    const Call& c = calls[r];
-    text[r] = zerostep::describe(c.kind, c.op, c.input, c.output, c.root) +
-              (c.accumulate ? " accumulating" : "") + " in phase " + c.label;
-  }
   bool same = true;
   for (int r = 1; r < w; ++r) {
     const Call& c = calls[r];
@@ -612,6 +606,14 @@ bool SimWorld::check_same(Slot& slot, const std::vector<Call>& calls,
            c.output.numel == a0.output.numel && c.root == a0.root;
   }
   if (!same) {
+    // Only now the descriptions: a match, every collective but a failing
+    // one, builds no strings under the lock.
+    std::vector<std::string> text(w);
+    for (int r = 0; r < w; ++r) {
+      const Call& c = calls[r];
+      text[r] = zerostep::describe(c.kind, c.op, c.input, c.output, c.root) +
+                (c.accumulate ? " accumulating" : "") + " in phase " + c.label;
+    }
     std::vector<std::pair<std::string, std::vector<int>>> groups;
     for (int r = 0; r < w; ++r) {
       auto it = std::find_if(groups.begin(), groups.end(),
