@@ -71,11 +71,11 @@ static_assert(kPartBytes % kChunkBytes == 0, "a part is whole chunks");
 // same bits; an element is read from every rank before any rank's copy of
 // it is written. More ranks, buffers that overlap (two ranks passing the
 // same memory), and buffers of more than kInPlaceMaxBytes take the chunked
-// path below. The last is measured, not derived: at 64 MiB per rank, far
-// past the caches, the in-place loop's interleaved writes to W buffers ran
-// at 0.6x the chunked path's speed on an AMD EPYC, while at 1 to 16 MiB
-// it ran 1.3 to 2.5x faster (docs/benchmarks.md). Which path runs never
-// changes the bits.
+// path below. The last is measured, not derived: at 64 MiB per rank and
+// world 4, far past the caches, the in-place loop ran at 0.4-0.7x the
+// chunked path's speed on an AMD EPYC (the cause is not found), while at 1
+// to 16 MiB it ran 1.2-2.2x faster (docs/benchmarks.md). Which path runs
+// never changes the bits.
 constexpr size_t kInPlaceMaxBytes = size_t{16} << 20;
 
 template <typename T, typename F, typename G>
@@ -125,12 +125,13 @@ void all_reduce_in_place(const std::vector<Buffer>& bufs, size_t begin,
   }
 }
 
-// Whether no two of the buffers share a byte.
+// Whether no two of the buffers share a byte (compared as integers: the
+// buffers are distinct objects, which pointer comparison does not order).
 bool disjoint(const std::vector<Buffer>& bufs) {
   for (size_t r = 0; r < bufs.size(); ++r) {
-    const auto* a = static_cast<const unsigned char*>(bufs[r].data);
+    const auto a = reinterpret_cast<uintptr_t>(bufs[r].data);
     for (size_t q = r + 1; q < bufs.size(); ++q) {
-      const auto* b = static_cast<const unsigned char*>(bufs[q].data);
+      const auto b = reinterpret_cast<uintptr_t>(bufs[q].data);
       if (a < b + bufs[q].bytes() && b < a + bufs[r].bytes()) return false;
     }
   }
