@@ -73,8 +73,11 @@ static_assert(kPartBytes % kChunkBytes == 0, "a part is whole chunks");
 // same memory), and buffers of more than kInPlaceMaxBytes take the chunked
 // path below. The last is measured, not derived: at 64 MiB per rank and
 // world 4, far past the caches, the in-place loop ran at 0.4-0.7x the
-// chunked path's speed on an AMD EPYC (the cause is not found), while at 1
-// to 16 MiB it ran 1.2-2.2x faster (docs/benchmarks.md). Which path runs
+// chunked path's speed on an AMD EPYC when the buffers lay 64 MiB + 4 KiB
+// apart, and about as fast or faster when they lay 64 MiB + 36 KiB apart;
+// at 1 to 16 MiB it ran 1.2-2.2x faster (docs/benchmarks.md). The
+// simulator does not choose where the ranks' buffers lie, so large ones
+// take the path that was fast on every layout tried. Which path runs
 // never changes the bits.
 constexpr size_t kInPlaceMaxBytes = size_t{16} << 20;
 
