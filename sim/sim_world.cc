@@ -461,14 +461,14 @@ bool SimWorld::survives_faults(Slot& slot, double first, int first_rank,
 // A rank that waits for its peers (to meet, or for the last part of a
 // reduction) would sleep on cv_, and being woken costs it tens of
 // microseconds of the OS's time: two wake-ups are a large part of a 1 MiB
-// collective (about 0.1 ms). When every rank can have a core of its own (world size at
-// most the CPUs this process may run on), a waiting rank first spins,
-// outside the lock, until notify() counts a change (any change: it then
-// checks under the lock, and sleeps if its own wait is not over) or kSpinNs
-// has passed, and sleeps on cv_ only then. With more ranks than cores the spinning would take the
-// core a peer needs to arrive, so they sleep at once. Only when a rank
-// wakes changes; what it then sees, under the lock, and so every bit of
-// every result, does not.
+// collective (about 0.1 ms). When every rank can have a core of its own
+// (world size at most the CPUs this process may run on), a waiting rank
+// first spins, outside the lock, until notify() counts a change (any
+// change: it then checks under the lock, and sleeps if its own wait is not
+// over) or kSpinNs has passed, and sleeps on cv_ only then. With more
+// ranks than cores the spinning would take the core a peer needs to
+// arrive, so they sleep at once. Only when a rank wakes changes; what it
+// then sees, under the lock, and so every bit of every result, does not.
 constexpr int64_t kSpinNs = 50'000;
 
 void SimWorld::notify() {

@@ -74,7 +74,8 @@ bool ModelRegistry::contains(const std::string& id) const {
 
 void ModelRegistry::require_fits(const std::string& id, const BaseModel& base,
                                  const LoraOptions& lora) {
-  // Every rank has the same options: without a check, no rank agrees.
+  // Every rank has the same options, so with no check configured no rank
+  // checks, and there is nothing to agree on (no broadcast).
   if (!memory_.available) return;
   std::string refusal;
   const std::optional<AvailableMemory> available =
