@@ -190,10 +190,13 @@ class Parser {
     }
     // Note [Reduce once per step] (zero/stage.h): stage 2 then reduces in
     // the boundary backward (managed mode, where overlap_comm launches its
-    // buckets there) or inside step() (unmanaged mode): nothing to overlap,
-    // so the key is listed as not acted on.
-    if (!managed && zero_.stage_valid() && cfg_.zero.overlap_comm &&
-        cfg_.zero.stage == 2 && cfg_.zero.reduce_once_per_step) {
+    // buckets there) or inside step() (unmanaged mode), and stage 3 every
+    // group at once in the step or the boundary backward (Note [Stage 3
+    // reduce-scatter in flight] is for the per-backward reduce-scatters):
+    // nothing to overlap, so the key is listed as not acted on.
+    if (zero_.stage_valid() && cfg_.zero.overlap_comm &&
+        cfg_.zero.reduce_once_per_step &&
+        ((!managed && cfg_.zero.stage == 2) || cfg_.zero.stage == 3)) {
       report_.ignore("zero_optimization.overlap_comm");
     }
   }

@@ -196,6 +196,28 @@ TEST(ParseConfigTest, OverlapCommWithReduceOncePerStepActsOnlyInManagedMode) {
   EXPECT_TRUE(parse(false, true).zero.overlap_comm);
 }
 
+// Stage 3 acts on overlap_comm with the per-backward reduce-scatters (Note
+// [Stage 3 reduce-scatter in flight] in zero/stage3.h); with
+// reduce_once_per_step there are none, in either mode.
+TEST(ParseConfigTest, Stage3OverlapCommIsNotActedOnWithReduceOncePerStep) {
+  const auto ignored = [](bool managed, bool once) {
+    return parse_config(
+               std::string(R"({"train_micro_batch_size_per_gpu": 1,
+            "managed_gradient_accumulation": )") +
+                   (managed ? "true" : "false") +
+                   R"(, "zero_optimization": {"stage": 3, "overlap_comm": true,
+            "reduce_once_per_step": )" +
+                   (once ? "true" : "false") + "}}",
+               2)
+        .ignored_keys;
+  };
+  const std::vector<std::string> overlap = {"zero_optimization.overlap_comm"};
+  EXPECT_EQ(ignored(false, true), overlap);
+  EXPECT_EQ(ignored(true, true), overlap);
+  EXPECT_TRUE(ignored(false, false).empty());
+  EXPECT_TRUE(ignored(true, false).empty());
+}
+
 // --- documents ---
 
 TEST(ParseConfigTest, SyntaxErrorNamesLineAndColumn) {

@@ -306,7 +306,8 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = {
          "\"zero_optimization\": true"),
     read("zero_optimization.stage", "0, 1, 2 or 3"),
     read("zero_optimization.overlap_comm",
-         "stage 2: reduce buckets during backward"),
+         "stage 2: reduce buckets during backward; stage 3: the groups' "
+         "reduce-scatters in flight during backward"),
     read("zero_optimization.reduce_once_per_step",
          "zerostep's own key: stages 2/3 reduce a window's gradients once, "
          "in step()"),

@@ -664,6 +664,159 @@ TEST(EngineTest, Stage3PrefetchGathersAheadAndGivesTheSameBits) {
     }
 }
 
+// A communicator over the simulator that claims what gloo has: it overlaps
+// its asynchronous collectives and its reduce-scatter adds into the output
+// (Note [Stage 3 reduce-scatter in flight] in zero/stage3.h). It writes 'R'
+// for a blocking reduce-scatter, 'r' for one issued asynchronously, and
+// counts those issued and the waits on them; the fail_at-th asynchronous
+// one (from 1; 0: none) throws CommError from its wait.
+class InFlightSpy final : public Communicator {
+ public:
+  InFlightSpy(Communicator* inner, int fail_at)
+      : inner_(inner), fail_at_(fail_at) {}
+  std::string kinds;
+  int issued = 0;
+  int waited = 0;
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string backend_name() const override { return "spy"; }
+  bool overlaps_async() const override { return true; }
+  bool reduce_scatter_accumulates() const override {
+    return inner_->reduce_scatter_accumulates();
+  }
+  void all_reduce(Buffer b, const AllReduceOptions& o) override {
+    inner_->all_reduce(b, o);
+  }
+  void reduce_scatter(Buffer i, Buffer out,
+                      const ReduceScatterOptions& o) override {
+    kinds += 'R';
+    inner_->reduce_scatter(i, out, o);
+  }
+  std::shared_ptr<Work> reduce_scatter_async(
+      Buffer i, Buffer out, const ReduceScatterOptions& o) override {
+    kinds += 'r';
+    const bool fail = ++issued == fail_at_;
+    return std::make_shared<Counted>(inner_->reduce_scatter_async(i, out, o),
+                                     this, fail);
+  }
+  void all_gather(Buffer i, Buffer out, const AllGatherOptions& o) override {
+    inner_->all_gather(i, out, o);
+  }
+  void broadcast(Buffer b, const BroadcastOptions& o) override {
+    inner_->broadcast(b, o);
+  }
+  void barrier() override { inner_->barrier(); }
+
+ private:
+  class Counted final : public Work {
+   public:
+    Counted(std::shared_ptr<Work> inner, InFlightSpy* spy, bool fail)
+        : inner_(std::move(inner)), spy_(spy), fail_(fail) {}
+    void wait() override {
+      inner_->wait();
+      ++spy_->waited;
+      if (fail_) throw CommError("injected: a reduce-scatter failed");
+    }
+
+   private:
+    std::shared_ptr<Work> inner_;
+    InFlightSpy* spy_;
+    bool fail_;
+  };
+  Communicator* inner_;
+  int fail_at_;
+};
+
+// Note [Stage 3 reduce-scatter in flight]: with overlap_comm on a backend
+// that overlaps, every block group's reduce-scatter in backward is issued
+// asynchronously (none blocking), as many as without the option, and the
+// parameters are the same bits, managed or not, with every group in flight
+// at once (the default reduce_bucket_size) and one at a time (a limit below
+// every group). The gradient slots held meanwhile raise the peak memory.
+TEST(EngineTest, Stage3ReduceScattersInFlightGiveTheSameBits) {
+  for (bool managed : {false, true}) {
+    const std::string what = managed ? "managed" : "unmanaged";
+    std::vector<torch::Tensor> finals;
+    std::vector<std::string> kinds;
+    std::vector<size_t> peaks;
+    for (const std::string zero :
+         {"\"overlap_comm\": false", "\"overlap_comm\": true",
+          "\"overlap_comm\": true, \"reduce_bucket_size\": 8"}) {
+      MlpWorld fx(2, stage3_window_config(
+                         "fp32", managed,
+                         "\"stage3_param_persistence_threshold\": 0, " + zero));
+      std::vector<torch::Tensor> params(2);
+      std::string rank0_kinds;
+      size_t rank0_peak = 0;
+      fx.world->run([&](int r) {
+        InFlightSpy spy(&fx.world->comm(r), 0);
+        Engine e(fx.models[r], fx.config, &spy);
+        for (int k = 0; k < 2; ++k) {
+          for (int b = 0; b < 3; ++b) {
+            e.backward(fx.loss(r, 3 * k + b));
+            if (managed) e.step();
+          }
+          if (!managed) e.step();
+        }
+        params[r] = e.full_parameters();
+        if (r == 0) {
+          rank0_kinds = spy.kinds;
+          rank0_peak = e.memory().peak_bytes;
+          EXPECT_EQ(spy.waited, spy.issued) << what << " " << zero;
+        }
+      });
+      EXPECT_TRUE(torch::equal(params[0], params[1])) << what;
+      finals.push_back(params[0]);
+      kinds.push_back(rank0_kinds);
+      peaks.push_back(rank0_peak);
+    }
+    const auto count = [](const std::string& s, char c) {
+      return std::count(s.begin(), s.end(), c);
+    };
+    EXPECT_GT(count(kinds[0], 'R'), 0) << what << ": " << kinds[0];
+    EXPECT_EQ(count(kinds[0], 'r'), 0) << what << ": " << kinds[0];
+    for (size_t i : {1, 2}) {
+      EXPECT_TRUE(same_bits(finals[0], finals[i])) << what << " " << i;
+      EXPECT_EQ(count(kinds[i], 'R'), 0) << what << ": " << kinds[i];
+      EXPECT_EQ(count(kinds[i], 'r'), count(kinds[0], 'R'))
+          << what << ": " << kinds[i];
+    }
+    EXPECT_GT(peaks[1], peaks[0]) << what;
+  }
+}
+
+// Note [Stage 3 reduce-scatter in flight]: when one of the reduce-scatters
+// in flight fails, backward() throws the CommError after every other one
+// issued has been waited for (no transfer outlives the gradient storage it
+// reads), and the engine refuses a step after it.
+TEST(EngineTest, Stage3FailedReduceScatterInFlightWaitsForTheOthers) {
+  MlpWorld fx(2,
+              stage3_window_config("fp32", /*managed=*/false,
+                                   "\"stage3_param_persistence_threshold\": 0, "
+                                   "\"overlap_comm\": true"));
+  std::vector<int> issued(2), waited(2);
+  const std::vector<std::exception_ptr> errors =
+      fx.world->run_collect([&](int r) {
+        InFlightSpy spy(&fx.world->comm(r), /*fail_at=*/2);
+        Engine e(fx.models[r], fx.config, &spy);
+        try {
+          e.backward(fx.loss(r, 0));
+          ADD_FAILURE() << "rank " << r << ": backward() did not throw";
+        } catch (const CommError& err) {
+          EXPECT_NE(std::string(err.what()).find("injected"), std::string::npos)
+              << err.what();
+        }
+        issued[r] = spy.issued;
+        waited[r] = spy.waited;
+        EXPECT_THROW(e.step(), UsageError) << "rank " << r;
+      });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(errors[r], nullptr) << "rank " << r;
+    EXPECT_GE(issued[r], 3) << "rank " << r;  // the MLP's three blocks
+    EXPECT_EQ(waited[r], issued[r]) << "rank " << r;
+  }
+}
+
 // Note [Stage 3 reuse distance]: max_reuse_distance 0 releases every block
 // after its forward, so each backward gathers the MLP's three blocks again;
 // 1 keeps the last block only (no block runs between its forward and its

@@ -159,7 +159,9 @@ struct Scenario {
   // keeps the base config's (off when it has none).
   double gradient_clipping = -1.0;
   // zero_optimization keys (0 = the config's value or DeepSpeed's default).
-  bool overlap_comm = false;  // stage 2 only
+  // Stage 2; stage 3 (Note [Stage 3 reduce-scatter in flight]); stage 0
+  // in managed mode.
+  bool overlap_comm = false;
   // zero_optimization.reduce_once_per_step (stages 2/3; Note [Reduce once
   // per step] in zero/stage.h). Both the unmanaged and the managed run use
   // it, so the bitwise claim compares the option on against on: against

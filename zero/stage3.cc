@@ -141,6 +141,11 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
       comm->overlaps_async())
     prefetch_numel_ = options.prefetch_numel;
   max_live_numel_ = options.max_live_numel;
+  // Note [Stage 3 reduce-scatter in flight]: where it can help.
+  if (options.overlap_comm && world_ > 1 && fused_ && !reduce_once_ &&
+      comm->overlaps_async())
+    in_flight_limit_ =
+        static_cast<size_t>(std::max<int64_t>(1, options.reduce_bucket_size));
   kept_ = stage3_kept_for_backward(groups_, options.reuse_distance_numel);
   reduced_.assign(groups_.size(), false);
   pending_.assign(groups_.size(), 0);
@@ -179,9 +184,14 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
 }
 
 Stage3::~Stage3() {
-  // Note [Stage 3 prefetch]: no transfer may outlive the storage it writes.
+  // Note [Stage 3 prefetch], Note [Stage 3 reduce-scatter in flight]: no
+  // transfer may outlive the storage it reads or writes.
   if (ahead_work_) try {
       ahead_work_->wait();
+    } catch (...) {
+    }
+  for (auto& [g, w] : in_flight_) try {
+      w->wait();
     } catch (...) {
     }
 }
@@ -408,6 +418,7 @@ bool Stage3::backward_communicates() const {
 }
 
 void Stage3::begin_backward(int64_t backward_index, int64_t global_steps) {
+  settle_in_flight(kNone);  // a backward that threw may have left some
   // Note [Window agreement] in zero/stage.h.
   if (backward_communicates())
     internal::agree_on_window(*comm_, internal::WindowEvent::kBackward,
@@ -429,7 +440,52 @@ void Stage3::reduce_group(size_t g) {
     if (full_params_[g] != nullptr && !gather_once_) drop_params(g);
     return;
   }
+  if (in_flight_limit_ != 0) {
+    reduce_scatter_in_flight(g);
+    return;
+  }
   reduce_scatter_group(g, phase::kBackward);
+}
+
+void Stage3::reduce_scatter_in_flight(size_t g) {
+  settle_in_flight(padded_[g]);
+  in_flight_.emplace_back(
+      g, comm_->reduce_scatter_async(
+             group_buffer(full_grads_[g], padded_[g]),
+             buffer(part_grads_.data() + part_offset_[g], partition_[g]),
+             {ReduceOp::kSum, phase::kBackward, /*accumulate=*/true}));
+  in_flight_numel_ += padded_[g];
+  reduced_[g] = true;
+  // The reduce-scatter reads the gradient only.
+  if (groups_[g].persistent) return;
+  refs_[g] = 0;
+  if (full_params_[g] != nullptr && !gather_once_) drop_params(g);
+}
+
+void Stage3::settle_in_flight(size_t room) {
+  auto fits = [&] {
+    return room != kNone && in_flight_numel_ + room <= in_flight_limit_;
+  };
+  while (!in_flight_.empty() && !fits()) {
+    const auto [g, w] = in_flight_.front();
+    try {
+      w->wait();
+    } catch (...) {
+      // The first failure: the rest are waited for, then it is rethrown;
+      // none is summed (the backward failed).
+      in_flight_.pop_front();
+      for (auto& [h, x] : in_flight_) try {
+          x->wait();
+        } catch (...) {
+        }
+      in_flight_.clear();
+      in_flight_numel_ = 0;
+      throw;
+    }
+    in_flight_.pop_front();
+    in_flight_numel_ -= padded_[g];
+    sum_reduced_chunk(g, nullptr);
+  }
 }
 
 void Stage3::reduce_scatter_group(size_t g, const char* phase) {
@@ -478,10 +534,12 @@ void Stage3::end_backward() {
     if (full_grads_[g] == nullptr) take_grads(g);
     reduce_group(g);
   }
+  settle_in_flight(kNone);  // Note [Stage 3 reduce-scatter in flight]
 }
 
 void Stage3::reduce_window(int64_t window_backwards, int64_t global_steps,
                            const char* phase) {
+  settle_in_flight(kNone);  // a backward that threw may have left some
   internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
                             window_backwards, global_steps);
   if (!reduce_once_) return;
@@ -666,6 +724,7 @@ void Stage3::load_state(const std::vector<float>& params,
     throw UsageError("checkpoint holds " + std::to_string(params.size()) +
                      " parameters; this model has " + std::to_string(numel));
   settle_prefetch(kNone);  // Note [Stage 3 prefetch]: the old values
+  settle_in_flight(kNone);  // Note [Stage 3 reduce-scatter in flight]
   drop_held();
   const std::vector<Segment> segs = owned_segments();
   auto owned = [&](const std::vector<float>& full) {
@@ -698,6 +757,7 @@ void Stage3::load_state(const std::vector<float>& params,
 }
 
 void Stage3::full_parameters(float* out, const char* phase) {
+  settle_in_flight(kNone);  // Note [Stage 3 reduce-scatter in flight]
   for (size_t g = 0; g < groups_.size(); ++g) {
     // In the kernels' memory; `out` is the host's.
     const DeviceArray staging = k_.allocate(padded_[g]);

@@ -170,6 +170,34 @@
 // DeepSpeed's stage3_max_live_parameters, which bounds its prefetch the
 // same way).
 //
+// Note [Stage 3 reduce-scatter in flight]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With zero_optimization.overlap_comm, a group whose gradient is complete
+// in backward has its reduce-scatter issued asynchronously
+// (Communicator::reduce_scatter_async) instead of waited for there:
+// autograd goes on to the next block while the gradient travels, and
+// end_backward() waits for them all, in issue order. The group's
+// parameters are released at once (the reduce-scatter does not read
+// them); its gradient slot stays taken until its reduce-scatter is done.
+// Each reduce-scatter adds into the group's own range of the partition
+// accumulator, once per backward, as the blocking one does, so the bits
+// are the same. What it costs is gradient memory: at most
+// StageOptions::reduce_bucket_size padded elements are in flight (a group
+// larger than that goes alone); before issuing another, the oldest are
+// waited for. That is DeepSpeed's bound too: its stage 3 copies
+// gradients into a bucket of reduce_bucket_size elements and
+// reduce-scatters it when full, with overlap_comm (its default at stage
+// 3) on a stream of its own. Only where it can help and where the
+// reduce-scatter adds into the partition itself (Note [Reduce-scatter
+// into the partition] in zero/stage.h): a communicator that overlaps its
+// asynchronous collectives (gloo; on sim they complete in the call, so
+// its memory figures stay those of the blocking reduce-scatter), float32
+// accumulation, more than one rank, and not with reduce_once_per_step
+// (backward reduces nothing). A reduce-scatter left in flight by a
+// backward that threw is waited for by the next backward, step, load or
+// full_parameters(), and by the destructor: no transfer outlives the
+// memory it reads or writes.
+//
 // Note [Stage 3 reuse distance]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // DeepSpeed does not release a parameter after a module's forward if its
@@ -236,7 +264,9 @@
 #ifndef ZEROSTEP_ZERO_STAGE3_H_
 #define ZEROSTEP_ZERO_STAGE3_H_
 
+#include <deque>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "zero/grouping.h"
@@ -370,6 +400,12 @@ class Stage3 final : public Stage {
   // and drops it unless it is `keep`.
   void prefetch_after(size_t group, bool backward, const char* phase);
   void settle_prefetch(size_t keep);
+  // Note [Stage 3 reduce-scatter in flight]: issues group g's
+  // reduce-scatter after making room for it; waits for the oldest in flight
+  // until `room` more elements fit under the limit (every one with
+  // room = kNone); on a failure, waits for all the others too and rethrows.
+  void reduce_scatter_in_flight(size_t group);
+  void settle_in_flight(size_t room);
   static constexpr size_t kNone = static_cast<size_t>(-1);
   // A collective's view of n floats of this stage's memory (Note [Stage 3
   // on a device]).
@@ -461,6 +497,13 @@ class Stage3 final : public Stage {
   std::vector<size_t> pending_;  // parameters still without gradient
   std::vector<bool> reduced_;    // this backward
   size_t peak_bytes_ = 0;
+  // Note [Stage 3 reduce-scatter in flight]: the limit in padded elements
+  // (0: off), and the reduce-scatters issued and not yet waited for, in
+  // issue order, with their elements. Last, so that they are destroyed
+  // (and waited for) before the memory they use.
+  size_t in_flight_limit_ = 0;
+  size_t in_flight_numel_ = 0;
+  std::deque<std::pair<size_t, std::shared_ptr<Work>>> in_flight_;
 };
 
 }  // namespace zerostep
