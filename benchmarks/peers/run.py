@@ -16,7 +16,9 @@ launch rotates):
             inside the last backward, as DDP's all-reduce), stage3_gather
             and stage3_once_gather (zero_optimization.gather_once_per_step:
             each block gathered once per window, as FSDP2 with
-            reshard_after_backward=False)
+            reshard_after_backward=False); on request stage3_overlap and
+            stage3_gather_overlap (overlap_comm: each block's
+            reduce-scatter in flight while autograd goes on)
   torch     torch_step.py, W gloo processes, ddp (no_sync) and fsdp2
             (fully_shard per block, set_requires_gradient_sync)
   deepspeed only with --deepspeed-site: deepspeed_step.py (DeepSpeed
@@ -59,8 +61,11 @@ ZEROSTEP_MODES = ["stage0", "stage1", "stage2", "stage3", "stage2_once", "stage3
                   "stage0_overlap", "stage2_overlap", "stage2_once_overlap",
                   "stage3_gather", "stage3_once_gather"]
 # Not run by default: stage 3 with stage3_max_reuse_distance 0 (every block
-# gathered again for its backward), against stage3's DeepSpeed default.
-EXTRA_ZEROSTEP_MODES = ["stage3_release"]
+# gathered again for its backward), against stage3's DeepSpeed default; and
+# stage 3 with overlap_comm (each block's reduce-scatter in flight while
+# autograd goes on: Note [Stage 3 reduce-scatter in flight] in
+# zero/stage3.h), alone and with gather_once_per_step.
+EXTRA_ZEROSTEP_MODES = ["stage3_release", "stage3_overlap", "stage3_gather_overlap"]
 TORCH_MODES = ["ddp", "fsdp2"]
 # DeepSpeed's modes, each the peer of the zerostep mode of the same name.
 DEEPSPEED_MODES = ["stage0", "stage1", "stage2", "stage3"]

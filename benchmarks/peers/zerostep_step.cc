@@ -39,7 +39,11 @@
 //                  the last backward, as DDP does when the caller leaves
 //                  no_sync() (Note [Stage 0 buckets] in zero/stage0.h),
 //                  stage2_once_overlap reduce-scatters them there (Note
-//                  [Bucket-interleaved partition] in zero/stage2.h)
+//                  [Bucket-interleaved partition] in zero/stage2.h);
+//                  at stage 3 (unmanaged) each block's reduce-scatter
+//                  stays in flight while autograd goes on, at most that
+//                  many elements at once (Note [Stage 3 reduce-scatter
+//                  in flight] in zero/stage3.h)
 //        _release  stage3_max_reuse_distance 0 (stage 3): every block
 //                  released after its forward and gathered again for its
 //                  backward, where the default (DeepSpeed's 1e9) keeps
