@@ -175,19 +175,25 @@ TEST(ParseConfigTest, OverlapCommIsFineInManagedModeOrWithStage2) {
       1));
 }
 
+// A config at `stage` with overlap_comm on, managed or not, with or without
+// reduce_once_per_step, for 2 ranks.
+Config overlap_config(int stage, bool managed, bool once) {
+  return parse_config(
+      std::string(R"({"train_micro_batch_size_per_gpu": 1,
+          "managed_gradient_accumulation": )") +
+          (managed ? "true" : "false") +
+          R"(, "zero_optimization": {"stage": )" + std::to_string(stage) +
+          R"(, "overlap_comm": true, "reduce_once_per_step": )" +
+          (once ? "true" : "false") + "}}",
+      2);
+}
+
 // Note [Reduce once per step]: stage 2 reduces the window in the boundary
 // backward (managed: overlap_comm launches its buckets there) or in step()
 // (unmanaged: nothing to overlap, so the key is listed as not acted on).
 TEST(ParseConfigTest, OverlapCommWithReduceOncePerStepActsOnlyInManagedMode) {
   const auto parse = [](bool managed, bool once) {
-    return parse_config(
-        std::string(R"({"train_micro_batch_size_per_gpu": 1,
-            "managed_gradient_accumulation": )") +
-            (managed ? "true" : "false") +
-            R"(, "zero_optimization": {"stage": 2, "overlap_comm": true,
-            "reduce_once_per_step": )" +
-            (once ? "true" : "false") + "}}",
-        2);
+    return overlap_config(2, managed, once);
   };
   const std::vector<std::string> overlap = {"zero_optimization.overlap_comm"};
   EXPECT_EQ(parse(false, true).ignored_keys, overlap);
@@ -201,15 +207,7 @@ TEST(ParseConfigTest, OverlapCommWithReduceOncePerStepActsOnlyInManagedMode) {
 // reduce_once_per_step there are none, in either mode.
 TEST(ParseConfigTest, Stage3OverlapCommIsNotActedOnWithReduceOncePerStep) {
   const auto ignored = [](bool managed, bool once) {
-    return parse_config(
-               std::string(R"({"train_micro_batch_size_per_gpu": 1,
-            "managed_gradient_accumulation": )") +
-                   (managed ? "true" : "false") +
-                   R"(, "zero_optimization": {"stage": 3, "overlap_comm": true,
-            "reduce_once_per_step": )" +
-                   (once ? "true" : "false") + "}}",
-               2)
-        .ignored_keys;
+    return overlap_config(3, managed, once).ignored_keys;
   };
   const std::vector<std::string> overlap = {"zero_optimization.overlap_comm"};
   EXPECT_EQ(ignored(false, true), overlap);

@@ -518,18 +518,31 @@ TEST(EngineTest, Stage3CollectivesOutsideBackwardGiveTheSameBits) {
 
 // A communicator that claims to overlap its asynchronous collectives (as
 // gloo does) while the simulator underneath completes them in the call, so
-// that Stage 3 prefetches (Note [Stage 3 prefetch] in zero/stage3.h); it
-// writes down the kind of every collective, 'G' an all-gather issued
-// blocking, 'A' one issued asynchronously, 'R' a reduce-scatter, 'O' the
-// rest.
-class PrefetchSpy final : public Communicator {
+// that Stage 3 prefetches (Note [Stage 3 prefetch] in zero/stage3.h); with
+// `accumulates`, also that its reduce-scatter adds into the output where
+// the simulator's does (as gloo's does), so that Stage 3 keeps its
+// reduce-scatters in flight under overlap_comm (Note [Stage 3
+// reduce-scatter in flight]). It writes down the kind of every collective,
+// 'G' an all-gather issued blocking, 'A' one issued asynchronously, 'R' a
+// reduce-scatter issued blocking, 'r' one issued asynchronously, 'O' the
+// rest; counts the asynchronous reduce-scatters issued and the waits on
+// them; and makes the fail_at-th of those (from 1; 0: none) throw
+// CommError from its wait.
+class AsyncSpy final : public Communicator {
  public:
-  explicit PrefetchSpy(Communicator* inner) : inner_(inner) {}
+  explicit AsyncSpy(Communicator* inner, bool accumulates = false,
+                    int fail_at = 0)
+      : inner_(inner), accumulates_(accumulates), fail_at_(fail_at) {}
   std::string kinds;
+  int issued = 0;
+  int waited = 0;
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
   std::string backend_name() const override { return "spy"; }
   bool overlaps_async() const override { return true; }
+  bool reduce_scatter_accumulates() const override {
+    return accumulates_ && inner_->reduce_scatter_accumulates();
+  }
   void all_reduce(Buffer b, const AllReduceOptions& o) override {
     kinds += 'O';
     inner_->all_reduce(b, o);
@@ -541,8 +554,10 @@ class PrefetchSpy final : public Communicator {
   }
   std::shared_ptr<Work> reduce_scatter_async(
       Buffer i, Buffer out, const ReduceScatterOptions& o) override {
-    kinds += 'R';
-    return inner_->reduce_scatter_async(i, out, o);
+    kinds += 'r';
+    const bool fail = ++issued == fail_at_;
+    return std::make_shared<Counted>(inner_->reduce_scatter_async(i, out, o),
+                                     this, fail);
   }
   void all_gather(Buffer i, Buffer out, const AllGatherOptions& o) override {
     kinds += 'G';
@@ -560,7 +575,24 @@ class PrefetchSpy final : public Communicator {
   void barrier() override { inner_->barrier(); }
 
  private:
+  class Counted final : public Work {
+   public:
+    Counted(std::shared_ptr<Work> inner, AsyncSpy* spy, bool fail)
+        : inner_(std::move(inner)), spy_(spy), fail_(fail) {}
+    void wait() override {
+      inner_->wait();
+      ++spy_->waited;
+      if (fail_) throw CommError("injected: a reduce-scatter failed");
+    }
+
+   private:
+    std::shared_ptr<Work> inner_;
+    AsyncSpy* spy_;
+    bool fail_;
+  };
   Communicator* inner_;
+  bool accumulates_;
+  int fail_at_;
 };
 
 // Block i of the MLP (a Zero3Block) alone, on two rows of ones: a forward
@@ -616,7 +648,7 @@ TEST(EngineTest, Stage3PrefetchGathersAheadAndGivesTheSameBits) {
         std::vector<torch::Tensor> params(2), second(2);
         std::string rank0_kinds;
         fx.world->run([&](int r) {
-          PrefetchSpy spy(&fx.world->comm(r));
+          AsyncSpy spy(&fx.world->comm(r));
           Engine e(fx.models[r], fx.config, &spy);
           for (int k = 0; k < 2; ++k) {
             for (int b = 0; b < 3; ++b) {
@@ -664,69 +696,6 @@ TEST(EngineTest, Stage3PrefetchGathersAheadAndGivesTheSameBits) {
     }
 }
 
-// A communicator over the simulator that claims what gloo has: it overlaps
-// its asynchronous collectives and its reduce-scatter adds into the output
-// (Note [Stage 3 reduce-scatter in flight] in zero/stage3.h). It writes 'R'
-// for a blocking reduce-scatter, 'r' for one issued asynchronously, and
-// counts those issued and the waits on them; the fail_at-th asynchronous
-// one (from 1; 0: none) throws CommError from its wait.
-class InFlightSpy final : public Communicator {
- public:
-  InFlightSpy(Communicator* inner, int fail_at)
-      : inner_(inner), fail_at_(fail_at) {}
-  std::string kinds;
-  int issued = 0;
-  int waited = 0;
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  std::string backend_name() const override { return "spy"; }
-  bool overlaps_async() const override { return true; }
-  bool reduce_scatter_accumulates() const override {
-    return inner_->reduce_scatter_accumulates();
-  }
-  void all_reduce(Buffer b, const AllReduceOptions& o) override {
-    inner_->all_reduce(b, o);
-  }
-  void reduce_scatter(Buffer i, Buffer out,
-                      const ReduceScatterOptions& o) override {
-    kinds += 'R';
-    inner_->reduce_scatter(i, out, o);
-  }
-  std::shared_ptr<Work> reduce_scatter_async(
-      Buffer i, Buffer out, const ReduceScatterOptions& o) override {
-    kinds += 'r';
-    const bool fail = ++issued == fail_at_;
-    return std::make_shared<Counted>(inner_->reduce_scatter_async(i, out, o),
-                                     this, fail);
-  }
-  void all_gather(Buffer i, Buffer out, const AllGatherOptions& o) override {
-    inner_->all_gather(i, out, o);
-  }
-  void broadcast(Buffer b, const BroadcastOptions& o) override {
-    inner_->broadcast(b, o);
-  }
-  void barrier() override { inner_->barrier(); }
-
- private:
-  class Counted final : public Work {
-   public:
-    Counted(std::shared_ptr<Work> inner, InFlightSpy* spy, bool fail)
-        : inner_(std::move(inner)), spy_(spy), fail_(fail) {}
-    void wait() override {
-      inner_->wait();
-      ++spy_->waited;
-      if (fail_) throw CommError("injected: a reduce-scatter failed");
-    }
-
-   private:
-    std::shared_ptr<Work> inner_;
-    InFlightSpy* spy_;
-    bool fail_;
-  };
-  Communicator* inner_;
-  int fail_at_;
-};
-
 // Note [Stage 3 reduce-scatter in flight]: with overlap_comm on a backend
 // that overlaps, every block group's reduce-scatter in backward is issued
 // asynchronously (none blocking), as many as without the option, and the
@@ -749,7 +718,7 @@ TEST(EngineTest, Stage3ReduceScattersInFlightGiveTheSameBits) {
       std::string rank0_kinds;
       size_t rank0_peak = 0;
       fx.world->run([&](int r) {
-        InFlightSpy spy(&fx.world->comm(r), 0);
+        AsyncSpy spy(&fx.world->comm(r), /*accumulates=*/true);
         Engine e(fx.models[r], fx.config, &spy);
         for (int k = 0; k < 2; ++k) {
           for (int b = 0; b < 3; ++b) {
@@ -797,7 +766,8 @@ TEST(EngineTest, Stage3FailedReduceScatterInFlightWaitsForTheOthers) {
   std::vector<int> issued(2), waited(2);
   const std::vector<std::exception_ptr> errors =
       fx.world->run_collect([&](int r) {
-        InFlightSpy spy(&fx.world->comm(r), /*fail_at=*/2);
+        AsyncSpy spy(&fx.world->comm(r), /*accumulates=*/true,
+                     /*fail_at=*/2);
         Engine e(fx.models[r], fx.config, &spy);
         try {
           e.backward(fx.loss(r, 0));
@@ -844,7 +814,7 @@ TEST(EngineTest, Stage3ReuseDistanceKeepsBlocksGatheredForTheirBackward) {
         std::string rank0_kinds;
         size_t rank0_param_bytes = 0;
         fx.world->run([&](int r) {
-          PrefetchSpy spy(&fx.world->comm(r));
+          AsyncSpy spy(&fx.world->comm(r));
           Engine e(fx.models[r], fx.config, &spy);
           two_windows_with_a_stray_forward(e, fx, r, managed, [&] {
             torch::NoGradGuard no_grad;
@@ -923,7 +893,7 @@ TEST(EngineTest, Stage3GatherOncePerStepGathersEachBlockOncePerWindow) {
         std::string rank0_kinds;
         size_t rank0_param_bytes = 0;
         fx.world->run([&](int r) {
-          PrefetchSpy spy(&fx.world->comm(r));
+          AsyncSpy spy(&fx.world->comm(r));
           Engine e(fx.models[r], fx.config, &spy);
           auto output0 = [&] {
             torch::NoGradGuard no_grad;
@@ -977,13 +947,13 @@ TEST(EngineTest, Stage3GatherOncePerStepGathersEachBlockOncePerWindow) {
     }
 }
 
-// Rank 0's collectives (PrefetchSpy's letters) of one window of one
+// Rank 0's collectives (AsyncSpy's letters) of one window of one
 // backward() and its step() at world 2 under `config`.
 std::string one_window_kinds(const Config& config) {
   MlpWorld fx(2, config);
   std::string kinds;
   fx.world->run([&](int r) {
-    PrefetchSpy spy(&fx.world->comm(r));
+    AsyncSpy spy(&fx.world->comm(r));
     Engine e(fx.models[r], fx.config, &spy);
     e.backward(fx.loss(r, 0));
     e.step();
