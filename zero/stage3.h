@@ -184,7 +184,9 @@
 // are the same. What it costs is gradient memory: at most
 // StageOptions::reduce_bucket_size padded elements are in flight (a group
 // larger than that goes alone); before issuing another, the oldest are
-// waited for. That is DeepSpeed's bound too: its stage 3 copies
+// waited for. The pool keeps the extra gradient slots between windows
+// (Note [Stage 3 buffer pool]), so the memory at rest grows as the peak
+// does. That is DeepSpeed's bound too: its stage 3 copies
 // gradients into a bucket of reduce_bucket_size elements and
 // reduce-scatters it when full, with overlap_comm (its default at stage
 // 3) on a stream of its own. Only where it can help and where the
