@@ -332,7 +332,8 @@ double SimWorld::collective(int rank, Call call) {
   ZS_CHECK(call.label != nullptr);
   check_host_buffer("sim", rank, call.input);
   check_host_buffer("sim", rank, call.output);
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  acquire(lock);
   // Numbering: the rank's k-th call of the run is collective #k.
   const int64_t seq = next_seq_[rank]++;
   CollectiveTiming t = issue(rank, seq, call);
@@ -461,15 +462,34 @@ bool SimWorld::survives_faults(Slot& slot, double first, int first_rank,
 // A rank that waits for its peers (to meet, or for the last part of a
 // reduction) would sleep on cv_, and being woken costs it tens of
 // microseconds of the OS's time: two wake-ups are a large part of a 1 MiB
-// collective (about 0.1 ms). When every rank can have a core of its own
-// (world size at most the CPUs this process may run on), a waiting rank
-// first spins, outside the lock, until notify() counts a change (any
-// change: it then checks under the lock, and sleeps if its own wait is not
-// over) or kSpinNs has passed, and sleeps on cv_ only then. With more
-// ranks than cores the spinning would take the core a peer needs to
-// arrive, so they sleep at once. Only when a rank wakes changes; what it
-// then sees, under the lock, and so every bit of every result, does not.
+// collective (about 0.1 ms). So a waiting rank first spins, outside the
+// lock, until notify() counts a change (any change: it then checks under
+// the lock, and sleeps if its own wait is not over) or kSpinNs has passed,
+// and sleeps on cv_ only then. How it spins depends on the cores:
+//   - every rank can have a core of its own (world size at most the CPUs
+//     this process may run on): it spins on the CPU (`pause`);
+//   - more ranks than cores: spinning on the CPU would take the core a
+//     peer needs to arrive, so it yields the core instead (sched_yield) on
+//     every turn. A peer that can run gets the core at once, and nobody
+//     pays for a sleep and a wake-up while the others are still runnable.
+// With more ranks than cores, taking the lock (after the spin, on entering
+// a collective, after its parts) also first tries it kLockTries times,
+// yielding between tries: notify() is called under the lock, so the ranks
+// it releases find it held, and blocking on it costs another sleep and
+// wake-up. Only when a rank wakes changes; what it then sees, under the
+// lock, and so every bit of every result, does not.
+// Measured in docs/benchmarks.md (sim_comm_bench, 1 MiB at world 4 on 2
+// cores).
 constexpr int64_t kSpinNs = 50'000;
+constexpr int kLockTries = 64;
+
+void SimWorld::acquire(std::unique_lock<std::mutex>& lock) {
+  for (int i = 0; !spin_ && i < kLockTries; ++i) {
+    if (lock.try_lock()) return;
+    sched_yield();
+  }
+  lock.lock();
+}
 
 void SimWorld::notify() {
   notifications_.fetch_add(1, std::memory_order_release);
@@ -479,19 +499,21 @@ void SimWorld::notify() {
 template <typename Ready>
 void SimWorld::wait(std::unique_lock<std::mutex>& lock, Ready ready) {
   if (ready()) return;
-  if (spin_) {
-    const uint64_t seen = notifications_.load(std::memory_order_acquire);
-    lock.unlock();
-    const auto until = std::chrono::steady_clock::now() +
-                       std::chrono::nanoseconds(kSpinNs);
-    while (notifications_.load(std::memory_order_acquire) == seen &&
-           std::chrono::steady_clock::now() < until) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
+  const uint64_t seen = notifications_.load(std::memory_order_acquire);
+  lock.unlock();
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::nanoseconds(kSpinNs);
+  while (notifications_.load(std::memory_order_acquire) == seen &&
+         std::chrono::steady_clock::now() < until) {
+    if (!spin_) {
+      sched_yield();
+      continue;
     }
-    lock.lock();
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
   }
+  acquire(lock);
   cv_.wait(lock, ready);
 }
 
@@ -577,7 +599,7 @@ void SimWorld::reduce_parts(std::unique_lock<std::mutex>& lock, int rank,
                               &part_scratch_[rank], a0.accumulate);
     ++done;
   }
-  lock.lock();
+  acquire(lock);
   slot.parts_done += done;
   if (slot.parts_done == slot.parts) notify();
   wait(lock, [&] { return slot.parts_done == slot.parts; });

@@ -56,8 +56,9 @@
 //               instead moved in reduce_parts() by every rank, outside the
 //               mutex, each taking the next part not yet taken; no rank
 //               leaves until every part is done. A rank that waits for
-//               its peers spins briefly before it sleeps when every rank
-//               can have a core (Note [Spin before sleeping] in
+//               its peers spins briefly before it sleeps: on the CPU when
+//               every rank can have a core, yielding its core when there
+//               are more ranks than cores (Note [Spin before sleeping] in
 //               sim_world.cc).
 //
 // Failure model: if a rank's function throws, the rank is marked exited and
@@ -214,8 +215,11 @@ class SimWorld final : public LocalWorld {
   void mark_exited(int rank, const std::string& reason);
 
   // Waking (Note [Spin before sleeping] in sim_world.cc): notify() wakes
-  // every waiting rank; wait() returns once ready() holds, under the lock.
+  // every waiting rank; wait() returns once ready() holds, under the lock;
+  // acquire() takes mu_ into `lock` (with more ranks than cores, yielding
+  // between tries first).
   void notify();
+  void acquire(std::unique_lock<std::mutex>& lock);
   template <typename Ready>
   void wait(std::unique_lock<std::mutex>& lock, Ready ready);
 
@@ -227,7 +231,7 @@ class SimWorld final : public LocalWorld {
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<uint64_t> notifications_{0};  // notify() calls
-  bool spin_ = false;  // every rank can have a core: wait() spins first
+  bool spin_ = false;  // every rank can have a core: wait() spins, not yields
   std::map<int64_t, std::unique_ptr<Slot>> slots_;  // GUARDED_BY(mu_)
   std::vector<int64_t> next_seq_;                   // GUARDED_BY(mu_)
   std::vector<bool> exited_;                        // GUARDED_BY(mu_)
