@@ -14,8 +14,9 @@
 #   run.sh --only=cpu-threads
 #                          # no GPU: issue 16 items 4 and 5 on the node's CPU
 #                          # cores: the simulator's collectives against
-#                          # memcpy with a core per rank (sim_comm_bench,
-#                          # about 1 minute), then 2 Gloo ranks of 2
+#                          # memcpy with a core per rank, and each row's
+#                          # read bound (sim_comm_bench, about 1.5 minutes
+#                          # on 2 cores), then 2 Gloo ranks of 2
 #                          # compute threads, then of 1, against DDP and
 #                          # FSDP2 with the same threads (peers/run.py,
 #                          # about 4 minutes); THREADS_ARGS adds arguments
@@ -149,7 +150,8 @@ peers() {
 
 # Issue 16 item 4 (benchmarks/sim_comm_bench.cc): the simulator's
 # all-reduce and reduce-scatter against memcpy, 1-64 MiB per rank, worlds
-# 2, 4 and 8. The 2-core build machines give 8 ranks 2 cores; with a core
+# 2, 4 and 8, and each row's read bound with a thread per rank (Note [Read
+# bound]). The 2-core build machines give 8 ranks 2 cores; with a core
 # per rank the ranks spin instead of sleeping (Note [Spin before sleeping]
 # in sim/sim_world.cc). Writes sim_comm.json here (and into $OUT when that
 # is set).
