@@ -71,6 +71,15 @@ double seconds(Clock::time_point a, Clock::time_point b) {
 
 enum class Kind { kAllReduce, kReduceScatter };
 
+// Seconds of one std::memcpy of `src` into `*dst` (as large), the
+// benchmarks' yardstick.
+double memcpy_seconds(std::vector<char>* dst, const std::vector<char>& src) {
+  const Clock::time_point t0 = Clock::now();
+  std::memcpy(dst->data(), src.data(), src.size());
+  benchmark::ClobberMemory();
+  return seconds(t0, Clock::now());
+}
+
 // Note [Read bound]
 // ~~~~~~~~~~~~~~~~~
 // Whatever its algorithm, an all-reduce or reduce-scatter of n bytes per
@@ -274,13 +283,7 @@ void run_vs_memcpy(benchmark::State& state, Kind kind) {
     });
     return elapsed;
   };
-  auto copy = [&]() {
-    const Clock::time_point t0 = Clock::now();
-    std::memcpy(dst.data(), src.data(), bytes);
-    benchmark::ClobberMemory();
-    const Clock::time_point t1 = Clock::now();
-    return seconds(t0, t1);
-  };
+  auto copy = [&]() { return memcpy_seconds(&dst, src); };
 
   // Warm-up: one of each (the allocator's state for the simulator's
   // temporaries, the caches).
@@ -329,12 +332,7 @@ void BM_ReadBound(benchmark::State& state) {
   std::vector<char> src(bytes, 1), dst(bytes, 0);
   std::vector<int> cpus = usable_cpus();
   if (cpus.size() > static_cast<size_t>(world_size)) cpus.resize(world_size);
-  auto copy = [&]() {
-    const Clock::time_point t0 = Clock::now();
-    std::memcpy(dst.data(), src.data(), bytes);
-    benchmark::ClobberMemory();
-    return seconds(t0, Clock::now());
-  };
+  auto copy = [&]() { return memcpy_seconds(&dst, src); };
   copy();  // warm-up
   parallel_read_seconds(bufs, cpus);
   double total_rd = 0.0, total_mc = 0.0;
