@@ -71,6 +71,15 @@ class Server(local_server.ServerProcess):
         status, _, raw = self.post(endpoint, body)
         return status, json.loads(raw)
 
+    def session(self):
+        """A session of this server (create_model and create_sampling_session
+        take only ids create_session gave), made once."""
+        if getattr(self, "_session", None) is None:
+            status, body = self.post_json("create_session", {})
+            assert status == 200, body
+            self._session = body["session_id"]
+        return self._session
+
     def result(self, request_id, accept="application/x-protobuf", proto=None):
         """Polls retrieve_future until the future is done; (kind, payload).
         A protobuf result is parsed as `proto` (ForwardBackwardOutput by
@@ -248,7 +257,7 @@ def fb_body(model_id, seq_id, texts, loss_fn="cross_entropy", mutate=None):
 def check_bad_input(server):
     """Bad requests get clear errors and change nothing (digest)."""
     status, body = server.post_json(
-        "create_model", {"session_id": "raw", "model_seq_id": 0, "base_model": BASE,
+        "create_model", {"session_id": server.session(), "model_seq_id": 0, "base_model": BASE,
                          "lora_config": {"rank": 2, "seed": 3}})
     assert status == 200, body
     model_id = body["model_id"]
@@ -423,7 +432,11 @@ def check_robustness(server, binary):
                 "tinker://" + first_id + "/weights/../w"]:
         expect_sdk_error(lambda: sc.create_training_client_from_state(bad).get_info(),
                          bad, hidden=[server.state_dir])
-    os.symlink(tempfile.gettempdir(), os.path.join(server.state_dir, "escape"))
+    # A link in the tenant's folder (tenants/default without keys) that
+    # points outside the state directory.
+    tenant_dir = os.path.join(server.state_dir, "tenants", "default")
+    os.makedirs(tenant_dir, exist_ok=True)
+    os.symlink(tempfile.gettempdir(), os.path.join(tenant_dir, "escape"))
     expect_sdk_error(lambda: sc.create_training_client_from_state(
         "tinker://escape/weights/w").get_info(), "tinker://escape/weights/w",
         hidden=[server.state_dir])

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <system_error>
 
@@ -49,6 +50,33 @@ std::optional<CheckpointLocation> locate_checkpoint(
   at.dir = kind == "weights" ? at.run + "/" + at.name
                              : at.run + "/" + kind + "/" + at.name;
   return at;
+}
+
+namespace {
+
+// "50000 bytes", or "123456789 bytes (117.7 MiB)", for a message.
+std::string show_bytes(uint64_t n) {
+  std::string out = std::to_string(n) + " bytes";
+  if (n < (1 << 20)) return out;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), " (%.1f MiB)",
+                static_cast<double>(n) / (1 << 20));
+  return out + buf;
+}
+
+}  // namespace
+
+std::string over_bytes_quota(const Caller& caller, const std::string& what,
+                             uint64_t held, uint64_t needed) {
+  if (!caller.max_bytes || held + needed <= *caller.max_bytes) return "";
+  return what + ": tenant '" + caller.tenant + "' holds " + show_bytes(held) +
+         " in the state directory and this needs up to " +
+         show_bytes(needed) + " more, over its quota of " +
+         show_bytes(*caller.max_bytes) +
+         " (max_bytes in the server's --api-keys file, or "
+         "--tenant-max-bytes). Nothing was written. Fix: delete checkpoints "
+         "you no longer need (RestClient.delete_checkpoint_from_tinker_path) "
+         "or ask the server's operator for a larger quota";
 }
 
 uint64_t tree_bytes(const std::string& dir) {

@@ -39,8 +39,17 @@
 #include <string>
 #include <vector>
 
+#include "common/errors.h"
+
 namespace zerostep {
 namespace tinker {
+
+// A UsageError whose HTTP answer is 404 (an unknown run or checkpoint in a
+// listing or a delete).
+class NotFound : public UsageError {
+ public:
+  using UsageError::UsageError;
+};
 
 // The tenant of every request when the server runs without API keys.
 inline constexpr char kDefaultTenant[] = "default";
@@ -85,6 +94,13 @@ struct CheckpointLocation {
 std::optional<CheckpointLocation> locate_checkpoint(
     const std::string& state_dir, const std::string& tenant,
     const std::string& path, const std::string& kind);
+
+// The refusal of a save that would take the caller's folder over its
+// max_bytes ("<what>: tenant 'T' holds ... and this needs up to ... more,
+// over its quota of ..."), or empty when `held` + `needed` fits (or the
+// caller has no max_bytes).
+std::string over_bytes_quota(const Caller& caller, const std::string& what,
+                             uint64_t held, uint64_t needed);
 
 // The apparent size of every regular file under `dir` (symbolic links are
 // not followed); 0 if it does not exist.

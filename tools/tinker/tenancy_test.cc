@@ -48,6 +48,24 @@ TEST(LocateCheckpointTest, EveryTenantsPathLiesInTheCallersFolder) {
     EXPECT_FALSE(locate_checkpoint("/s", "alice", bad, "weights")) << bad;
 }
 
+TEST(OverBytesQuotaTest, RefusesWhatCouldGoOverAndSaysByHowMuch) {
+  Caller c;
+  c.tenant = "carol";
+  EXPECT_EQ(over_bytes_quota(c, "save", 1 << 30, 1 << 30), "");  // no limit
+  c.max_bytes = 100;
+  EXPECT_EQ(over_bytes_quota(c, "save", 60, 40), "");
+  EXPECT_EQ(over_bytes_quota(c, "save_weights 'x'", 60, 41)
+                .rfind("save_weights 'x': tenant 'carol' holds 60 bytes in "
+                       "the state directory and this needs up to 41 bytes "
+                       "more, over its quota of 100 bytes (max_bytes",
+                       0),
+            0u);
+  c.max_bytes = 3ULL << 30;
+  EXPECT_NE(over_bytes_quota(c, "s", 3ULL << 30, 1).find(
+                "holds 3221225472 bytes (3072.0 MiB)"),
+            std::string::npos);
+}
+
 TEST(TreeBytesTest, SumsRegularFilesBelowAFolder) {
   const std::string root = ::testing::TempDir() + "/tree_bytes_test";
   fs::remove_all(root);
