@@ -15,7 +15,9 @@ import tempfile
 import threading
 import time
 
-API_KEY = "tml-zerostep-local"  # the SDK insists on the prefix; the server ignores it
+# The SDK insists on the prefix; a server started without --api-keys takes
+# any key (every request is tenant "default").
+API_KEY = "tml-zerostep-local"
 
 
 class ServerProcess:
@@ -23,19 +25,26 @@ class ServerProcess:
 
     The server's output is echoed with a "server: " prefix (quiet=True
     drops it once the server is listening). Without `state_dir`, a temporary
-    state directory is made and removed at stop()."""
+    state directory is made and removed at stop(). With merge_stderr, the
+    server's log (stderr) comes too, and every line is kept in `lines`."""
 
-    def __init__(self, binary, *args, launch=None, state_dir=None, quiet=False):
+    def __init__(self, binary, *args, launch=None, state_dir=None, quiet=False,
+                 merge_stderr=False):
         self.keep_state = state_dir is not None  # the caller's, kept at stop
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="zerostep-tinker-")
         self.quiet = quiet
         cmd = [binary, "--port=0", "--state-dir=" + self.state_dir, *args]
         if launch:  # real processes: tools/launch prefixes lines with "[rank R] "
             cmd = [launch[0], "--nproc=%d" % launch[1], "--", *cmd]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, text=True,
+            stderr=subprocess.STDOUT if merge_stderr else None)
         self.url = None
+        self.drain = None
+        self.lines = []
         deadline = time.time() + 120
         for line in self.proc.stdout:
+            self.lines.append(line)
             sys.stdout.write("server: " + line)
             if "listening on http" in line and "[rank 1" not in line:
                 self.url = line.split()[-1]
@@ -45,10 +54,12 @@ class ServerProcess:
         if self.url is None:
             self.stop()
             raise AssertionError("trainer_server did not start: " + " ".join(cmd))
-        threading.Thread(target=self._drain, daemon=True).start()
+        self.drain = threading.Thread(target=self._drain, daemon=True)
+        self.drain.start()
 
     def _drain(self):
         for line in self.proc.stdout:
+            self.lines.append(line)
             if not self.quiet:
                 sys.stdout.write("server: " + line)
 
@@ -64,6 +75,8 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
                 code = None
+        if self.drain is not None:
+            self.drain.join(30)  # every line of the log, read
         if not self.keep_state:
             shutil.rmtree(self.state_dir, ignore_errors=True)
         return code
