@@ -323,7 +323,8 @@ int run(int argc, char** argv) {
         tinker::pre_tenant_run_folders(topts.state_dir);
     if (!old.empty())
       log("the state folder holds " + std::to_string(old.size()) +
-          " run folders from before tenants (" + old.front() +
+          (old.size() == 1 ? " run folder" : " run folders") +
+          " from before tenants (" + old.front() +
           (old.size() > 1 ? ", ..." : "") +
           "), which this server does not read: checkpoints now live in "
           "<state dir>/tenants/<tenant>/. Fix: move them into " +

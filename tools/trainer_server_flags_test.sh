@@ -68,6 +68,10 @@ err=$(timeout 60 "$server" "--state-dir=$TEST_TMPDIR/afile/sub" 2>&1 >/dev/null)
 [ "$rc" -eq 2 ] || { echo "FAIL: an unusable --state-dir exited $rc, want 2: $err"; exit 1; }
 [[ "$err" == *"the state folder '$TEST_TMPDIR/afile/sub' (--state-dir) cannot be used: cannot create folder"*"Fix: give --state-dir a folder"* ]] || { echo "FAIL: $err"; exit 1; }
 good="$TEST_TMPDIR/state"
+mkdir -p "$TEST_TMPDIR/old/session-ab12-1_train_0"
+serve "--state-dir=$TEST_TMPDIR/old"
+[[ "$out" == *"the state folder holds 1 run folder from before tenants (session-ab12-1_train_0), which this server does not read"*"Fix: move them into $TEST_TMPDIR/old/tenants/default/"* ]] || { echo "FAIL: a state folder from before tenants: $out"; exit 1; }
+passed=$((passed + 1))
 serve "--state-dir=$good"
 [[ "$out" == *"listening on http://127.0.0.1:"* ]] || { echo "FAIL: a good --state-dir: $out"; exit 1; }
 [ -d "$good" ] && [ -z "$(ls -A "$good")" ] || { echo "FAIL: $good not created, or the probe left behind: $(ls -A "$good")"; exit 1; }

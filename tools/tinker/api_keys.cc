@@ -143,22 +143,18 @@ KeySet KeySet::parse(const std::string& text, const std::string& where,
     while (t < set.tenants_.size() && set.tenants_[t].name != tenant) ++t;
     if (t == set.tenants_.size()) set.tenants_.push_back({tenant});
     Tenant& to = set.tenants_[t];
-    if (max_models) {
-      if (to.max_models && *to.max_models != *max_models)
-        problems.push_back(at + "max_models of tenant '" + tenant +
+    // A setting a tenant's lines give must be the same on each of them.
+    auto settle = [&](const char* name, auto& mine, const auto& given) {
+      if (!given) return;
+      if (mine && *mine != *given)
+        problems.push_back(at + name + " of tenant '" + tenant +
                            "' differs from an earlier " + unit +
                            "'s. Fix: give it once, or the same on every " +
                            unit);
-      to.max_models = max_models;
-    }
-    if (max_bytes) {
-      if (to.max_bytes && *to.max_bytes != *max_bytes)
-        problems.push_back(at + "max_bytes of tenant '" + tenant +
-                           "' differs from an earlier " + unit +
-                           "'s. Fix: give it once, or the same on every " +
-                           unit);
-      to.max_bytes = max_bytes;
-    }
+      mine = given;
+    };
+    settle("max_models", to.max_models, max_models);
+    settle("max_bytes", to.max_bytes, max_bytes);
     ++to.keys;
     set.keys_.push_back({digest, t});
   }

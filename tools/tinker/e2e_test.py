@@ -19,7 +19,6 @@ import shutil
 import sys
 import tempfile
 import time
-import traceback
 import urllib.error
 import urllib.request
 import warnings
@@ -54,11 +53,11 @@ class Server(local_server.ServerProcess):
     """A trainer_server process on a free port (tools/tinker/local_server.py),
     with raw-HTTP helpers for the protocol-level checks."""
 
-    def post(self, endpoint, body, content_type="application/json", accept=None):
+    def post(self, endpoint, body, content_type="application/json", accept=None, key=API_KEY):
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         req = urllib.request.Request(self.url + "/api/v1/" + endpoint, data=data, method="POST")
         req.add_header("Content-Type", content_type)
-        req.add_header("X-API-Key", API_KEY)
+        req.add_header("X-API-Key", key)
         if accept:
             req.add_header("Accept", accept)
         try:
@@ -618,12 +617,8 @@ def main():
     if args.launch:
         scenarios.append(("gloo-2-processes-stage2", ["--backend=gloo", "--stage=2"],
                           check_training, 2))
-    passed = failed = 0
-    failures = []
-    for name, flags, fn, world in scenarios:
-        if args.only and args.only != name:
-            continue
-        print("=== " + name, flush=True)
+
+    def scenario(name, flags, fn, world):
         launch = (args.launch, world) if name.startswith("gloo") else None
         server = Server(args.server, *flags, launch=launch)
         try:
@@ -634,22 +629,11 @@ def main():
             # SIGTERM stops every rank gracefully: exit status 0.
             code = server.stop()
             assert code == 0, "the server's exit status after SIGTERM: %r" % code
-            passed += 1
-            print("--- ok " + name, flush=True)
-        except Exception:
-            failed += 1
-            failures.append((name, traceback.format_exc()))
-            traceback.print_exc()
-            print("--- FAILED " + name, flush=True)
         finally:
             server.stop()
-    # The failures again, last, where a truncated log (CI keeps its tail)
-    # still shows them.
-    for name, trace in failures:
-        print("FAILED %s:\n%s" % (name, trace), flush=True)
-    print("%d passed, %d failed" % (passed, failed))
-    return 0 if failed == 0 and passed > 0 else 1
 
+    return local_server.run_scenarios(
+        [(s[0], lambda s=s: scenario(*s)) for s in scenarios], args.only)
 
 if __name__ == "__main__":
     sys.exit(main())

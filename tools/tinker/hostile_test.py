@@ -30,13 +30,15 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import local_server  # noqa: E402
 
 KEY = "tml-hostile-test-" + "k" * 16
 LIMITS = ["--max-connections=64", "--max-connections-per-client=16", "--idle-timeout-s=1",
@@ -44,33 +46,17 @@ LIMITS = ["--max-connections=64", "--max-connections-per-client=16", "--idle-tim
 HANG_S = 30  # 10x and more the largest limit: reaching it means a hang
 
 
-class Server:
+class Server(local_server.ServerProcess):
+    """The server with a keys file and the LIMITS (tools/tinker/local_server.py)."""
+
     def __init__(self, binary):
-        self.dir = tempfile.mkdtemp(prefix="zerostep-hostile-")
-        keys = os.path.join(self.dir, "keys")
+        self.keys_dir = tempfile.mkdtemp(prefix="zerostep-hostile-")
+        keys = os.path.join(self.keys_dir, "keys")
         with open(keys, "w") as f:
             f.write(KEY + " hostile-test\n")
         os.chmod(keys, 0o600)
-        cmd = [binary, "--port=0", "--state-dir=" + os.path.join(self.dir, "state"),
-               "--api-keys=" + keys, *LIMITS]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
-        self.lines = []
-        self.port = None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            sys.stdout.write("  server: " + line)
-            if "listening on http" in line:
-                self.port = int(line.rsplit(":", 1)[1])
-                break
-        assert self.port, "the server did not start"
-        self.drain = threading.Thread(target=self._drain)
-        self.drain.start()
-
-    def _drain(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            sys.stdout.write("  server: " + line)
+        super().__init__(binary, "--api-keys=" + keys, *LIMITS, merge_stderr=True)
+        self.port = int(self.url.rsplit(":", 1)[1])
 
     def rss_kib(self):
         with open("/proc/%d/status" % self.proc.pid) as f:
@@ -86,15 +72,8 @@ class Server:
         return s
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            code = None
-        self.drain.join()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        code = super().stop()
+        shutil.rmtree(self.keys_dir, ignore_errors=True)
         return code
 
 

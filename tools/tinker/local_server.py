@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 # The SDK insists on the prefix; a server started without --api-keys takes
 # any key (every request is tenant "default").
@@ -80,3 +81,30 @@ class ServerProcess:
         if not self.keep_state:
             shutil.rmtree(self.state_dir, ignore_errors=True)
         return code
+
+
+def run_scenarios(scenarios, only=""):
+    """Runs each (name, fn) of `scenarios` (only the one named `only`, if
+    given), each fn() raising on failure; prints "=== name" and "--- ok" or
+    "--- FAILED", then every failure again, last, where a truncated log (CI
+    keeps its tail) still shows them. Returns the exit status: 0 when every
+    scenario run passed and at least one ran."""
+    passed = failed = 0
+    failures = []
+    for name, fn in scenarios:
+        if only and only != name:
+            continue
+        print("=== " + name, flush=True)
+        try:
+            fn()
+            passed += 1
+            print("--- ok " + name, flush=True)
+        except Exception:
+            failed += 1
+            failures.append((name, traceback.format_exc()))
+            traceback.print_exc()
+            print("--- FAILED " + name, flush=True)
+    for name, trace in failures:
+        print("FAILED %s:\n%s" % (name, trace), flush=True)
+    print("%d passed, %d failed" % (passed, failed))
+    return 0 if failed == 0 and passed > 0 else 1

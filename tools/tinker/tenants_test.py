@@ -63,7 +63,9 @@ def write_keys(path, entries):
     os.replace(path + ".tmp", path)
 
 
-class Server(local_server.ServerProcess):
+class Server(e2e_test.Server):
+    """A server with a keys file; raw() for requests with any key."""
+
     def __init__(self, binary, keys, *args):
         self.keys_file = os.path.join(tempfile.mkdtemp(prefix="zerostep-keys-"), "keys")
         write_keys(self.keys_file, keys)
@@ -299,8 +301,9 @@ def check_rotation(binary):
         assert poller.is_alive(), "the in-flight poll ended before its request ran"
         # The new key acts for alice: her model, and the request that
         # completes the held one.
-        status, _, raw = post_proto(server, "forward_backward",
-                                    e2e_test.fb_body(model, 1, e2e_test.TEXTS[:2]), ALICE_NEW)
+        status, _, raw = server.post("forward_backward",
+                                     e2e_test.fb_body(model, 1, e2e_test.TEXTS[:2]),
+                                     "application/x-protobuf", key=ALICE_NEW)
         assert status == 200, raw
         poller.join(120)
         assert not poller.is_alive(), "the in-flight poll never answered (a hang)"
@@ -340,17 +343,6 @@ def check_rotation(binary):
     assert "changed: no keys: every request is refused" in log, log[-3000:]
     for key in [ALICE, ALICE_NEW, BOB]:
         assert key not in log, "a key in the server's log"
-
-
-def post_proto(server, endpoint, body, key):
-    req = urllib.request.Request(server.url + "/api/v1/" + endpoint, data=body, method="POST")
-    req.add_header("Content-Type", "application/x-protobuf")
-    req.add_header("X-API-Key", key)
-    try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return resp.status, resp.headers.get("Content-Type", ""), resp.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers.get("Content-Type", ""), e.read()
 
 
 def check_quotas(binary):
@@ -410,26 +402,8 @@ def main():
     ap.add_argument("--only", default="")
     args = ap.parse_args()
     print("tinker SDK", tinker.__version__)
-    passed = failed = 0
-    failures = []
-    for name, fn in SCENARIOS:
-        if args.only and args.only != name:
-            continue
-        print("=== " + name, flush=True)
-        try:
-            fn(args.server)
-            passed += 1
-            print("--- ok " + name, flush=True)
-        except Exception:
-            failed += 1
-            failures.append((name, traceback.format_exc()))
-            traceback.print_exc()
-            print("--- FAILED " + name, flush=True)
-    for name, trace in failures:
-        print("FAILED %s:\n%s" % (name, trace), flush=True)
-    print("%d passed, %d failed" % (passed, failed))
-    return 0 if failed == 0 and passed > 0 else 1
-
+    return local_server.run_scenarios(
+        [(name, lambda fn=fn: fn(args.server)) for name, fn in SCENARIOS], args.only)
 
 if __name__ == "__main__":
     sys.exit(main())
