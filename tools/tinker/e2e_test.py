@@ -19,7 +19,6 @@ import shutil
 import sys
 import tempfile
 import time
-import traceback
 import urllib.error
 import urllib.request
 import warnings
@@ -54,11 +53,11 @@ class Server(local_server.ServerProcess):
     """A trainer_server process on a free port (tools/tinker/local_server.py),
     with raw-HTTP helpers for the protocol-level checks."""
 
-    def post(self, endpoint, body, content_type="application/json", accept=None):
+    def post(self, endpoint, body, content_type="application/json", accept=None, key=API_KEY):
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         req = urllib.request.Request(self.url + "/api/v1/" + endpoint, data=data, method="POST")
         req.add_header("Content-Type", content_type)
-        req.add_header("X-API-Key", API_KEY)
+        req.add_header("X-API-Key", key)
         if accept:
             req.add_header("Accept", accept)
         try:
@@ -70,6 +69,15 @@ class Server(local_server.ServerProcess):
     def post_json(self, endpoint, body):
         status, _, raw = self.post(endpoint, body)
         return status, json.loads(raw)
+
+    def session(self):
+        """A session of this server (create_model and create_sampling_session
+        take only ids create_session gave), made once."""
+        if getattr(self, "_session", None) is None:
+            status, body = self.post_json("create_session", {})
+            assert status == 200, body
+            self._session = body["session_id"]
+        return self._session
 
     def result(self, request_id, accept="application/x-protobuf", proto=None):
         """Polls retrieve_future until the future is done; (kind, payload).
@@ -248,7 +256,7 @@ def fb_body(model_id, seq_id, texts, loss_fn="cross_entropy", mutate=None):
 def check_bad_input(server):
     """Bad requests get clear errors and change nothing (digest)."""
     status, body = server.post_json(
-        "create_model", {"session_id": "raw", "model_seq_id": 0, "base_model": BASE,
+        "create_model", {"session_id": server.session(), "model_seq_id": 0, "base_model": BASE,
                          "lora_config": {"rank": 2, "seed": 3}})
     assert status == 200, body
     model_id = body["model_id"]
@@ -423,7 +431,11 @@ def check_robustness(server, binary):
                 "tinker://" + first_id + "/weights/../w"]:
         expect_sdk_error(lambda: sc.create_training_client_from_state(bad).get_info(),
                          bad, hidden=[server.state_dir])
-    os.symlink(tempfile.gettempdir(), os.path.join(server.state_dir, "escape"))
+    # A link in the tenant's folder (tenants/default without keys) that
+    # points outside the state directory.
+    tenant_dir = os.path.join(server.state_dir, "tenants", "default")
+    os.makedirs(tenant_dir, exist_ok=True)
+    os.symlink(tempfile.gettempdir(), os.path.join(tenant_dir, "escape"))
     expect_sdk_error(lambda: sc.create_training_client_from_state(
         "tinker://escape/weights/w").get_info(), "tinker://escape/weights/w",
         hidden=[server.state_dir])
@@ -605,12 +617,8 @@ def main():
     if args.launch:
         scenarios.append(("gloo-2-processes-stage2", ["--backend=gloo", "--stage=2"],
                           check_training, 2))
-    passed = failed = 0
-    failures = []
-    for name, flags, fn, world in scenarios:
-        if args.only and args.only != name:
-            continue
-        print("=== " + name, flush=True)
+
+    def scenario(name, flags, fn, world):
         launch = (args.launch, world) if name.startswith("gloo") else None
         server = Server(args.server, *flags, launch=launch)
         try:
@@ -621,22 +629,11 @@ def main():
             # SIGTERM stops every rank gracefully: exit status 0.
             code = server.stop()
             assert code == 0, "the server's exit status after SIGTERM: %r" % code
-            passed += 1
-            print("--- ok " + name, flush=True)
-        except Exception:
-            failed += 1
-            failures.append((name, traceback.format_exc()))
-            traceback.print_exc()
-            print("--- FAILED " + name, flush=True)
         finally:
             server.stop()
-    # The failures again, last, where a truncated log (CI keeps its tail)
-    # still shows them.
-    for name, trace in failures:
-        print("FAILED %s:\n%s" % (name, trace), flush=True)
-    print("%d passed, %d failed" % (passed, failed))
-    return 0 if failed == 0 and passed > 0 else 1
 
+    return local_server.run_scenarios(
+        [(s[0], lambda s=s: scenario(*s)) for s in scenarios], args.only)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -195,13 +195,20 @@ bool SamplerStore::agree(bool mine) {
   return v != 0;
 }
 
-std::string SamplerStore::sampler_dir(const std::string& model_id,
-                                      const std::string& name) const {
-  return state_dir_ + "/" + model_folder(model_id) + "/sampler_weights/" + name;
+uint64_t sampler_bytes_bound(Model& m) {
+  uint64_t numel = 0, tensors = 0;
+  for (const torch::Tensor& p : m.net->parameters()) {
+    numel += static_cast<uint64_t>(p.numel());
+    ++tensors;
+  }
+  // torch::save's zip archive: each tensor's bytes 64-byte aligned with a
+  // local and a central header, and the pickled module structure.
+  return 4 * numel + 512 * tensors + (64 << 10);
 }
 
-json SamplerStore::save_for_sampler(ModelRegistry& models, const json& a) {
-  Model& m = models.get(require_string(a, "model_id"));
+json SamplerStore::save_for_sampler(ModelRegistry& models,
+                                    const Caller& caller, const json& a) {
+  Model& m = models.get(require_string(a, "model_id"), caller.tenant);
   const bool named = a.contains("path") && !a["path"].is_null();
   const bool rank0 = comm_->rank() == 0;
   if (named) {
@@ -212,15 +219,31 @@ json SamplerStore::save_for_sampler(ModelRegistry& models, const json& a) {
                        "' must be 1-128 characters of [A-Za-z0-9._-] (and "
                        "not 'latest')");
     const std::string path = "tinker://" + m.id + "/sampler_weights/" + name;
-    const std::string dir = sampler_dir(m.id, name);
+    const CheckpointLocation at =
+        *locate_checkpoint(state_dir_, caller.tenant, path, "sampler_weights");
+    const std::string dir = at.dir;
     if (!agree(!rank0 || within_dir(state_dir_, dir)))
       throw UsageError("sampler weights '" + path +
                        "' would leave this server's state directory (a "
                        "symbolic link?). Nothing was written");
-    if (agree(rank0 && (paths_.count(path) != 0 ||
+    if (agree(rank0 && (paths_.count(dir) != 0 ||
                         std::ifstream(dir + "/weights.pt").good())))
       throw UsageError("sampler weights '" + path +
                        "' exist already. Fix: choose another name");
+    if (caller.max_bytes) {
+      const std::string refusal =
+          rank0 ? over_bytes_quota(
+                      caller, "save_weights_for_sampler '" + name + "'",
+                      tree_bytes(tenant_dir(state_dir_, caller.tenant)),
+                      sampler_bytes_bound(m))
+                : "";
+      if (!agree(refusal.empty())) {
+        if (rank0) throw UsageError(refusal);
+        throw UsageError("save_weights_for_sampler '" + name +
+                         "' is over the tenant's quota (rank 0 says how "
+                         "much). Nothing was written");
+      }
+    }
     TinyGpt net = snapshot_of(m, models.base_seed(), rank0);
     if (rank0) {
       auto s = std::make_shared<Sampler>();
@@ -242,7 +265,7 @@ json SamplerStore::save_for_sampler(ModelRegistry& models, const json& a) {
                       "' could not be written to the server's state "
                       "directory (see the server's disk)");
       }
-      paths_[path] = s;
+      paths_[dir] = s;
     }
     return {{"path", path}, {"type", "save_weights_for_sampler"}};
   }
@@ -265,13 +288,12 @@ json SamplerStore::save_for_sampler(ModelRegistry& models, const json& a) {
 }
 
 std::shared_ptr<SamplerStore::Sampler> SamplerStore::by_path(
-    const std::string& path) {
-  auto it = paths_.find(path);
-  if (it != paths_.end()) return it->second;
-  std::string model_id, name;
-  if (!parse_sampler_path(path, &model_id, &name)) {
-    if (parse_tinker_path(path, &model_id, &name))
-      throw UsageError("model_path '" + path +
+    const Caller& caller, const std::string& path) {
+  const std::optional<CheckpointLocation> at =
+      locate_checkpoint(state_dir_, caller.tenant, path, "sampler_weights");
+  if (!at) {
+    if (locate_checkpoint(state_dir_, caller.tenant, path, "weights"))
+      throw UsageError("model_path '" + elide(path, 200) +
                        "' is a training checkpoint (save_state); sampling "
                        "reads sampler weights. Fix: save them with "
                        "save_weights_for_sampler(name) and pass the path it "
@@ -280,7 +302,9 @@ std::shared_ptr<SamplerStore::Sampler> SamplerStore::by_path(
                      "' is not sampler weights of this server: expected "
                      "tinker://<model id>/sampler_weights/<name>");
   }
-  const std::string dir = sampler_dir(model_id, name);
+  const std::string dir = at->dir;
+  auto it = paths_.find(dir);
+  if (it != paths_.end()) return it->second;
   auto s = std::make_shared<Sampler>();
   try {
     if (!within_dir(state_dir_, dir)) throw UsageError("outside");
@@ -290,15 +314,22 @@ std::shared_ptr<SamplerStore::Sampler> SamplerStore::by_path(
                           lora_from_json(meta.at("lora")), 0);
     torch::load(s->net, dir + "/weights.pt");
   } catch (const std::exception&) {
-    // Names the client's path only, never a server file.
-    throw UsageError("sampler weights '" + path +
+    // Names the client's path only, never a server file; the same answer
+    // for another tenant's path (Note [One tenant check] in tenancy.h).
+    throw UsageError("sampler weights '" + elide(path, 200) +
                      "' cannot be read: this server has none of that name "
                      "(see save_weights_for_sampler)");
   }
   for (torch::Tensor& p : s->net->parameters()) p.set_requires_grad(false);
   s->model_path = path;
-  paths_[path] = s;
+  paths_[dir] = s;
   return s;
+}
+
+void SamplerStore::forget(const Caller& caller, const std::string& path) {
+  if (auto at = locate_checkpoint(state_dir_, caller.tenant, path,
+                                  "sampler_weights"))
+    paths_.erase(at->dir);
 }
 
 std::shared_ptr<SamplerStore::Sampler> SamplerStore::by_base(
@@ -317,15 +348,12 @@ std::shared_ptr<SamplerStore::Sampler> SamplerStore::by_base(
 std::shared_ptr<SamplerStore::Sampler> SamplerStore::session(
     const std::string& id) const {
   auto it = sessions_.find(id);
-  if (it == sessions_.end())
-    throw UsageError("unknown sampling_session_id '" + elide(id, 200) +
-                     "'. Fix: create a sampling client first "
-                     "(save_weights_and_get_sampling_client or "
-                     "create_sampling_client)");
+  if (it == sessions_.end()) throw UsageError(unknown_sampling_session(id));
   return it->second;
 }
 
-json SamplerStore::create_session(ModelRegistry& models, const json& a) {
+json SamplerStore::create_session(ModelRegistry& models, const Caller& caller,
+                                  const json& a) {
   const std::string owner = require_string(a, "session_id");
   const int64_t seq = get_or<int64_t>(a, "sampling_session_seq_id", -1);
   if (seq < 0)
@@ -337,7 +365,7 @@ json SamplerStore::create_session(ModelRegistry& models, const json& a) {
   const std::string base = get_or<std::string>(a, "base_model", "");
   std::shared_ptr<Sampler> s;
   if (!path.empty()) {
-    s = by_path(path);
+    s = by_path(caller, path);
     if (!base.empty() && base != s->base_model)
       throw UsageError("base_model '" + elide(base, 100) +
                        "' does not match model_path '" + path +
@@ -364,7 +392,8 @@ json SamplerStore::get_sampler(const json& a) {
   return out;
 }
 
-std::string SamplerStore::sample(ModelRegistry& models, const json& a) {
+std::string SamplerStore::sample(ModelRegistry& models, const Caller& caller,
+                                 const json& a) {
   std::shared_ptr<Sampler> s;
   std::string seed_key;
   if (a.contains("sampling_session_id") &&
@@ -373,7 +402,7 @@ std::string SamplerStore::sample(ModelRegistry& models, const json& a) {
     s = session(id);
     seed_key = id + "#" + std::to_string(get_or<int64_t>(a, "seq_id", 0));
   } else if (a.contains("model_path") && a["model_path"].is_string()) {
-    s = by_path(a["model_path"].get<std::string>());
+    s = by_path(caller, a["model_path"].get<std::string>());
   } else if (a.contains("base_model") && a["base_model"].is_string()) {
     s = by_base(models, a["base_model"].get<std::string>());
   } else {

@@ -9,9 +9,11 @@
 // SDK's "snapshot" contract; an "inflight" save is served as a snapshot,
 // which its contract allows: the weights saved when the client was made).
 //   - save_weights_for_sampler(name): the snapshot is also written to
-//     <state_dir>/<model folder>/sampler_weights/<name>/ (weights.pt and
-//     tinker_meta.json) and named tinker://<model id>/sampler_weights/<name>,
-//     so create_sampling_client(model_path=...) finds it after a restart.
+//     <state_dir>/tenants/<tenant>/<model folder>/sampler_weights/<name>/
+//     (weights.pt and tinker_meta.json; tenancy.h) and named
+//     tinker://<model id>/sampler_weights/<name>, so
+//     create_sampling_client(model_path=...) finds it after a restart. The
+//     caller's max_bytes is checked first (sampler_bytes_bound).
 //   - save_weights_and_get_sampling_client(): the snapshot only lives in
 //     memory, in the sampling session "<model id>:sample:<n>".
 //   - create_sampling_session(model_path | base_model): a session over a
@@ -29,6 +31,11 @@
 // A request without sampling_params.seed gets one derived from its
 // sampling session id and seq_id, so a retried request repeats itself.
 //
+// Tenants: every path is located in the caller's folder (Note [One tenant
+// check] in tenancy.h), so another tenant's sampler weights read as
+// missing; sampling sessions are checked by the Service before a command
+// names one.
+//
 // Thread safety: one rank's thread only.
 #ifndef ZEROSTEP_TOOLS_TINKER_SAMPLING_H_
 #define ZEROSTEP_TOOLS_TINKER_SAMPLING_H_
@@ -43,6 +50,7 @@
 #include "comm/communicator.h"
 #include "models/sampler.h"
 #include "tools/tinker/model_registry.h"
+#include "tools/tinker/tenancy.h"
 
 namespace zerostep {
 namespace tinker {
@@ -73,6 +81,11 @@ SampleRequestIn parse_sample_request(const nlohmann::json& args,
 // A serialized tinker_public.SampleResponse.
 std::string encode_sample_response(const SampleOutput& out);
 
+// An upper bound on the bytes save_weights_for_sampler writes for `m`:
+// torch::save of every parameter (float32) with its archive entry, and
+// tinker_meta.json. trainer_test checks it against real files.
+uint64_t sampler_bytes_bound(Model& m);
+
 class SamplerStore {
  public:
   // `*comm` must outlive the store.
@@ -84,20 +97,24 @@ class SamplerStore {
   // "<model id>:sample:<n>" and returns {"sampling_session_id"}.
   // UsageError on every rank, before the gather, for an unknown model, a
   // bad or existing name, or neither field.
-  nlohmann::json save_for_sampler(ModelRegistry& models,
+  nlohmann::json save_for_sampler(ModelRegistry& models, const Caller& caller,
                                   const nlohmann::json& args);
 
   // Rank 0 only. create_sampling_session {session_id,
   // sampling_session_seq_id, model_path?, base_model?}: the session
   // "<session_id>:sample:<seq>". UsageError for an unknown path or base
   // model, a base_model that differs from the path's, or neither given.
-  nlohmann::json create_session(ModelRegistry& models,
+  nlohmann::json create_session(ModelRegistry& models, const Caller& caller,
                                 const nlohmann::json& args);
   // Rank 0 only. GET samplers/<id>: {sampler_id, base_model, model_path?}.
   nlohmann::json get_sampler(const nlohmann::json& args);
   // Rank 0 only. asample: a serialized SampleResponse. UsageError for an
   // unknown session or any bad field (nothing else happens).
-  std::string sample(ModelRegistry& models, const nlohmann::json& args);
+  std::string sample(ModelRegistry& models, const Caller& caller,
+                     const nlohmann::json& args);
+  // Rank 0 only. Drops the in-memory copy of the caller's sampler weights
+  // `path` (after a delete); sessions opened over them keep them.
+  void forget(const Caller& caller, const std::string& path);
 
  private:
   struct Sampler {
@@ -107,16 +124,17 @@ class SamplerStore {
   };
 
   bool agree(bool mine);
-  std::string sampler_dir(const std::string& model_id,
-                          const std::string& name) const;
-  // The sampler weights `path` names, loaded from disk if need be.
-  std::shared_ptr<Sampler> by_path(const std::string& path);
+  // The caller's sampler weights `path` names, loaded from disk if need
+  // be; UsageError for one that is not the caller's.
+  std::shared_ptr<Sampler> by_path(const Caller& caller,
+                                   const std::string& path);
   std::shared_ptr<Sampler> by_base(ModelRegistry& models,
                                    const std::string& base_model);
   std::shared_ptr<Sampler> session(const std::string& id) const;
 
   Communicator* comm_;
   std::string state_dir_;
+  // By folder (unique per tenant and path).
   std::map<std::string, std::shared_ptr<Sampler>> paths_;     // rank 0
   std::map<std::string, std::shared_ptr<Sampler>> sessions_;  // rank 0
   std::map<std::string, std::shared_ptr<Sampler>> bases_;     // rank 0

@@ -6,6 +6,7 @@
 #include <random>
 #include <sstream>
 
+#include "common/cli.h"
 #include "common/errors.h"
 #include "config/text.h"
 #include "engine/checkpoint_io.h"
@@ -87,6 +88,12 @@ std::string random_instance_id() {
   return buf;
 }
 
+std::string unknown_session(const std::string& id) {
+  return "unknown session_id '" + elide(id, 200) +
+         "'. Fix: create a session first (POST create_session; the SDK's "
+         "ServiceClient does) and use the id it returns";
+}
+
 std::string not_implemented(const std::string& ep) {
   return ep +
          " is not implemented by this server (it serves training: "
@@ -108,10 +115,59 @@ ServiceStats Service::stats() const {
   return stats_;
 }
 
-std::string Service::new_future() {
+std::string Service::new_future(const Caller& caller) {
   const std::string id = "req-" + std::to_string(next_request_++);
-  futures_[id] = Future();
+  Future& f = futures_[id];
+  f.tenant = caller.tenant;
   return id;
+}
+
+// Note [One tenant check] (tenancy.h): the Service's lookups.
+Service::ModelSeq* Service::resolve_model(const Caller& caller,
+                                          const std::string& model_id) {
+  auto it = models_.find(model_id);
+  if (it == models_.end() || it->second.tenant != caller.tenant)
+    return nullptr;
+  return &it->second;
+}
+
+bool Service::resolve_session(const Caller& caller,
+                              const std::string& session_id) {
+  return sessions_.owns(caller.tenant, session_id);
+}
+
+Service::Future* Service::resolve_future(const Caller& caller,
+                                         const std::string& request_id) {
+  auto it = futures_.find(request_id);
+  if (it == futures_.end() || it->second.tenant != caller.tenant)
+    return nullptr;
+  return &it->second;
+}
+
+bool Service::resolve_sampling_session(const Caller& caller,
+                                       const std::string& id) {
+  const size_t at = id.rfind(":sample:");
+  if (at == std::string::npos) return false;
+  const std::string owner = id.substr(0, at);
+  return resolve_session(caller, owner) ||
+         resolve_model(caller, owner) != nullptr;
+}
+
+std::optional<HttpResponse> Service::over_model_quota(const Caller& caller) {
+  if (!caller.max_models) return std::nullopt;
+  int64_t held = 0;
+  for (const auto& kv : models_)
+    if (kv.second.tenant == caller.tenant && !kv.second.failed) ++held;
+  if (held < *caller.max_models) return std::nullopt;
+  HttpResponse r = error_response(
+      403, "tenant '" + caller.tenant + "' holds " + std::to_string(held) +
+               (held == 1 ? " model" : " models") + ", its quota (max_models=" +
+               std::to_string(*caller.max_models) +
+               " in the server's --api-keys file, or "
+               "--tenant-max-models). Nothing was created. Fix: ask the "
+               "server's operator for a larger quota");
+  r.headers.emplace_back("x-should-retry", "false");
+  return r;
 }
 
 void Service::enqueue(const std::string& request_id, Command command) {
@@ -120,7 +176,7 @@ void Service::enqueue(const std::string& request_id, Command command) {
 }
 
 void Service::fail(const std::string& request_id, const std::string& error) {
-  Future& f = futures_[request_id];
+  Future& f = futures_.at(request_id);
   f.done = true;
   f.result = CommandResult::failure(error, "user");
   ++stats_.requests_failed;
@@ -172,9 +228,34 @@ HttpResponse Service::handle(const HttpRequest& req) {
                           {"sampleable", true}});
       return json_response(200, {{"supported_models", models}});
     }
-    if (ep.rfind("samplers/", 0) == 0 && ep.size() > 9)
-      return run_now("get_sampler", {{"sampler_id", ep.substr(9)}});
+    if (ep.rfind("samplers/", 0) == 0 && ep.size() > 9) {
+      const std::string id = ep.substr(9);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!resolve_sampling_session(req.caller, id))
+          return error_response(400, unknown_sampling_session(id));
+      }
+      return run_now(req.caller, "get_sampler", {{"sampler_id", id}});
+    }
+    if (ep == "checkpoints") return list_checkpoints(req.caller, "", req.query);
+    const std::string runs = "training_runs/", tail = "/checkpoints";
+    if (ep.rfind(runs, 0) == 0 && ep.size() > runs.size() + tail.size() &&
+        ep.compare(ep.size() - tail.size(), tail.size(), tail) == 0)
+      return list_checkpoints(
+          req.caller,
+          ep.substr(runs.size(), ep.size() - runs.size() - tail.size()),
+          req.query);
     return error_response(404, "no such endpoint: GET " + req.path);
+  }
+  if (req.method == "DELETE") {
+    // training_runs/<run>/checkpoints/<weights|sampler_weights>/<name>
+    const std::string runs = "training_runs/", mid = "/checkpoints/";
+    const size_t m = ep.find(mid);
+    if (ep.rfind(runs, 0) == 0 && m != std::string::npos && m > runs.size())
+      return run_now(req.caller, "delete_checkpoint",
+                     {{"path", "tinker://" + ep.substr(runs.size(),
+                                                       m - runs.size()) +
+                                   "/" + ep.substr(m + mid.size())}});
   }
   if (req.method != "POST")
     return error_response(405, "method " + req.method + " is not served");
@@ -191,8 +272,8 @@ HttpResponse Service::handle(const HttpRequest& req) {
     Command c;
     c.op = "forward_backward";
     c.blob = req.body;
-    return sequenced("forward_backward", model_id, seq_id, req.body,
-                     std::move(c));
+    return sequenced(req.caller, "forward_backward", model_id, seq_id,
+                     req.body, std::move(c));
   }
   json body;
   HttpResponse bad;
@@ -209,23 +290,32 @@ HttpResponse Service::handle(const HttpRequest& req) {
   if (ep == "telemetry") return json_response(200, {{"status", "accepted"}});
   if (ep == "create_session") {
     std::lock_guard<std::mutex> lock(mu_);
+    const std::string id =
+        "session-" + instance_ + "-" + std::to_string(next_session_++);
+    sessions_.claim(id, req.caller.tenant);
     return json_response(200,
-                         {{"type", "create_session"},
-                          {"session_id", "session-" + instance_ + "-" +
-                                             std::to_string(next_session_++)}});
+                         {{"type", "create_session"}, {"session_id", id}});
   }
   if (ep == "session_heartbeat")
     return json_response(200, {{"type", "session_heartbeat"}});
   if (ep.rfind("sessions/", 0) == 0 && ep.size() > 16 &&
       ep.compare(ep.size() - 7, 7, "/finish") == 0)
     return json_response(200, json::object());
-  if (ep == "create_model") return create_model(raw);
-  if (ep == "load_weights") return load_weights(raw);
-  if (ep == "get_info") return get_info(raw);
-  if (ep == "retrieve_future") return retrieve_future(raw, req.accept);
-  if (ep == "create_sampling_session")
-    return run_now("create_sampling_session", body);
-  if (ep == "asample") return asample(raw, body);
+  if (ep == "create_model") return create_model(req.caller, raw);
+  if (ep == "load_weights") return load_weights(req.caller, raw);
+  if (ep == "get_info") return get_info(req.caller, raw);
+  if (ep == "retrieve_future")
+    return retrieve_future(req.caller, raw, req.accept);
+  if (ep == "create_sampling_session") {
+    std::string session;
+    if (get_string(body, "session_id", &session)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!resolve_session(req.caller, session))
+        return error_response(404, unknown_session(session));
+    }
+    return run_now(req.caller, "create_sampling_session", body);
+  }
+  if (ep == "asample") return asample(req.caller, raw, body);
   if (ep == "optim_step" || ep == "save_weights" ||
       ep == "save_weights_for_sampler") {
     std::string model_id;
@@ -239,7 +329,7 @@ HttpResponse Service::handle(const HttpRequest& req) {
     Command c;
     c.op = ep;
     c.args = body;
-    return sequenced(ep, model_id, seq_id, raw, std::move(c));
+    return sequenced(req.caller, ep, model_id, seq_id, raw, std::move(c));
   }
   // Not served. A numbered request of a model still consumes its seq_id
   // (else every later request of that client waits for it, then fails).
@@ -250,13 +340,14 @@ HttpResponse Service::handle(const HttpRequest& req) {
     const std::string message = not_implemented(ep) + "; seq_id " +
                                 std::to_string(seq_id) + " of model '" +
                                 model_id + "' is consumed";
-    return sequenced(ep, model_id, seq_id, raw,
-                     Command{kUnserved, {{"error", message}}, ""});
+    return sequenced(req.caller, ep, model_id, seq_id, raw,
+                     Command{kUnserved, {{"error", message}}, "", {}});
   }
   return error_response(404, not_implemented("POST /api/v1/" + ep));
 }
 
-HttpResponse Service::create_model(const std::string& raw) {
+HttpResponse Service::create_model(const Caller& caller,
+                                   const std::string& raw) {
   json body = json::parse(raw);
   std::string session, base;
   if (!get_string(body, "base_model", &base))
@@ -265,8 +356,12 @@ HttpResponse Service::create_model(const std::string& raw) {
   std::lock_guard<std::mutex> lock(mu_);
   std::string model_id;
   int64_t model_seq_id = 0;
-  if (get_string(body, "session_id", &session) &&
-      get_int64(body, "model_seq_id", &model_seq_id)) {
+  if (get_string(body, "session_id", &session)) {
+    if (!resolve_session(caller, session))
+      return error_response(404, unknown_session(session));
+    if (!get_int64(body, "model_seq_id", &model_seq_id))
+      return error_response(
+          400, "create_model: a session_id needs an integer model_seq_id");
     // The id the SDK itself derives for create-via-load.
     model_id = session + ":train:" + std::to_string(model_seq_id);
   } else {
@@ -282,15 +377,17 @@ HttpResponse Service::create_model(const std::string& raw) {
                                    "' was already created "
                                    "by a different create_model request");
   }
-  const std::string rid = new_future();
+  if (auto refused = over_model_quota(caller)) return *refused;
+  const std::string rid = new_future(caller);
   creates_[model_id] = {h, rid};
-  models_[model_id] = ModelSeq();
+  models_[model_id].tenant = caller.tenant;
   body["model_id"] = model_id;
-  enqueue(rid, Command{"create_model", body, ""});
+  enqueue(rid, Command{"create_model", body, "", caller});
   return json_response(200, {{"request_id", rid}, {"model_id", model_id}});
 }
 
-HttpResponse Service::load_weights(const std::string& raw) {
+HttpResponse Service::load_weights(const Caller& caller,
+                                   const std::string& raw) {
   json body = json::parse(raw);
   std::string path, model_id, session;
   if (!get_string(body, "path", &path))
@@ -300,8 +397,9 @@ HttpResponse Service::load_weights(const std::string& raw) {
     if (!get_int64(body, "seq_id", &seq_id))
       return error_response(400,
                             "load_weights: missing integer field 'seq_id'");
-    Command c{"load_weights", body, ""};
-    return sequenced("load_weights", model_id, seq_id, raw, std::move(c));
+    Command c{"load_weights", body, "", caller};
+    return sequenced(caller, "load_weights", model_id, seq_id, raw,
+                     std::move(c));
   }
   // Create-via-load: a new model whose first request is this load.
   int64_t model_seq_id = 0;
@@ -310,8 +408,10 @@ HttpResponse Service::load_weights(const std::string& raw) {
     return error_response(400,
                           "load_weights: give model_id and seq_id, or "
                           "session_id and model_seq_id");
-  model_id = session + ":train:" + std::to_string(model_seq_id);
   std::lock_guard<std::mutex> lock(mu_);
+  if (!resolve_session(caller, session))
+    return error_response(404, unknown_session(session));
+  model_id = session + ":train:" + std::to_string(model_seq_id);
   const uint64_t h = hash_of(raw);
   auto seen = creates_.find(model_id);
   if (seen != creates_.end()) {
@@ -320,30 +420,32 @@ HttpResponse Service::load_weights(const std::string& raw) {
           200, {{"request_id", seen->second.second}, {"model_id", model_id}});
     return error_response(409, "model '" + model_id + "' exists already");
   }
-  const std::string rid = new_future();
+  if (auto refused = over_model_quota(caller)) return *refused;
+  const std::string rid = new_future(caller);
   creates_[model_id] = {h, rid};
-  models_[model_id] = ModelSeq();
+  models_[model_id].tenant = caller.tenant;
   body["model_id"] = model_id;
   body["create"] = true;
-  enqueue(rid, Command{"load_weights", body, ""});
+  enqueue(rid, Command{"load_weights", body, "", caller});
   return json_response(200, {{"request_id", rid}, {"model_id", model_id}});
 }
 
-HttpResponse Service::sequenced(const std::string& op,
+HttpResponse Service::sequenced(const Caller& caller, const std::string& op,
                                 const std::string& model_id, int64_t seq_id,
                                 const std::string& body, Command command) {
+  command.caller = caller;
   std::lock_guard<std::mutex> lock(mu_);
-  auto mit = models_.find(model_id);
-  if (mit == models_.end()) {
-    // A well-formed request for a model this server never created: a failed
-    // future, as for any other bad input.
-    const std::string rid = new_future();
+  ModelSeq* mp = resolve_model(caller, model_id);
+  if (mp == nullptr) {
+    // A well-formed request for a model this tenant never created (or
+    // another tenant's): a failed future, as for any other bad input.
+    const std::string rid = new_future(caller);
     fail(rid,
          op + ": unknown model_id '" + model_id +
              "'. Fix: create_model first (or use the model_id it returned)");
     return json_response(200, {{"request_id", rid}, {"model_id", model_id}});
   }
-  ModelSeq& m = mit->second;
+  ModelSeq& m = *mp;
   if (seq_id < 1)
     return error_response(400, op + ": seq_id " + std::to_string(seq_id) +
                                    " must be >= 1 (a model's requests are "
@@ -358,7 +460,7 @@ HttpResponse Service::sequenced(const std::string& op,
                                    " of model '" + model_id +
                                    "' was already used by a different request");
   }
-  const std::string rid = new_future();
+  const std::string rid = new_future(caller);
   m.seen[seq_id] = {h, rid};
   if (seq_id < m.next) {
     // Only possible for a seq_id whose record was dropped; never reuse it.
@@ -388,37 +490,67 @@ HttpResponse Service::sequenced(const std::string& op,
   return json_response(200, {{"request_id", rid}, {"model_id", model_id}});
 }
 
-HttpResponse Service::get_info(const std::string& raw) {
+HttpResponse Service::get_info(const Caller& caller, const std::string& raw) {
   json body = json::parse(raw);
   std::string model_id;
   if (!get_string(body, "model_id", &model_id))
     return error_response(400, "get_info: missing string field 'model_id'");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (resolve_model(caller, model_id) == nullptr)
+      return error_response(404,
+                            "get_info: unknown model_id '" + model_id + "'");
+  }
+  return run_now(caller, "get_info", {{"model_id", model_id}});
+}
+
+HttpResponse Service::run_now(const Caller& caller, const std::string& op,
+                              const json& args) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!models_.count(model_id))
-    return error_response(404, "get_info: unknown model_id '" + model_id + "'");
-  const std::string rid = new_future();
-  enqueue(rid, Command{"get_info", {{"model_id", model_id}}, ""});
+  const std::string rid = new_future(caller);
+  enqueue(rid, Command{op, args, "", caller});
   done_cv_.wait(lock, [&] { return futures_[rid].done || stopping_; });
   Future f = futures_[rid];
   futures_.erase(rid);
   if (!f.done) return error_response(503, "the server is stopping");
-  if (!f.result.ok) return error_response(400, f.result.error);
+  if (!f.result.ok) return error_response(f.result.http_status, f.result.error);
   return json_response(200, f.result.json);
 }
 
-HttpResponse Service::run_now(const std::string& op, const json& args) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const std::string rid = new_future();
-  enqueue(rid, Command{op, args, ""});
-  done_cv_.wait(lock, [&] { return futures_[rid].done || stopping_; });
-  Future f = futures_[rid];
-  futures_.erase(rid);
-  if (!f.done) return error_response(503, "the server is stopping");
-  if (!f.result.ok) return error_response(400, f.result.error);
-  return json_response(200, f.result.json);
+HttpResponse Service::list_checkpoints(const Caller& caller,
+                                       const std::string& run,
+                                       const std::string& query) {
+  json args = {{"limit", 100}, {"offset", 0}};
+  // ?limit=N&offset=M (the SDK's list_user_checkpoints); others ignored.
+  size_t at = 0;
+  while (at <= query.size()) {
+    const size_t amp = std::min(query.find('&', at), query.size());
+    const std::string kv = query.substr(at, amp - at);
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) {
+      const std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+      int64_t n = 0;
+      if (k == "limit" || k == "offset") {
+        if (read_int(v, &n) != NumberText::kOk || n < 0 ||
+            (k == "limit" && (n < 1 || n > 1000)))
+          return error_response(400, "checkpoints: " + k + "=" + elide(v, 40) +
+                                         " must be an integer, limit in [1, "
+                                         "1000], offset >= 0");
+        args[k] = n;
+      }
+    }
+    at = amp + 1;
+  }
+  if (!run.empty()) {
+    args["model_id"] = run;
+    std::lock_guard<std::mutex> lock(mu_);
+    args["live"] = resolve_model(caller, run) != nullptr;
+  }
+  return run_now(caller, "list_checkpoints", args);
 }
 
-HttpResponse Service::asample(const std::string& raw, const json& body) {
+HttpResponse Service::asample(const Caller& caller, const std::string& raw,
+                              const json& body) {
   // The promise names each sample up front (the SDK stamps these ids on
   // the sequences of the result): "<request id>:<i>".
   int64_t n = 1;
@@ -426,23 +558,29 @@ HttpResponse Service::asample(const std::string& raw, const json& body) {
     n = std::max<int64_t>(0, std::min<int64_t>(n, kMaxSampleIdsPerRequest));
   std::string key, session;
   int64_t seq_id = 0;
-  if (get_string(body, "sampling_session_id", &session) &&
-      get_int64(body, "seq_id", &seq_id))
+  const bool by_session = get_string(body, "sampling_session_id", &session);
+  if (by_session && get_int64(body, "seq_id", &seq_id))
     key = session + "#" + std::to_string(seq_id);
   std::lock_guard<std::mutex> lock(mu_);
-  const uint64_t h = hash_of(raw);
   std::string rid;
-  auto seen = key.empty() ? samples_.end() : samples_.find(key);
-  if (seen != samples_.end()) {
-    if (seen->second.first != h)
-      return error_response(409, "asample: seq_id of sampling session '" + key +
-                                     "' was already used by a different "
-                                     "request");
-    rid = seen->second.second;  // a retry: the original future
+  if (by_session && !resolve_sampling_session(caller, session)) {
+    rid = new_future(caller);
+    fail(rid, unknown_sampling_session(session));
   } else {
-    rid = new_future();
-    if (!key.empty()) samples_[key] = {h, rid};
-    enqueue(rid, Command{"sample", body, ""});
+    const uint64_t h = hash_of(raw);
+    auto seen = key.empty() ? samples_.end() : samples_.find(key);
+    if (seen != samples_.end()) {
+      if (seen->second.first != h)
+        return error_response(409, "asample: seq_id of sampling session '" +
+                                       key +
+                                       "' was already used by a different "
+                                       "request");
+      rid = seen->second.second;  // a retry: the original future
+    } else {
+      rid = new_future(caller);
+      if (!key.empty()) samples_[key] = {h, rid};
+      enqueue(rid, Command{"sample", body, "", caller});
+    }
   }
   json ids = json::array();
   for (int64_t i = 0; i < n; ++i) ids.push_back(rid + ":" + std::to_string(i));
@@ -450,7 +588,8 @@ HttpResponse Service::asample(const std::string& raw, const json& body) {
                        {{"request_id", rid}, {"sample_sequence_ids", ids}});
 }
 
-HttpResponse Service::retrieve_future(const std::string& raw,
+HttpResponse Service::retrieve_future(const Caller& caller,
+                                      const std::string& raw,
                                       const std::string& accept) {
   json body = json::parse(raw);
   std::string rid;
@@ -458,8 +597,7 @@ HttpResponse Service::retrieve_future(const std::string& raw,
     return error_response(400,
                           "retrieve_future: missing string field 'request_id'");
   std::unique_lock<std::mutex> lock(mu_);
-  auto it = futures_.find(rid);
-  if (it == futures_.end())
+  if (resolve_future(caller, rid) == nullptr)
     return error_response(404,
                           "retrieve_future: unknown request_id '" + rid + "'");
   const auto wait = std::chrono::duration_cast<Clock::duration>(
@@ -500,7 +638,7 @@ void Service::run_rank0(
       if (stopping_) break;
       if (Clock::now() - last_broadcast >= beat) {
         lock.unlock();
-        execute(Command{"noop", json::object(), ""});
+        execute(Command{"noop", json::object(), "", {}});
         lock.lock();
         last_broadcast = Clock::now();
         continue;
@@ -525,13 +663,20 @@ void Service::run_rank0(
     last_broadcast = Clock::now();
     ++stats_.commands_executed;
     if (!result.ok) ++stats_.requests_failed;
+    if (!result.ok && (item.second.op == "create_model" ||
+                       (item.second.op == "load_weights" &&
+                        item.second.args.value("create", false)))) {
+      // Never built: not counted in the tenant's quota.
+      auto m = models_.find(item.second.args.value("model_id", ""));
+      if (m != models_.end()) m->second.failed = true;
+    }
     Future& f = futures_[item.first];
     f.done = true;
     f.result = std::move(result);
     done_cv_.notify_all();
   }
   lock.unlock();
-  execute(Command{"shutdown", json::object(), ""});
+  execute(Command{"shutdown", json::object(), "", {}});
   done_cv_.notify_all();
 }
 

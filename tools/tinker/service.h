@@ -42,8 +42,22 @@
 //     options.instance_id, a random token per Service by default, so ids
 //     never repeat across restarts and one run's checkpoints
 //     (<state_dir>/<model id>/...) are never another's.
-// API keys are not checked (the SDK requires one starting with "tml-").
-//
+//   - Tenants (tenancy.h): every request carries its Caller (the HTTP front
+//     checked its API key, http.h). Sessions, models, futures and sampling
+//     sessions belong to the tenant that made them, and every id a request
+//     names goes through one of the resolve_*() functions below (Note [One
+//     tenant check] in tenancy.h): another tenant's id is answered exactly
+//     as an id that does not exist. A session_id must be one that
+//     create_session gave the caller's tenant (404 otherwise). Every
+//     Command carries the caller, so the trainer finds the tenant's files.
+//   - Quotas: a create_model (or a create-via-load) beyond the tenant's
+//     max_models is HTTP 403 with nothing changed ("x-should-retry:
+//     false", so the SDK does not retry it); max_bytes is checked by the
+//     trainer when a save runs (checkpoints.h).
+//   - Listings: GET checkpoints (the tenant's checkpoints of every run,
+//     newest first, ?limit=&offset=) and GET training_runs/<id>/checkpoints
+//     (one run's; 404 for a run that is neither a live model of the tenant
+//     nor in its folder), run on rank 0 in the command queue.
 // Execution: run_rank0() pops the queued Commands in order and calls
 // `execute` for each (which broadcasts it and runs it on every rank; see
 // Note [One command stream] in command.h).
@@ -61,10 +75,13 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tools/tinker/command.h"
+#include "tools/tinker/tenancy.h"
 
 namespace zerostep {
 namespace tinker {
@@ -75,17 +92,20 @@ inline constexpr int64_t kMaxSampleIdsPerRequest = 128;
 
 struct HttpRequest {
   std::string method;  // "GET" or "POST"
-  std::string path;    // e.g. "/api/v1/healthz"
+  std::string path;    // e.g. "/api/v1/healthz", %-escapes decoded
+  std::string query;   // after '?', as sent ("limit=10&offset=0")
   std::string body;
   std::string content_type;      // request Content-Type
   std::string content_encoding;  // request Content-Encoding
   std::string accept;            // request Accept
+  Caller caller;                 // who it acts for (the key's tenant)
 };
 
 struct HttpResponse {
   int status = 200;
   std::string content_type = "application/json";
   std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // extra ones
 };
 
 struct ServiceOptions {
@@ -132,6 +152,7 @@ class Service {
   struct Future {
     bool done = false;
     CommandResult result;
+    std::string tenant;
   };
   struct Held {
     std::string request_id;
@@ -139,25 +160,45 @@ class Service {
     Clock::time_point deadline;
   };
   struct ModelSeq {
+    std::string tenant;
+    bool failed = false;  // its creation failed: not counted in a quota
     int64_t next = 1;
     std::map<int64_t, Held> held;
     std::map<int64_t, std::pair<uint64_t, std::string>> seen;  // hash, id
   };
 
-  HttpResponse create_model(const std::string& body);
-  HttpResponse load_weights(const std::string& body);
-  HttpResponse sequenced(const std::string& op, const std::string& model_id,
-                         int64_t seq_id, const std::string& body,
-                         Command command);
-  HttpResponse get_info(const std::string& body);
+  HttpResponse create_model(const Caller& caller, const std::string& body);
+  HttpResponse load_weights(const Caller& caller, const std::string& body);
+  HttpResponse sequenced(const Caller& caller, const std::string& op,
+                         const std::string& model_id, int64_t seq_id,
+                         const std::string& body, Command command);
+  HttpResponse get_info(const Caller& caller, const std::string& body);
   // Runs `op` in the command queue and answers its result at once (JSON,
-  // or HTTP 400 with the error).
-  HttpResponse run_now(const std::string& op, const nlohmann::json& args);
-  HttpResponse asample(const std::string& raw, const nlohmann::json& body);
-  HttpResponse retrieve_future(const std::string& body,
+  // or HTTP 400, or the result's http_status, with the error).
+  HttpResponse run_now(const Caller& caller, const std::string& op,
+                       const nlohmann::json& args);
+  HttpResponse asample(const Caller& caller, const std::string& raw,
+                       const nlohmann::json& body);
+  HttpResponse retrieve_future(const Caller& caller, const std::string& body,
                                const std::string& accept);
-  // Requires mu_ held.
-  std::string new_future();
+  HttpResponse list_checkpoints(const Caller& caller, const std::string& run,
+                                const std::string& query);
+
+  // Note [One tenant check] (tenancy.h): the only ways a request's ids are
+  // looked up. Each is true (or non-null) only for an id that exists and
+  // is the caller's. Require mu_ held.
+  ModelSeq* resolve_model(const Caller& caller, const std::string& model_id);
+  bool resolve_session(const Caller& caller, const std::string& session_id);
+  Future* resolve_future(const Caller& caller, const std::string& request_id);
+  // "<session or model id>:sample:<n>": the caller's if that session or
+  // model is.
+  bool resolve_sampling_session(const Caller& caller,
+                                const std::string& sampling_session_id);
+  // 403 if creating one more model would exceed the caller's max_models.
+  std::optional<HttpResponse> over_model_quota(const Caller& caller);
+
+  // Require mu_ held.
+  std::string new_future(const Caller& caller);
   void enqueue(const std::string& request_id, Command command);
   void fail(const std::string& request_id, const std::string& error);
   void expire_gaps();
@@ -170,6 +211,7 @@ class Service {
   std::map<std::string, Future> futures_;  // GUARDED_BY(mu_)
   std::deque<std::pair<std::string, Command>> queue_;  // GUARDED_BY(mu_)
   std::map<std::string, ModelSeq> models_;             // GUARDED_BY(mu_)
+  TenantIds sessions_;                                 // GUARDED_BY(mu_)
   std::map<std::string, std::pair<uint64_t, std::string>>
       creates_;  // GUARDED_BY(mu_)
   // "<sampling session>#<seq_id>" -> (body hash, request id).

@@ -23,12 +23,18 @@ using nlohmann::json;
 class ServiceTest : public ::testing::Test {
  protected:
   ServiceTest() : service_(options()) {
+    session_ = post("create_session", json::object())["session_id"];
     loop_ = std::thread([this] {
       service_.run_rank0([this](const Command& c) {
         std::lock_guard<std::mutex> lock(mu_);
-        if (c.op != "noop" && c.op != "shutdown") executed_.push_back(c.op);
+        if (c.op != "noop" && c.op != "shutdown") {
+          executed_.push_back(c.op);
+          commands_.push_back(c);
+        }
+        if (c.args.value("base_model", "") == "unbuildable")
+          return CommandResult::failure("cannot build", "user");
         CommandResult r;
-        r.json = {{"op", c.op}};
+        r.json = {{"op", c.op}, {"tenant", c.caller.tenant}};
         return r;
       });
     });
@@ -45,24 +51,28 @@ class ServiceTest : public ::testing::Test {
     return o;
   }
 
-  json post(const std::string& ep, const json& body, int* status = nullptr) {
+  json post(const std::string& ep, const json& body, int* status = nullptr,
+            const std::string& tenant = kDefaultTenant) {
     HttpRequest req;
     req.method = "POST";
     req.path = "/api/v1/" + ep;
     req.body = body.dump();
+    req.caller.tenant = tenant;
     HttpResponse res = service_.handle(req);
     if (status != nullptr) *status = res.status;
     return json::parse(res.body);
   }
 
-  json result(const json& future) {
-    return post("retrieve_future", {{"request_id", future["request_id"]}});
+  json result(const json& future,
+              const std::string& tenant = kDefaultTenant) {
+    return post("retrieve_future", {{"request_id", future["request_id"]}},
+                nullptr, tenant);
   }
 
   std::string create_model() {
-    json f =
-        post("create_model",
-             {{"session_id", "s"}, {"model_seq_id", 0}, {"base_model", "b"}});
+    json f = post("create_model", {{"session_id", session_},
+                                   {"model_seq_id", 0},
+                                   {"base_model", "b"}});
     EXPECT_EQ(result(f)["op"], "create_model");
     return f["model_id"];
   }
@@ -73,8 +83,10 @@ class ServiceTest : public ::testing::Test {
   }
 
   Service service_;
+  std::string session_;
   std::mutex mu_;
   std::vector<std::string> executed_;  // GUARDED_BY(mu_)
+  std::vector<Command> commands_;      // GUARDED_BY(mu_)
   std::thread loop_;
 };
 
@@ -133,7 +145,7 @@ TEST_F(ServiceTest, SaveWeightsForSamplerRunsInItsModelsOrder) {
 }
 
 TEST_F(ServiceTest, AsampleAnswersAPromiseWithOneIdPerSample) {
-  const json body = {{"sampling_session_id", "s:sample:0"},
+  const json body = {{"sampling_session_id", session_ + ":sample:0"},
                      {"seq_id", 0},
                      {"num_samples", 3},
                      {"prompt", {{"chunks", json::array()}}}};
@@ -156,7 +168,7 @@ TEST_F(ServiceTest, AsampleAnswersAPromiseWithOneIdPerSample) {
 TEST_F(ServiceTest, SamplingSessionsAnswerAtOnce) {
   int status = 0;
   json r = post("create_sampling_session",
-                {{"session_id", "s"},
+                {{"session_id", session_},
                  {"sampling_session_seq_id", 0},
                  {"base_model", "b"}},
                 &status);
@@ -164,7 +176,7 @@ TEST_F(ServiceTest, SamplingSessionsAnswerAtOnce) {
   EXPECT_EQ(r["op"], "create_sampling_session");
   HttpRequest get;
   get.method = "GET";
-  get.path = "/api/v1/samplers/s:sample:0";
+  get.path = "/api/v1/samplers/" + session_ + ":sample:0";
   HttpResponse res = service_.handle(get);
   EXPECT_EQ(res.status, 200);
   EXPECT_EQ(json::parse(res.body)["op"], "get_sampler");
@@ -181,8 +193,169 @@ TEST_F(ServiceTest, UnservedEndpointWithoutSeqIdIsNotImplemented) {
 }
 
 TEST_F(ServiceTest, IdsCarryTheInstance) {
+  EXPECT_EQ(session_, "session-test-1");
   json s = post("create_session", json::object());
-  EXPECT_EQ(s["session_id"], "session-test-1");
+  EXPECT_EQ(s["session_id"], "session-test-2");
+}
+
+// Issue 45: a tenant sees only its own sessions, models, futures and
+// sampling sessions, and another tenant's id is answered exactly as an id
+// that does not exist (the id itself aside).
+TEST_F(ServiceTest, AnotherTenantsIdsAnswerAsMissingOnes) {
+  // alice's session, model, future and sampling session.
+  const std::string alice_session =
+      post("create_session", json::object(), nullptr, "alice")["session_id"];
+  json created = post("create_model",
+                      {{"session_id", alice_session},
+                       {"model_seq_id", 0},
+                       {"base_model", "b"}},
+                      nullptr, "alice");
+  const std::string model = created["model_id"];
+  const std::string future = created["request_id"];
+  const std::string sampling = model + ":sample:0";
+  // Each request bob sends with alice's id, and again with an id nobody
+  // has: the same status and answer (a future's result included), once
+  // the id is replaced.
+  auto answer = [&](const std::string& ep, json body, const std::string& id) {
+    int status = 0;
+    json a = post(ep, body, &status, "bob");
+    if (status == 200 && a.contains("request_id")) a = result(a, "bob");
+    std::string text = a.dump();
+    for (size_t at; (at = text.find(id)) != std::string::npos;)
+      text.replace(at, id.size(), "<id>");
+    return std::make_pair(status, text);
+  };
+  auto same_answer = [&](const std::string& ep, const std::string& field,
+                         const std::string& theirs, const std::string& none,
+                         json body) {
+    body[field] = theirs;
+    const auto a = answer(ep, body, theirs);
+    body[field] = none;
+    const auto b = answer(ep, body, none);
+    EXPECT_EQ(a, b) << ep;
+    EXPECT_NE(a.second.find("unknown"), std::string::npos)
+        << ep << ": " << a.second;
+  };
+  same_answer("create_model", "session_id", alice_session, "session-test-99",
+              {{"model_seq_id", 1}, {"base_model", "b"}});
+  same_answer("load_weights", "session_id", alice_session, "session-test-99",
+              {{"model_seq_id", 1}, {"path", "tinker://m/weights/w"}});
+  same_answer("create_sampling_session", "session_id", alice_session,
+              "session-test-99",
+              {{"sampling_session_seq_id", 0}, {"base_model", "b"}});
+  same_answer("get_info", "model_id", model, "session-test-99:train:0",
+              json::object());
+  same_answer("optim_step", "model_id", model, "session-test-99:train:0",
+              {{"seq_id", 1}, {"adam_params", json::object()}});
+  same_answer("save_weights", "model_id", model, "session-test-99:train:0",
+              {{"seq_id", 1}, {"path", "w"}});
+  same_answer("save_weights_external", "model_id", model,
+              "session-test-99:train:0", {{"seq_id", 1}, {"path", "w"}});
+  same_answer("retrieve_future", "request_id", future, "req-999",
+              json::object());
+  same_answer("asample", "sampling_session_id", sampling,
+              "session-test-99:sample:0",
+              {{"seq_id", 0}, {"prompt", {{"chunks", json::array()}}}});
+  HttpRequest get;
+  get.method = "GET";
+  get.caller.tenant = "bob";
+  get.path = "/api/v1/samplers/" + sampling;
+  const HttpResponse theirs = service_.handle(get);
+  get.path = "/api/v1/samplers/session-test-99:sample:0";
+  const HttpResponse none = service_.handle(get);
+  EXPECT_EQ(theirs.status, 400);
+  EXPECT_EQ(none.status, 400);
+  // alice still has all of it, and nothing of bob's reached the trainer.
+  EXPECT_EQ(result({{"request_id", future}}, "alice")["tenant"], "alice");
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSERT_EQ(commands_.size(), 1u);
+  EXPECT_EQ(commands_[0].op, "create_model");
+  EXPECT_EQ(commands_[0].caller.tenant, "alice");
+}
+
+TEST_F(ServiceTest, AModelQuotaRefusesTheNextCreateWithA403) {
+  auto create = [&](int seq, const std::string& base, int* status) {
+    HttpRequest req;
+    req.method = "POST";
+    req.path = "/api/v1/create_model";
+    req.caller.tenant = kDefaultTenant;
+    req.caller.max_models = 1;
+    req.body = json({{"session_id", session_},
+                     {"model_seq_id", seq},
+                     {"base_model", base}})
+                   .dump();
+    HttpResponse r = service_.handle(req);
+    *status = r.status;
+    return std::make_pair(json::parse(r.body), r);
+  };
+  int status = 0;
+  // A creation that fails does not count.
+  auto failed = create(0, "unbuildable", &status);
+  ASSERT_EQ(status, 200);
+  EXPECT_TRUE(result(failed.first).contains("error"));
+  auto first = create(1, "b", &status);
+  ASSERT_EQ(status, 200);
+  EXPECT_EQ(result(first.first)["op"], "create_model");
+  auto second = create(2, "b", &status);
+  EXPECT_EQ(status, 403);
+  EXPECT_NE(second.first["error"].get<std::string>().find(
+                "tenant 'default' holds 1 model, its quota (max_models=1"),
+            std::string::npos)
+      << second.first;
+  EXPECT_EQ(second.second.headers,
+            (std::vector<std::pair<std::string, std::string>>{
+                {"x-should-retry", "false"}}));
+  EXPECT_EQ(executed(),
+            (std::vector<std::string>{"create_model", "create_model"}));
+}
+
+TEST_F(ServiceTest, ListingsAndDeletesRunForTheCallersTenant) {
+  const std::string model = create_model();
+  auto call = [&](const std::string& method, const std::string& path,
+                  const std::string& query, const std::string& tenant) {
+    HttpRequest req;
+    req.method = method;
+    req.path = path;
+    req.query = query;
+    req.caller.tenant = tenant;
+    req.caller.max_bytes = 7;
+    return service_.handle(req);
+  };
+  EXPECT_EQ(call("GET", "/api/v1/checkpoints", "limit=5&offset=2", "alice")
+                .status,
+            200);
+  EXPECT_EQ(call("GET", "/api/v1/training_runs/" + model + "/checkpoints", "",
+                 kDefaultTenant)
+                .status,
+            200);
+  EXPECT_EQ(call("GET", "/api/v1/training_runs/" + model + "/checkpoints", "",
+                 "bob")
+                .status,
+            200);
+  EXPECT_EQ(call("DELETE",
+                 "/api/v1/training_runs/" + model + "/checkpoints/weights/w",
+                 "", "bob")
+                .status,
+            200);
+  const HttpResponse bad =
+      call("GET", "/api/v1/checkpoints", "limit=0", "alice");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(call("PUT", "/api/v1/training_runs/x/checkpoints/weights/w/ttl",
+                 "", "alice")
+                .status,
+            405);
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSERT_EQ(commands_.size(), 5u);
+  EXPECT_EQ(commands_[1].op, "list_checkpoints");
+  EXPECT_EQ(commands_[1].caller.tenant, "alice");
+  EXPECT_EQ(commands_[1].caller.max_bytes, 7u);
+  EXPECT_EQ(commands_[1].args, json({{"limit", 5}, {"offset", 2}}));
+  // The run is a live model of the default tenant, not of bob's.
+  EXPECT_EQ(commands_[2].args["live"], true);
+  EXPECT_EQ(commands_[3].args["live"], false);
+  EXPECT_EQ(commands_[3].caller.tenant, "bob");
+  EXPECT_EQ(commands_[4].op, "delete_checkpoint");
+  EXPECT_EQ(commands_[4].args["path"], "tinker://" + model + "/weights/w");
 }
 
 // Issue 15: ids restarted at session-1:train:0 after a restart and
@@ -322,9 +495,14 @@ RC_GTEST_PROP(ServiceRequests, EveryRequestGetsAMeaningfulAnswer, ()) {
     req.accept = "application/json";
     return service.handle(req);
   };
+  const std::string session = json::parse(
+      call("POST", "/api/v1/create_session", "{}").body)["session_id"];
   const json model = json::parse(
       call("POST", "/api/v1/create_model",
-           R"({"session_id": "s", "model_seq_id": 0, "base_model": "b"})")
+           json({{"session_id", session},
+                 {"model_seq_id", 0},
+                 {"base_model", "b"}})
+               .dump())
           .body);
   const std::string endpoint = *rc::gen::element<std::string>(
       "create_session", "session_heartbeat", "sessions/s/finish", "telemetry",
@@ -343,12 +521,12 @@ RC_GTEST_PROP(ServiceRequests, EveryRequestGetsAMeaningfulAnswer, ()) {
        {1, rc::gen::just<std::string>("PUT")}});
   json valid = {{"model_id", model["model_id"]},
                 {"seq_id", 1},
-                {"session_id", "s"},
+                {"session_id", session},
                 {"model_seq_id", 1},
                 {"base_model", "b"},
                 {"path", "p"},
                 {"request_id", model["request_id"]},
-                {"sampling_session_id", "s:sample:0"},
+                {"sampling_session_id", session + ":sample:0"},
                 {"sampling_session_seq_id", 0},
                 {"num_samples", 2}};
   std::string body;

@@ -95,7 +95,7 @@ struct RankTrainer::Impl {
             comm->world_size())),
         models(comm, config, options.base_seed,
                MemoryCheck{options.ranks_in_process, options.available_memory}),
-        checkpoints(comm, options.state_dir),
+        checkpoints(comm, options.state_dir, config.zero.stage),
         samplers(comm, options.state_dir) {}
 
   Communicator* comm;
@@ -158,7 +158,7 @@ struct RankTrainer::Impl {
   // one backward() per row it completes.
   CommandResult forward_backward(const Command& c) {
     const ForwardBackwardIn in = decode_forward_backward(c.blob);
-    Model& m = models.get(in.model_id);
+    Model& m = models.get(in.model_id, c.caller.tenant);
     const std::vector<DatumPlan> plans = plan_forward_backward(in, m.base);
     const LossConfig config = loss_config(in.loss_fn, in.loss_fn_config);
     // Validated on every rank: from here on every rank runs the same
@@ -261,8 +261,8 @@ struct RankTrainer::Impl {
                      "Nothing was changed; call optim_step first");
   }
 
-  CommandResult optim_step(const nlohmann::json& a) {
-    Model& m = models.get(require_string(a, "model_id"));
+  CommandResult optim_step(const Caller& caller, const nlohmann::json& a) {
+    Model& m = models.get(require_string(a, "model_id"), caller.tenant);
     nlohmann::json p;
     if (const nlohmann::json* adam = get_object(a, "adam_params")) {
       p = *adam;
@@ -315,8 +315,8 @@ struct RankTrainer::Impl {
             static_cast<double>(m.engine->global_steps())}}}});
   }
 
-  CommandResult get_info(const nlohmann::json& a) {
-    Model& m = models.get(require_string(a, "model_id"));
+  CommandResult get_info(const Caller& caller, const nlohmann::json& a) {
+    Model& m = models.get(require_string(a, "model_id"), caller.tenant);
     const uint64_t d = digest(m);
     int64_t trainable = 0;
     for (const torch::Tensor& p : m.engine->parameters())
@@ -342,24 +342,27 @@ struct RankTrainer::Impl {
 
   CommandResult dispatch(const Command& c) {
     if (c.op == "noop" || c.op == "shutdown") return CommandResult();
-    if (c.op == "create_model") return ok_json(models.create_model(c.args));
+    const Caller& caller = c.caller;
+    if (c.op == "create_model")
+      return ok_json(models.create_model(c.args, caller.tenant));
     if (c.op == "forward_backward") return forward_backward(c);
-    if (c.op == "optim_step") return optim_step(c.args);
+    if (c.op == "optim_step") return optim_step(caller, c.args);
     if (c.op == "save_weights") {
       require_no_open_window("save_weights", c.args);
-      return ok_json(checkpoints.save_weights(models, c.args));
+      return ok_json(checkpoints.save_weights(models, caller, c.args));
     }
     if (c.op == "load_weights") {
       require_no_open_window("load_weights", c.args);
-      return ok_json(checkpoints.load_weights(models, c.args));
+      return ok_json(checkpoints.load_weights(models, caller, c.args));
     }
-    if (c.op == "get_info") return get_info(c.args);
+    if (c.op == "get_info") return get_info(caller, c.args);
     if (c.op == "save_weights_for_sampler")
-      return ok_json(samplers.save_for_sampler(models, c.args));
-    // Sessions and sampling are rank 0's alone (sampling.h).
+      return ok_json(samplers.save_for_sampler(models, caller, c.args));
+    // Sessions, sampling, listings and deletes are rank 0's alone
+    // (sampling.h, checkpoints.h).
     const bool rank0 = comm->rank() == 0;
     if (c.op == "create_sampling_session")
-      return rank0 ? ok_json(samplers.create_session(models, c.args))
+      return rank0 ? ok_json(samplers.create_session(models, caller, c.args))
                    : CommandResult();
     if (c.op == "get_sampler")
       return rank0 ? ok_json(samplers.get_sampler(c.args)) : CommandResult();
@@ -367,8 +370,17 @@ struct RankTrainer::Impl {
       if (!rank0) return CommandResult();
       CommandResult r;
       r.has_proto = true;
-      r.proto = samplers.sample(models, c.args);
+      r.proto = samplers.sample(models, caller, c.args);
       return r;
+    }
+    if (c.op == "list_checkpoints")
+      return rank0 ? ok_json(checkpoints.list(caller, c.args))
+                   : CommandResult();
+    if (c.op == "delete_checkpoint") {
+      if (!rank0) return CommandResult();
+      nlohmann::json out = checkpoints.remove(caller, c.args);
+      samplers.forget(caller, out.at("path").get<std::string>());
+      return ok_json(out);
     }
     throw InternalError("unknown command '" + c.op + "'");
   }
@@ -386,6 +398,10 @@ CommandResult RankTrainer::execute(const Command& command) {
     return CommandResult::failure(e.what(), "server");
   } catch (const InternalError& e) {
     return CommandResult::failure(e.what(), "server");
+  } catch (const NotFound& e) {
+    CommandResult r = CommandResult::failure(e.what(), "user");
+    r.http_status = 404;
+    return r;
   } catch (const Error& e) {  // UsageError, ConfigError, IoError
     return CommandResult::failure(e.what(), "user");
   } catch (const c10::Error& e) {

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -279,6 +281,112 @@ TEST(TrainerTest, AModelThatCannotFitIsRefusedAndNothingIsBuilt) {
       execute_on_sim_world(2, with_memory(1'000'000, 1), {full});
   EXPECT_TRUE(fits[0].ok) << fits[0].error;
 }
+
+// Issue 45 (Note [One tenant check] in tenancy.h): each tenant's models
+// and files are its own. The same checkpoint name by two tenants lands in
+// two folders; another tenant's model, checkpoint path, sampler weights or
+// run is answered exactly as one that does not exist; listings and
+// deletes see the caller's only.
+TEST(TrainerTest, EachTenantSeesItsOwnModelsAndCheckpoints) {
+  auto as = [](const std::string& tenant, Command c) {
+    c.caller.tenant = tenant;
+    return c;
+  };
+  auto model = [&](const std::string& tenant, const std::string& id) {
+    Command c = create_model();
+    c.args["model_id"] = id;
+    return as(tenant, c);
+  };
+  auto op = [&](const std::string& tenant, const char* name, json args) {
+    Command c;
+    c.op = name;
+    c.args = std::move(args);
+    return as(tenant, c);
+  };
+  TrainerOptions o;
+  o.ds_config_json = ds_config(2);
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  o.state_dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/tenants_test";
+  const std::vector<Command> commands = {
+      model("alice", "a1"),                                              // 0
+      model("bob", "b1"),                                                // 1
+      op("alice", "save_weights", {{"model_id", "a1"}, {"path", "same"}}),
+      op("bob", "save_weights", {{"model_id", "b1"}, {"path", "same"}}),
+      // bob names alice's model, then a model nobody has.                 4
+      op("bob", "save_weights", {{"model_id", "a1"}, {"path", "x"}}),
+      op("bob", "save_weights", {{"model_id", "zz"}, {"path", "x"}}),
+      // bob loads alice's checkpoint, then one nobody has.                6
+      op("bob", "load_weights",
+         {{"model_id", "b2"}, {"create", true},
+          {"path", "tinker://a1/weights/same"}}),
+      op("bob", "load_weights",
+         {{"model_id", "b2"}, {"create", true},
+          {"path", "tinker://zz/weights/same"}}),
+      op("alice", "save_weights_for_sampler",
+         {{"model_id", "a1"}, {"path", "s"}}),                          // 8
+      op("bob", "create_sampling_session",
+         {{"session_id", "sb"}, {"sampling_session_seq_id", 0},
+          {"model_path", "tinker://a1/sampler_weights/s"}}),
+      op("bob", "create_sampling_session",
+         {{"session_id", "sb"}, {"sampling_session_seq_id", 0},
+          {"model_path", "tinker://zz/sampler_weights/s"}}),
+      op("alice", "list_checkpoints", {{"limit", 100}, {"offset", 0}}),  // 11
+      op("bob", "list_checkpoints", {{"model_id", "a1"}, {"live", false}}),
+      op("bob", "list_checkpoints", {{"model_id", "zz"}, {"live", false}}),
+      op("bob", "delete_checkpoint", {{"path", "tinker://a1/weights/same"}}),
+      op("alice", "delete_checkpoint", {{"path", "tinker://a1/weights/same"}}),
+      op("alice", "list_checkpoints", {{"model_id", "a1"}, {"live", true}}),
+      // Her own model and checkpoint still load for bob's namesake: 17
+      op("bob", "load_weights",
+         {{"model_id", "b1"}, {"path", "tinker://b1/weights/same"}}),
+  };
+  const std::vector<CommandResult> r = execute_on_sim_world(2, o, commands);
+  for (int i : {0, 1, 2, 3, 8, 11, 15, 16, 17})
+    EXPECT_TRUE(r[i].ok) << i << ": " << r[i].error;
+  auto same = [&](int theirs, int none, const std::string& id_theirs,
+                  const std::string& id_none) {
+    ASSERT_FALSE(r[theirs].ok);
+    ASSERT_FALSE(r[none].ok);
+    std::string a = r[theirs].error, b = r[none].error;
+    a.replace(a.find(id_theirs), id_theirs.size(), "<id>");
+    b.replace(b.find(id_none), id_none.size(), "<id>");
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(r[theirs].http_status, r[none].http_status);
+  };
+  same(4, 5, "'a1'", "'zz'");
+  EXPECT_NE(r[4].error.find("your models on this server: b1)"),
+            std::string::npos)
+      << r[4].error;
+  same(6, 7, "tinker://a1/", "tinker://zz/");
+  same(9, 10, "tinker://a1/", "tinker://zz/");
+  same(12, 13, "'a1'", "'zz'");
+  EXPECT_EQ(r[12].http_status, 404);
+  ASSERT_FALSE(r[14].ok);  // bob cannot delete alice's
+  EXPECT_EQ(r[14].http_status, 404);
+  // One folder per tenant, the same name in each.
+  const std::string root = o.state_dir + "/tenants/";
+  EXPECT_TRUE(std::ifstream(root + "bob/b1/same/manifest.json").good());
+  EXPECT_TRUE(
+      std::ifstream(root + "alice/a1/sampler_weights/s/weights.pt").good());
+  EXPECT_FALSE(std::ifstream(root + "alice/a1/same/manifest.json").good());
+  // alice's listing before her delete: her checkpoint and sampler weights.
+  const json& listed = r[11].json;
+  ASSERT_EQ(listed["checkpoints"].size(), 2u) << listed;
+  EXPECT_EQ(listed["cursor"]["total_count"], 2);
+  std::vector<std::string> paths;
+  for (const json& c : listed["checkpoints"]) {
+    paths.push_back(c["tinker_path"]);
+    EXPECT_GT(c["size_bytes"].get<int64_t>(), 0);
+  }
+  std::sort(paths.begin(), paths.end());
+  EXPECT_EQ(paths, (std::vector<std::string>{"tinker://a1/sampler_weights/s",
+                                             "tinker://a1/weights/same"}));
+  // After the delete, her run lists the sampler weights alone.
+  ASSERT_EQ(r[16].json["checkpoints"].size(), 1u) << r[16].json;
+  EXPECT_EQ(r[16].json["checkpoints"][0]["checkpoint_id"],
+            "sampler_weights/s");
+}
+
 }  // namespace
 }  // namespace tinker
 }  // namespace zerostep
