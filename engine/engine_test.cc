@@ -254,14 +254,13 @@ class BoundarySpy final : public Communicator {
   Communicator* inner_;
 };
 
-// Records the flat-buffer offset of every asynchronous reduce-scatter input.
+// Records the address of every asynchronous reduce-scatter's output: on the
+// simulator, float32 reduce-scatters add straight into the partition (Note
+// [Reduce-scatter into the partition] in zero/stage.h), where bucket k's
+// chunk lies before bucket k+1's, so the addresses order the buckets.
 class LaunchSpy final : public Communicator {
  public:
   explicit LaunchSpy(Communicator* inner) : inner_(inner) {}
-  // The engine's flat gradient buffer: set once the Engine exists. A
-  // stage 1/2 update trades the parameter and gradient buffers' memory
-  // (Note [Transactional update] in zero/stage.h), so it is looked up at
-  // each launch.
   const Engine* engine = nullptr;
   std::vector<ptrdiff_t> launches;
   // Set by the test around Engine::backward(): launches from inside
@@ -280,8 +279,8 @@ class LaunchSpy final : public Communicator {
   }
   std::shared_ptr<Work> reduce_scatter_async(
       Buffer i, Buffer out, const ReduceScatterOptions& o) override {
-    launches.push_back(static_cast<const float*>(i.data) -
-                       engine->flat_gradients().data_ptr<float>());
+    EXPECT_TRUE(o.accumulate);
+    launches.push_back(reinterpret_cast<ptrdiff_t>(out.data));
     if (in_call && !torch::GradMode::is_enabled()) ++inside_autograd;
     return inner_->reduce_scatter_async(i, out, o);
   }
@@ -1488,13 +1487,11 @@ TEST(EngineTest, ReduceOncePerStepReducesEachWindowOnce) {
     // Against the default only the order of the sums differs.
     EXPECT_TRUE(torch::allclose(on.params, off.params, 1e-4, 1e-6)) << stage;
     const size_t numel = static_cast<size_t>(on.params.numel());
-    if (stage == 3) {
-      // Every group's full gradient, beside the partition accumulator.
-      EXPECT_GE(on.memory.grad_bytes, numel * sizeof(float)) << stage;
-      EXPECT_GT(on.memory.grad_bytes, off.memory.grad_bytes) << stage;
-    } else {
-      EXPECT_EQ(on.memory.grad_bytes, off.memory.grad_bytes) << stage;
-    }
+    // Every group's full gradient (stage 3) or the full flat gradient
+    // (stage 2, which otherwise keeps none: Note [Stage 2 buckets]),
+    // beside the partition accumulator.
+    EXPECT_GE(on.memory.grad_bytes, numel * sizeof(float)) << stage;
+    EXPECT_GT(on.memory.grad_bytes, off.memory.grad_bytes) << stage;
   }
 }
 
@@ -1504,14 +1501,16 @@ TEST(EngineTest, ReduceOncePerStepReducesEachWindowOnce) {
 namespace zerostep {
 namespace {
 
-// Note [Transactional update] (zero/stage.h): at stages 1 and 2 the staged
+// Note [Transactional update] (zero/stage.h): at stage 1 the staged
 // parameters become the parameters by trading the flat buffers' memory, not
 // by a copy. The model's parameter tensors follow (they view the buffer),
-// their .grad views hold the old parameters until zero_grad() clears them,
-// and the bits are stage 0's (stage 1: bitwise; stage 2 sums and then
-// divides by W, so within a float32 rounding), for the plain, bf16 and
-// offload bindings.
-TEST(EngineTest, Stages1And2TradeTheFlatBuffersInsteadOfCopying) {
+// their .grad views hold the old parameters until zero_grad() clears them.
+// Stage 2 keeps no full gradient (Note [Stage 2 buckets] in zero/stage2.h):
+// it updates the parameters in place, flat_gradients() is refused, and no
+// parameter keeps a .grad between calls. The bits are stage 0's (stage 1:
+// bitwise; stage 2 sums and then divides by W, so within a float32
+// rounding), for the plain, bf16 and offload bindings.
+TEST(EngineTest, Stage1TradesTheFlatBuffersStage2UpdatesInPlace) {
   for (const std::string& extra :
        {std::string(), std::string("\"bf16\": {\"enabled\": true}, "),
         std::string("\"zero_optimization\": {\"offload_optimizer\": "
@@ -1539,9 +1538,17 @@ TEST(EngineTest, Stages1And2TradeTheFlatBuffersInsteadOfCopying) {
         for (int k = 0; k < 3; ++k) {
           e.backward(fx.loss(r, k));
           const void* params_before = e.flat_parameters().data_ptr();
+          if (stage == 2) {
+            EXPECT_THROW(e.flat_gradients(), UsageError);
+            e.step();
+            EXPECT_EQ(e.flat_parameters().data_ptr(), params_before);
+            for (const torch::Tensor& p : fx.models[r]->parameters())
+              EXPECT_FALSE(p.grad().defined());
+            continue;
+          }
           const void* grads_before = e.flat_gradients().data_ptr();
           e.step();
-          const bool traded = stage >= 1;
+          const bool traded = stage == 1;
           EXPECT_EQ(e.flat_parameters().data_ptr(),
                     traded ? grads_before : params_before);
           EXPECT_EQ(e.flat_gradients().data_ptr(),

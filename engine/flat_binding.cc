@@ -20,6 +20,7 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
       dtype_(options.dtype),
       fold_accum_(options.stage.stage >= 2 ? Precision::kFp32
                                            : options.stage.grad_accum),
+      by_param_(partitions_gradients(options.stage)),
       folded_(params_.size(), 0),
       copied_(params_.size(), 0) {
   Kernels* k = options.stage.kernels;
@@ -28,8 +29,7 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
   // Flat buffers, allocated once and touched once (zeros) up front: the
   // stage's on the host, the model's on its device (Note [ZeRO-Offload]),
   // or all of them on the model's device (Note [Device kernels]).
-  const torch::Device device =
-      params_.empty() ? torch::Device(torch::kCPU) : params_[0].device();
+  const torch::Device device = internal::model_device(params_);
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(
       state_on_device() ? device : torch::Device(torch::kCPU));
   const int64_t padded = static_cast<int64_t>(layout_.padded_numel);
@@ -37,17 +37,23 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
   // page-locked with pin_memory, so that copy runs asynchronously.
   const bool pin = options.offload && options.pin_memory && device.is_cuda();
   flat_params_ = torch::zeros({padded}, f32.pinned_memory(pin));
-  flat_grads_ = torch::zeros({padded}, f32);
+  // Note [Stage 2 buckets] (zero/stage2.h): no full gradient; each
+  // parameter's gradient stays autograd's own tensor until the stage takes
+  // it into a bucket.
+  if (!by_param_) flat_grads_ = torch::zeros({padded}, f32);
   const bool bf16 = dtype_ == Precision::kBf16;
   const auto on_device = torch::TensorOptions().device(device);
   if (bf16 || options.offload)
     model_params_ = torch::zeros(
         {padded}, on_device.dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
-  if (dtype_ != Precision::kFp32 || options.offload)
+  if ((dtype_ != Precision::kFp32 || options.offload) && !by_param_)
     model_grads_ = torch::zeros(
         {padded}, on_device.dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
-  if ((!device.is_cpu() || (options.offload && options.offload_staging_on_cpu)) &&
-      !state_on_device()) {
+  // A model off the host, or one posing as such in tests.
+  const bool via_host =
+      (!device.is_cpu() || (options.offload && options.offload_staging_on_cpu)) &&
+      !state_on_device();
+  if (via_host) {
     const auto host = torch::TensorOptions().pinned_memory(
         options.pin_memory && device.is_cuda());
     if (bf16)  // rounded on the host, then copied
@@ -55,7 +61,7 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
     if (model_grads_.defined())
       host_grads_ = torch::empty({padded}, host.dtype(model_grads_.dtype()));
     // Note [Offload copies]: a stream of LibTorch's pool for the copies.
-    if (host_grads_.defined() && device.is_cuda())
+    if (device.is_cuda())
       copy_stream_ = c10::impl::VirtualGuardImpl(device.type())
                          .getStreamFromGlobalPool(device);
   }
@@ -65,11 +71,21 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
       torch::Tensor& p = params_[i];
       const int64_t off = static_cast<int64_t>(layout_.offsets[i]);
       const int64_t n = static_cast<int64_t>(layout_.numels[i]);
-      flat_params_.narrow(0, off, n).view(p.sizes()).copy_(p);
+      torch::Tensor to = flat_params_.narrow(0, off, n);
+      if (p.is_meta()) {
+        torch::Tensor host = torch::empty({n}, torch::kFloat32);
+        internal::read_from_source(options.source, options.names.at(i), 0, n,
+                                   dtype_, host.data_ptr<float>());
+        to.copy_(host);
+      } else {
+        to.view(p.sizes()).copy_(p);
+      }
       const torch::Tensor& weights =
           model_params_.defined() ? model_params_ : flat_params_;
-      p.set_data(weights.narrow(0, off, n).view(p.sizes()));
+      internal::bind_parameter(p, weights.narrow(0, off, n).view(p.sizes()));
       // A defined .grad makes autograd accumulate in place (+=) into it.
+      // Note [Stage 2 buckets]: none, autograd makes each one.
+      if (by_param_) continue;
       const torch::Tensor& grads = folds_grads() ? model_grads_ : flat_grads_;
       p.mutable_grad() = grads.narrow(0, off, n).view(p.sizes());
     }
@@ -87,11 +103,19 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
   params_written();
   FlatBuffers buffers;
   buffers.params = flat_params_.data_ptr<float>();
-  buffers.grads = flat_grads_.data_ptr<float>();
-  buffers.exchange = [this] { return exchange_buffers(); };
+  if (!by_param_) {
+    buffers.grads = flat_grads_.data_ptr<float>();
+    buffers.exchange = [this] { return exchange_buffers(); };
+  }
   stage_ = make_stage(options.stage, std::move(buffers), comm);
+  if (by_param_) {
+    sink_ = dynamic_cast<ParamGradSink*>(stage_.get());
+    ZS_CHECK(sink_ != nullptr);
+  }
   // Note [Offload copies]: each gradient leaves the device as it completes.
-  install_grad_ready_hooks(params_, /*binding_wants=*/host_grads_.defined());
+  // Note [Stage 2 buckets]: each gradient goes into its bucket then.
+  install_grad_ready_hooks(params_,
+                           /*binding_wants=*/host_grads_.defined() || by_param_);
 }
 
 bool FlatBinding::exchange_buffers() {
@@ -113,9 +137,18 @@ bool FlatBinding::exchange_buffers() {
 void FlatBinding::begin_backward() {
   std::fill(folded_.begin(), folded_.end(), 0);
   std::fill(copied_.begin(), copied_.end(), 0);
+  // A backward that threw may have left gradients behind.
+  if (by_param_)
+    for (torch::Tensor& p : params_) p.mutable_grad().reset();
 }
 
 void FlatBinding::end_backward() {
+  if (by_param_) {
+    // Whatever autograd completed after the last hook (nothing, normally).
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].grad().defined()) give_grad(i);
+    return;
+  }
   if (!folds_grads()) return;
   // Note [Offload copies]: the gradients no hook copied, one wait, then
   // every fold on the host.
@@ -154,7 +187,45 @@ void FlatBinding::wait_for_copies() {
   weights_in_flight_ = false;
 }
 
+// Note [Stage 2 buckets]: parameter i's gradient, as autograd made it (the
+// model's dtype, on its device), added into the zeroed slices the stage
+// gives for it, then dropped; the same fold as fold_grad()'s.
+void FlatBinding::give_grad(size_t i) {
+  torch::Tensor& p = params_[i];
+  torch::Tensor g = p.grad().detach().reshape({-1});
+  p.mutable_grad().reset();
+  if (state_on_device()) {
+    // bf16 to float32 is exact: the sums of accumulate_bf16.
+    g = g.to(torch::kFloat32).contiguous();
+    const float* g32 = g.data_ptr<float>();
+    const Precision grad_p =
+        dtype_ == Precision::kBf16 ? Precision::kFp32 : dtype_;
+    sink_->take_grad(i, [&](const GradSlice& s) {
+      kernels_->accumulate(s.dst, g32 + s.param_offset, s.numel, grad_p,
+                           Precision::kFp32);
+    });
+    return;
+  }
+  // On the host (a model off it: one copy, waited for).
+  if (!g.is_cpu()) g = g.to(torch::kCPU);
+  g = g.contiguous();
+  sink_->take_grad(i, [&](const GradSlice& s) {
+    if (dtype_ == Precision::kBf16)
+      accumulate_bf16(
+          s.dst,
+          reinterpret_cast<const uint16_t*>(g.data_ptr()) + s.param_offset,
+          s.numel, Precision::kFp32);
+    else
+      accumulate(s.dst, g.data_ptr<float>() + s.param_offset, s.numel,
+                 dtype_, Precision::kFp32);
+  });
+}
+
 void FlatBinding::on_grad_ready(size_t i) {
+  if (by_param_) {
+    give_grad(i);
+    return;
+  }
   if (!folds_grads()) {
     stage_->on_grad_ready(i);
     return;
@@ -263,6 +334,14 @@ torch::Tensor FlatBinding::flat_parameters() const {
 }
 
 torch::Tensor FlatBinding::flat_gradients() const {
+  if (by_param_)
+    throw UsageError(
+        "flat_gradients() is not available at ZeRO stage 2: it keeps no "
+        "full gradient; each backward's gradient is reduce-scattered into "
+        "the rank's partition as autograd produces it (Note [Stage 2 "
+        "buckets] in zero/stage2.h). Fix: zero_optimization."
+        "reduce_once_per_step keeps the full gradient over the window, or "
+        "use stage 1");
   return flat_grads_.narrow(0, 0, static_cast<int64_t>(layout_.numel));
 }
 

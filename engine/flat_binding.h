@@ -1,8 +1,13 @@
 // FlatBinding: ZeRO stages 0-2's binding (engine/param_binding.h).
 //
 // The model's trainable parameters move into one flat float32 buffer (each
-// parameter becomes a view of it) and their .grad into another, so autograd
-// accumulates straight into the buffer the stage reduces.
+// parameter becomes a view of it) and, at stages 0-1, their .grad into
+// another, so autograd accumulates straight into the buffer the stage
+// reduces. Stage 2 keeps no full gradient (Note [Stage 2 buckets] in
+// zero/stage2.h): .grad stays autograd's own tensor, which the binding
+// hands to the stage's buckets (give_grad) as soon as autograd completes it
+// and then drops; the one-backward buffers of mixed precision and offload
+// below are not made either, the fold happens in that hand-over.
 //
 // Mixed precision: the model computes with bf16 weights (a second flat
 // buffer, the float32 master rounded after each update) and autograd writes
@@ -115,6 +120,9 @@ class FlatBinding final : public ParamBinding {
   bool folds_grads() const { return model_grads_.defined(); }
   // The flat buffers are on the model's device, worked on by kernels_.
   bool state_on_device() const { return kernels_ != nullptr; }
+  // Note [Stage 2 buckets] (zero/stage2.h): hands parameter i's gradient,
+  // autograd's own tensor, to the stage's buckets and drops it.
+  void give_grad(size_t param_index);
   // Where the fold reads parameter i's gradient: model_grads_ itself when
   // it is host memory, else host_grads_ after copying it there.
   const void* grad_on_host(size_t param_index);
@@ -139,8 +147,13 @@ class FlatBinding final : public ParamBinding {
   // The accumulation format of a fold: float32 at stage 2 (which reduces
   // every backward), grad_accum_dtype otherwise.
   Precision fold_accum_;
+  // Note [Stage 2 buckets]: the stage takes each parameter's gradient
+  // (partitions_gradients()); no flat gradient buffer, no one-backward
+  // buffers, and sink_ is the stage.
+  bool by_param_;
+  ParamGradSink* sink_ = nullptr;
   torch::Tensor flat_params_;  // padded_numel float32 (bf16: the master)
-  torch::Tensor flat_grads_;   // padded_numel float32
+  torch::Tensor flat_grads_;   // padded_numel float32; undefined if by_param_
   // Mixed precision and offload: the weights the model computes with (bf16,
   // or float32 with offload; undefined when they are flat_params_ itself),
   // and the one-backward gradients autograd writes (bf16, or float32 to be

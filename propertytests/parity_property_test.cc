@@ -372,7 +372,9 @@ RC_GTEST_PROP(UnmanagedInvariants, RandomBackwardStepSequences, ()) {
                      show(want));
       } else if (before.window_backwards == 0) {
         const torch::Tensor params = e.flat_parameters().clone();
-        const torch::Tensor grads = e.flat_gradients().clone();
+        // Note [Stage 2 buckets]: stage 2 keeps no full gradient to compare.
+        const torch::Tensor grads =
+            stage < 2 ? e.flat_gradients().clone() : torch::Tensor();
         bool threw = false;
         try {
           e.step();
@@ -382,8 +384,9 @@ RC_GTEST_PROP(UnmanagedInvariants, RandomBackwardStepSequences, ()) {
         v.expect(r, threw, at + ": step() with no backward did not throw");
         v.expect(r, torch::equal(e.flat_parameters(), params),
                  at + ": rejected step() changed the parameters");
-        v.expect(r, torch::equal(e.flat_gradients(), grads),
-                 at + ": rejected step() changed the gradients");
+        if (grads.defined())
+          v.expect(r, torch::equal(e.flat_gradients(), grads),
+                   at + ": rejected step() changed the gradients");
         v.expect(r, counters_of(e) == before,
                  at + ": rejected step() changed counters " + show(before) +
                      " -> " + show(counters_of(e)));
@@ -397,8 +400,15 @@ RC_GTEST_PROP(UnmanagedInvariants, RandomBackwardStepSequences, ()) {
         v.expect(r, counters_of(e) == want,
                  at + ": counters " + show(counters_of(e)) + ", expected " +
                      show(want));
-        v.expect(r, e.flat_gradients().abs().max().item<float>() == 0.0f,
-                 at + ": gradients not cleared after step()");
+        if (stage < 2) {
+          v.expect(r, e.flat_gradients().abs().max().item<float>() == 0.0f,
+                   at + ": gradients not cleared after step()");
+        } else {
+          bool none = true;
+          for (const torch::Tensor& p : e.parameters())
+            none = none && !p.grad().defined();
+          v.expect(r, none, at + ": a .grad left after step()");
+        }
       }
       v.expect(r, !e.is_gradient_accumulation_boundary(),
                at + ": is_gradient_accumulation_boundary() true after it");

@@ -167,8 +167,12 @@ TEST(ScaleSimTest, PlannedMemoryIsTheStagesOwn) {
           so.layout = layout;
           so.reduce_bucket_size = o.reduce_bucket_size;
           so.allgather_bucket_size = o.allgather_bucket_size;
-          real[r] =
-              make_stage(so, {p.data(), g.data()}, &world.comm(r))->memory();
+          // Note [Stage 2 buckets]: stage 2 takes no gradient buffer.
+          real[r] = make_stage(so,
+                               {p.data(), partitions_gradients(so) ? nullptr
+                                                                   : g.data()},
+                               &world.comm(r))
+                        ->memory();
         });
         const std::string at = "stage " + std::to_string(stage) + " world " +
                                std::to_string(w) + " bucket " +

@@ -288,17 +288,21 @@ MemoryStats planned_memory(const ModelShape& m, const ScheduleOptions& o) {
     s.param_bytes = padded * f;
     s.grad_bytes = padded * f + (partitioned ? owned * f : 0);
     s.optimizer_state_bytes = owned * opt;
+    s.rollback_bytes = partitioned ? owned * opt : 0;
     if (o.stage == 2) {
       const std::vector<Span> buckets =
           internal::make_buckets(layout, o.reduce_bucket_size);
       const size_t piece =
           internal::aligned_elements(o.allgather_bucket_size / w);
       size_t largest = 0;
-      for (const Span& b : buckets) largest = std::max(largest, b.numel / w);
-      s.grad_bytes += owned * f;  // reduce scratch
-      if (largest > piece) s.param_bytes += piece * w * f;
+      for (const Span& b : buckets) largest = std::max(largest, b.numel);
+      // Note [Stage 2 buckets]: no full gradient; the pool's slots, each a
+      // bucket and its scratch chunk; the owned chunks kept for rollback.
+      const size_t slots = std::min<size_t>(buckets.size(), 2);
+      s.grad_bytes = owned * f + slots * (largest + largest / w) * f;
+      s.rollback_bytes += owned * f;
+      if (largest / w > piece) s.param_bytes += piece * w * f;
     }
-    s.rollback_bytes = partitioned ? owned * opt : 0;
     s.peak_bytes = s.param_bytes + s.grad_bytes + s.optimizer_state_bytes +
                    s.rollback_bytes;
     return s;

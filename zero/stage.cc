@@ -15,11 +15,17 @@
 
 namespace zerostep {
 
+bool partitions_gradients(const StageOptions& options) {
+  return options.stage == 2 && !options.reduce_once_per_step &&
+         !options.collectives_outside_backward;
+}
+
 std::unique_ptr<Stage> make_stage(const StageOptions& options,
                                   FlatBuffers buffers, Communicator* comm) {
   ZS_CHECK(comm != nullptr);
   ZS_CHECK(buffers.params != nullptr);
-  ZS_CHECK(buffers.grads != nullptr);
+  // Note [Stage 2 buckets]: no full gradient buffer exactly then.
+  ZS_CHECK((buffers.grads == nullptr) == partitions_gradients(options));
   ZS_CHECK(options.layout.world_size == comm->world_size());
   switch (options.stage) {
     case 0:
@@ -193,7 +199,8 @@ void FlatStage::zero_grad() {
 MemoryStats FlatStage::memory() const {
   MemoryStats m;
   m.param_bytes = layout_.padded_numel * sizeof(float);
-  m.grad_bytes = layout_.padded_numel * sizeof(float) +
+  m.grad_bytes = (buf_.grads != nullptr ? layout_.padded_numel : 0) *
+                     sizeof(float) +
                  (partitioned_ ? owned_numel_ * sizeof(float) : 0);
   m.optimizer_state_bytes =
       optimizer_.state_bytes() + owned_params_.bytes();

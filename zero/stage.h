@@ -170,7 +170,8 @@ struct StageOptions {
   FlatLayout layout;
   OptimizerHyper optimizer;
   // Stage 2: elements per reduce-scatter bucket (all ranks' chunks
-  // together) and per all-gather; launch buckets during autograd.
+  // together; Note [Stage 2 buckets]: the bucket pool's slot size) and per
+  // all-gather; reduce buckets asynchronously during autograd.
   int64_t reduce_bucket_size = 500000000;
   int64_t allgather_bucket_size = 500000000;
   bool overlap_comm = false;
@@ -184,9 +185,10 @@ struct StageOptions {
   // [Stage 3 gather once per step] in zero/stage3.h): a block group
   // gathered once stays gathered until the step or a load.
   bool gather_once_per_step = false;
-  // Stage 3: no collective inside backward (Note [Stage 3 collectives
+  // Stages 2-3: no collective inside backward (Note [Stage 3 collectives
   // outside backward] in zero/stage3.h), for ranks that share one autograd
-  // thread.
+  // thread. Stage 2 then keeps the full gradient buffer and reduces it
+  // after each backward (Note [Stage 2 buckets] in zero/stage2.h).
   bool collectives_outside_backward = false;
   // Stage 3: the largest group (padded elements) gathered ahead of its use
   // (Note [Stage 3 prefetch] in zero/stage3.h;
@@ -219,10 +221,20 @@ struct StageOptions {
   Kernels* group_kernels = nullptr;
 };
 
+// Whether the stage takes each backward's gradient parameter by parameter,
+// into reduce buckets, instead of from a full flat gradient buffer (Note
+// [Stage 2 buckets] in zero/stage2.h): stage 2, unless reduce_once_per_step
+// (which accumulates the full gradient by design) or
+// collectives_outside_backward (no collective may run inside autograd) keep
+// the full gradient. The one place this choice is made.
+bool partitions_gradients(const StageOptions& options);
+
 // Views of the engine's flat buffers; each holds layout.padded_numel floats,
 // in the memory of StageOptions::kernels.
 struct FlatBuffers {
   float* params = nullptr;
+  // nullptr exactly when partitions_gradients(options): the stage then
+  // takes gradients through ParamGradSink.
   float* grads = nullptr;
   // Optional (Note [Transactional update]): trades the memory behind the
   // two buffers, wherever else it is seen (the model's parameter tensors
@@ -237,6 +249,35 @@ struct FlatBuffers {
 struct Span {
   size_t offset = 0;
   size_t numel = 0;
+};
+
+// Where part of one parameter's gradient goes: `numel` elements starting at
+// the parameter's element `param_offset` (flattened), written to `dst`, in
+// the stage's memory (StageOptions::kernels).
+struct GradSlice {
+  float* dst = nullptr;
+  size_t param_offset = 0;
+  size_t numel = 0;
+};
+
+// A stage that takes each backward's gradient parameter by parameter (Note
+// [Stage 2 buckets] in zero/stage2.h), in place of on_grad_ready(): per
+// backward, take_grad(i) for each parameter i whose gradient autograd has
+// completed. Parameters without a gradient in a backward are left out:
+// their elements stay zero.
+class ParamGradSink {
+ public:
+  virtual ~ParamGradSink() = default;
+  // For each bucket holding parameter i's elements, last bucket first:
+  // `write` adds the parameter's elements [s.param_offset, s.param_offset +
+  // s.numel) into s.dst, zeroed memory of the stage's kernels
+  // (Kernels::accumulate: the fold of Note [Precision model]); then a
+  // bucket that is complete is reduced. Called at most once per parameter
+  // per backward, between Stage::begin_backward and Stage::end_backward.
+  // May reduce, or wait for a reduction in flight to reuse its memory:
+  // CommError when a collective fails.
+  virtual void take_grad(size_t param_index,
+                         const std::function<void(const GradSlice&)>& write) = 0;
 };
 
 // Where a piece of a rank's owned state sits in the canonical order: the

@@ -12,6 +12,7 @@
 #include "common/errors.h"
 #include "sim/sim_world.h"
 #include "zero/far_kernels.h"
+#include "zero/stage2.h"
 #include "zero/staging_comm.h"
 
 namespace zerostep {
@@ -20,6 +21,37 @@ namespace {
 struct RankState {
   std::vector<float> params, grads;
 };
+
+// The flat buffers of a stage over s: no gradient buffer where the stage
+// takes gradients parameter by parameter (Note [Stage 2 buckets]).
+FlatBuffers buffers_for(const StageOptions& o, RankState& s) {
+  return {s.params.data(),
+          partitions_gradients(o) ? nullptr : s.grads.data()};
+}
+
+// One backward's gradient `g` (layout.numel elements) into the stage: into
+// the flat gradient buffer, or parameter by parameter in `order` (default:
+// reverse registration order, as autograd completes a chain of layers) into
+// the slices a ParamGradSink gives. `ready` (stages 0-2 with overlap_comm)
+// reports every parameter complete.
+void give(Stage& st, const StageOptions& o, const std::vector<float>& g,
+          RankState& s, bool ready, std::vector<size_t> order = {}) {
+  const FlatLayout& layout = o.layout;
+  auto* sink = dynamic_cast<ParamGradSink*>(&st);
+  if (!partitions_gradients(o)) {
+    for (size_t i = 0; i < layout.numel; ++i) s.grads[i] += g[i];
+    if (ready)
+      for (size_t p = 0; p < layout.numels.size(); ++p) st.on_grad_ready(p);
+    return;
+  }
+  if (order.empty())
+    for (size_t p = layout.numels.size(); p-- > 0;) order.push_back(p);
+  for (size_t p : order)
+    sink->take_grad(p, [&](const GradSlice& sl) {
+      for (size_t i = 0; i < sl.numel; ++i)
+        sl.dst[i] += g[layout.offsets[p] + sl.param_offset + i];
+    });
+}
 
 // Runs `windows` windows of `backwards` accumulated random gradients through
 // a stage on a simulated world; returns every rank's final parameters.
@@ -52,15 +84,15 @@ std::vector<std::vector<float>> train(int stage, int world, int windows,
     std::optional<StagingCommunicator> staged;
     if (far) staged.emplace(&sim.comm(r), far);
     Communicator* comm = far ? &*staged : &sim.comm(r);
-    auto st = make_stage(opts, {s.params.data(), s.grads.data()}, comm);
+    auto st = make_stage(opts, buffers_for(opts, s), comm);
     std::mt19937 rng(1000 + r);
     std::normal_distribution<float> nd;
     for (int k = 0; k < windows; ++k) {
       for (int b = 0; b < backwards; ++b) {
         st->begin_backward(b + 1, k);
-        for (size_t i = 0; i < layout.numel; ++i) s.grads[i] += nd(rng);
-        if (overlap)
-          for (size_t p = 0; p < numels.size(); ++p) st->on_grad_ready(p);
+        std::vector<float> g(layout.numel);
+        for (float& x : g) x = nd(rng);
+        give(*st, opts, g, s, overlap);
         st->end_backward();
       }
       st->reduce_window(backwards, k, phase::kStep);
@@ -173,12 +205,12 @@ TEST(StageTest, Stage2OwnsOneChunkOfEveryBucket) {
   SimWorld sim({2, 5});
   std::vector<std::vector<Span>> owned(2);
   sim.run([&](int r) {
-    std::vector<float> p(layout.padded_numel), g(layout.padded_numel);
+    std::vector<float> p(layout.padded_numel);
     StageOptions o;
     o.layout = layout;
     o.stage = 2;
     o.reduce_bucket_size = 64;  // 32 per rank
-    owned[r] = make_stage(o, {p.data(), g.data()}, &sim.comm(r))->owned_spans();
+    owned[r] = make_stage(o, {p.data(), nullptr}, &sim.comm(r))->owned_spans();
   });
   ASSERT_EQ(owned[0].size(), 4u);  // 224 / 64 buckets, the last one 32
   EXPECT_EQ(owned[0][0].offset, 0u);
@@ -215,8 +247,7 @@ TEST(StageTest, DisagreeingWindowIsAnErrorOnEveryRankAndReducesNothing) {
       RankState& s = ranks[r];
       s.params.assign(layout.padded_numel, 1.0f);
       s.grads.assign(layout.padded_numel, static_cast<float>(r + 1));
-      auto st =
-          make_stage(opts, {s.params.data(), s.grads.data()}, &sim.comm(r));
+      auto st = make_stage(opts, buffers_for(opts, s), &sim.comm(r));
       st->reduce_window(/*window_backwards=*/r == 0 ? 4 : 5, 0, phase::kStep);
     });
     for (int r = 0; r < 2; ++r) {
@@ -246,8 +277,8 @@ TEST(StageTest, Stage2ExtraBackwardMeetsTheOthersStepWithAClearError) {
   opts.layout = layout;
   SimWorld sim({2, 5});
   auto errors = sim.run_collect([&](int r) {
-    std::vector<float> p(layout.padded_numel, 1.0f), g(layout.padded_numel);
-    auto st = make_stage(opts, {p.data(), g.data()}, &sim.comm(r));
+    std::vector<float> p(layout.padded_numel, 1.0f);
+    auto st = make_stage(opts, {p.data(), nullptr}, &sim.comm(r));
     const int n = r == 0 ? 2 : 3;
     for (int b = 1; b <= n; ++b) {
       st->begin_backward(b, 0);
@@ -268,6 +299,182 @@ TEST(StageTest, Stage2ExtraBackwardMeetsTheOthersStepWithAClearError) {
                 std::string::npos)
           << what;
     }
+  }
+}
+
+// A communicator over the simulator that claims to overlap its
+// asynchronous collectives (as gloo does; the simulator completes them in
+// the call) and counts the asynchronous reduce-scatters and their waits.
+class AsyncCounter final : public Communicator {
+ public:
+  explicit AsyncCounter(Communicator* inner) : inner_(inner) {}
+  int issued = 0;
+  int waited = 0;
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string backend_name() const override { return "counter"; }
+  bool overlaps_async() const override { return true; }
+  bool reduce_scatter_accumulates() const override {
+    return inner_->reduce_scatter_accumulates();
+  }
+  void all_reduce(Buffer b, const AllReduceOptions& o) override {
+    inner_->all_reduce(b, o);
+  }
+  void reduce_scatter(Buffer i, Buffer out,
+                      const ReduceScatterOptions& o) override {
+    inner_->reduce_scatter(i, out, o);
+  }
+  std::shared_ptr<Work> reduce_scatter_async(
+      Buffer i, Buffer out, const ReduceScatterOptions& o) override {
+    ++issued;
+    struct Counted final : Work {
+      std::shared_ptr<Work> inner;
+      int* waited;
+      void wait() override {
+        inner->wait();
+        ++*waited;
+      }
+    };
+    auto w = std::make_shared<Counted>();
+    w->inner = inner_->reduce_scatter_async(i, out, o);
+    w->waited = &waited;
+    return w;
+  }
+  void all_gather(Buffer i, Buffer out, const AllGatherOptions& o) override {
+    inner_->all_gather(i, out, o);
+  }
+  void broadcast(Buffer b, const BroadcastOptions& o) override {
+    inner_->broadcast(b, o);
+  }
+  void barrier() override { inner_->barrier(); }
+
+ private:
+  Communicator* inner_;
+};
+
+// What one run of bucketed stage 2 left behind (rank 0), and every rank's
+// parameters.
+struct PooledRun {
+  std::vector<std::vector<float>> params;
+  MemoryStats memory;
+  size_t slots = 0;
+  int async_issued = 0, async_waited = 0;
+};
+
+// `windows` windows of 2 backwards of random gradients through stage 2
+// over 40 parameters of 1-37 elements, handed over in `order` (empty:
+// reverse registration order), with buckets of 32 x W elements;
+// `full_buffer`: the stage reduces a full gradient buffer after each
+// backward instead (collectives_outside_backward), the algorithm stage 2
+// ran before Note [Stage 2 buckets].
+PooledRun run_pooled(int world, const std::vector<size_t>& order,
+                     bool overlap, bool full_buffer, int windows = 2) {
+  std::vector<size_t> numels;
+  for (size_t i = 0; i < 40; ++i) numels.push_back(1 + (i * 7) % 37);
+  const FlatLayout layout = FlatLayout::make(numels, world);
+  StageOptions opts;
+  opts.stage = 2;
+  opts.layout = layout;
+  opts.optimizer.kind = OptimizerKind::kAdamW;
+  opts.optimizer.lr = 0.01;
+  opts.reduce_bucket_size = 32 * world;
+  opts.overlap_comm = overlap;
+  opts.collectives_outside_backward = full_buffer;
+  SimWorld sim({world, 5});
+  PooledRun out;
+  out.params.resize(world);
+  sim.run([&](int r) {
+    RankState s;
+    s.params.assign(layout.padded_numel, 0.0f);
+    s.grads.assign(layout.padded_numel, 0.0f);
+    for (size_t i = 0; i < layout.numel; ++i) s.params[i] = 0.001f * i;
+    AsyncCounter comm(&sim.comm(r));
+    auto st = make_stage(opts, buffers_for(opts, s), &comm);
+    std::mt19937 rng(77 + r);
+    std::normal_distribution<float> nd;
+    for (int k = 0; k < windows; ++k) {
+      for (int b = 0; b < 2; ++b) {
+        st->begin_backward(b + 1, k);
+        std::vector<float> g(layout.numel);
+        for (float& x : g) x = nd(rng);
+        give(*st, opts, g, s, overlap, order);
+        st->end_backward();
+      }
+      st->reduce_window(2, k, phase::kStep);
+      st->finalize(2, 0.0);
+      st->apply_update(opts.optimizer);
+      st->zero_grad();
+    }
+    out.params[r] = s.params;
+    if (r != 0) return;
+    out.memory = st->memory();
+    if (auto* s2 = dynamic_cast<Stage2*>(st.get())) out.slots = s2->bucket_slots();
+    out.async_issued = comm.issued;
+    out.async_waited = comm.waited;
+  });
+  return out;
+}
+
+// Note [Stage 2 buckets]: no full gradient at rest or in backward; the
+// partition, two bucket slots and their scratch chunks are all the
+// gradient memory, and the bits are those of reducing a full gradient
+// buffer (the algorithm before the note), with and without overlap_comm.
+TEST(StageTest, Stage2HoldsNoFullGradientAndKeepsTheBits) {
+  for (int world : {1, 2, 3, 4}) {
+    for (bool overlap : {false, true}) {
+      const std::string at = "world " + std::to_string(world) +
+                             (overlap ? " overlap" : "");
+      const PooledRun full = run_pooled(world, {}, overlap, true);
+      const PooledRun pooled = run_pooled(world, {}, overlap, false);
+      for (int r = 0; r < world; ++r)
+        EXPECT_EQ(0, std::memcmp(full.params[r].data(),
+                                 pooled.params[r].data(),
+                                 full.params[r].size() * sizeof(float)))
+            << at << " rank " << r;
+      std::vector<size_t> numels;
+      for (size_t i = 0; i < 40; ++i) numels.push_back(1 + (i * 7) % 37);
+      const FlatLayout layout = FlatLayout::make(numels, world);
+      const size_t owned = layout.padded_numel / world;
+      const size_t bucket = 32 * static_cast<size_t>(world);
+      EXPECT_EQ(pooled.slots, 2u) << at;
+      EXPECT_EQ(pooled.memory.grad_bytes,
+                (owned + 2 * (bucket + bucket / world)) * sizeof(float))
+          << at;
+      EXPECT_EQ(full.memory.grad_bytes,
+                (layout.padded_numel + 2 * owned) * sizeof(float))
+          << at;
+      EXPECT_LT(pooled.memory.grad_bytes, full.memory.grad_bytes) << at;
+      // At one rank a bucket's scratch chunk is the bucket itself.
+      if (world > 1)
+        EXPECT_LT(pooled.memory.grad_bytes,
+                  layout.padded_numel * sizeof(float))
+            << at;
+      // Rollback: the moments' second bank and the owned chunks.
+      EXPECT_EQ(pooled.memory.rollback_bytes, owned * 12) << at;
+      if (overlap && world > 1) {
+        // Every bucket in flight, every one waited for.
+        EXPECT_GT(pooled.async_issued, 0) << at;
+        EXPECT_EQ(pooled.async_issued, pooled.async_waited) << at;
+      }
+    }
+  }
+}
+
+// A model whose parameters complete out of order keeps more buckets open at
+// once: the pool grows (and memory() says so), the bits do not move.
+TEST(StageTest, Stage2PoolGrowsForParametersOutOfOrderWithTheSameBits) {
+  std::vector<size_t> order(40);
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), std::mt19937(5));
+  for (int world : {1, 3}) {
+    const PooledRun chain = run_pooled(world, {}, false, false);
+    const PooledRun shuffled = run_pooled(world, order, false, false);
+    EXPECT_EQ(chain.params, shuffled.params) << world;
+    EXPECT_EQ(chain.slots, 2u) << world;
+    EXPECT_GT(shuffled.slots, 2u) << world;
+    EXPECT_EQ(shuffled.memory.grad_bytes - chain.memory.grad_bytes,
+              (shuffled.slots - 2) * (32 * world + 32) * sizeof(float))
+        << world;
   }
 }
 
