@@ -63,6 +63,37 @@ void check_parameter_devices(const std::vector<torch::Tensor>& params) {
   }
 }
 
+// A model built on the meta device: its frozen parameters are read whole
+// from `source` (they are never partitioned) and its buffers must not be
+// on meta; the trainable ones stay for the binding, which reads only what
+// the rank holds. Returns the trainable parameters' names, in
+// trainable_parameters() order.
+std::vector<std::string> materialize_meta(torch::nn::Module& model,
+                                          const ParameterSource* source) {
+  std::vector<std::string> names;
+  torch::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters(/*recurse=*/true)) {
+    torch::Tensor& p = item.value();
+    if (p.requires_grad()) {
+      names.push_back(item.key());
+      continue;
+    }
+    if (!p.is_meta()) continue;
+    torch::Tensor values = torch::empty(p.sizes(), torch::kFloat32);
+    internal::read_from_source(source, item.key(), 0, p.numel(),
+                               Precision::kFp32, values.data_ptr<float>());
+    internal::bind_parameter(p, values);
+  }
+  for (const auto& item : model.named_buffers(/*recurse=*/true))
+    if (item.value().is_meta())
+      throw UsageError("buffer " + item.key() +
+                       " is on the meta device: the engine reads parameters "
+                       "from EngineOptions::parameter_source, not buffers. "
+                       "Fix: build buffers on the device the model trains "
+                       "on (only parameters may be on meta)");
+  return names;
+}
+
 // Which kernels work on which memory (Note [Device kernels]): `stage`, the
 // stage's own buffers (nullptr: the host's); `groups`, stage 3's gathered
 // groups when they are elsewhere (Note [Stage 3 offload from a device]).
@@ -89,7 +120,7 @@ ChosenKernels choose_kernels(const std::vector<torch::Tensor>& params,
           "EngineOptions::kernels unset");
     return offload ? ChosenKernels{nullptr, given} : ChosenKernels{given, nullptr};
   }
-  if (params.empty() || params.front().device().is_cpu()) return {};
+  if (internal::model_device(params).is_cpu()) return {};
   if (offload && zero.stage != 3) return {};  // Note [ZeRO-Offload]
   *own = std::make_unique<TorchKernels>(params.front().device());
   return offload ? ChosenKernels{nullptr, own->get()}
@@ -171,6 +202,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
                                               options.param_device);
   // DeepSpeed's initialize converts the module; the float32 master weights
   // start from the bf16 values.
+  const std::vector<std::string> names =
+      materialize_meta(*model_, options.parameter_source);
   if (dtype() == Precision::kBf16) model_->to(torch::kBFloat16);
   BindingOptions bo;
   bo.stage.stage = config_.zero.stage;
@@ -199,6 +232,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   bo.offload = config_.zero.offload_optimizer.device != OffloadDevice::kNone;
   bo.pin_memory = config_.zero.offload_optimizer.pin_memory;
   bo.offload_staging_on_cpu = options.offload_staging_on_cpu;
+  bo.source = options.parameter_source;
+  bo.names = names;
   binding_ = make_param_binding(model_, params_, bo, comm_, &latch_);
   stage_ = &binding_->stage();
   // Once per run, not once per rank.

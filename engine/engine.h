@@ -26,6 +26,16 @@
 // and rank 0 logs the ds_config keys accepted without effect
 // (Config::ignored_keys) through the log hook (common/log.h), once.
 //
+// Memory at construction (stage 3; Note [Stage 3 initial values] in
+// zero/stage3.h): the engine partitions the model one block group at a
+// time. A model the caller built whole holds its full storage until its
+// group is partitioned; then each parameter views the engine's storage and
+// its old storage is freed, unless the caller keeps another reference to
+// it. The peak is therefore the caller's model, the rank's partitions and
+// one group. A model built on the meta device with
+// EngineOptions::parameter_source never exists whole: each rank reads its
+// partitions and holds them, plus the persistent group, at most.
+//
 // Errors: UsageError for calls not allowed in the current state (the call
 // changes nothing), ConfigError is raised earlier by parse_config, CommError
 // when a collective fails. A c10::Error from LibTorch inside backward()
@@ -65,6 +75,7 @@
 #include "engine/lr_schedule.h"
 #include "engine/offload_devices.h"
 #include "engine/param_binding.h"
+#include "engine/parameter_source.h"
 #include "offload/block_device.h"
 #include "zero/kernels.h"
 #include "zero/staging_comm.h"
@@ -135,12 +146,21 @@ struct EngineOptions {
   // CPU model, a TorchKernels on the model's device otherwise. Must outlive
   // the engine.
   Kernels* kernels = nullptr;
-  // Stage 3: no collective inside backward (Note [Stage 3 collectives
+  // Stages 2-3: no collective inside backward (Note [Stage 3 collectives
   // outside backward] in zero/stage3.h), for several ranks of one process
   // on one CUDA device, whose backward passes share one autograd thread.
-  // Same bits; every group's parameters and gradient are held from its
-  // forward to the end of the backward.
+  // Same bits; stage 3 holds every group's parameters and gradient from
+  // its forward to the end of the backward, stage 2 a full gradient (Note
+  // [Stage 2 buckets] in zero/stage2.h).
   bool stage3_collectives_outside_backward = false;
+  // The values of parameters built on the meta device (no memory; e.g.
+  // make_hf_decoder with device torch::kMeta), read range by range (Note
+  // [Stage 3 initial values] in zero/stage3.h): at stage 3 each rank reads
+  // only its partitions, so no rank ever holds the whole model; at stages
+  // 0-2 every rank reads every trainable parameter. Frozen parameters on
+  // the meta device are read whole. nullptr: no parameter may be on the
+  // meta device. Must outlive the constructor only.
+  const ParameterSource* parameter_source = nullptr;
   // Tests: with offload_optimizer at stages 1-2, a CPU model's gradients and
   // weights go through host staging buffers, hooks and copies as a CUDA
   // model's do (Note [Offload copies] in engine/flat_binding.h), so the
@@ -227,9 +247,10 @@ class Engine final {
   // a view. Stages 0-2 only (UsageError at stage 3).
   torch::Tensor flat_parameters() const;
   // The flat gradient buffer, accumulated over the open window (float32;
-  // fp16: still multiplied by loss_scale(), which step() divides out; stage
-  // 2: zero between backward() calls, as each backward's gradient is
-  // reduced into the partitions). Stages 0-2 only (UsageError at stage 3).
+  // fp16: still multiplied by loss_scale(), which step() divides out).
+  // Stages 0-1, and stage 2 with reduce_once_per_step; UsageError at stage
+  // 3 and at stage 2 otherwise, which holds no full gradient (Note [Stage 2
+  // buckets] in zero/stage2.h).
   torch::Tensor flat_gradients() const;
   // A copy of every trainable parameter, concatenated in registration order
   // (layout().numel elements). At stage 3 it all-gathers the partitions: a

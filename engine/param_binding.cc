@@ -5,6 +5,7 @@
 
 #include <functional>
 
+#include "common/errors.h"
 #include "engine/flat_binding.h"
 #include "engine/stage3_binding.h"
 
@@ -31,6 +32,39 @@ class GradReadyHook final : public torch::autograd::FunctionPostHook {
 };
 
 }  // namespace
+
+namespace internal {
+
+torch::Device model_device(const std::vector<torch::Tensor>& params) {
+  if (params.empty() || params.front().is_meta()) return torch::kCPU;
+  return params.front().device();
+}
+
+void bind_parameter(torch::Tensor& p, const torch::Tensor& view) {
+  if (!p.is_meta()) {
+    p.set_data(view);
+    return;
+  }
+  // LibTorch's set_data() refuses meta to another device; what it does
+  // after that check is this metadata copy.
+  p.unsafeGetTensorImpl()->shallow_copy_from(view.getIntrusivePtr());
+}
+
+void read_from_source(const ParameterSource* source, const std::string& name,
+                      int64_t offset, int64_t numel, Precision dtype,
+                      float* out) {
+  if (source == nullptr)
+    throw UsageError("parameter " + name +
+                     " is on the meta device and no EngineOptions::"
+                     "parameter_source gives its values. Fix: build the "
+                     "model on a real device, or pass a ParameterSource "
+                     "(e.g. an HfCheckpointSource over its folder)");
+  source->read(name, offset, numel, out);
+  if (dtype == Precision::kBf16)
+    round_in_place(Precision::kBf16, out, static_cast<size_t>(numel));
+}
+
+}  // namespace internal
 
 void ParamBinding::install_grad_ready_hooks(
     const std::vector<torch::Tensor>& params, bool binding_wants) {

@@ -31,11 +31,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "engine/failure_latch.h"
+#include "engine/parameter_source.h"
 #include "zero/flat_layout.h"
 #include "zero/precision.h"
 #include "zero/stage.h"
@@ -110,7 +112,30 @@ struct BindingOptions {
   // Tests: a CPU model's offload goes through host staging buffers as a
   // device model's does (Note [Offload copies] in engine/flat_binding.h).
   bool offload_staging_on_cpu = false;
+  // Where parameters built on the meta device get their values
+  // (EngineOptions::parameter_source); nullptr: none may be on meta.
+  const ParameterSource* source = nullptr;
+  // The trainable parameters' names (named_parameters()), in order.
+  std::vector<std::string> names;
 };
+
+namespace internal {
+// The device a model's state lives on: its parameters' (all on one), the
+// host for a model with none or built on the meta device.
+torch::Device model_device(const std::vector<torch::Tensor>& params);
+// Makes parameter p view `view`, which becomes its data: set_data(), or
+// for a parameter built on the meta device (which set_data() refuses) the
+// same metadata copy without set_data()'s device check. Before any
+// autograd hook is installed on p.
+void bind_parameter(torch::Tensor& p, const torch::Tensor& view);
+// Parameter `name`'s values (numel elements) from `source`, into host
+// float32 `out`, rounded to bf16 under bf16 training (the values a model
+// converted to bf16 would hold). UsageError when `source` is nullptr,
+// naming the parameter and the fix.
+void read_from_source(const ParameterSource* source, const std::string& name,
+                      int64_t offset, int64_t numel, Precision dtype,
+                      float* out);
+}  // namespace internal
 
 // `params` are the model's trainable parameters (trainable_parameters() in
 // blocks/zero3_block.h) and options.stage.layout their flat layout over

@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "common/errors.h"
 #include "common/log.h"
 #include "zero/agreement.h"
 #include "zero/grouping.h"
 #include "zero/phase.h"
+#include "zero/precision.h"
 
 namespace zerostep {
 namespace {
@@ -125,8 +127,7 @@ Stage3Binding::Stage3Binding(std::shared_ptr<torch::nn::Module> model,
                    ? options.stage.group_kernels
                    : options.stage.kernels;
   if (k != nullptr && !k->host_addressable()) kernels_ = k;
-  const torch::Device device =
-      params_.empty() ? torch::Device(torch::kCPU) : params_[0].device();
+  const torch::Device device = internal::model_device(params_);
   const Zero3BlockMap map = map_zero3_blocks(*model_);
   ModelShape shape;
   shape.numels = options.stage.layout.numels;
@@ -140,49 +141,52 @@ Stage3Binding::Stage3Binding(std::shared_ptr<torch::nn::Module> model,
     if (!warning.empty()) log_message(LogLevel::kWarning, warning);
   }
   const int world = comm->world_size();
-  std::vector<float*> initial;
+  const bool bf16 = dtype_ == Precision::kBf16;
+  // Note [Stage 3 initial values] (zero/stage3.h): every group's storages
+  // start empty (zero bytes) and the parameters view them at once; the
+  // values as the caller built them stay reachable through `built` until
+  // their group has been partitioned, then are let go (the caller's
+  // storage is freed there unless the caller holds it too).
+  std::vector<torch::Tensor> built(params_.size());
   {
     torch::NoGradGuard no_grad;
-    const bool bf16 = dtype_ == Precision::kBf16;
     // Note [Stage 3 on a device] (zero/stage3.h): on the model's device.
     const auto f32 =
         torch::TensorOptions().dtype(torch::kFloat32).device(device);
     const auto model_dtype = torch::TensorOptions()
                                  .dtype(bf16 ? torch::kBFloat16 : torch::kFloat32)
                                  .device(device);
+    // Allocated but never touched (no resident memory) while the
+    // parameters' views are made (a view needs storage in bounds), then
+    // freed below: full() gives each group its memory in turn.
+    auto unallocated = [](int64_t n, const torch::TensorOptions& o) {
+      return torch::empty({n}, o);
+    };
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       const Stage3Group& g = groups[gi];
       if (g.block >= 0) block_group_[map.blocks[g.block]] = gi;
       const int64_t padded = static_cast<int64_t>(padded_numel(g.numel, world));
-      group_params_.push_back(torch::zeros({padded}, model_dtype));
-      group_grads_.push_back(torch::zeros({padded}, model_dtype));
+      group_params_.push_back(unallocated(padded, model_dtype));
+      group_grads_.push_back(unallocated(padded, model_dtype));
       if (bf16) {
-        group_params32_.push_back(torch::zeros({padded}, f32));
-        group_grads32_.push_back(torch::zeros({padded}, f32));
+        group_params32_.push_back(unallocated(padded, f32));
+        group_grads32_.push_back(unallocated(padded, f32));
       }
-      torch::Tensor& master =
-          bf16 ? group_params32_.back() : group_params_.back();
       int64_t at = 0;
       for (size_t i : g.params) {
         torch::Tensor& p = params_[i];
         const int64_t n = p.numel();
-        master.narrow(0, at, n).view(p.sizes()).copy_(p);
-        p.set_data(group_params_.back().narrow(0, at, n).view(p.sizes()));
+        if (!p.is_meta()) built[i] = p.detach();
+        internal::bind_parameter(p, group_params_.back().narrow(0, at, n).view(p.sizes()));
         p.mutable_grad() = group_grads_.back().narrow(0, at, n).view(p.sizes());
         at += n;
       }
-      if (kernels_ != nullptr) {
-        // Once per run: rank 0's values through the host.
-        std::vector<float> host(static_cast<size_t>(padded));
-        kernels_->download(host.data(), master.data_ptr<float>(), host.size());
-        broadcast_initial_parameters(*comm, host.data(), host.size());
-        kernels_->upload(master.data_ptr<float>(), host.data(), host.size());
-      } else {
-        broadcast_initial_parameters(*comm, master.data_ptr<float>(),
-                                     static_cast<size_t>(padded));
+      free_storage(group_params_.back());
+      free_storage(group_grads_.back());
+      if (bf16) {
+        free_storage(group_params32_.back());
+        free_storage(group_grads32_.back());
       }
-      if (bf16) group_params_.back().copy_(master);
-      initial.push_back(master.data_ptr<float>());
     }
   }
   size_t slot_numel = 0;
@@ -193,21 +197,108 @@ Stage3Binding::Stage3Binding(std::shared_ptr<torch::nn::Module> model,
   params_pool_.slot_bytes = grads_pool_.slot_bytes = slot_numel * model_bytes;
   params32_pool_.slot_bytes = grads32_pool_.slot_bytes = slot_numel * 4;
   own_grads_.assign(groups.size(), false);
+  for (const Stage3Group& g : groups) persistent_.push_back(g.persistent);
+
+  // Note [Stage 3 initial values]: one group at a time.
+  struct Initial final : Stage3Initial {
+    Stage3Binding* self;
+    const std::vector<Stage3Group>* groups;
+    std::vector<torch::Tensor>* built;
+    const ParameterSource* source;
+    const std::vector<std::string>* names;
+    Communicator* comm;
+    // The group whose full storage is out, if any.
+    std::optional<size_t> last;
+
+    // Releases the previous non-persistent group's full storage.
+    void drop_last() {
+      if (!last) return;
+      if (!self->persistent_[*last]) {
+        free_storage(self->group_params_[*last]);
+        if (!self->group_params32_.empty())
+          free_storage(self->group_params32_[*last]);
+      }
+      last.reset();
+    }
+    void read(size_t i, int64_t offset, int64_t n, float* out) const {
+      internal::read_from_source(source, (*names)[i], offset, n, self->dtype_,
+                                 out);
+    }
+    bool partition(size_t g, size_t first, size_t numel, float* out) override {
+      const Stage3Group& group = (*groups)[g];
+      if (source == nullptr) return false;
+      for (size_t i : group.params)
+        if (!self->params_[i].is_meta()) return false;
+      // The group's padded range, parameter by parameter; padding is zero.
+      std::fill(out, out + numel, 0.0f);
+      size_t at = 0;
+      for (size_t i : group.params) {
+        const size_t n = static_cast<size_t>(self->params_[i].numel());
+        const size_t lo = std::max(at, first);
+        const size_t hi = std::min(at + n, first + numel);
+        if (lo < hi)
+          read(i, static_cast<int64_t>(lo - at), static_cast<int64_t>(hi - lo),
+               out + (lo - first));
+        at += n;
+      }
+      return true;
+    }
+    float* full(size_t g) override {
+      drop_last();
+      last = g;
+      torch::NoGradGuard no_grad;
+      const Stage3Group& group = (*groups)[g];
+      const bool bf16 = !self->group_params32_.empty();
+      torch::Tensor& model = self->group_params_[g];
+      torch::Tensor& master = bf16 ? self->group_params32_[g] : model;
+      own_storage(model, true);
+      if (bf16) own_storage(master, true);
+      bool from_ranks = false;  // any value as a rank built it
+      int64_t at = 0;
+      for (size_t i : group.params) {
+        const torch::Tensor& p = self->params_[i];
+        const int64_t n = p.numel();
+        torch::Tensor to = master.narrow(0, at, n);
+        if ((*built)[i].defined()) {
+          to.view(p.sizes()).copy_((*built)[i]);
+          (*built)[i] = torch::Tensor();
+          from_ranks = true;
+        } else {
+          torch::Tensor host = torch::empty({n}, torch::kFloat32);
+          read(i, 0, n, host.data_ptr<float>());
+          to.copy_(host);
+        }
+        at += n;
+      }
+      // Rank 0's values, once per run; a source gives every rank the same.
+      if (from_ranks) {
+        if (self->kernels_ != nullptr) {  // through the host
+          std::vector<float> host(static_cast<size_t>(master.numel()));
+          self->kernels_->download(host.data(), master.data_ptr<float>(),
+                                   host.size());
+          broadcast_initial_parameters(*comm, host.data(), host.size());
+          self->kernels_->upload(master.data_ptr<float>(), host.data(),
+                                 host.size());
+        } else {
+          broadcast_initial_parameters(*comm, master.data_ptr<float>(),
+                                       static_cast<size_t>(master.numel()));
+        }
+      }
+      if (bf16) model.copy_(master);
+      return master.data_ptr<float>();
+    }
+  };
+  Initial initial;
+  initial.self = this;
+  initial.groups = &groups;
+  initial.built = &built;
+  initial.source = options.source;
+  initial.names = &options.names;
+  initial.comm = comm;
   stage3_ = std::make_unique<Stage3>(options.stage, groups,
                                      options.stage.layout.numels, initial,
                                      static_cast<GroupStorage*>(this), comm);
-  // Note [Stage 3 buffer pool]: the non-persistent groups' initial storage
-  // has served the stage's constructor; from now on they use pool slots.
-  for (size_t gi = 0; gi < groups.size(); ++gi) {
-    persistent_.push_back(groups[gi].persistent);
-    if (groups[gi].persistent) continue;
-    free_storage(group_params_[gi]);
-    free_storage(group_grads_[gi]);
-    if (!group_params32_.empty()) {
-      free_storage(group_params32_[gi]);
-      free_storage(group_grads32_[gi]);
-    }
-  }
+  initial.drop_last();
   for (torch::nn::Module* b : map.blocks)
     dynamic_cast<Zero3Block*>(b)->set_zero3_hooks(this);
   blocks_ = map.blocks;

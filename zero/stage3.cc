@@ -42,7 +42,7 @@ void in_flight_at_once(size_t n, Issue issue, Done done) {
 
 Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
                const std::vector<size_t>& param_numels,
-               const std::vector<float*>& initial_params, GroupStorage* storage,
+               Stage3Initial& initial, GroupStorage* storage,
                Communicator* comm)
     : groups_(std::move(groups)),
       param_offset_(param_numels.size(), 0),
@@ -69,7 +69,6 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
           }(),
           AdamKernel::kFused, options.optimizer_swap, &k_) {
   ZS_CHECK(storage_ != nullptr);
-  ZS_CHECK(initial_params.size() == groups_.size());
   // Note [Stage 3 offload from a device]: partitions apart from the groups
   // are the host's.
   ZS_CHECK(&gk_ == &k_ || k_.host_addressable());
@@ -149,36 +148,45 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
   kept_ = stage3_kept_for_backward(groups_, options.reuse_distance_numel);
   reduced_.assign(groups_.size(), false);
   pending_.assign(groups_.size(), 0);
-  for (float* p : initial_params) ZS_CHECK(p != nullptr);
-  if (param_store_) {
-    // Whatever the device held before is not this run's state: the first
-    // generation is written whole, each sub-group from the groups it spans.
-    param_store_->write_all([&](const SwapSubgroup& s) {
-      for (size_t g = 0; g < groups_.size(); ++g) {
-        const size_t lo = std::max<size_t>(s.first, part_offset_[g]);
-        const size_t hi =
-            std::min<size_t>(s.first + s.count, part_offset_[g] + partition_[g]);
-        if (lo >= hi) continue;
-        gk_.download(s.arrays[0] + (lo - s.first),
-                     initial_params[g] + rank_ * partition_[g] +
-                         (lo - part_offset_[g]),
-                     hi - lo);
-      }
-    });
-  }
+  // Note [Stage 3 initial values]: group by group; with the partitions on
+  // NVMe they are written once all are known (the store's sub-groups span
+  // groups), from the host.
+  std::vector<float> host;
+  if (!param_store_ && !k_.host_addressable()) host.resize(largest);
+  std::vector<float> stored(param_store_ ? owned_numel_ : 0);
   for (size_t g = 0; g < groups_.size(); ++g) {
-    if (!param_store_ && &gk_ == &k_)
-      k_.copy(part_params_.data() + part_offset_[g],
-              initial_params[g] + rank_ * partition_[g], partition_[g]);
-    else if (!param_store_)  // from the device's storage to the host
-      gk_.download(part_params_.data() + part_offset_[g],
-                   initial_params[g] + rank_ * partition_[g], partition_[g]);
-    // The others' initial storage is the engine's to free (their pool
-    // slots come with the first use).
+    const size_t first = rank_ * partition_[g];
+    float* to = param_store_ ? stored.data() + part_offset_[g]
+                             : part_params_.data() + part_offset_[g];
+    const bool to_host = param_store_ || k_.host_addressable();
+    if (!groups_[g].persistent &&
+        initial.partition(g, first, partition_[g],
+                          to_host ? to : host.data())) {
+      if (!to_host) k_.upload(to, host.data(), partition_[g]);
+      continue;
+    }
+    float* full = initial.full(g);
+    ZS_CHECK(full != nullptr);
+    if (param_store_)
+      gk_.download(to, full + first, partition_[g]);
+    else if (&gk_ == &k_)
+      k_.copy(to, full + first, partition_[g]);
+    else  // from the device's storage to the host
+      gk_.download(to, full + first, partition_[g]);
+    // The others' full storage is the engine's to free (their pool slots
+    // come with the first use).
     if (groups_[g].persistent) {
-      full_params_[g] = initial_params[g];
+      full_params_[g] = full;
       full_grads_[g] = storage_->materialize_grads(g, GroupStorage::kOwn);
     }
+  }
+  if (param_store_) {
+    // Whatever the device held before is not this run's state: the first
+    // generation is written whole.
+    param_store_->write_all([&](const SwapSubgroup& s) {
+      std::copy(stored.data() + s.first, stored.data() + s.first + s.count,
+                s.arrays[0]);
+    });
   }
   reset_peak();
 }

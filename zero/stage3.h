@@ -302,15 +302,37 @@ class GroupStorage {
   virtual void grads_ready(size_t /*group*/) {}
 };
 
+// Note [Stage 3 initial values]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Stage3's constructor takes its partitions' first values one group at a
+// time, in group order, so that no rank ever holds the whole model: for a
+// non-persistent group, partition() may write the rank's share straight
+// (read from a file by a ParameterSource: no full group at all); otherwise
+// full() materializes the whole group (rank 0's values after a broadcast),
+// the stage copies its share out, and the storage is the engine's to free
+// before the next group's. A persistent group's full() storage is its own
+// from then on. Peak during construction: the partitions, one group, and
+// whatever the caller's model still holds (engine/engine.h).
+class Stage3Initial {
+ public:
+  virtual ~Stage3Initial() = default;
+  // Group g's full values: padded_numel floats in the GroupStorage's
+  // memory, valid until the next call.
+  virtual float* full(size_t group) = 0;
+  // Writes the group's padded elements [first, first + numel) into `out`
+  // (host memory) and returns true, or returns false (full() serves then).
+  virtual bool partition(size_t group, size_t first, size_t numel,
+                         float* out) = 0;
+};
+
 class Stage3 final : public Stage {
  public:
-  // `initial_params[g]` holds group g's full values (rank 0's, after the
-  // engine's broadcast), materialized; `param_numels[i]` is parameter i's
-  // size (to map parameters to offsets inside their group).
+  // `initial` gives the groups' first values (Note [Stage 3 initial
+  // values]); `param_numels[i]` is parameter i's size (to map parameters to
+  // offsets inside their group).
   Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
-         const std::vector<size_t>& param_numels,
-         const std::vector<float*>& initial_params, GroupStorage* storage,
-         Communicator* comm);
+         const std::vector<size_t>& param_numels, Stage3Initial& initial,
+         GroupStorage* storage, Communicator* comm);
 
   ~Stage3() override;
 
