@@ -232,6 +232,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   bo.offload = config_.zero.offload_optimizer.device != OffloadDevice::kNone;
   bo.pin_memory = config_.zero.offload_optimizer.pin_memory;
   bo.offload_staging_on_cpu = options.offload_staging_on_cpu;
+  // Note [Partitioned master]: the model's bf16 weights stay on its device
+  // and hold the one full copy, unless offload keeps the master on the host.
+  bo.stage.bf16_weights = dtype() == Precision::kBf16 && !bo.offload;
   bo.source = options.parameter_source;
   bo.names = names;
   binding_ = make_param_binding(model_, params_, bo, comm_, &latch_);

@@ -244,7 +244,9 @@ class Engine final {
   // buffer).
   const std::vector<torch::Tensor>& parameters() const { return params_; }
   // The flat parameter buffer (layout().numel elements; padding excluded),
-  // a view. Stages 0-2 only (UsageError at stage 3).
+  // a view. Stages 0-2 only: UsageError at stage 3, and at stages 1-2 under
+  // bf16, whose float32 master is partitioned (Note [Partitioned master] in
+  // zero/stage.h).
   torch::Tensor flat_parameters() const;
   // The flat gradient buffer, accumulated over the open window (float32;
   // fp16: still multiplied by loss_scale(), which step() divides out).
@@ -353,9 +355,11 @@ class Engine final {
   std::vector<Segment> owned_segments() const {
     return stage_->owned_segments();
   }
-  // The stage's resident bytes plus, under mixed precision, the model's
-  // bf16 weights and one-backward gradients (at stage 3: those of the
-  // groups resident now; stage 3's peak_bytes counts float32 storage only).
+  // The stage's resident bytes plus, under mixed precision and offload,
+  // the model's own weights and one-backward gradients (at stage 3: the
+  // bf16 copies of the pool's slots and the persistent groups), term by
+  // term as memory_plan() plans them (Note [Memory plan] in
+  // zero/schedule.h).
   MemoryStats memory() const;
 
  private:

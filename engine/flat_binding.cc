@@ -21,6 +21,7 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
       fold_accum_(options.stage.stage >= 2 ? Precision::kFp32
                                            : options.stage.grad_accum),
       by_param_(partitions_gradients(options.stage)),
+      master_apart_(partitions_master(options.stage)),
       folded_(params_.size(), 0),
       copied_(params_.size(), 0) {
   Kernels* k = options.stage.kernels;
@@ -36,7 +37,10 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
   // Note [Offload copies]: the float32 weights the device copies from are
   // page-locked with pin_memory, so that copy runs asynchronously.
   const bool pin = options.offload && options.pin_memory && device.is_cuda();
-  flat_params_ = torch::zeros({padded}, f32.pinned_memory(pin));
+  // Note [Partitioned master] (zero/stage.h): the stage keeps the owned
+  // master; the model's bf16 weights are the one full copy.
+  if (!master_apart_)
+    flat_params_ = torch::zeros({padded}, f32.pinned_memory(pin));
   // Note [Stage 2 buckets] (zero/stage2.h): no full gradient; each
   // parameter's gradient stays autograd's own tensor until the stage takes
   // it into a bucket.
@@ -71,7 +75,8 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
       torch::Tensor& p = params_[i];
       const int64_t off = static_cast<int64_t>(layout_.offsets[i]);
       const int64_t n = static_cast<int64_t>(layout_.numels[i]);
-      torch::Tensor to = flat_params_.narrow(0, off, n);
+      torch::Tensor to = (master_apart_ ? model_params_ : flat_params_)
+                             .narrow(0, off, n);
       if (p.is_meta()) {
         torch::Tensor host = torch::empty({n}, torch::kFloat32);
         internal::read_from_source(options.source, options.names.at(i), 0, n,
@@ -90,22 +95,31 @@ FlatBinding::FlatBinding(std::shared_ptr<torch::nn::Module> model,
       p.mutable_grad() = grads.narrow(0, off, n).view(p.sizes());
     }
   }
-  if (state_on_device()) {
-    // Once per run: rank 0's values through the host.
-    std::vector<float> host(layout_.padded_numel);
-    kernels_->download(host.data(), flat_params_.data_ptr<float>(), host.size());
-    broadcast_initial_parameters(*comm, host.data(), host.size());
-    kernels_->upload(flat_params_.data_ptr<float>(), host.data(), host.size());
+  // Once per run: rank 0's values (Note [Partitioned master]: its bf16
+  // weights, their bits carried as float32 words, two to a word).
+  float* initial = master_apart_
+                       ? static_cast<float*>(model_params_.data_ptr())
+                       : flat_params_.data_ptr<float>();
+  const size_t words = master_apart_ ? layout_.padded_numel / 2
+                                     : layout_.padded_numel;
+  if (state_on_device()) {  // through the host
+    std::vector<float> host(words);
+    kernels_->download(host.data(), initial, words);
+    broadcast_initial_parameters(*comm, host.data(), words);
+    kernels_->upload(initial, host.data(), words);
   } else {
-    broadcast_initial_parameters(*comm, flat_params_.data_ptr<float>(),
-                                 layout_.padded_numel);
+    broadcast_initial_parameters(*comm, initial, words);
   }
   params_written();
   FlatBuffers buffers;
-  buffers.params = flat_params_.data_ptr<float>();
+  if (master_apart_)
+    buffers.weights = this;
+  else
+    buffers.params = flat_params_.data_ptr<float>();
   if (!by_param_) {
     buffers.grads = flat_grads_.data_ptr<float>();
-    buffers.exchange = [this] { return exchange_buffers(); };
+    if (!master_apart_)
+      buffers.exchange = [this] { return exchange_buffers(); };
   }
   stage_ = make_stage(options.stage, std::move(buffers), comm);
   if (by_param_) {
@@ -276,8 +290,35 @@ void FlatBinding::fold_grad(size_t i) {
     std::memset(const_cast<void*>(g), 0, n * model_grads_.element_size());
 }
 
+// Note [Partitioned master]: the weights from the stage's gathered master.
+void FlatBinding::publish(size_t offset, const float* values, size_t n) {
+  torch::Tensor to = model_params_.narrow(0, static_cast<int64_t>(offset),
+                                          static_cast<int64_t>(n));
+  if (state_on_device()) {  // LibTorch's rounding, on the device
+    to.copy_(torch::from_blob(const_cast<float*>(values),
+                              {static_cast<int64_t>(n)},
+                              to.options().dtype(torch::kFloat32)));
+    return;
+  }
+  to_bf16(values, reinterpret_cast<uint16_t*>(to.data_ptr()), n);
+}
+
+void FlatBinding::read(size_t offset, float* out, size_t n) {
+  const torch::Tensor from = model_params_.narrow(
+      0, static_cast<int64_t>(offset), static_cast<int64_t>(n));
+  if (state_on_device()) {
+    torch::from_blob(out, {static_cast<int64_t>(n)},
+                     from.options().dtype(torch::kFloat32))
+        .copy_(from);
+    return;
+  }
+  const auto* bits = reinterpret_cast<const uint16_t*>(from.data_ptr());
+  for (size_t i = 0; i < n; ++i) out[i] = from_bf16_bits(bits[i]);
+}
+
 void FlatBinding::params_written() {
   if (!model_params_.defined()) return;  // the model computes with the master
+  if (master_apart_) return;  // the stage published them
   if (state_on_device()) {  // bf16 weights: LibTorch's rounding, on the device
     model_params_.copy_(flat_params_);
     return;
@@ -323,6 +364,12 @@ void FlatBinding::settle_weights() {
 }
 
 torch::Tensor FlatBinding::full_parameters() {
+  if (master_apart_) {  // a collective
+    torch::Tensor all = torch::empty(
+        {static_cast<int64_t>(layout_.padded_numel)}, torch::kFloat32);
+    dynamic_cast<FlatStage&>(*stage_).gather_master(all.data_ptr<float>());
+    return all.narrow(0, 0, static_cast<int64_t>(layout_.numel)).clone();
+  }
   torch::Tensor out =
       torch::empty({static_cast<int64_t>(layout_.numel)}, torch::kFloat32);
   out.copy_(flat_params_.narrow(0, 0, static_cast<int64_t>(layout_.numel)));
@@ -330,6 +377,12 @@ torch::Tensor FlatBinding::full_parameters() {
 }
 
 torch::Tensor FlatBinding::flat_parameters() const {
+  if (master_apart_)
+    throw UsageError(
+        "flat_parameters() is not available at ZeRO stages 1-2 under bf16: "
+        "the float32 master is partitioned across the ranks (Note "
+        "[Partitioned master] in zero/stage.h). Fix: use full_parameters() "
+        "(a collective: call it on every rank) or owned_parameters()");
   return flat_params_.narrow(0, 0, static_cast<int64_t>(layout_.numel));
 }
 

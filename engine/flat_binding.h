@@ -94,7 +94,7 @@
 
 namespace zerostep {
 
-class FlatBinding final : public ParamBinding {
+class FlatBinding final : public ParamBinding, private WeightsSink {
  public:
   FlatBinding(std::shared_ptr<torch::nn::Module> model,
               std::vector<torch::Tensor> params, const BindingOptions& options,
@@ -120,6 +120,10 @@ class FlatBinding final : public ParamBinding {
   bool folds_grads() const { return model_grads_.defined(); }
   // The flat buffers are on the model's device, worked on by kernels_.
   bool state_on_device() const { return kernels_ != nullptr; }
+  // WeightsSink (Note [Partitioned master] in zero/stage.h): the model's
+  // bf16 weights, written from and read as float32.
+  void publish(size_t offset, const float* values, size_t n) override;
+  void read(size_t offset, float* out, size_t n) override;
   // Note [Stage 2 buckets] (zero/stage2.h): hands parameter i's gradient,
   // autograd's own tensor, to the stage's buckets and drops it.
   void give_grad(size_t param_index);
@@ -152,7 +156,11 @@ class FlatBinding final : public ParamBinding {
   // buffers, and sink_ is the stage.
   bool by_param_;
   ParamGradSink* sink_ = nullptr;
-  torch::Tensor flat_params_;  // padded_numel float32 (bf16: the master)
+  // Note [Partitioned master]: no flat_params_; model_params_ (bf16) are
+  // the only full copy, which the stage publishes to (partitions_master()).
+  bool master_apart_;
+  // padded_numel float32 (bf16: the master); undefined if master_apart_
+  torch::Tensor flat_params_;
   torch::Tensor flat_grads_;   // padded_numel float32; undefined if by_param_
   // Mixed precision and offload: the weights the model computes with (bf16,
   // or float32 with offload; undefined when they are flat_params_ itself),

@@ -85,7 +85,7 @@ TEST(MixedPrecisionTest, Fp16OverflowInOneRankSkipsTheUpdateEverywhere) {
         EXPECT_TRUE(same_bits(e.full_parameters(), before));
         if (stage < 2) {
           EXPECT_EQ(e.flat_gradients().abs().max().item<float>(), 0.0f);
-        } else {
+        } else if (stage == 2) {
           // Note [Stage 2 buckets]: no gradient kept between calls.
           for (const torch::Tensor& p : e.parameters())
             EXPECT_FALSE(p.grad().defined());
@@ -267,17 +267,29 @@ TEST(MixedPrecisionTest, Fp16OverflowAtTheMinimumScaleSkipsThenThrows) {
 }
 
 // bf16: the model computes with bf16 weights that are the float32 master
-// weights rounded to bf16, after construction and after every update.
+// weights rounded to bf16, after construction and after every update. At
+// stages 1-2 the master is partitioned (Note [Partitioned master] in
+// zero/stage.h): each rank holds the master of its owned elements only,
+// flat_parameters() is refused, and full_parameters() gathers the master.
 TEST(MixedPrecisionTest, Bf16ModelWeightsAreTheMasterRounded) {
   for (int stage : {0, 1, 2}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     Fixture fx(2, config_json(stage, false, 1, "\"bf16\": {\"enabled\": true}"));
     fx.world->run([&](int r) {
       Engine e(fx.models[r], fx.config, &fx.world->comm(r));
+      if (stage > 0) {
+        EXPECT_THROW(e.flat_parameters(), UsageError);
+        EXPECT_EQ(e.owned_parameters().size(),
+                  e.layout().padded_numel / 2);
+        // The master is in the parameter bytes: a half each, not a whole.
+        EXPECT_LT(e.memory().param_bytes,
+                  e.layout().padded_numel * sizeof(float));
+      }
       for (int k = 0; k < 3; ++k) {
         for (const torch::Tensor& p : fx.models[r]->parameters())
           ASSERT_EQ(p.scalar_type(), torch::kBFloat16);
-        const torch::Tensor master = e.flat_parameters();
+        const torch::Tensor master =
+            stage == 0 ? e.flat_parameters() : e.full_parameters();
         size_t at = 0;
         for (const torch::Tensor& p : e.parameters()) {
           const torch::Tensor want =

@@ -455,16 +455,20 @@ torch::Tensor Stage3Binding::flat_gradients() const {
 MemoryStats Stage3Binding::memory() const {
   MemoryStats m = stage3_->memory();
   // bf16: the model's own storages beside the stage's float32 ones (the
-  // persistent groups' and the pool's slots); not in stage 3's peak.
+  // persistent groups' and the pool's slots), allocated once and kept, so
+  // in the peak too.
   if (group_params32_.empty()) return m;
-  m.param_bytes += params_pool_.allocated * params_pool_.slot_bytes;
-  m.grad_bytes += grads_pool_.allocated * grads_pool_.slot_bytes;
+  size_t params = params_pool_.allocated * params_pool_.slot_bytes;
+  size_t grads = grads_pool_.allocated * grads_pool_.slot_bytes;
   for (size_t g = 0; g < persistent_.size(); ++g) {
-    if (persistent_[g]) m.param_bytes += group_params_[g].storage().nbytes();
+    if (persistent_[g]) params += group_params_[g].storage().nbytes();
     // Persistent groups, and every group with reduce_once_per_step: the
     // group's own gradient storage (Note [Reduce once per step]).
-    if (own_grads_[g]) m.grad_bytes += group_grads_[g].storage().nbytes();
+    if (own_grads_[g]) grads += group_grads_[g].storage().nbytes();
   }
+  m.param_bytes += params;
+  m.grad_bytes += grads;
+  m.peak_bytes += params + grads;
   return m;
 }
 

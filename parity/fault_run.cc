@@ -47,9 +47,17 @@ struct RankState {
 
 RankState capture(Engine& e) {
   RankState s;
-  if (e.config().zero.stage < 3) {
+  // What a failed call must leave as it was (Note [Transactional update]):
+  // stages 0-1 in float32 the whole replica; stage 2 and bf16's
+  // partitioned master the rank's own partition, which is what checkpoints
+  // save (the replica's chunks owned by other ranks may hold the update).
+  const int stage = e.config().zero.stage;
+  const bool replica = stage < 2 && (stage == 0 || e.dtype() != Precision::kBf16);
+  if (replica) {
     torch::Tensor p = e.flat_parameters().contiguous();
     s.params.assign(p.data_ptr<float>(), p.data_ptr<float>() + p.numel());
+  } else if (stage < 3) {
+    s.params = e.owned_parameters();
   } else {
     s.params = e.owned_parameters();
     // Persistent parameters are whole (live storage); the others are

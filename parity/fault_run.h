@@ -4,7 +4,8 @@
 // run_fault_scenario() trains one mode (managed or unmanaged) of a scenario
 // twice on the simulator: once without faults (the baseline) and once with
 // `faults`. Before every backward() and step() each rank records its
-// parameters (stages 0-2: the flat buffer; stage 3: its partitions and the
+// parameters (stages 0-1 in float32: the flat buffer; stage 2 and bf16's
+// partitioned master: its partition; stage 3: its partitions and the
 // persistent parameters), its optimizer state (moments, step count) and its
 // counters (global_steps, global_samples, micro_steps, lr).
 //
@@ -21,7 +22,9 @@
 //         (backward() / step() / a ZeRO-3 block's forward, with the global
 //         step; or "phase setup" when the Engine's constructor failed);
 //       * parameters, optimizer state and counters equal what they were
-//         before the failing call, bitwise (no partial update);
+//         before the failing call, bitwise (no partial update): stages 0-1
+//         in float32 the whole replica, stage 2 and bf16 at stages 1-2 the
+//         rank's own partition (Note [Transactional update]);
 //       * a further step() is refused with UsageError;
 //       * its virtual clock is at most the baseline's final time plus every
 //         straggler delay plus one timeout (bounded time, never a hang).

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <string_view>
 
@@ -17,8 +18,10 @@
 #include "common/errors.h"
 #include "engine/engine.h"
 #include "engine/torch_kernels.h"
+#include "parity/model_shape.h"
 #include "sim/sim_world.h"
 #include "zero/phase.h"
+#include "zero/schedule.h"
 
 namespace zerostep {
 namespace {
@@ -496,6 +499,33 @@ std::string device_problem(const Scenario& s) {
   return "";
 }
 
+// Note [Memory plan]: the plan of the scenario's engines, or nullopt where
+// it plans nothing (offload; a backend that overlaps, whose stage 3 pools
+// grow by what is in flight).
+std::optional<MemoryPlan> scenario_memory_plan(const Scenario& s,
+                                               const Config& c,
+                                               const Task& task) {
+  if (s.backend != "sim" || s.device != "cpu") return std::nullopt;
+  if (c.zero.offload_optimizer.device != OffloadDevice::kNone ||
+      c.zero.offload_param.device != OffloadDevice::kNone)
+    return std::nullopt;
+  ScheduleOptions o;
+  o.stage = c.zero.stage;
+  o.world_size = s.world_size;
+  o.dtype = c.precision.dtype;
+  o.reduce_bucket_size = c.zero.reduce_bucket_size;
+  o.allgather_bucket_size = c.zero.allgather_bucket_size;
+  o.persistence_threshold = c.zero.stage3_param_persistence_threshold;
+  o.max_reuse_distance = c.zero.stage3_max_reuse_distance;
+  o.gather_once_per_step = c.zero.gather_once_per_step;
+  o.reduce_once_per_step = c.zero.reduce_once_per_step;
+  o.optimizer_bytes_per_element =
+      c.optimizer.type == OptimizerType::kSGD
+          ? (c.optimizer.momentum > 0 ? sizeof(float) : 0)
+          : 2 * sizeof(float);
+  return memory_plan(model_shape(*task.make_model(s.seed), s.model), o);
+}
+
 ScenarioResult run_scenario(const Scenario& s) {
   if (const std::string why = device_problem(s); !why.empty())
     throw UsageError(why);
@@ -746,6 +776,28 @@ ScenarioResult run_scenario(const Scenario& s) {
   // construction (zero/optimizer.h), so they hold it too: every stage is
   // checked.
   for (const std::string& f : rest_memory_failures(res)) require(false, f);
+  // Note [Memory plan]: no run holds more than its plan, at rest or at its
+  // peak (a gathered block or a full gradient kept alive shows here).
+  if (const std::optional<MemoryPlan> plan =
+          scenario_memory_plan(s, unmanaged.config, *task)) {
+    res.memory_planned = true;
+    res.memory_plan_bytes = plan->total_bytes();
+    for (const auto& [name, d] : {std::pair{"unmanaged", &res.unmanaged},
+                                  {"managed", &res.managed}}) {
+      require(d->memory_rest_bytes <= res.memory_plan_bytes,
+              std::string(name) + " holds " +
+                  std::to_string(d->memory_rest_bytes) +
+                  " bytes at rest, more than the " +
+                  std::to_string(res.memory_plan_bytes) +
+                  " its memory plan gives (Note [Memory plan])");
+      require(d->memory_peak_bytes <= res.memory_plan_bytes,
+              std::string(name) + " peaked at " +
+                  std::to_string(d->memory_peak_bytes) +
+                  " bytes, more than the " +
+                  std::to_string(res.memory_plan_bytes) +
+                  " its memory plan gives (Note [Memory plan])");
+    }
+  }
   res.ok = res.failures.empty();
   return res;
 }
@@ -810,6 +862,7 @@ std::string to_json_line(const ScenarioResult& r) {
   j["step_comm_bytes_unmanaged"] = r.unmanaged.step_comm_bytes;
   j["memory_rest_bytes"] = r.unmanaged.memory_rest_bytes;
   j["memory_peak_bytes"] = r.unmanaged.memory_peak_bytes;
+  if (r.memory_planned) j["memory_plan_bytes"] = r.memory_plan_bytes;
   j["memory_rest_by_window_unmanaged"] = r.unmanaged.memory_rest_by_window;
   j["memory_rest_by_window_managed"] = r.managed.memory_rest_by_window;
   j["global_samples"] = r.unmanaged.global_samples;

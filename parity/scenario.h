@@ -314,6 +314,12 @@ struct ScenarioResult {
   // into (a user's loss scale starting high): Note [Overflows nobody
   // injected]. The reference checks are then not made.
   bool reference_compared = true;
+  // Note [Memory plan] (zero/schedule.h): what memory_plan() plans for the
+  // scenario's rank (rest = peak), when it plans it (on sim, without
+  // offload): run_scenario fails a run whose memory at rest or peak
+  // exceeds it.
+  bool memory_planned = false;
+  size_t memory_plan_bytes = 0;
   bool ok = false;
   std::vector<std::string> failures;  // why not ok, one line each
 };

@@ -98,16 +98,21 @@ int run_scale_mode(const HarnessFlags& f) {
             << "\n  cost: " << base.cost.to_string() << "\n";
   if (!as_json)
     std::printf(
-        "%-5s %-6s %-12s %-12s %-12s %-12s %-10s %-14s %-12s %-12s "
-        "%s\n",
-        "stage", "world", "step_s", "compute_s", "comm_s", "exposed_s",
-        "exposed%", "bytes/rank", "mem_rest_GB", "mem_peak_GB", "wall_ms");
+        "%-5s %-5s %-6s %-12s %-12s %-12s %-12s %-10s %-14s %-11s %-12s "
+        "%-12s %s\n",
+        "dtype", "stage", "world", "step_s", "compute_s", "comm_s",
+        "exposed_s", "exposed%", "bytes/rank", "states_GB", "mem_rest_GB",
+        "mem_peak_GB", "wall_ms");
+  for (Precision dtype : f.dtypes)
   for (int stage : f.stages) {
     for (int w : f.worlds) {
       ScaleOptions o = base;
       o.schedule.stage = stage;
       o.schedule.world_size = w;
       o.schedule.managed = managed;
+      o.schedule.dtype = dtype;
+      // Note [Memory plan]: the paper's model states and the named buffers.
+      const MemoryPlan plan = memory_plan(model, o.schedule);
       const auto t0 = std::chrono::steady_clock::now();
       const ScaleReport r = simulate_scale(model, o);
       const double wall_ms = std::chrono::duration<double, std::milli>(
@@ -122,6 +127,7 @@ int run_scale_mode(const HarnessFlags& f) {
         nlohmann::json j;
         j["model"] = model_name;
         j["params"] = r.params;
+        j["dtype"] = to_string(dtype);
         j["stage"] = stage;
         j["world"] = w;
         j["backwards"] = o.schedule.backwards;
@@ -138,17 +144,23 @@ int run_scale_mode(const HarnessFlags& f) {
                        {"grad_bytes", m.grad_bytes},
                        {"optimizer_state_bytes", m.optimizer_state_bytes},
                        {"rollback_bytes", m.rollback_bytes},
-                       {"peak_bytes", m.peak_bytes}};
+                       {"peak_bytes", m.peak_bytes},
+                       {"model_state_bytes", plan.model_state_bytes()}};
+        for (const MemoryTerm& t : plan.terms)
+          j["memory_terms"].push_back(
+              {{"name", t.name}, {"bytes", t.bytes},
+               {"model_state", t.model_state}});
         j["wall_ms"] = wall_ms;
         std::cout << j.dump() << "\n";
       } else {
         std::printf(
-            "%-5d %-6d %-12.6g %-12.6g %-12.6g %-12.6g %-10.1f "
-            "%-14llu %-12.3f %-12.3f %.1f\n",
-            stage, w, r.step_s, r.compute_s, r.comm_s, r.exposed_comm_s,
-            100.0 * r.exposed_comm_s / r.step_s,
-            static_cast<unsigned long long>(r.bytes_per_rank), rest,
-            m.peak_bytes / 1e9, wall_ms);
+            "%-5s %-5d %-6d %-12.6g %-12.6g %-12.6g %-12.6g %-10.1f "
+            "%-14llu %-11.3f %-12.3f %-12.3f %.1f\n",
+            to_string(dtype), stage, w, r.step_s, r.compute_s, r.comm_s,
+            r.exposed_comm_s, 100.0 * r.exposed_comm_s / r.step_s,
+            static_cast<unsigned long long>(r.bytes_per_rank),
+            plan.model_state_bytes() / 1e9, rest, m.peak_bytes / 1e9,
+            wall_ms);
       }
       std::cout.flush();
     }
@@ -360,10 +372,10 @@ int run_parity_mode(const HarnessFlags& f,
   if (!as_json) {
     std::printf(
         "%-7s %-5s %-5s %-5s %-15s %-7s %-12s %-12s %-14s %-14s %-11s %-11s "
-        "%-16s %-6s %s\n",
+        "%-11s %-16s %-6s %s\n",
         "offload", "dtype", "stage", "world", "scaling", "bitwise",
         "max_abs_diff", "ref_rel_l2", "bytes_managed", "bytes_unmgd",
-        "mem_rest", "mem_peak", "digest", "ok", "options");
+        "mem_rest", "mem_peak", "mem_plan", "digest", "ok", "options");
   }
   int failed = 0;
   for (size_t i = 0; i < scenarios.size(); ++i) {
@@ -393,13 +405,14 @@ int run_parity_mode(const HarnessFlags& f,
     } else {
       std::printf(
           "%-7s %-5s %-5d %-5d %-15s %-7s %-12.3g %-12.3g %-14llu %-14llu "
-          "%-11zu %-11zu %-16s %-6s %s\n",
+          "%-11zu %-11zu %-11s %-16s %-6s %s\n",
           to_string(s.offload), to_string(s.dtype), s.stage, s.world_size,
           to_string(s.scaling), r.bitwise_equal ? "yes" : "NO", r.max_abs_diff,
           r.ref_rel_l2_diff,
           static_cast<unsigned long long>(r.managed.comm_bytes),
           static_cast<unsigned long long>(r.unmanaged.comm_bytes),
           r.unmanaged.memory_rest_bytes, r.unmanaged.memory_peak_bytes,
+          r.memory_planned ? std::to_string(r.memory_plan_bytes).c_str() : "-",
           r.unmanaged.digest.c_str(), r.ok ? "ok" : "FAILED",
           scenario_options(s).c_str());
     }

@@ -96,8 +96,11 @@ std::vector<ScheduleEvent> setup_schedule(const ModelShape& m,
   std::vector<Event> out;
   if (o.stage < 3) {
     const FlatLayout layout = FlatLayout::make(m.numels, o.world_size);
+    // Note [Partitioned master]: bf16 weights, two to a float32 word.
+    const bool bits = o.dtype == Precision::kBf16 && o.stage > 0;
     out.push_back(collective(CollectiveKind::kBroadcast, DType::kFloat32,
-                             layout.padded_numel, phase::kSetup));
+                             layout.padded_numel / (bits ? 2 : 1),
+                             phase::kSetup));
     return out;
   }
   for (const Stage3Group& g : stage3_groups(m, o.persistence_threshold))
@@ -274,40 +277,137 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
   return out;
 }
 
-MemoryStats planned_memory(const ModelShape& m, const ScheduleOptions& o) {
-  check(m, o);
+MemoryStats MemoryPlan::stats() const {
+  MemoryStats s;
+  for (const MemoryTerm& t : terms) {
+    switch (t.field) {
+      case MemoryTerm::Field::kParams:
+        s.param_bytes += t.bytes;
+        break;
+      case MemoryTerm::Field::kGrads:
+        s.grad_bytes += t.bytes;
+        break;
+      case MemoryTerm::Field::kOptimizer:
+        s.optimizer_state_bytes += t.bytes;
+        break;
+      case MemoryTerm::Field::kRollback:
+        s.rollback_bytes += t.bytes;
+        break;
+    }
+  }
+  s.peak_bytes = total_bytes();
+  return s;
+}
+
+size_t MemoryPlan::model_state_bytes() const {
+  size_t n = 0;
+  for (const MemoryTerm& t : terms)
+    if (t.model_state) n += t.bytes;
+  return n;
+}
+
+size_t MemoryPlan::total_bytes() const {
+  size_t n = 0;
+  for (const MemoryTerm& t : terms) n += t.bytes;
+  return n;
+}
+
+namespace {
+
+using Field = MemoryTerm::Field;
+
+void add(MemoryPlan& p, const std::string& name, size_t bytes, Field field,
+         bool model_state = false) {
+  if (bytes > 0) p.terms.push_back({name, bytes, field, model_state});
+}
+
+// Stages 0-2 (Note [Memory plan]).
+void flat_plan(const ModelShape& m, const ScheduleOptions& o, MemoryPlan& p) {
   const int w = o.world_size;
   const size_t f = sizeof(float);
-  const size_t opt = o.optimizer_bytes_per_element;
-  MemoryStats s;
-  if (o.stage <= 2) {
-    const FlatLayout layout = FlatLayout::make(m.numels, w);
-    const size_t padded = layout.padded_numel;
-    const bool partitioned = o.stage > 0;
-    const size_t owned = partitioned ? padded / w : padded;
-    s.param_bytes = padded * f;
-    s.grad_bytes = padded * f + (partitioned ? owned * f : 0);
-    s.optimizer_state_bytes = owned * opt;
-    s.rollback_bytes = partitioned ? owned * opt : 0;
-    if (o.stage == 2) {
-      const std::vector<Span> buckets =
-          internal::make_buckets(layout, o.reduce_bucket_size);
-      const size_t piece =
-          internal::aligned_elements(o.allgather_bucket_size / w);
-      size_t largest = 0;
-      for (const Span& b : buckets) largest = std::max(largest, b.numel);
-      // Note [Stage 2 buckets]: no full gradient; the pool's slots, each a
-      // bucket and its scratch chunk; the owned chunks kept for rollback.
-      const size_t slots = std::min<size_t>(buckets.size(), 2);
-      s.grad_bytes = owned * f + slots * (largest + largest / w) * f;
-      s.rollback_bytes += owned * f;
-      if (largest / w > piece) s.param_bytes += piece * w * f;
-    }
-    s.peak_bytes = s.param_bytes + s.grad_bytes + s.optimizer_state_bytes +
-                   s.rollback_bytes;
-    return s;
+  const FlatLayout layout = FlatLayout::make(m.numels, w);
+  const size_t padded = layout.padded_numel;
+  const size_t owned = o.stage > 0 ? padded / w : padded;
+  const bool bf16 = o.dtype == Precision::kBf16;
+  const bool fp16 = o.dtype == Precision::kFp16;
+  // Note [Partitioned master] (zero/stage.h).
+  const bool apart = bf16 && o.stage > 0;
+  // Weights.
+  if (bf16) {
+    add(p, "weights (bf16, the model's)", padded * 2, Field::kParams, true);
+    if (apart)
+      add(p, "float32 master (owned elements)", owned * f, Field::kParams,
+          true);
+    else
+      add(p, "float32 master", padded * f, Field::kParams, true);
+  } else {
+    add(p, "weights (float32, the master)", padded * f, Field::kParams, true);
   }
-  size_t owned = 0, largest_partition = 0, largest_block = 0, persistent = 0;
+  // Gradients: a full buffer at stages 0-1 and, by design, with
+  // reduce_once_per_step at stage 2.
+  if (o.stage < 2 || o.reduce_once_per_step) {
+    if (bf16) {
+      add(p, "gradients of one backward (bf16)", padded * 2, Field::kGrads,
+          true);
+      add(p, "window accumulation (float32)", padded * f, Field::kGrads);
+    } else {
+      add(p, "gradients (window accumulation)", padded * f, Field::kGrads,
+          true);
+      if (fp16)
+        add(p, "gradients of one backward (fp16 values, float32)",
+            padded * f, Field::kGrads);
+    }
+    if (o.stage == 1)
+      add(p, "reduced gradient partition", owned * f, Field::kGrads);
+    if (o.stage == 2) {
+      add(p, "gradient partition (float32)", owned * f, Field::kGrads);
+      add(p, "reduce scratch", owned * f, Field::kGrads);
+    }
+  } else {
+    // Note [Stage 2 buckets] (zero/stage2.h).
+    const std::vector<Span> buckets =
+        internal::make_buckets(layout, o.reduce_bucket_size);
+    size_t largest = 0;
+    for (const Span& b : buckets) largest = std::max(largest, b.numel);
+    const size_t slots = std::min<size_t>(buckets.size(), 2);
+    add(p, "gradient partition (float32)", owned * f, Field::kGrads, true);
+    add(p, "bucket pool", slots * largest * f, Field::kGrads);
+    add(p, "bucket scratch", slots * (largest / w) * f, Field::kGrads);
+  }
+  if (o.stage == 2) {
+    size_t largest = 0;
+    for (const Span& b : internal::make_buckets(layout, o.reduce_bucket_size))
+      largest = std::max(largest, b.numel);
+    const size_t piece =
+        internal::aligned_elements(o.allgather_bucket_size / w);
+    const size_t chunk = largest / w;
+    if (apart)
+      add(p, "all-gather staging", std::min(chunk, piece) * w * f,
+          Field::kParams);
+    else if (chunk > piece)
+      add(p, "all-gather staging", piece * w * f, Field::kParams);
+  }
+  // Optimizer state and rollback (Note [Transactional update]).
+  add(p, "optimizer moments", owned * o.optimizer_bytes_per_element,
+      Field::kOptimizer, true);
+  if (o.stage > 0)
+    add(p, "rollback: the moments' second bank",
+        owned * o.optimizer_bytes_per_element, Field::kRollback);
+  if (o.stage == 2 && (apart || !o.reduce_once_per_step))
+    add(p, apart ? "rollback: the owned master" : "rollback: the owned weights",
+        owned * f, Field::kRollback);
+}
+
+// Stage 3 at rest after a window (Note [Stage 3 buffer pool] in
+// zero/stage3.h): one parameter slot of the largest block group (one per
+// group kept by the reuse distance when there are more; per block group
+// with gather_once_per_step) and one gradient slot.
+void stage3_plan(const ModelShape& m, const ScheduleOptions& o,
+                 MemoryPlan& p) {
+  const int w = o.world_size;
+  const size_t f = sizeof(float);
+  size_t owned = 0, largest_partition = 0, largest_block = 0, persistent = 0,
+         blocks = 0;
   const std::vector<Stage3Group> groups =
       stage3_groups(m, o.persistence_threshold);
   const std::vector<bool> kept = stage3_kept_for_backward(
@@ -321,26 +421,68 @@ MemoryStats planned_memory(const ModelShape& m, const ScheduleOptions& o) {
       persistent += padded;
     } else {
       largest_block = std::max(largest_block, padded);
+      blocks += padded;
       ++block_groups;
     }
     if (kept[i]) ++kept_groups;
   }
   // The kept groups are the last blocks: the released ones before them
-  // share one slot, which the first kept group then takes. With
-  // gather_once_per_step every block group is gathered at once.
+  // share one slot, which the first kept group then takes.
   const size_t param_slots = std::max<size_t>(
       o.gather_once_per_step ? block_groups : kept_groups, 1);
-  // Note [Stage 3 buffer pool]: after a window the pool holds one slot of
-  // the largest block group for parameters (one per kept group: Note
-  // [Stage 3 reuse distance]) and one for gradients, resident from then
-  // on, so the peak is what is held at rest.
-  s.param_bytes = (owned + persistent + param_slots * largest_block) * f;
-  s.grad_bytes = (owned + largest_partition + persistent + largest_block) * f;
-  s.optimizer_state_bytes = owned * opt;
-  s.rollback_bytes = owned * (f + opt);
-  s.peak_bytes =
-      s.param_bytes + s.grad_bytes + s.optimizer_state_bytes + s.rollback_bytes;
-  return s;
+  const size_t slot = largest_block;
+  add(p, "float32 master (parameter partition)", owned * f, Field::kParams,
+      true);
+  add(p, "gathered block groups (pool)", param_slots * slot * f,
+      Field::kParams);
+  add(p, "persistent groups' parameters", persistent * f, Field::kParams);
+  add(p, "gradient partition (float32)", owned * f, Field::kGrads, true);
+  // Note [Reduce once per step]: every group's gradient in its own full
+  // storage, all reduced at once (a scratch of the whole partition).
+  const bool once = o.reduce_once_per_step;
+  add(p, "reduce scratch", (once ? owned : largest_partition) * f,
+      Field::kGrads);
+  if (once)
+    add(p, "block groups' gradients (reduce_once_per_step)", blocks * f,
+        Field::kGrads);
+  else
+    add(p, "gathered group's gradient (pool)", slot * f, Field::kGrads);
+  add(p, "persistent groups' gradients", persistent * f, Field::kGrads);
+  if (o.dtype == Precision::kBf16) {
+    // The model computes with bf16 copies of what is gathered.
+    add(p, "gathered block groups, bf16 (pool)", param_slots * slot * 2,
+        Field::kParams);
+    add(p, "persistent groups' parameters, bf16", persistent * 2,
+        Field::kParams);
+    if (once)
+      add(p, "block groups' gradients, bf16 (reduce_once_per_step)",
+          blocks * 2, Field::kGrads);
+    else
+      add(p, "gathered group's gradient, bf16 (pool)", slot * 2,
+          Field::kGrads);
+    add(p, "persistent groups' gradients, bf16", persistent * 2,
+        Field::kGrads);
+  }
+  add(p, "optimizer moments", owned * o.optimizer_bytes_per_element,
+      Field::kOptimizer, true);
+  add(p, "rollback: a spare partition and the moments' second bank",
+      owned * (f + o.optimizer_bytes_per_element), Field::kRollback);
+}
+
+}  // namespace
+
+MemoryPlan memory_plan(const ModelShape& m, const ScheduleOptions& o) {
+  check(m, o);
+  MemoryPlan p;
+  if (o.stage <= 2)
+    flat_plan(m, o, p);
+  else
+    stage3_plan(m, o, p);
+  return p;
+}
+
+MemoryStats planned_memory(const ModelShape& m, const ScheduleOptions& o) {
+  return memory_plan(m, o).stats();
 }
 
 }  // namespace zerostep

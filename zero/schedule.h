@@ -65,6 +65,7 @@
 #include "zero/phase.h"
 #include "zero/stage.h"
 #include "zero/grouping.h"
+#include "zero/precision.h"
 #include "zero/stage3.h"
 
 namespace zerostep {
@@ -93,7 +94,59 @@ struct ScheduleOptions {
   bool first_window = false;
   // Optimizer state bytes per owned element (AdamW: 8).
   size_t optimizer_bytes_per_element = 8;
+  // The training dtype (fp16 and bf16 with float32 master weights), for
+  // memory_plan() and the setup broadcast (Note [Partitioned master] in
+  // zero/stage.h). Without offload_optimizer.
+  Precision dtype = Precision::kFp32;
+  // zero_optimization.reduce_once_per_step, for memory_plan() only (Note
+  // [Reduce once per step]; the collective schedule is not modelled).
+  bool reduce_once_per_step = false;
 };
+
+// Note [Memory plan]
+// ~~~~~~~~~~~~~~~~~~
+// What a rank holds between windows, term by term, as Engine::memory()
+// counts it (the stage's buffers and the binding's copies of the model's
+// weights and gradients), for a model given by its shape: the ZeRO paper's
+// model states (Rajbhandari et al. 2020, Table 1: weights, gradients and
+// optimizer states, whose K bytes per element hold the float32 master under
+// mixed precision) at the sizes zerostep holds them, and every other buffer
+// by name (bucket pool, scratch, staging, gathered groups, persistent
+// groups, rollback). For Psi padded elements over Nd ranks (docs/
+// architecture.md, "Memory per rank", gives the table):
+//   fp32   stage 0: 16 Psi; 1: 8 Psi + 8 Psi/Nd; 2: 4 Psi + 12 Psi/Nd;
+//          3: 16 Psi/Nd (the paper's formula with fp32 weights and
+//          gradients and K = 8);
+//   bf16   stage 0: 16 Psi; 1: 4 Psi + 12 Psi/Nd; 3: 16 Psi/Nd (the
+//          paper's, K = 12); 2: 2 Psi + 16 Psi/Nd, the paper's 2 Psi +
+//          14 Psi/Nd plus 2 bytes per owned element because the gradient
+//          partition accumulates in float32 (grad_accum_dtype);
+//   fp16   emulated on the CPU (Note [Precision model]): the fp32
+//          figures, the float32 weights being the master.
+// The stages allocate everything up front except stage 3's pool and
+// stage 2's bucket pool, which hold their peak at rest after a window:
+// the plan's peak is what it holds at rest. Not modelled: offload and the
+// pools' growth on a backend that overlaps
+// (Note [Stage 3 prefetch], [Stage 3 reduce-scatter in flight]) or for a
+// model whose parameters complete out of order (Note [Stage 2 buckets]).
+struct MemoryTerm {
+  enum class Field { kParams, kGrads, kOptimizer, kRollback };
+  std::string name;
+  size_t bytes = 0;
+  Field field = Field::kParams;  // where MemoryStats counts it
+  bool model_state = false;      // one of the paper's three
+};
+
+struct MemoryPlan {
+  std::vector<MemoryTerm> terms;
+  // Summed per MemoryStats field; the peak is the total.
+  MemoryStats stats() const;
+  size_t model_state_bytes() const;
+  size_t total_bytes() const;
+};
+
+// Note [Memory plan]. UsageError as window_schedule.
+MemoryPlan memory_plan(const ModelShape& model, const ScheduleOptions& options);
 
 struct ScheduleEvent {
   enum class Type : uint8_t { kCollective, kCompute, kWait };
@@ -124,12 +177,8 @@ std::vector<ScheduleEvent> setup_schedule(const ModelShape& model,
 // length.
 std::vector<ScheduleEvent> window_schedule(const ModelShape& model,
                                            const ScheduleOptions& options);
-// What a rank holds (Stage::memory()), planned: stages 0-2 as constructed;
-// stage 3 at rest between windows, its buffer pool holding the largest
-// block group's full parameters and gradients (Note [Stage 3 buffer pool]
-// in zero/stage3.h), one parameter slot per group kept by the reuse
-// distance when there are more (per block group with
-// gather_once_per_step), and peak_bytes the same.
+// memory_plan(model, options).stats(): what Engine::memory() reports
+// after a window.
 MemoryStats planned_memory(const ModelShape& model,
                            const ScheduleOptions& options);
 }  // namespace zerostep

@@ -1,7 +1,7 @@
 #include "zero/stage.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <sstream>
@@ -15,6 +15,10 @@
 
 namespace zerostep {
 
+bool partitions_master(const StageOptions& options) {
+  return (options.stage == 1 || options.stage == 2) && options.bf16_weights;
+}
+
 bool partitions_gradients(const StageOptions& options) {
   return options.stage == 2 && !options.reduce_once_per_step &&
          !options.collectives_outside_backward;
@@ -23,7 +27,9 @@ bool partitions_gradients(const StageOptions& options) {
 std::unique_ptr<Stage> make_stage(const StageOptions& options,
                                   FlatBuffers buffers, Communicator* comm) {
   ZS_CHECK(comm != nullptr);
-  ZS_CHECK(buffers.params != nullptr);
+  // Note [Partitioned master]: no full parameter buffer exactly then.
+  ZS_CHECK((buffers.params == nullptr) == partitions_master(options));
+  ZS_CHECK((buffers.weights != nullptr) == partitions_master(options));
   // Note [Stage 2 buckets]: no full gradient buffer exactly then.
   ZS_CHECK((buffers.grads == nullptr) == partitions_gradients(options));
   ZS_CHECK(options.layout.world_size == comm->world_size());
@@ -62,6 +68,16 @@ FlatStage::FlatStage(const StageOptions& options, FlatBuffers buffers,
     ZS_CHECK(s.offset + s.numel <= layout_.padded_numel);
     owned_numel_ += s.numel;
   }
+  // Note [Partitioned master]: the owned master, from the model's weights.
+  if (buf_.weights != nullptr) {
+    weights_ = buf_.weights;
+    master_ = k_.allocate(owned_numel_);
+    size_t at = 0;
+    for (const Span& s : owned_) {
+      weights_->read(s.offset, master_.data() + at, s.numel);
+      at += s.numel;
+    }
+  }
   // Stage 2's chunks of several buckets: the optimizer steps them piece
   // by piece, but a swapped state streams one span, gathered here.
   if (owned_.size() > 1 && !optimizer_.steps_pieces())
@@ -99,6 +115,10 @@ std::vector<Segment> FlatStage::owned_segments() const {
 
 std::vector<float> FlatStage::owned_parameters() const {
   std::vector<float> out(owned_numel_);
+  if (master_partitioned()) {
+    k_.download(out.data(), master_.data(), owned_numel_);
+    return out;
+  }
   size_t at = 0;
   for (const Span& s : owned_) {
     k_.download(out.data() + at, buf_.params + s.offset, s.numel);
@@ -134,9 +154,60 @@ void FlatStage::load_state(const std::vector<float>& params,
   optimizer_.load_state(optimizer_steps,
                         owned_from_canonical(exp_avg, segs, owned_numel_),
                         owned_from_canonical(exp_avg_sq, segs, owned_numel_));
+  if (master_partitioned()) {
+    // Note [Partitioned master]: the owned master, and the model's
+    // weights from the whole (through the kernels' memory off the host).
+    const std::vector<float> owned =
+        owned_from_canonical(params, segs, owned_numel_);
+    k_.upload(master_.data(), owned.data(), owned_numel_);
+    std::vector<float> all(layout_.padded_numel, 0.0f);
+    std::copy(params.begin(), params.end(), all.begin());
+    if (k_.host_addressable()) {
+      weights_->publish(0, all.data(), all.size());
+      return;
+    }
+    DeviceArray on_device = k_.allocate(all.size());
+    k_.upload(on_device.data(), all.data(), all.size());
+    weights_->publish(0, on_device.data(), all.size());
+    return;
+  }
   // Every rank holds the whole flat buffer at stages 0-2: write it all.
   k_.upload(buf_.params, params.data(), params.size());
   k_.zero(buf_.params + layout_.numel, layout_.padded_numel - layout_.numel);
+}
+
+void FlatStage::gather_owned(
+    const float* owned, size_t piece, float* staging,
+    const std::function<void(size_t, const float*, size_t)>& put) {
+  // Each span is the same-numbered span of every rank (a stage 1
+  // partition, a stage 2 bucket's chunk), `numel` long on each: rank q's
+  // lies (q - r) spans' lengths from this rank's.
+  const int w = layout_.world_size;
+  const int r = comm_->rank();
+  size_t at = 0;
+  for (const Span& s : owned_) {
+    for (size_t i = 0; i < s.numel; i += piece) {
+      const size_t n = std::min(piece, s.numel - i);
+      comm_->all_gather(buffer(const_cast<float*>(owned) + at + i, n),
+                        buffer(staging, n * w), {phase::kStep});
+      for (int q = 0; q < w; ++q)
+        put(s.offset + static_cast<size_t>(q - r) * s.numel + i,
+            staging + static_cast<size_t>(q) * n, n);
+    }
+    at += s.numel;
+  }
+}
+
+void FlatStage::gather_master(float* out) {
+  ZS_CHECK(master_partitioned());
+  size_t largest = 0;
+  for (const Span& s : owned_) largest = std::max(largest, s.numel);
+  const size_t piece = std::min<size_t>(largest, size_t{1} << 20);
+  DeviceArray staging = k_.allocate(piece * layout_.world_size);
+  gather_owned(master_.data(), piece, staging.data(),
+               [&](size_t offset, const float* values, size_t n) {
+                 k_.download(out + offset, values, n);
+               });
 }
 
 void FlatStage::update_owned(const OptimizerHyper& hyper, float* target) {
@@ -198,7 +269,10 @@ void FlatStage::zero_grad() {
 
 MemoryStats FlatStage::memory() const {
   MemoryStats m;
-  m.param_bytes = layout_.padded_numel * sizeof(float);
+  // Note [Partitioned master]: the owned master instead of a full buffer.
+  m.param_bytes = master_partitioned()
+                      ? master_.bytes()
+                      : layout_.padded_numel * sizeof(float);
   m.grad_bytes = (buf_.grads != nullptr ? layout_.padded_numel : 0) *
                      sizeof(float) +
                  (partitioned_ ? owned_numel_ * sizeof(float) : 0);

@@ -105,7 +105,23 @@
 //             make_stage() without an exchange gets a copy of the
 //             parameter buffer. Cost: 8 bytes per owned element (4 for
 //             SGD with momentum, 0 for plain SGD), held for the stage's
-//             lifetime.
+//             lifetime. This holds for stage 2 only where it keeps the full
+//             gradient buffer (reduce_once_per_step, collectives outside
+//             backward).
+//   stage 2 without a full gradient (Note [Stage 2 buckets]), and stages
+//             1-2 under bf16's partitioned master (Note [Partitioned
+//             master]): there is no full buffer to stage the all-gather
+//             in, so the owned chunks (or the owned master) are copied (4
+//             bytes per owned element) and updated in place, and each
+//             bucket is all-gathered into the model's replica. A failure
+//             restores the owned chunks and the moments: the rank's
+//             partition, which is what checkpoints save, is as it was; the
+//             replica's chunks owned by other ranks may hold the new values
+//             of the buckets gathered before the failure (keeping them
+//             whole would cost the full replica again, 4 bytes per
+//             parameter, which is what stage 2 saves). The Engine refuses
+//             backward() and step() afterwards; load_checkpoint() makes the
+//             replica whole again.
 //   stage 3   the update writes the new partition into a spare one (4
 //             bytes per owned element), which becomes the partition on
 //             success, and the new moments into the optimizer's second
@@ -178,6 +194,10 @@ struct StageOptions {
   // Stages 2/3: the format of the partition gradient accumulated over the
   // window (data_types.grad_accum_dtype; Note [Precision model]).
   Precision grad_accum = Precision::kFp32;
+  // Stages 1-2: the model computes with bf16 weights of its own and no
+  // offload_optimizer moves the master elsewhere, so the float32 master is
+  // partitioned (Note [Partitioned master]).
+  bool bf16_weights = false;
   // Stages 2/3: zero_optimization.reduce_once_per_step (Note [Reduce once
   // per step]). Stages 0/1 reduce once per window anyway.
   bool reduce_once_per_step = false;
@@ -229,9 +249,43 @@ struct StageOptions {
 // the full gradient. The one place this choice is made.
 bool partitions_gradients(const StageOptions& options);
 
+// Note [Partitioned master]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// At stages 1-2 under bf16 (without offload_optimizer) the float32 master
+// weights are partitioned like the optimizer state: the ZeRO paper's K =
+// 12 bytes per element (master and both moments) are held for the owned
+// elements only, and the model's bf16 weights are the one full copy. The
+// stage keeps the master of its owned spans, contiguous in optimizer
+// order; its first values are the model's weights read back (exact: they
+// are bf16 values). An update runs the optimizer on the owned master,
+// all-gathers it (float32, as every collective here) and publishes each
+// gathered range to the model's weights through the WeightsSink, rounded
+// to bf16: the bits the model computes with are those of rounding a full
+// master, as before the note. Stage 1 gathers into its full gradient
+// buffer (free by then) and publishes only after the gather succeeded, so
+// the update stays all or nothing; stage 2, which has no full buffer,
+// gathers bucket by bucket in pieces of allgather_bucket_size through a
+// staging buffer and publishes each piece as it arrives (Note
+// [Transactional update]). Engine::flat_parameters() is then refused;
+// full_parameters() all-gathers the master, as at stage 3.
+bool partitions_master(const StageOptions& options);
+
+// The model's own weights, for a stage whose master is partitioned (Note
+// [Partitioned master]). Offsets and counts are in flat-buffer elements;
+// `values` and `out` are in the stage kernels' memory.
+class WeightsSink {
+ public:
+  virtual ~WeightsSink() = default;
+  // The weights [offset, offset + n) := values, rounded to their format.
+  virtual void publish(size_t offset, const float* values, size_t n) = 0;
+  // out := the weights [offset, offset + n), widened to float32.
+  virtual void read(size_t offset, float* out, size_t n) = 0;
+};
+
 // Views of the engine's flat buffers; each holds layout.padded_numel floats,
 // in the memory of StageOptions::kernels.
 struct FlatBuffers {
+  // nullptr exactly when partitions_master(options): `weights` then.
   float* params = nullptr;
   // nullptr exactly when partitions_gradients(options): the stage then
   // takes gradients through ParamGradSink.
@@ -243,6 +297,9 @@ struct FlatBuffers {
   // two pointers to match. Returns false, changing nothing, when the
   // owner cannot; the stage copies then.
   std::function<bool()> exchange;
+  // Note [Partitioned master]: the model's weights, exactly when `params`
+  // is nullptr.
+  WeightsSink* weights = nullptr;
 };
 
 // A range of the flat buffers.
@@ -394,6 +451,11 @@ class FlatStage : public Stage {
                   const std::vector<float>& exp_avg,
                   const std::vector<float>& exp_avg_sq,
                   int64_t optimizer_steps) override;
+  // Note [Partitioned master]: whether the stage holds only its owned
+  // master, and (a collective, every rank at the same point) the whole
+  // master gathered into host `out` (padded_numel floats).
+  bool master_partitioned() const { return weights_ != nullptr; }
+  void gather_master(float* out);
 
  protected:
   // `partitioned`: the owned spans are this rank's share, reduced into a
@@ -436,6 +498,18 @@ class FlatStage : public Stage {
   // steps the chunks where they are).
   DeviceArray owned_params_;
   FlatOptimizer::Snapshot saved_;  // stages 1/2: to undo an update
+  // Note [Partitioned master]: the model's weights, the owned master
+  // (optimizer order) and, at stage 2, the staging its pieces are gathered
+  // through (set by the subclass).
+  WeightsSink* weights_ = nullptr;
+  DeviceArray master_;
+  // All-gathers `owned` (this rank's values, optimizer order) span by span
+  // in pieces of at most `piece` elements per rank through `staging`
+  // (piece x W floats, this stage's memory), handing each gathered range
+  // to `put(flat offset, values, n)`.
+  void gather_owned(const float* owned, size_t piece, float* staging,
+                    const std::function<void(size_t, const float*, size_t)>&
+                        put);
 };
 
 // Throws UsageError for an unsupported stage number.

@@ -25,6 +25,7 @@ class Stage1 final : public FlatStage {
   void apply_update(const OptimizerHyper& hyper) override;
 
  private:
+  void update_master(const OptimizerHyper& hyper);
   DeviceArray grad_partition_;  // the reduced gradient this rank owns
 };
 

@@ -136,14 +136,22 @@ Stage2::Stage2(const StageOptions& options, FlatBuffers buffers,
   set_owned_grad(grad_partition_.data());
   size_t largest = 0;
   for (const Span& o : owned_) largest = std::max(largest, o.numel);
-  if (largest > allgather_piece_)
+  // Note [Partitioned master]: every bucket's gather goes through the
+  // staging buffer, in pieces; otherwise only a bucket larger than a piece.
+  if (master_partitioned())
+    gather_staging_ = k_.allocate(std::min(largest, allgather_piece_) *
+                                  layout_.world_size);
+  else if (largest > allgather_piece_)
     gather_staging_ = k_.allocate(allgather_piece_ * layout_.world_size);
+  // Note [Transactional update]: the copy of the owned chunks (or master)
+  // an in-place update keeps.
+  if (pooled_ || master_partitioned())
+    saved_owned_ = k_.allocate(owned_numel_);
   if (!pooled_) {
     reduce_scratch_ = k_.allocate(owned_numel_);
     return;
   }
-  // Note [Stage 2 buckets]: the pool's first slots, allocated now;
-  // Note [Transactional update]: the copy of the owned chunks.
+  // Note [Stage 2 buckets]: the pool's first slots, allocated now.
   for (const Span& b : launcher_.buckets())
     slot_numel_ = std::max(slot_numel_, b.numel);
   slot_of_bucket_.assign(launcher_.buckets().size(), kNone);
@@ -153,7 +161,6 @@ Stage2::Stage2(const StageOptions& options, FlatBuffers buffers,
     slot_scratch_.push_back(k_.allocate(slot_numel_ / layout_.world_size));
     free_slots_.push_back(first - 1 - i);  // slot 0 is taken first
   }
-  saved_owned_ = k_.allocate(owned_numel_);
 }
 
 Stage2::~Stage2() {
@@ -338,7 +345,7 @@ void Stage2::zero_grad() {
 }
 
 void Stage2::apply_update(const OptimizerHyper& hyper) {
-  if (pooled_) {
+  if (pooled_ || master_partitioned()) {
     update_in_place(hyper);
     return;
   }
@@ -352,6 +359,28 @@ void Stage2::apply_update(const OptimizerHyper& hyper) {
 // chunks and the moments; the other ranks' chunks of the replica may then
 // hold the new values of the buckets gathered before the failure.
 void Stage2::update_in_place(const OptimizerHyper& hyper) {
+  if (master_partitioned()) {
+    // Note [Partitioned master]: the owned master in place, gathered piece
+    // by piece into the model's weights.
+    k_.copy(saved_owned_.data(), master_.data(), owned_numel_);
+    optimizer_.save(&saved_);
+    try {
+      internal::step_and_agree(*comm_, optimizer_.swapped(), [&] {
+        optimizer_.step(master_.data(), owned_grad_, hyper);
+      });
+      gather_owned(master_.data(), gather_staging_.size() / layout_.world_size,
+                   gather_staging_.data(),
+                   [&](size_t offset, const float* values, size_t n) {
+                     weights_->publish(offset, values, n);
+                   });
+      optimizer_.commit();
+    } catch (...) {
+      optimizer_.restore(saved_);
+      k_.copy(master_.data(), saved_owned_.data(), owned_numel_);
+      throw;
+    }
+    return;
+  }
   size_t at = 0;
   for (const Span& s : owned_) {
     k_.copy(saved_owned_.data() + at, buf_.params + s.offset, s.numel);
