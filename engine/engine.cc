@@ -228,6 +228,7 @@ OptimizerHyper Engine::hyper(const StepOverrides& o) const {
   h.eps = o.eps.value_or(config_.optimizer.eps);
   h.weight_decay = o.weight_decay.value_or(config_.optimizer.weight_decay);
   h.momentum = config_.optimizer.momentum;
+  h.bias_correction = config_.optimizer.bias_correction;
   // The host's AdamW splits its pass like LibTorch's own ops (and its fused
   // AdamW): over the intra-op threads, which set_compute_threads sets.
   h.threads = torch::get_num_threads();
