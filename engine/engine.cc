@@ -180,6 +180,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   bo.stage.allgather_bucket_size = config_.zero.allgather_bucket_size;
   bo.stage.overlap_comm = config_.zero.overlap_comm;
   bo.stage.grad_accum = config_.precision.grad_accum_dtype;
+  bo.stage.averaging = {config_.prescale_gradients,
+                        config_.gradient_predivide_factor};
   bo.stage.reduce_once_per_step = config_.zero.reduce_once_per_step;
   bo.stage.gather_once_per_step = config_.zero.gather_once_per_step;
   bo.stage.collectives_outside_backward =

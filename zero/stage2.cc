@@ -112,6 +112,9 @@ Stage2::Stage2(const StageOptions& options, FlatBuffers buffers,
                   // the partition where the backend can add.
                   float* into =
                       fused_ ? grad_partition_.data() : reduce_scratch_.data();
+                  // Note [Gradient averaging] in zero/averaging.h.
+                  scale_before_sum(k_, averaging_, buf_.grads + b.offset,
+                                   b.numel);
                   return comm_->reduce_scatter_async(
                       buffer(buf_.grads + b.offset, b.numel),
                       buffer(into + scratch_offset_[k], owned_[k].numel),
