@@ -310,24 +310,31 @@ Config load_config_file(const std::string& path, int world_size,
   }
 }
 
-std::string ignored_keys_note(const Config& config) {
-  if (config.ignored_keys.empty()) return "";
-  std::string s =
-      "ds_config keys accepted without effect (DeepSpeed keys zerostep does "
-      "not act on; see docs/config.md): ";
-  for (size_t i = 0; i < config.ignored_keys.size(); ++i)
-    s += (i ? ", " : "") + config.ignored_keys[i];
+namespace {
+
+// "<what>: a, b, c", or "" for no items.
+std::string note(const std::string& what,
+                 const std::vector<std::string>& items) {
+  if (items.empty()) return "";
+  std::string s = what + ": ";
+  for (size_t i = 0; i < items.size(); ++i) s += (i ? ", " : "") + items[i];
   return s;
 }
 
+}  // namespace
+
+std::string ignored_keys_note(const Config& config) {
+  return note(
+      "ds_config keys accepted without effect (DeepSpeed keys zerostep does "
+      "not act on; see docs/config.md)",
+      config.ignored_keys);
+}
+
 std::string filled_auto_note(const Config& config) {
-  if (config.filled_auto.empty()) return "";
-  std::string s =
+  return note(
       "ds_config \"auto\" filled with the trainer's values (Hugging Face's "
-      "rules; see docs/config.md): ";
-  for (size_t i = 0; i < config.filled_auto.size(); ++i)
-    s += (i ? ", " : "") + config.filled_auto[i];
-  return s;
+      "rules; see docs/config.md)",
+      config.filled_auto);
 }
 
 }  // namespace zerostep

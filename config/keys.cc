@@ -577,9 +577,17 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = {
             "which host Adam kernel DeepSpeed uses: the same update"),
 };
 
+namespace {
+
+// The keys of "bfloat16" are those of "bf16".
+std::string bf16_name(const std::string& path) {
+  return path.rfind("bfloat16.", 0) == 0 ? "bf16." + path.substr(9) : path;
+}
+
+}  // namespace
+
 const DeepSpeedKey* find_key(const std::string& path) {
-  std::string p = path;
-  if (p.rfind("bfloat16.", 0) == 0) p = "bf16." + p.substr(9);
+  const std::string p = bf16_name(path);
   for (const DeepSpeedKey& k : kDeepSpeedKeys)
     if (p == k.path) return &k;
   return nullptr;
@@ -749,8 +757,7 @@ const std::vector<AutoRule> kAutoRules = {
 };
 
 const AutoRule* find_auto_rule(const std::string& path) {
-  std::string p = path;
-  if (p.rfind("bfloat16.", 0) == 0) p = "bf16." + p.substr(9);
+  const std::string p = bf16_name(path);
   for (const AutoRule& r : kAutoRules)
     if (p == r.path) return &r;
   return nullptr;

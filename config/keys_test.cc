@@ -228,43 +228,37 @@ std::string read_runfile(const std::string& path) {
   return s.str();
 }
 
-// docs/config.md prints the table between two markers, generated from it;
-// on a mismatch the expected text is in the failure message.
-TEST(ConfigKeysTest, DocsTableIsTheKeyTable) {
+// docs/config.md prints `name`'s table between two markers ("<!-- <name>
+// table: begin (config/keys.cc) -->", "<!-- <name> table: end -->"),
+// generated from the code; on a mismatch the expected text is in the
+// failure message.
+void expect_docs_table(const std::string& name, const std::string& table) {
   const std::string doc = read_runfile("docs/config.md");
   ASSERT_FALSE(doc.empty()) << "docs/config.md not found in the runfiles";
-  const std::string begin = "<!-- key table: begin (config/keys.cc) -->\n";
-  const std::string end = "<!-- key table: end -->";
+  const std::string begin =
+      "<!-- " + name + " table: begin (config/keys.cc) -->\n";
+  const std::string end = "<!-- " + name + " table: end -->";
   const size_t b = doc.find(begin);
   ASSERT_NE(b, std::string::npos) << begin;
   const size_t e = doc.find(end, b);
   ASSERT_NE(e, std::string::npos) << end;
-  const std::string printed =
-      doc.substr(b + begin.size(), e - b - begin.size());
-  const std::string header = "| key | zerostep | why |\n|---|---|---|\n";
-  EXPECT_EQ(printed, header + markdown_table())
-      << "replace docs/config.md's table with:\n"
-      << header << markdown_table();
+  EXPECT_EQ(doc.substr(b + begin.size(), e - b - begin.size()), table)
+      << "replace docs/config.md's " << name << " table with:\n"
+      << table;
+}
+
+TEST(ConfigKeysTest, DocsTableIsTheKeyTable) {
+  expect_docs_table(
+      "key", "| key | zerostep | why |\n|---|---|---|\n" + markdown_table());
 }
 
 // docs/config.md's "auto" table is kAutoRules printed.
 TEST(ConfigKeysTest, DocsAutoTableIsTheAutoRules) {
-  const std::string doc = read_runfile("docs/config.md");
-  ASSERT_FALSE(doc.empty()) << "docs/config.md not found in the runfiles";
-  const std::string begin = "<!-- auto table: begin (config/keys.cc) -->\n";
-  const std::string end = "<!-- auto table: end -->";
-  const size_t b = doc.find(begin);
-  ASSERT_NE(b, std::string::npos) << begin;
-  const size_t e = doc.find(end, b);
-  ASSERT_NE(e, std::string::npos) << end;
-  const std::string printed =
-      doc.substr(b + begin.size(), e - b - begin.size());
-  const std::string header =
-      "| key | the Hugging Face integration writes | TrainerValues field | "
-      "a written value must match |\n|---|---|---|---|\n";
-  EXPECT_EQ(printed, header + auto_markdown_table())
-      << "replace docs/config.md's \"auto\" table with:\n"
-      << header << auto_markdown_table();
+  expect_docs_table("auto",
+                    "| key | the Hugging Face integration writes | "
+                    "TrainerValues field | a written value must match "
+                    "|\n|---|---|---|---|\n" +
+                        auto_markdown_table());
 }
 
 // Each "auto" rule is a key of the table that zerostep reads (or a
