@@ -361,7 +361,8 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = {
          "no prefetch; \"auto\": the default, 5e7"),
     read("zero_optimization.stage3_prefetch_bucket_size",
          "stage 3: the largest block group gathered ahead of its use; 0: "
-         "no prefetch; \"auto\": the default, 5e7",
+         "no prefetch; \"auto\": the trainer's 0.9 × hidden size squared "
+         "(below stage 3 the default, 5e7)",
          "zero_optimization.prefetch_bucket_size"),
     ignored("zero_optimization.model_persistence_threshold",
             "caps the elements kept whole by the persistence threshold: "
