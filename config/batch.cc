@@ -160,7 +160,7 @@ void BatchSection::parse_size(const std::string& key, const Json& v) {
   if (is_auto(v)) {
     // The fix needs the other batch keys; resolve() fills it in.
     b.auto_problem = report_->size();
-    report_->add(key, v.dump(), kAutoRule, "");
+    report_->add_auto(key, v, "");
     return;
   }
   auto n = report_->read_whole(key, v, "a positive integer, e.g. 4");
@@ -198,7 +198,7 @@ void BatchSection::parse_scaling(const Json& v) {
       "one of \"configured\", \"per_step_count\", \"none\" (a JSON string)";
   if (!v.is_string() || is_auto(v)) {
     if (is_auto(v)) {
-      report_->add(key, v.dump(), kAutoRule, "write " + want);
+      report_->add_auto(key, v, "write " + want);
     } else {
       report_->add(key, v.dump(), "must be a JSON string", "write " + want);
     }
@@ -241,26 +241,29 @@ std::optional<BatchSizes> BatchSection::resolve(int world_size) {
                                 ", with world_size = " + std::to_string(w) +
                                 "; any two determine the third)";
     if (t.auto_problem != SIZE_MAX) {
-      report_->problem(t.auto_problem).fix =
-          d ? "write " + std::to_string(d->tbs) + " (= micro " +
-                  std::to_string(d->micro) + " × gas " +
-                  std::to_string(d->gas) + " × world " + std::to_string(w) + ")"
-            : generic;
+      report_->problem(t.auto_problem).fix = auto_fix(
+          "train_batch_size", d ? "write " + std::to_string(d->tbs) +
+                                      " (= micro " + std::to_string(d->micro) +
+                                      " × gas " + std::to_string(d->gas) +
+                                      " × world " + std::to_string(w) + ")"
+                                : generic);
     }
     if (m.auto_problem != SIZE_MAX) {
-      report_->problem(m.auto_problem).fix =
+      report_->problem(m.auto_problem).fix = auto_fix(
+          "train_micro_batch_size_per_gpu",
           d ? "write " + std::to_string(d->micro) + " (= train_batch_size " +
                   std::to_string(d->tbs) + " / (gas " + std::to_string(d->gas) +
                   " × world " + std::to_string(w) + "))"
-            : generic;
+            : generic);
     }
     if (g.auto_problem != SIZE_MAX) {
       report_->problem(g.auto_problem).fix =
-          d ? "write " + std::to_string(d->gas) + " (= train_batch_size " +
-                  std::to_string(d->tbs) + " / (micro " +
-                  std::to_string(d->micro) + " × world " + std::to_string(w) +
-                  "))"
-            : generic;
+          auto_fix("gradient_accumulation_steps",
+                   d ? "write " + std::to_string(d->gas) +
+                           " (= train_batch_size " + std::to_string(d->tbs) +
+                           " / (micro " + std::to_string(d->micro) +
+                           " × world " + std::to_string(w) + "))"
+                     : generic);
     }
     return std::nullopt;
   }

@@ -126,32 +126,39 @@ TEST(ParseConfigTest, BatchKeysMustBePositiveIntegers) {
 
 // --- "auto" ---
 
-TEST(ParseConfigTest, AutoTrainBatchSizeSaysWhichNumberToWrite) {
-  ConfigProblem p = only_problem(
+// Note [Trainer values]: train_batch_size's "auto" is world × micro × gas,
+// which the file and world_size determine here.
+TEST(ParseConfigTest, AutoTrainBatchSizeIsWorldTimesMicroTimesGas) {
+  Config c = parse_config(
       R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 4,
           "gradient_accumulation_steps": 2})",
       4);
-  EXPECT_EQ(p.key, "train_batch_size");
-  EXPECT_EQ(p.value, "\"auto\"");
-  EXPECT_HAS(p.rule, "\"auto\"");
-  EXPECT_HAS(p.rule, "Hugging Face");
-  EXPECT_EQ(p.fix, "write 32 (= micro 4 × gas 2 × world 4)");
+  EXPECT_EQ(c.train_batch_size, 32);
+  EXPECT_EQ(c.filled_auto, std::vector<std::string>{"train_batch_size = 32"});
 }
 
+// micro and gas are the trainer's values: without them the fix names the
+// field, and the number to write where the others determine it.
 TEST(ParseConfigTest, AutoMicroAndGasAreDerivedFromTheOthers) {
   ConfigProblem micro = only_problem(
       R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": "auto",
           "gradient_accumulation_steps": 2})",
       4);
   EXPECT_EQ(micro.key, "train_micro_batch_size_per_gpu");
-  EXPECT_EQ(micro.fix, "write 4 (= train_batch_size 32 / (gas 2 × world 4))");
+  EXPECT_EQ(micro.fix,
+            "set TrainerValues::micro_batch_size in the trainer values given "
+            "to parse_config, or write 4 (= train_batch_size 32 / (gas 2 × "
+            "world 4))");
 
   ConfigProblem gas = only_problem(
       R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4,
           "gradient_accumulation_steps": "auto"})",
       4);
   EXPECT_EQ(gas.key, "gradient_accumulation_steps");
-  EXPECT_EQ(gas.fix, "write 2 (= train_batch_size 32 / (micro 4 × world 4))");
+  EXPECT_EQ(gas.fix,
+            "set TrainerValues::gradient_accumulation_steps in the trainer "
+            "values given to parse_config, or write 2 (= train_batch_size 32 "
+            "/ (micro 4 × world 4))");
 }
 
 TEST(ParseConfigTest, AutoThatCannotBeDerivedAsksForANumber) {

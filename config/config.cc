@@ -1,8 +1,10 @@
 #include "config/config.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -27,7 +29,9 @@ using Json = ConfigJson;
 // reader, then runs the checks that need the whole document.
 class Parser {
  public:
-  explicit Parser(int world_size) { cfg_.world_size = world_size; }
+  Parser(int world_size, const TrainerValues& trainer) : trainer_(trainer) {
+    cfg_.world_size = world_size;
+  }
   // The section readers point into cfg_ and problems_.
   Parser(const Parser&) = delete;
   Parser& operator=(const Parser&) = delete;
@@ -74,6 +78,13 @@ class Parser {
                   "write the settings as { \"key\": value, ... }");
       throw ConfigError(std::move(problems_));
     }
+    // Note [Trainer values]: the Hugging Face Trainer fills "auto" before
+    // DeepSpeed reads the document; so does this, before the sections do.
+    config_auto::FillResult fill =
+        config_auto::fill_auto(&doc, trainer_, cfg_.world_size);
+    cfg_.filled_auto = std::move(fill.filled);
+    filled_how_ = std::move(fill.how);
+    report_.set_filled(&filled_how_);
     auto zero = doc.find("zero_optimization");
     zero_is_flag_ = zero != doc.end() && zero->is_boolean();
     for (auto it = doc.begin(); it != doc.end(); ++it) {
@@ -90,6 +101,7 @@ class Parser {
     check_cross_keys();
     precision_.check();
     zero_.check_offload();
+    for (ConfigProblem& p : fill.mismatches) problems_.push_back(std::move(p));
     if (!problems_.empty()) throw ConfigError(std::move(problems_));
     return cfg_;
   }
@@ -139,7 +151,13 @@ class Parser {
         report_.ignore(key);
       }
     } else if (key == "scheduler") {
-      parse_lr_schedule(v, &cfg_.scheduler, &problems_);
+      parse_lr_schedule(v, &cfg_.scheduler, &problems_, &filled_how_);
+    } else if (key == "prescale_gradients") {
+      // null: DeepSpeed's default (None, which it reads as false).
+      if (v.is_null()) return;
+      if (auto b = report_.read_bool(key, v)) cfg_.prescale_gradients = *b;
+    } else if (key == "gradient_predivide_factor") {
+      parse_predivide_factor(v);
     } else if (key == "pipeline" || key == "pipeline_parallel_size") {
       if (key == "pipeline_parallel_size" && v.is_number() &&
           v.get<double>() == 1.0) {
@@ -160,8 +178,39 @@ class Parser {
     }
   }
 
+  // DeepSpeed multiplies by 1 / factor and by factor / world_size: null
+  // fails there, 0 divides by zero, and a negative factor flips the
+  // gradient's sign twice (each rank's, then the sum's): any finite
+  // positive factor is the same average up to rounding.
+  void parse_predivide_factor(const Json& v) {
+    const std::string key = "gradient_predivide_factor";
+    if (v.is_null()) {
+      report_.add(key, "null",
+                  "is not a default: DeepSpeed divides by it (1.0 / None "
+                  "raises TypeError)",
+                  "write 1.0 (no pre-division), or remove the key");
+      return;
+    }
+    if (auto d = report_.read_number(key, v, "a number > 0, e.g. 1.0")) {
+      if (!(*d > 0) || !std::isfinite(*d)) {
+        report_.add(key, v.dump(),
+                    "must be a finite number > 0 (each rank's gradient is "
+                    "multiplied by 1 / factor before the sum)",
+                    "write a number > 0, e.g. 1.0 for no pre-division");
+      } else {
+        cfg_.gradient_predivide_factor = *d;
+        predivide_dump_ = v.dump();
+      }
+    }
+  }
+
   // Cross-key rules read a rejected key as its default.
   void check_cross_keys() {
+    // DeepSpeed's prescale branch never reads the factor.
+    if (cfg_.prescale_gradients && !predivide_dump_.empty() &&
+        cfg_.gradient_predivide_factor != 1.0) {
+      report_.ignore("gradient_predivide_factor");
+    }
     const bool managed = cfg_.managed_gradient_accumulation;
     if (!pipeline_key_.empty()) {
       if (!managed) {
@@ -201,7 +250,11 @@ class Parser {
     }
   }
 
+  const TrainerValues& trainer_;
   Config cfg_;
+  // Note [Trainer values]: the keys filled in for "auto", and how.
+  std::map<std::string, std::string> filled_how_;
+  std::string predivide_dump_;  // gradient_predivide_factor as given
   std::vector<ConfigProblem> problems_;
   ProblemReporter report_{&problems_, &cfg_.ignored_keys};
   BatchSection batch_{&report_};
@@ -216,11 +269,21 @@ class Parser {
 
 }  // namespace
 
+Config parse_config(const std::string& json_text, int world_size,
+                    const TrainerValues& trainer) {
+  return Parser(world_size, trainer).run(json_text);
+}
+
 Config parse_config(const std::string& json_text, int world_size) {
-  return Parser(world_size).run(json_text);
+  return parse_config(json_text, world_size, TrainerValues{});
 }
 
 Config load_config_file(const std::string& path, int world_size) {
+  return load_config_file(path, world_size, TrainerValues{});
+}
+
+Config load_config_file(const std::string& path, int world_size,
+                        const TrainerValues& trainer) {
   std::string text;
   {
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(
@@ -241,20 +304,37 @@ Config load_config_file(const std::string& path, int world_size) {
     }
   }
   try {
-    return parse_config(text, world_size);
+    return parse_config(text, world_size, trainer);
   } catch (const ConfigError& e) {
     throw ConfigError(e.problems(), path);
   }
 }
 
-std::string ignored_keys_note(const Config& config) {
-  if (config.ignored_keys.empty()) return "";
-  std::string s =
-      "ds_config keys accepted without effect (DeepSpeed keys zerostep does "
-      "not act on; see docs/config.md): ";
-  for (size_t i = 0; i < config.ignored_keys.size(); ++i)
-    s += (i ? ", " : "") + config.ignored_keys[i];
+namespace {
+
+// "<what>: a, b, c", or "" for no items.
+std::string note(const std::string& what,
+                 const std::vector<std::string>& items) {
+  if (items.empty()) return "";
+  std::string s = what + ": ";
+  for (size_t i = 0; i < items.size(); ++i) s += (i ? ", " : "") + items[i];
   return s;
+}
+
+}  // namespace
+
+std::string ignored_keys_note(const Config& config) {
+  return note(
+      "ds_config keys accepted without effect (DeepSpeed keys zerostep does "
+      "not act on; see docs/config.md)",
+      config.ignored_keys);
+}
+
+std::string filled_auto_note(const Config& config) {
+  return note(
+      "ds_config \"auto\" filled with the trainer's values (Hugging Face's "
+      "rules; see docs/config.md)",
+      config.filled_auto);
 }
 
 }  // namespace zerostep

@@ -12,8 +12,10 @@
 //   - DeepSpeed's other names of a setting (stage3_ aliases, deprecated
 //     spellings) mean what they mean there; two names with different values
 //     are an error; null is the default where DeepSpeed takes it so;
-//   - "auto" (left by Hugging Face integrations) is rejected with the number
-//     to write instead where it can be derived;
+//   - "auto" (left for the Hugging Face Trainer) is filled with the
+//     caller's TrainerValues by the Trainer's rules (Note [Trainer values]
+//     in config/trainer_values.h); an "auto" nobody filled is a problem
+//     naming the TrainerValues field to set;
 //   - train_batch_size = train_micro_batch_size_per_gpu *
 //     gradient_accumulation_steps * world_size: any two of the three batch
 //     keys determine the third; a mismatch is an error.
@@ -46,6 +48,7 @@
 #include "config/optimizer.h"
 #include "config/precision.h"
 #include "config/scheduler.h"
+#include "config/trainer_values.h"
 #include "config/zero.h"
 
 namespace zerostep {
@@ -63,6 +66,15 @@ struct Config {
 
   OptimizerConfig optimizer;
   double gradient_clipping = 0.0;  // 0 = off
+  // How a window's gradients are averaged over the ranks (DeepSpeed's
+  // prescale_gradients and gradient_predivide_factor; Note [Gradient
+  // averaging] in zero/averaging.h). false and 1: zerostep's sum, then one
+  // division by world_size. prescale_gradients: each rank's gradient
+  // divided by world_size before the sum (the factor is then unused).
+  // Otherwise each rank's gradient is multiplied by 1/factor before the
+  // sum and the sum by factor/world_size after it.
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
   // "scheduler": DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR
   // (config/scheduler.h, engine/lr_schedule.h); kNone = constant optimizer
   // lr.
@@ -78,6 +90,12 @@ struct Config {
   // "optimizer.params.torch_adam"); offload_param below stage 3 as
   // "zero_optimization.offload_param".
   std::vector<std::string> ignored_keys;
+
+  // Every "auto" parse_config filled with the caller's TrainerValues, as
+  // "key = value" ("optimizer.params.lr = 0.001"), in the order of the
+  // Hugging Face integration's rules (Note [Trainer values]); empty when
+  // the document has no "auto" that was filled.
+  std::vector<std::string> filled_auto;
 };
 
 // Arrays and objects may nest at most this deep: deeper documents are
@@ -85,15 +103,23 @@ struct Config {
 // that deep), whatever section they sit in.
 inline constexpr size_t kMaxNestingDepth = 100;
 
-// Parses and validates `json_text` for a run of `world_size` ranks.
-// Throws ConfigError listing every problem found; keys and values are cut
-// to kConfigProblemFieldBytes in its message (common/errors.h), so the
-// message stays short whatever the input.
+// Parses and validates `json_text` for a run of `world_size` ranks, each
+// "auto" filled from `trainer` (Note [Trainer values] in
+// config/trainer_values.h). Throws ConfigError listing every problem found
+// (an "auto" whose TrainerValues field is unset among them); keys and
+// values are cut to kConfigProblemFieldBytes in its message
+// (common/errors.h), so the message stays short whatever the input.
+Config parse_config(const std::string& json_text, int world_size,
+                    const TrainerValues& trainer);
+// The same with no trainer values: every "auto" the Hugging Face
+// integration would fill is a problem.
 Config parse_config(const std::string& json_text, int world_size);
 
 // Reads `path` and parses it. Throws IoError naming the path if it cannot be
 // read, ConfigError (same problems; message "invalid ds_config '<path>': ...")
 // if it is invalid.
+Config load_config_file(const std::string& path, int world_size,
+                        const TrainerValues& trainer);
 Config load_config_file(const std::string& path, int world_size);
 
 // One line naming the keys in `config.ignored_keys` ("ds_config keys
@@ -102,6 +128,13 @@ Config load_config_file(const std::string& path, int world_size);
 // or "" when there are none. The Engine logs it at construction (rank 0,
 // common/log.h); the harness prints it.
 std::string ignored_keys_note(const Config& config);
+
+// One line naming the values filled in for "auto" ("ds_config \"auto\"
+// filled with the trainer's values (Hugging Face's rules; see
+// docs/config.md): train_batch_size = 16, optimizer.params.lr = 0.001"), or
+// "" when none was. Front ends print it once (tools/harness,
+// tools/trainer_server).
+std::string filled_auto_note(const Config& config);
 
 }  // namespace zerostep
 

@@ -69,6 +69,53 @@ inline bool has(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
+// The TrainerValues that to_string(TrainerValues) wrote ("micro_batch_size=2
+// dtype=bf16 must_match=false"); a name it does not write fails the test.
+inline TrainerValues trainer_values_from_string(const std::string& text) {
+  TrainerValues t;
+  std::istringstream in(text);
+  std::string item;
+  while (in >> item) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      ADD_FAILURE() << "not name=value: " << item;
+      continue;
+    }
+    const std::string name = item.substr(0, eq), v = item.substr(eq + 1);
+    if (name == "micro_batch_size")
+      t.micro_batch_size = std::stoll(v);
+    else if (name == "gradient_accumulation_steps")
+      t.gradient_accumulation_steps = std::stoll(v);
+    else if (name == "learning_rate")
+      t.learning_rate = std::stod(v);
+    else if (name == "adam_beta1")
+      t.adam_beta1 = std::stod(v);
+    else if (name == "adam_beta2")
+      t.adam_beta2 = std::stod(v);
+    else if (name == "adam_epsilon")
+      t.adam_epsilon = std::stod(v);
+    else if (name == "weight_decay")
+      t.weight_decay = std::stod(v);
+    else if (name == "max_grad_norm")
+      t.max_grad_norm = std::stod(v);
+    else if (name == "warmup_steps")
+      t.warmup_steps = std::stoll(v);
+    else if (name == "warmup_ratio")
+      t.warmup_ratio = std::stod(v);
+    else if (name == "total_steps")
+      t.total_steps = std::stoll(v);
+    else if (name == "dtype")
+      t.dtype = precision_from_string(v);
+    else if (name == "hidden_size")
+      t.hidden_size = std::stoll(v);
+    else if (name == "must_match")
+      t.must_match = v == "true";
+    else
+      ADD_FAILURE() << "unknown trainer value " << name;
+  }
+  return t;
+}
+
 }  // namespace testing_config
 }  // namespace zerostep
 

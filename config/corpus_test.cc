@@ -1,24 +1,33 @@
-// The ds_config corpus (config/testdata/corpus/): files written in the
+// The ds_config corpora: config/testdata/corpus/, files written in the
 // shapes real projects use (Hugging Face Trainer templates, RLHF frameworks,
-// Megatron-DeepSpeed, ZeRO-Offload and ZeRO-Infinity, ...). Each NAME.json
-// has NAME.expect beside it:
+// Megatron-DeepSpeed, ZeRO-Offload and ZeRO-Infinity, ...), and
+// config/testdata/real/, files taken as they are from public repositories
+// (config/testdata/real/SOURCES.md names each one's repository, path and
+// commit). Each NAME.json has NAME.expect beside it:
 //
 //   # comment lines
 //   world_size: <ranks>
+//   trainer: <name=value ...>   (optional: the TrainerValues given, in
+//                                to_string(TrainerValues)'s format)
 //   accept
 //   ignored_keys:
 //     <key>              (one per line, in order)
+//   filled_auto:         (only when some "auto" was filled)
+//     <key = value>      (one per line, in order)
 //   config:
 //     <field>: <value>   (every field of Config, config_text() below)
 //
 // or
 //
 //   world_size: <ranks>
+//   trainer: ...
 //   reject
 //   <ConfigError::what(), exactly>
 //
 // so any change in what the parser makes of a file fails here. A failure
-// prints the text the parser produced.
+// prints the text the parser produced. tools:harness_config_test runs the
+// same files through the harness (whose trainer values must be the ones
+// written here).
 #include <dirent.h>
 #include <gtest/gtest.h>
 
@@ -36,14 +45,17 @@ namespace zerostep {
 namespace {
 
 const char* const kCorpus = "config/testdata/corpus";
+const char* const kReal = "config/testdata/real";
 
 using testing_config::read_file;
 using testing_config::runfile;
+using testing_config::trainer_values_from_string;
 
-// The corpus' file names without extension, sorted, for `ext`.
-std::vector<std::string> names_with(const std::string& ext) {
+// The file names in `corpus` without extension, sorted, for `ext`.
+std::vector<std::string> names_with(const std::string& corpus,
+                                    const std::string& ext) {
   std::vector<std::string> names;
-  DIR* dir = opendir(runfile(kCorpus).c_str());
+  DIR* dir = opendir(runfile(corpus).c_str());
   if (dir == nullptr) return names;
   while (dirent* e = readdir(dir)) {
     const std::string n = e->d_name;
@@ -86,7 +98,12 @@ std::string config_text(const Config& c) {
     << "  optimizer.eps: " << num(c.optimizer.eps) << "\n"
     << "  optimizer.weight_decay: " << num(c.optimizer.weight_decay) << "\n"
     << "  optimizer.momentum: " << num(c.optimizer.momentum) << "\n"
+    << "  optimizer.bias_correction: " << yes(c.optimizer.bias_correction)
+    << "\n"
     << "  gradient_clipping: " << num(c.gradient_clipping) << "\n"
+    << "  prescale_gradients: " << yes(c.prescale_gradients) << "\n"
+    << "  gradient_predivide_factor: " << num(c.gradient_predivide_factor)
+    << "\n"
     << "  scheduler.type: " << to_string(c.scheduler.type) << "\n";
   if (c.scheduler.type != LrScheduleSpec::Type::kNone) {
     const LrScheduleSpec& l = c.scheduler;
@@ -135,30 +152,29 @@ std::string config_text(const Config& c) {
 
 // What the parser makes of `json` at `world_size`, in .expect's format
 // (after the world_size line).
-std::string outcome(const std::string& json, int world_size) {
+std::string outcome(const std::string& json, int world_size,
+                    const TrainerValues& trainer) {
   try {
-    Config c = parse_config(json, world_size);
+    Config c = parse_config(json, world_size, trainer);
     std::string s = "accept\nignored_keys:\n";
     for (const std::string& k : c.ignored_keys) s += "  " + k + "\n";
+    if (!c.filled_auto.empty()) {
+      s += "filled_auto:\n";
+      for (const std::string& f : c.filled_auto) s += "  " + f + "\n";
+    }
     return s + "config:\n" + config_text(c);
   } catch (const ConfigError& e) {
     return std::string("reject\n") + e.what() + "\n";
   }
 }
 
-TEST(ConfigCorpusTest, EveryFileHasAnExpectation) {
-  const std::vector<std::string> json = names_with(".json");
-  EXPECT_EQ(json, names_with(".expect"));
-  // The corpus as written; a file lost from the data dependency fails here.
-  EXPECT_EQ(json.size(), 17u);
-}
-
-TEST(ConfigCorpusTest, EachFileParsesAsExpected) {
-  const std::vector<std::string> names = names_with(".json");
-  ASSERT_FALSE(names.empty()) << "no corpus in " << runfile(kCorpus);
+// Every file of `corpus` parses as its .expect says.
+void check_corpus(const std::string& corpus) {
+  const std::vector<std::string> names = names_with(corpus, ".json");
+  ASSERT_FALSE(names.empty()) << "no corpus in " << runfile(corpus);
   for (const std::string& name : names) {
     SCOPED_TRACE(name);
-    const std::string base = runfile(std::string(kCorpus) + "/" + name);
+    const std::string base = runfile(corpus + "/" + name);
     const std::string json = read_file(base + ".json");
     std::istringstream expect(read_file(base + ".expect"));
     std::string line;
@@ -167,14 +183,59 @@ TEST(ConfigCorpusTest, EachFileParsesAsExpected) {
     const std::string prefix = "world_size: ";
     ASSERT_EQ(line.rfind(prefix, 0), 0u) << "first line: " << line;
     const int world_size = std::stoi(line.substr(prefix.size()));
+    TrainerValues trainer;
+    const std::string trainer_prefix = "trainer: ";
+    std::string trainer_line;
+    if (expect.peek() == 't') {
+      std::getline(expect, trainer_line);
+      ASSERT_EQ(trainer_line.rfind(trainer_prefix, 0), 0u) << trainer_line;
+      trainer = trainer_values_from_string(
+          trainer_line.substr(trainer_prefix.size()));
+      // The line is what to_string writes, so the harness can print it.
+      EXPECT_EQ(trainer_prefix + to_string(trainer), trainer_line);
+    }
     std::stringstream rest;
     rest << expect.rdbuf();
-    const std::string actual = outcome(json, world_size);
+    const std::string actual = outcome(json, world_size, trainer);
     EXPECT_EQ(rest.str(), actual)
         << "--- " << name << ".expect should end with:\n"
         << actual << "---";
   }
 }
+
+TEST(ConfigCorpusTest, EveryFileHasAnExpectation) {
+  for (const char* corpus : {kCorpus, kReal}) {
+    SCOPED_TRACE(corpus);
+    EXPECT_EQ(names_with(corpus, ".json"), names_with(corpus, ".expect"));
+  }
+  // The corpora as written; a file lost from the data dependency fails
+  // here.
+  EXPECT_EQ(names_with(kCorpus, ".json").size(), 17u);
+  EXPECT_EQ(names_with(kReal, ".json").size(), 60u);
+}
+
+TEST(ConfigCorpusTest, EachFileParsesAsExpected) { check_corpus(kCorpus); }
+
+// Each real file's source is listed, and each listed file is there.
+TEST(ConfigCorpusTest, EachRealFileHasItsSource) {
+  const std::string sources =
+      read_file(runfile(std::string(kReal) + "/SOURCES.md"));
+  ASSERT_FALSE(sources.empty());
+  size_t rows = 0;
+  for (const std::string& name : names_with(kReal, ".json")) {
+    SCOPED_TRACE(name);
+    EXPECT_NE(sources.find("| `" + name + ".json` | https://github.com/"),
+              std::string::npos);
+    ++rows;
+  }
+  size_t listed = 0;
+  for (size_t at = sources.find("\n| `"); at != std::string::npos;
+       at = sources.find("\n| `", at + 1))
+    ++listed;
+  EXPECT_EQ(listed, rows);
+}
+
+TEST(ConfigCorpusTest, EachRealFileParsesAsExpected) { check_corpus(kReal); }
 
 }  // namespace
 }  // namespace zerostep

@@ -132,6 +132,11 @@ constexpr const char* kSetFalse = "remove it or set it to false";
 constexpr const char* kDisable = "remove it or set enabled to false";
 constexpr const char* kPerfOnly =
     "performance or memory only: the same numbers either way";
+// fp16's loss-scaling keys copied into a bf16 section: DeepSpeed's bf16
+// never scales the loss and never read them (up to 0.17.0 it ignored
+// every other bf16 key; its pydantic schema since 0.17.1 refuses them).
+constexpr const char* kBf16NoLossScale =
+    "fp16's loss scaling, which bf16 does not do: never read";
 constexpr const char* kNotADeepSpeedKey =
     "not a key DeepSpeed reads (it ignores unknown top-level keys); "
     "accepted as harmless";
@@ -168,13 +173,9 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = {
     ignored("optimizer.params.torch_adam",
             "torch.optim's Adam instead of DeepSpeed's fused kernel: the "
             "same update"),
-    ignored_when("optimizer.params.bias_correction", is_true, "true",
-                 "false (or null, which DeepSpeed's kernels read as false) "
-                 "runs Adam without bias correction",
-                 "write true to train with bias-corrected Adam, as zerostep "
-                 "does; a run without bias correction needs DeepSpeed",
-                 "zerostep's Adam always applies bias correction and cannot "
-                 "honour false"),
+    read("optimizer.params.bias_correction",
+         "Adam and AdamW: false drops the bias correction of both moments "
+         "(DeepSpeed's FusedAdam and CPU Adam)"),
     ignored_when("optimizer.params.amsgrad", is_false, "false",
                  "AMSGrad keeps the maximum of past second moments; "
                  "zerostep's Adam is plain Adam",
@@ -223,14 +224,12 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = {
     ignored_when("gradient_allreduce_op", is_mean, "\"mean\"",
                  "\"sum\" keeps the sum over ranks instead of the mean",
                  "remove it or write \"mean\""),
-    ignored_when("prescale_gradients", false_or_null, "false or null",
-                 "divides gradients before they are averaged instead of "
-                 "after: other rounding",
-                 kSetFalse),
-    ignored_when("gradient_predivide_factor", is_one, "1",
-                 "divides gradients by the factor before averaging and "
-                 "multiplies after: other rounding",
-                 "remove it or set it to 1.0"),
+    read("prescale_gradients",
+         "divides each rank's gradient by the world size before the sum "
+         "instead of the sum after it"),
+    read("gradient_predivide_factor",
+         "multiplies each rank's gradient by 1 / factor before the sum and "
+         "the sum by factor / world size after it"),
     ignored_when("sparse_gradients", false_or_null, "false or null",
                  "averages embedding gradients as sparse tensors", kSetFalse),
     ignored("disable_allgather", "not read by DeepSpeed's engine"),
@@ -265,6 +264,12 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = {
     ignored("bf16.immediate_grad_update",
             "whether a micro-batch's bf16 gradient joins the fp32 "
             "accumulation during or after backward: the same sums"),
+    ignored("bf16.loss_scale", kBf16NoLossScale),
+    ignored("bf16.initial_scale_power", kBf16NoLossScale),
+    ignored("bf16.loss_scale_window", kBf16NoLossScale),
+    ignored("bf16.hysteresis", kBf16NoLossScale),
+    ignored("bf16.consecutive_hysteresis", kBf16NoLossScale),
+    ignored("bf16.min_loss_scale", kBf16NoLossScale),
     ignored_when("bf16.check_grad_overflow", is_false, "false",
                  "skips a step whose gradients are not finite (DeepSpeed's "
                  "default since 0.19.3); zerostep checks only with fp16",
@@ -356,7 +361,8 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = {
          "no prefetch; \"auto\": the default, 5e7"),
     read("zero_optimization.stage3_prefetch_bucket_size",
          "stage 3: the largest block group gathered ahead of its use; 0: "
-         "no prefetch; \"auto\": the default, 5e7",
+         "no prefetch; \"auto\": the trainer's 0.9 × hidden size squared "
+         "(below stage 3 the default, 5e7)",
          "zero_optimization.prefetch_bucket_size"),
     ignored("zero_optimization.model_persistence_threshold",
             "caps the elements kept whole by the persistence threshold: "
@@ -504,6 +510,7 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = {
     ignored("comms_config", kNotADeepSpeedKey),
     ignored("monitor_config", kNotADeepSpeedKey),
     ignored("cuda_visible_devices", kNotADeepSpeedKey),
+    ignored("log", kNotADeepSpeedKey),
     ignored_when("autotuning", nothing_enabled, "enabled is false or absent",
                  "an autotuning experiment: the engine profiles a few steps "
                  "and exits",
@@ -571,9 +578,17 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = {
             "which host Adam kernel DeepSpeed uses: the same update"),
 };
 
+namespace {
+
+// The keys of "bfloat16" are those of "bf16".
+std::string bf16_name(const std::string& path) {
+  return path.rfind("bfloat16.", 0) == 0 ? "bf16." + path.substr(9) : path;
+}
+
+}  // namespace
+
 const DeepSpeedKey* find_key(const std::string& path) {
-  std::string p = path;
-  if (p.rfind("bfloat16.", 0) == 0) p = "bf16." + p.substr(9);
+  const std::string p = bf16_name(path);
   for (const DeepSpeedKey& k : kDeepSpeedKeys)
     if (p == k.path) return &k;
   return nullptr;
@@ -707,6 +722,59 @@ const std::vector<std::string> kSchedulerParams = {
     "warmup_min_lr", "warmup_max_lr",       "warmup_num_steps",
     "warmup_type",   "total_num_steps",     "warmup_min_ratio",
     "cos_min_ratio", "last_batch_iteration"};
+
+const std::vector<AutoRule> kAutoRules = {
+    // transformers' integrations/deepspeed.py, trainer_config_process().
+    {"train_micro_batch_size_per_gpu", "per_device_train_batch_size",
+     "micro_batch_size", false},
+    {"gradient_accumulation_steps", "gradient_accumulation_steps",
+     "gradient_accumulation_steps", false},
+    {"train_batch_size",
+     "world_size × per_device_train_batch_size × "
+     "gradient_accumulation_steps",
+     "micro_batch_size and gradient_accumulation_steps", false},
+    {"gradient_clipping", "max_grad_norm", "max_grad_norm", false},
+    {"optimizer.params.lr", "learning_rate", "learning_rate", false},
+    {"optimizer.params.betas", "[adam_beta1, adam_beta2]",
+     "adam_beta1 and adam_beta2", false},
+    {"optimizer.params.eps", "adam_epsilon", "adam_epsilon", false},
+    {"optimizer.params.weight_decay", "weight_decay", "weight_decay", false},
+    {"scheduler.params.warmup_min_lr", "0, not a trainer value", "", true},
+    {"scheduler.params.warmup_max_lr", "learning_rate", "learning_rate", false},
+    {"fp16.enabled", "fp16 (or fp16_full_eval)", "dtype", false},
+    {"bf16.enabled", "bf16 (or bf16_full_eval)", "dtype", false},
+    // trainer_config_finalize().
+    {"zero_optimization.reduce_bucket_size", "hidden_size × hidden_size",
+     "hidden_size", true},
+    {"zero_optimization.stage3_prefetch_bucket_size",
+     "int(0.9 × hidden_size × hidden_size) at stage 3", "hidden_size", true},
+    {"zero_optimization.stage3_param_persistence_threshold",
+     "10 × hidden_size at stage 3", "hidden_size", true},
+    {"scheduler.params.total_num_steps", "num_training_steps", "total_steps",
+     false},
+    {"scheduler.params.warmup_num_steps",
+     "warmup_steps when > 0, else ceil(num_training_steps × warmup_ratio)",
+     "warmup_steps (or warmup_ratio with total_steps)", false},
+};
+
+const AutoRule* find_auto_rule(const std::string& path) {
+  const std::string p = bf16_name(path);
+  for (const AutoRule& r : kAutoRules)
+    if (p == r.path) return &r;
+  return nullptr;
+}
+
+std::string auto_markdown_table() {
+  std::string s;
+  for (const AutoRule& r : kAutoRules) {
+    const std::string path = r.path;
+    s += "| `" + path + "`" +
+         (path == "bf16.enabled" ? " (and `bfloat16.enabled`)" : "") + " | " +
+         r.rule + " | " + (*r.field == '\0' ? "none" : r.field) + " | " +
+         (r.fill_only ? "no" : "yes") + " |\n";
+  }
+  return s;
+}
 
 }  // namespace config_keys
 }  // namespace zerostep

@@ -108,6 +108,37 @@ extern const std::vector<std::string> kWarmupCosineLRParams;
 // Every parameter name of the three, last_batch_iteration included.
 extern const std::vector<std::string> kSchedulerParams;
 
+// --- "auto" ---
+// Note [Trainer values] (config/trainer_values.h): the keys whose "auto"
+// Hugging Face's DeepSpeed integration fills from the trainer, with its
+// rule and the TrainerValues field that gives the value.
+struct AutoRule {
+  // Dotted path ("optimizer.params.lr"); "bf16.enabled" also stands for
+  // "bfloat16.enabled".
+  const char* path;
+  // How the integration computes the value ("learning_rate",
+  // "hidden_size × hidden_size", ...), in its TrainingArguments' names; it
+  // reads after "fills it with".
+  const char* rule;
+  // The TrainerValues field(s) it comes from, as written after
+  // "TrainerValues::" ("learning_rate", "adam_beta1 and adam_beta2"); ""
+  // when the value needs none.
+  const char* field;
+  // The integration's fill_only: a value written in the file (not "auto")
+  // is never compared with the trainer's.
+  bool fill_only;
+};
+
+// Every such key, in the order the integration fills them.
+extern const std::vector<AutoRule> kAutoRules;
+
+// The rule for `path` ("bfloat16.enabled" finds "bf16.enabled"), or null.
+const AutoRule* find_auto_rule(const std::string& path);
+
+// The "auto" table as docs/config.md prints it: one Markdown row per rule,
+// "| `path` | rule | TrainerValues field | must match |", in table order.
+std::string auto_markdown_table();
+
 }  // namespace config_keys
 }  // namespace zerostep
 

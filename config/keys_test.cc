@@ -129,20 +129,11 @@ TEST(ConfigKeysTest, EnabledSwitchesAreFoundAtAnyDepth) {
 }
 
 TEST(ConfigKeysTest, ValuePredicates) {
-  EXPECT_TRUE(harmless("gradient_predivide_factor", "1"));
-  EXPECT_TRUE(harmless("gradient_predivide_factor", "1.0"));
-  EXPECT_FALSE(harmless("gradient_predivide_factor", "2.0"));
-  EXPECT_FALSE(harmless("gradient_predivide_factor", "null"));
   EXPECT_TRUE(harmless("communication_data_type", "null"));
   EXPECT_TRUE(harmless("communication_data_type", R"("FP32")"));
   EXPECT_FALSE(harmless("communication_data_type", R"("bf16")"));
-  EXPECT_TRUE(harmless("prescale_gradients", "null"));
-  EXPECT_FALSE(harmless("prescale_gradients", "true"));
   EXPECT_TRUE(harmless("gradient_allreduce_op", R"("MEAN")"));
   EXPECT_FALSE(harmless("gradient_allreduce_op", R"("sum")"));
-  EXPECT_TRUE(harmless("optimizer.params.bias_correction", "true"));
-  EXPECT_FALSE(harmless("optimizer.params.bias_correction", "false"));
-  EXPECT_FALSE(harmless("optimizer.params.bias_correction", "null"));
   EXPECT_TRUE(harmless("zero_optimization.zenflow", "null"));
   EXPECT_FALSE(harmless("zero_optimization.zenflow", "{}"));
 }
@@ -237,23 +228,61 @@ std::string read_runfile(const std::string& path) {
   return s.str();
 }
 
-// docs/config.md prints the table between two markers, generated from it;
-// on a mismatch the expected text is in the failure message.
-TEST(ConfigKeysTest, DocsTableIsTheKeyTable) {
+// docs/config.md prints `name`'s table between two markers ("<!-- <name>
+// table: begin (config/keys.cc) -->", "<!-- <name> table: end -->"),
+// generated from the code; on a mismatch the expected text is in the
+// failure message.
+void expect_docs_table(const std::string& name, const std::string& table) {
   const std::string doc = read_runfile("docs/config.md");
   ASSERT_FALSE(doc.empty()) << "docs/config.md not found in the runfiles";
-  const std::string begin = "<!-- key table: begin (config/keys.cc) -->\n";
-  const std::string end = "<!-- key table: end -->";
+  const std::string begin =
+      "<!-- " + name + " table: begin (config/keys.cc) -->\n";
+  const std::string end = "<!-- " + name + " table: end -->";
   const size_t b = doc.find(begin);
   ASSERT_NE(b, std::string::npos) << begin;
   const size_t e = doc.find(end, b);
   ASSERT_NE(e, std::string::npos) << end;
-  const std::string printed =
-      doc.substr(b + begin.size(), e - b - begin.size());
-  const std::string header = "| key | zerostep | why |\n|---|---|---|\n";
-  EXPECT_EQ(printed, header + markdown_table())
-      << "replace docs/config.md's table with:\n"
-      << header << markdown_table();
+  EXPECT_EQ(doc.substr(b + begin.size(), e - b - begin.size()), table)
+      << "replace docs/config.md's " << name << " table with:\n"
+      << table;
+}
+
+TEST(ConfigKeysTest, DocsTableIsTheKeyTable) {
+  expect_docs_table(
+      "key", "| key | zerostep | why |\n|---|---|---|\n" + markdown_table());
+}
+
+// docs/config.md's "auto" table is kAutoRules printed.
+TEST(ConfigKeysTest, DocsAutoTableIsTheAutoRules) {
+  expect_docs_table("auto",
+                    "| key | the Hugging Face integration writes | "
+                    "TrainerValues field | a written value must match "
+                    "|\n|---|---|---|---|\n" +
+                        auto_markdown_table());
+}
+
+// Each "auto" rule is a key of the table that zerostep reads (or a
+// scheduler parameter), so that filling it means something.
+TEST(ConfigKeysTest, AutoRulesNameKeysZerostepReads) {
+  std::set<std::string> seen;
+  for (const AutoRule& r : kAutoRules) {
+    SCOPED_TRACE(r.path);
+    EXPECT_TRUE(seen.insert(r.path).second);
+    EXPECT_EQ(find_auto_rule(r.path), &r);
+    const std::string path = r.path;
+    const std::string params = "scheduler.params.";
+    if (path.rfind(params, 0) == 0) {
+      EXPECT_NE(std::find(kSchedulerParams.begin(), kSchedulerParams.end(),
+                          path.substr(params.size())),
+                kSchedulerParams.end());
+      continue;
+    }
+    const DeepSpeedKey* k = find_key(path);
+    ASSERT_NE(k, nullptr);
+    EXPECT_EQ(k->treatment, Treatment::kRead);
+  }
+  EXPECT_EQ(find_auto_rule("bfloat16.enabled"), find_auto_rule("bf16.enabled"));
+  EXPECT_EQ(find_auto_rule("zero_optimization.sub_group_size"), nullptr);
 }
 
 }  // namespace

@@ -133,6 +133,19 @@ void OptimizerSection::parse(const Json& v) {
           o.momentum = *d;
         }
       }
+    } else if (name == "bias_correction") {
+      if (sgd) {
+        not_for_type(key, p, "Adam and AdamW");
+      } else if (p.is_null()) {
+        report_->add(key, p.dump(),
+                     "null is not the default here: DeepSpeed's Adam kernels "
+                     "read it as false (no bias correction), while an absent "
+                     "bias_correction means true",
+                     "write true (bias-corrected Adam) or false, or remove "
+                     "it for true");
+      } else if (auto b = report_->read_bool(key, p)) {
+        o.bias_correction = *b;
+      }
     } else if (name == "adam_w_mode") {
       if (p.is_null()) {
         report_->add(key, p.dump(),
@@ -170,7 +183,7 @@ void OptimizerSection::not_for_type(const std::string& key, const Json& v,
 void OptimizerSection::parse_betas(const std::string& key, const Json& v) {
   const std::string want = "[b1, b2], two numbers in [0, 1), e.g. [0.9, 0.999]";
   if (is_auto(v)) {
-    report_->add(key, v.dump(), kAutoRule, "write " + want);
+    report_->add_auto(key, v, "write " + want);
     return;
   }
   if (!v.is_array() || v.size() != 2) {

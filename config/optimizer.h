@@ -26,6 +26,9 @@ struct OptimizerConfig {
   double eps = 1e-8;                           // params.eps
   double weight_decay = 0.0;                   // params.weight_decay
   double momentum = 0.0;                       // params.momentum (SGD)
+  // params.bias_correction (Adam, AdamW): false divides neither moment by
+  // (1 - beta^t), as DeepSpeed's FusedAdam and CPU Adam do then.
+  bool bias_correction = true;
 };
 
 const char* to_string(OptimizerType t);
@@ -35,9 +38,10 @@ const char* to_string(OptimizerType t);
 // keys, then a missing, non-string or unknown type, then each param
 // (wrong JSON type, out of range, a param of the other optimizer family,
 // unknown names with did you mean). adam_w_mode for a type other than
-// "Adam" is ignored; DeepSpeed's other params (torch_adam, bias_correction,
-// amsgrad, ...) are decided by the key table (config/keys.h). A null params
-// keeps every default, as in DeepSpeed.
+// "Adam" is ignored; bias_correction must be a boolean (null, which
+// DeepSpeed's kernels read as false, is rejected); DeepSpeed's other params
+// (torch_adam, amsgrad, ...) are decided by the key table (config/keys.h).
+// A null params keeps every default, as in DeepSpeed.
 class OptimizerSection {
  public:
   // `*out` and `*report` must outlive the section.

@@ -110,35 +110,43 @@ TEST(ParseConfigTest, DeepSpeedAdamFlagsAreReadOrIgnored) {
   EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);
 }
 
-// --- bias_correction (issue 14 item 5) ---
+// --- bias_correction (issue 41: implemented) ---
 
-TEST(ParseConfigTest, BiasCorrectionTrueIsWhatZerostepDoes) {
-  Config c = parse_config(
-      R"({"train_micro_batch_size_per_gpu": 1,
-          "optimizer": {"type": "Adam", "params": {"bias_correction": true}}})",
-      1);
-  EXPECT_EQ(c.ignored_keys,
-            (std::vector<std::string>{"optimizer.params.bias_correction"}));
+TEST(ParseConfigTest, BiasCorrectionIsReadForAdamAndAdamW) {
+  for (const char* type : {"Adam", "AdamW", "adamw"}) {
+    SCOPED_TRACE(type);
+    auto doc = [&](const char* v) {
+      return std::string(R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": ")") +
+             type + R"(", "params": {"bias_correction": )" + v + "}}}";
+    };
+    Config c = parse_config(doc("true"), 1);
+    EXPECT_TRUE(c.optimizer.bias_correction);
+    EXPECT_TRUE(c.ignored_keys.empty());
+    c = parse_config(doc("false"), 1);
+    EXPECT_FALSE(c.optimizer.bias_correction);
+  }
+  EXPECT_TRUE(parse_config(R"({"train_micro_batch_size_per_gpu": 1})", 1)
+                  .optimizer.bias_correction);
 }
 
-// Removing the key would silently turn bias correction on, so the fix must
-// not say so.
-TEST(ParseConfigTest, BiasCorrectionFalseCannotBeHonoured) {
-  for (const char* v : {"false", "null"}) {
-    ConfigProblem p =
-        only_problem(std::string(R"({"train_micro_batch_size_per_gpu": 1,
-            "optimizer": {"type": "AdamW", "params": {"bias_correction": )") +
-                     v + "}}}");
-    EXPECT_EQ(p.key, "optimizer.params.bias_correction");
-    EXPECT_EQ(p.value, v);
-    EXPECT_EQ(p.rule,
-              "zerostep's Adam always applies bias correction and cannot "
-              "honour false");
-    EXPECT_EQ(p.fix,
-              "write true to train with bias-corrected Adam, as zerostep "
-              "does; a run without bias correction needs DeepSpeed");
-    EXPECT_EQ(p.fix.find("remove"), std::string::npos);
-  }
+// null is false to DeepSpeed's kernels but absent means true: neither is
+// guessed. SGD takes no such parameter (DeepSpeed raises TypeError).
+TEST(ParseConfigTest, BiasCorrectionNullAndForSgdAreRejected) {
+  ConfigProblem p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "AdamW", "params": {"bias_correction": null}}})");
+  EXPECT_EQ(p.key, "optimizer.params.bias_correction");
+  EXPECT_EQ(p.value, "null");
+  EXPECT_HAS(p.rule, "read it as false");
+  p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "AdamW", "params": {"bias_correction": "no"}}})");
+  EXPECT_HAS(p.rule, "must be a JSON boolean");
+  p = only_problem(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "SGD", "params": {"bias_correction": false}}})");
+  EXPECT_HAS(p.rule, "applies to Adam and AdamW only");
 }
 
 // --- DeepSpeed's other optimizer params (issue 14 items 6, 8) ---

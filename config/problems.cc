@@ -18,6 +18,27 @@ bool is_auto(const ConfigJson& v) {
   return v.is_string() && lower(v.get<std::string>()) == "auto";
 }
 
+std::string auto_rule(const std::string& key) {
+  const config_keys::AutoRule* r = config_keys::find_auto_rule(key);
+  if (r == nullptr)
+    return "\"auto\" stands for a trainer's value only in the keys Hugging "
+           "Face's DeepSpeed integration fills (docs/config.md lists them), "
+           "and " +
+           key + " is not one of them";
+  return std::string(
+             "\"auto\" is the trainer's value: Hugging Face's "
+             "DeepSpeed integration fills it with ") +
+         r->rule +
+         ", and parse_config was not given TrainerValues::" + r->field;
+}
+
+std::string auto_fix(const std::string& key, const std::string& write) {
+  const config_keys::AutoRule* r = config_keys::find_auto_rule(key);
+  if (r == nullptr || *r->field == '\0') return write;
+  return std::string("set TrainerValues::") + r->field +
+         " in the trainer values given to parse_config, or " + write;
+}
+
 ProblemReporter::ProblemReporter(std::vector<ConfigProblem>* problems,
                                  std::vector<std::string>* ignored_keys)
     : problems_(problems), ignored_keys_(ignored_keys) {
@@ -26,8 +47,21 @@ ProblemReporter::ProblemReporter(std::vector<ConfigProblem>* problems,
 
 void ProblemReporter::add(std::string key, std::string value, std::string rule,
                           std::string fix) {
+  if (filled_ != nullptr) {
+    auto it = filled_->find(key);
+    if (it != filled_->end())
+      rule +=
+          " (the file says \"auto\" here; parse_config filled in the "
+          "trainer's value: " +
+          it->second + ")";
+  }
   problems_->push_back(
       {std::move(key), std::move(value), std::move(rule), std::move(fix)});
+}
+
+void ProblemReporter::add_auto(const std::string& key, const ConfigJson& v,
+                               const std::string& write) {
+  add(key, v.dump(), auto_rule(key), auto_fix(key, write));
 }
 
 void ProblemReporter::ignore(const std::string& key) {
@@ -46,10 +80,12 @@ bool ProblemReporter::unimplemented(const std::string& key,
     ignore(key);
     return true;
   }
-  std::string rule;
   if (is_auto(v)) {
-    rule = kAutoRule;
-  } else if (k->rule != nullptr) {
+    add_auto(key, v, k->fix);
+    return true;
+  }
+  std::string rule;
+  if (k->rule != nullptr) {
     rule = k->rule;
   } else {
     rule = std::string("changes training; zerostep does not implement it (") +
@@ -76,8 +112,7 @@ std::optional<bool> ProblemReporter::read_bool(const std::string& key,
                                                const ConfigJson& v) {
   if (v.is_boolean()) return v.get<bool>();
   if (is_auto(v)) {
-    add(key, v.dump(), kAutoRule,
-        "write true or false (a JSON boolean, no quotes)");
+    add_auto(key, v, "write true or false (a JSON boolean, no quotes)");
     return std::nullopt;
   }
   std::string fix = "write true or false (a JSON boolean, no quotes)";
@@ -131,7 +166,7 @@ void ProblemReporter::type_error(const std::string& key, const ConfigJson& v,
                                  const std::string& type,
                                  const std::string& want) {
   if (is_auto(v)) {
-    add(key, v.dump(), kAutoRule, "write " + want);
+    add_auto(key, v, "write " + want);
     return;
   }
   std::string fix = "write " + want;

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
@@ -27,14 +28,18 @@ namespace zerostep {
 // problems and ignored keys come out in the order the user wrote them.
 using ConfigJson = nlohmann::ordered_json;
 
-// The rule reported for "auto", which Hugging Face integrations leave in
-// ds_config files.
-inline constexpr const char* kAutoRule =
-    "\"auto\" is a placeholder that the Hugging Face Trainer replaces before "
-    "DeepSpeed reads the file; zerostep reads the file as written";
-
 // True when `v` is the string "auto" in any letter case.
 bool is_auto(const ConfigJson& v);
+
+// Why an "auto" left in the document (one parse_config could not fill:
+// Note [Trainer values] in config/trainer_values.h) is a problem at `key`:
+// for a key Hugging Face's integration fills, its rule and the
+// TrainerValues field that was not given; for any other key, that "auto"
+// means nothing there.
+std::string auto_rule(const std::string& key);
+// The fix for it: set that TrainerValues field, or `write` (a fix such as
+// "write a number >= 0, e.g. 0.001"); for any other key, `write` alone.
+std::string auto_fix(const std::string& key, const std::string& write);
 
 class ProblemReporter {
  public:
@@ -44,8 +49,19 @@ class ProblemReporter {
   ProblemReporter(std::vector<ConfigProblem>* problems,
                   std::vector<std::string>* ignored_keys);
 
+  // A problem at `key`. When `key` holds a value parse_config filled in
+  // for "auto" (set_filled), the rule says so and how it was computed.
   void add(std::string key, std::string value, std::string rule,
            std::string fix);
+  // The problem of an "auto" left at `key` (auto_rule, auto_fix); `write`
+  // is the fix's "write ..." part.
+  void add_auto(const std::string& key, const ConfigJson& v,
+                const std::string& write);
+  // The keys parse_config filled in for "auto", each with how
+  // ("learning_rate = 0.001"); the map must outlive the reporter.
+  void set_filled(const std::map<std::string, std::string>* filled) {
+    filled_ = filled;
+  }
   // Records a DeepSpeed key accepted and not acted on, once.
   void ignore(const std::string& key);
   // A DeepSpeed key zerostep does not implement (config/keys.h Note [Key
@@ -71,7 +87,7 @@ class ProblemReporter {
   std::optional<int64_t> read_whole(const std::string& key, const ConfigJson& v,
                                     const std::string& want);
   // "must be <type>" for a value of the wrong JSON type; "auto" gets
-  // kAutoRule, a number in quotes a fix that unquotes it.
+  // add_auto, a number in quotes a fix that unquotes it.
   void type_error(const std::string& key, const ConfigJson& v,
                   const std::string& type, const std::string& want);
 
@@ -84,6 +100,7 @@ class ProblemReporter {
  private:
   std::vector<ConfigProblem>* problems_;
   std::vector<std::string>* ignored_keys_;
+  const std::map<std::string, std::string>* filled_ = nullptr;
 };
 
 }  // namespace zerostep

@@ -82,7 +82,7 @@ TEST_F(ProblemReporterTest, TypeErrorsNameAutoAndUnquoteNumbers) {
             std::nullopt);
   EXPECT_EQ(report_.read_bool("k", ConfigJson("TRUE")), std::nullopt);
   ASSERT_EQ(problems_.size(), 3u);
-  EXPECT_EQ(problems_[0].rule, kAutoRule);
+  EXPECT_EQ(problems_[0].rule, auto_rule("k"));
   EXPECT_EQ(problems_[0].fix, "write a number");
   EXPECT_EQ(problems_[1].rule, "must be a JSON number");
   EXPECT_EQ(problems_[1].fix, "write 0.1 (a JSON number, no quotes)");

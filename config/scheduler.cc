@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -68,14 +69,17 @@ std::string owners_of(const std::string& name, Type t) {
 
 class ScheduleParser {
  public:
-  ScheduleParser(LrScheduleSpec* out, std::vector<ConfigProblem>* problems)
-      : out_(out), report_(problems, nullptr) {}
+  ScheduleParser(LrScheduleSpec* out, std::vector<ConfigProblem>* problems,
+                 const std::map<std::string, std::string>* filled)
+      : out_(out), report_(problems, nullptr) {
+    report_.set_filled(filled);
+  }
 
   void run(const Json& section) {
     *out_ = LrScheduleSpec();
     if (!section.is_object()) {
       add("scheduler", section.dump(),
-          is_auto(section) ? std::string(kAutoRule) : "must be a JSON object",
+          is_auto(section) ? auto_rule("scheduler") : "must be a JSON object",
           "write { \"type\": \"WarmupLR\", \"params\": { \"warmup_num_steps\": "
           "1000 } }, or remove the section for a constant lr");
       return;
@@ -106,7 +110,8 @@ class ScheduleParser {
     }
     if (!params->is_object()) {
       add("scheduler.params", params->dump(),
-          is_auto(*params) ? std::string(kAutoRule) : "must be a JSON object",
+          is_auto(*params) ? auto_rule("scheduler.params")
+                           : "must be a JSON object",
           "write { \"warmup_num_steps\": 1000, ... }");
       return;
     }
@@ -155,7 +160,7 @@ class ScheduleParser {
       return false;
     }
     if (is_auto(*type)) {
-      add(key, type->dump(), kAutoRule, want);
+      report_.add_auto(key, *type, want);
       return false;
     }
     if (!type->is_string()) {
@@ -463,8 +468,9 @@ void parse_lr_schedule(const nlohmann::json& section, LrScheduleSpec* out,
 
 void parse_lr_schedule(const nlohmann::ordered_json& section,
                        LrScheduleSpec* out,
-                       std::vector<ConfigProblem>* problems) {
-  ScheduleParser(out, problems).run(section);
+                       std::vector<ConfigProblem>* problems,
+                       const std::map<std::string, std::string>* filled) {
+  ScheduleParser(out, problems, filled).run(section);
 }
 
 }  // namespace zerostep

@@ -19,8 +19,10 @@
 #define ZEROSTEP_CONFIG_SCHEDULER_H_
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "common/errors.h"
@@ -70,12 +72,15 @@ struct LrScheduleSpec {
 // null keeps the default where DeepSpeed's is the same: warmup_type, and
 // WarmupLR's warmup_max_lr (WarmupDecayLR's null, which DeepSpeed reads as
 // optimizer.params.lr, is rejected).
-// With ordered_json, problems come in document order.
+// With ordered_json, problems come in document order. `filled` (may be
+// null): the keys parse_config filled in for "auto", whose problems say so
+// (ProblemReporter::set_filled).
 void parse_lr_schedule(const nlohmann::json& section, LrScheduleSpec* out,
                        std::vector<ConfigProblem>* problems);
-void parse_lr_schedule(const nlohmann::ordered_json& section,
-                       LrScheduleSpec* out,
-                       std::vector<ConfigProblem>* problems);
+void parse_lr_schedule(
+    const nlohmann::ordered_json& section, LrScheduleSpec* out,
+    std::vector<ConfigProblem>* problems,
+    const std::map<std::string, std::string>* filled = nullptr);
 
 // DeepSpeed's names: "WarmupLR", ...; "none" for kNone. "log", "linear".
 const char* to_string(LrScheduleSpec::Type t);

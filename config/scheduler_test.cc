@@ -59,9 +59,23 @@ void expect_problem(const ConfigProblem& p, const std::string& key,
   EXPECT_EQ(p.fix, fix);
 }
 
-const char* const kAuto =
-    "\"auto\" is a placeholder that the Hugging Face Trainer replaces before "
-    "DeepSpeed reads the file; zerostep reads the file as written";
+// "auto" where the Hugging Face integration fills nothing, and where it
+// fills the trainer's value (the schedule's parser is given none).
+std::string auto_nothing(const std::string& key) {
+  return "\"auto\" stands for a trainer's value only in the keys Hugging "
+         "Face's DeepSpeed integration fills (docs/config.md lists them), "
+         "and " +
+         key + " is not one of them";
+}
+std::string auto_trainer(const std::string& rule, const std::string& field) {
+  return "\"auto\" is the trainer's value: Hugging Face's DeepSpeed "
+         "integration fills it with " +
+         rule + ", and parse_config was not given TrainerValues::" + field;
+}
+std::string set_field(const std::string& field, const std::string& write) {
+  return "set TrainerValues::" + field +
+         " in the trainer values given to parse_config, or " + write;
+}
 
 TEST(ParseLrScheduleTest, WarmupLRWithEveryParam) {
   LrScheduleSpec s;
@@ -187,7 +201,7 @@ TEST(ParseLrScheduleTest, TypeNotAString) {
 
 TEST(ParseLrScheduleTest, TypeAuto) {
   expect_problem(only_problem(R"({"type": "auto", "params": {}})"),
-                 "scheduler.type", "\"auto\"", kAuto,
+                 "scheduler.type", "\"auto\"", auto_nothing("scheduler.type"),
                  "write \"WarmupLR\", \"WarmupDecayLR\" or \"WarmupCosineLR\"");
 }
 
@@ -261,7 +275,8 @@ TEST(ParseLrScheduleTest, ParamsNotAnObject) {
                  "scheduler.params", "[1]", "must be a JSON object",
                  "write { \"warmup_num_steps\": 1000, ... }");
   expect_problem(only_problem(R"({"type": "WarmupLR", "params": "auto"})"),
-                 "scheduler.params", "\"auto\"", kAuto,
+                 "scheduler.params", "\"auto\"",
+                 auto_nothing("scheduler.params"),
                  "write { \"warmup_num_steps\": 1000, ... }");
 }
 
@@ -321,13 +336,23 @@ TEST(ParseLrScheduleTest, AutoIsRejectedWithTheValueToWrite) {
       "warmup_max_lr": "auto", "warmup_num_steps": "auto",
       "total_num_steps": "auto", "warmup_type": "auto"}})");
   ASSERT_EQ(p.size(), 4u);
-  expect_problem(p[0], "scheduler.params.warmup_max_lr", "\"auto\"", kAuto,
-                 "write the peak lr, e.g. 0.001");
-  expect_problem(p[1], "scheduler.params.warmup_num_steps", "\"auto\"", kAuto,
-                 "write a positive integer, e.g. 1000");
-  expect_problem(p[2], "scheduler.params.total_num_steps", "\"auto\"", kAuto,
-                 "write the number of optimizer steps in the run, e.g. 10000");
-  expect_problem(p[3], "scheduler.params.warmup_type", "\"auto\"", kAuto,
+  expect_problem(p[0], "scheduler.params.warmup_max_lr", "\"auto\"",
+                 auto_trainer("learning_rate", "learning_rate"),
+                 set_field("learning_rate", "write the peak lr, e.g. 0.001"));
+  const std::string warmup = "warmup_steps (or warmup_ratio with total_steps)";
+  expect_problem(
+      p[1], "scheduler.params.warmup_num_steps", "\"auto\"",
+      auto_trainer("warmup_steps when > 0, else ceil(num_training_steps × "
+                   "warmup_ratio)",
+                   warmup),
+      set_field(warmup, "write a positive integer, e.g. 1000"));
+  expect_problem(
+      p[2], "scheduler.params.total_num_steps", "\"auto\"",
+      auto_trainer("num_training_steps", "total_steps"),
+      set_field("total_steps",
+                "write the number of optimizer steps in the run, e.g. 10000"));
+  expect_problem(p[3], "scheduler.params.warmup_type", "\"auto\"",
+                 auto_nothing("scheduler.params.warmup_type"),
                  "write \"log\" or \"linear\"");
 }
 

@@ -72,14 +72,17 @@ void ZeroSection::parse(const Json& v) {
     const std::string& name = it.key();
     const std::string key = "zero_optimization." + name;
     const Json& p = it.value();
-    // A stage-3 size under its name or its stage3_ alias. The Hugging Face
-    // Trainer's "auto" (for the prefetch size 0.9 x hidden size squared
-    // there) keeps the default: each of these trades memory for speed,
-    // never a result. False when `name` is neither.
+    // A stage-3 size under its name or its stage3_ alias. "auto" is
+    // DeepSpeed's default (its schema drops "auto"), except where the
+    // Hugging Face integration fills it (Note [Trainer values]:
+    // stage3_prefetch_bucket_size at stage 3, from the model's hidden
+    // size): left there, nobody filled it. Each of these trades memory
+    // for speed, never a result. False when `name` is neither.
     auto stage3_size = [&](const std::string& base, const std::string& want,
                            int64_t* out) {
       if (name != base && name != "stage3_" + base) return false;
-      if (!is_auto(p)) parse_count(key, p, want, out);
+      if (!is_auto(p) || config_keys::find_auto_rule(key) != nullptr)
+        parse_count(key, p, want, out);
       return true;
     };
     auto [first, inserted] =

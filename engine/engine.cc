@@ -213,6 +213,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   bo.stage.allgather_bucket_size = config_.zero.allgather_bucket_size;
   bo.stage.overlap_comm = config_.zero.overlap_comm;
   bo.stage.grad_accum = config_.precision.grad_accum_dtype;
+  bo.stage.averaging = {config_.prescale_gradients,
+                        config_.gradient_predivide_factor};
   bo.stage.reduce_once_per_step = config_.zero.reduce_once_per_step;
   bo.stage.gather_once_per_step = config_.zero.gather_once_per_step;
   bo.stage.collectives_outside_backward =
@@ -266,6 +268,7 @@ OptimizerHyper Engine::hyper(const StepOverrides& o) const {
   h.eps = o.eps.value_or(config_.optimizer.eps);
   h.weight_decay = o.weight_decay.value_or(config_.optimizer.weight_decay);
   h.momentum = config_.optimizer.momentum;
+  h.bias_correction = config_.optimizer.bias_correction;
   // The host's AdamW splits its pass like LibTorch's own ops (and its fused
   // AdamW): over the intra-op threads, which set_compute_threads sets.
   h.threads = torch::get_num_threads();

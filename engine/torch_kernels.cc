@@ -27,6 +27,24 @@ void round_in_place(torch::Tensor& x, Precision p) {
   x.copy_(x.to(p == Precision::kBf16 ? torch::kBFloat16 : torch::kHalf));
 }
 
+// LibTorch's torch.optim.Adam(W) order, as elementwise ops; without bias
+// correction both corrections are 1 (DeepSpeed's FusedAdam then).
+void adam_elementwise(torch::Tensor& param, torch::Tensor grad,
+                      torch::Tensor& exp_avg, torch::Tensor& exp_avg_sq,
+                      const AdamStepParams& h) {
+  const double t = static_cast<double>(h.step);
+  const double bias1 = h.bias_correction ? 1.0 - std::pow(h.beta1, t) : 1.0;
+  const double bias2 = h.bias_correction ? 1.0 - std::pow(h.beta2, t) : 1.0;
+  if (h.decoupled)
+    param.mul_(1.0 - h.lr * h.weight_decay);
+  else if (h.weight_decay != 0.0)
+    grad = grad.add(param, h.weight_decay);
+  exp_avg.mul_(h.beta1).add_(grad, 1.0 - h.beta1);
+  exp_avg_sq.mul_(h.beta2).addcmul_(grad, grad, 1.0 - h.beta2);
+  torch::Tensor denom = exp_avg_sq.sqrt().div_(std::sqrt(bias2)).add_(h.eps);
+  param.addcdiv_(exp_avg, denom, -h.lr / bias1);
+}
+
 }  // namespace
 
 TorchKernels::TorchKernels(torch::Device device, bool host_addressable)
@@ -103,6 +121,11 @@ void TorchKernels::adam(float* p, const float* g, float* m, float* v, size_t n,
   torch::Tensor param = view(p, n), grad = view(g, n);
   torch::Tensor exp_avg = view(m, n), exp_avg_sq = view(v, n);
 #if TORCH_VERSION_MAJOR >= 2
+  // torch's fused kernels always correct the bias.
+  if (!h.bias_correction) {
+    adam_elementwise(param, grad, exp_avg, exp_avg_sq, h);
+    return;
+  }
   // The step count of this update (torch.optim increments its state step
   // before calling the kernel, which only reads it).
   std::vector<torch::Tensor> steps = {
@@ -116,18 +139,7 @@ void TorchKernels::adam(float* p, const float* g, float* m, float* v, size_t n,
                      h.beta1, h.beta2, h.weight_decay, h.eps,
                      /*amsgrad=*/false, /*maximize=*/false);
 #else
-  // LibTorch's torch.optim.Adam(W) order, as elementwise ops.
-  const double bias1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
-  const double bias2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
-  if (h.decoupled)
-    param.mul_(1.0 - h.lr * h.weight_decay);
-  else if (h.weight_decay != 0.0)
-    grad = grad.add(param, h.weight_decay);
-  exp_avg.mul_(h.beta1).add_(grad, 1.0 - h.beta1);
-  exp_avg_sq.mul_(h.beta2).addcmul_(grad, grad, 1.0 - h.beta2);
-  torch::Tensor denom =
-      exp_avg_sq.sqrt().div_(std::sqrt(bias2)).add_(h.eps);
-  param.addcdiv_(exp_avg, denom, -h.lr / bias1);
+  adam_elementwise(param, grad, exp_avg, exp_avg_sq, h);
 #endif
 }
 

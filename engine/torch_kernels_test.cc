@@ -63,14 +63,16 @@ TEST(TorchKernelsTest, ElementwiseOpsMatchTheHost) {
   EXPECT_EQ(z[30], d[30]);
 }
 
-// Three steps of Adam and AdamW: LibTorch's kernels against the host's
-// fused one. The first step's bias correction (step 1, not 0) is where a
-// wrong step count shows as NaN or a 10x update.
+// Three steps of Adam and AdamW, with and without bias correction:
+// LibTorch's kernels against the host's fused one. The first step's bias
+// correction (step 1, not 0) is where a wrong step count, or a correction
+// applied on one side only, shows as NaN or a 10x update.
 TEST(TorchKernelsTest, AdamAndSgdAgreeWithTheHost) {
   TorchKernels tk(torch::kCPU);
   Kernels& hk = host_kernels();
   const size_t n = 517;
-  for (bool decoupled : {true, false}) {
+  for (int c = 0; c < 4; ++c) {
+    const bool decoupled = (c & 1) == 0, bias_correction = (c & 2) == 0;
     std::vector<float> p = normal(n, 3, 1.0f), m(n, 0.0f), v(n, 0.0f);
     DeviceArray dp = put(tk, p), dm = tk.allocate(n), dv = tk.allocate(n);
     for (int64_t step = 1; step <= 3; ++step) {
@@ -81,12 +83,15 @@ TEST(TorchKernelsTest, AdamAndSgdAgreeWithTheHost) {
       h.weight_decay = 0.1;
       h.step = step;
       h.decoupled = decoupled;
+      h.bias_correction = bias_correction;
       tk.adam(dp.data(), dg.data(), dm.data(), dv.data(), n, h);
       hk.adam(p.data(), g.data(), m.data(), v.data(), n, h);
     }
     const std::vector<float> got = get(tk, dp);
     for (size_t i = 0; i < n; ++i)
-      ASSERT_NEAR(got[i], p[i], 1e-6f) << (decoupled ? "AdamW " : "Adam ") << i;
+      ASSERT_NEAR(got[i], p[i], 1e-6f)
+          << (decoupled ? "AdamW " : "Adam ")
+          << (bias_correction ? "" : "without bias correction ") << i;
   }
   std::vector<float> p = normal(n, 4, 1.0f), buf(n, 0.0f);
   DeviceArray dp = put(tk, p), db = tk.allocate(n);

@@ -28,8 +28,8 @@ struct StepConstants {
 
 StepConstants constants_for(const AdamStepParams& h) {
   const double t = static_cast<double>(h.step);
-  const double bias1 = 1.0 - std::pow(h.beta1, t);
-  const double bias2 = 1.0 - std::pow(h.beta2, t);
+  const double bias1 = h.bias_correction ? 1.0 - std::pow(h.beta1, t) : 1.0;
+  const double bias2 = h.bias_correction ? 1.0 - std::pow(h.beta2, t) : 1.0;
   StepConstants c;
   c.b1 = static_cast<float>(h.beta1);
   c.b2 = static_cast<float>(h.beta2);

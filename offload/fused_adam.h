@@ -17,6 +17,11 @@
 //   denom = sqrt(v) * (1 / sqrt(1 - b2^t)) + eps
 //   p = p - (lr / (1 - b1^t)) * (m / denom)
 //
+// Without bias correction (hyper.bias_correction false: DeepSpeed's
+// FusedAdam and CPU Adam with optimizer.params.bias_correction false)
+// both corrections are 1: denom = sqrt(v) * 1 + eps, p = p - lr * (m /
+// denom), the same operations with those two scalars.
+//
 // The per-step scalars (1 - lr*wd, 1/sqrt(1 - b2^t), lr/(1 - b1^t), 1 - b1,
 // 1 - b2) are computed in double and rounded to float once, as
 // FlatOptimizer does; that is why AdamStepParams holds doubles.
@@ -72,6 +77,8 @@ struct AdamStepParams {
   int64_t step = 1;
   // true: AdamW (decay p by lr*wd). false: Adam (add wd*p to the gradient).
   bool decoupled = true;
+  // false: no bias correction (1 - b1^t and 1 - b2^t are taken as 1).
+  bool bias_correction = true;
   // Threads a Kernels implementation may split the pass over (the host's:
   // FusedAdamOptions::threads); not a hyper-parameter, and the bits never
   // depend on it.

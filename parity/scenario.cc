@@ -408,9 +408,11 @@ Config scenario_config(const Scenario& s, bool managed) {
   enable("fp16", s.dtype == Precision::kFp16);
   enable("bf16", s.dtype == Precision::kBf16);
   if (!j.contains("optimizer"))
-    j["optimizer"] = {{"type", "AdamW"},
-                      {"params", {{"lr", 1e-3}, {"weight_decay", 0.01}}}};
-  return parse_config(j.dump(), s.world_size);
+    j["optimizer"] = {
+        {"type", "AdamW"},
+        {"params",
+         {{"lr", kScenarioLr}, {"weight_decay", kScenarioWeightDecay}}}};
+  return parse_config(j.dump(), s.world_size, s.trainer);
 }
 
 std::vector<std::string> lr_failures(const ScenarioResult& r) {

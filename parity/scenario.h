@@ -143,6 +143,11 @@ enum class OverflowKind {
 // "loss" or "element" (the harness's --overflow=W:R:B[:KIND] spelling).
 const char* to_string(OverflowKind k);
 
+// The optimizer a scenario trains with when its base config has none:
+// AdamW with this lr and weight decay (DeepSpeed's betas and eps).
+inline constexpr double kScenarioLr = 1e-3;
+inline constexpr double kScenarioWeightDecay = 0.01;
+
 struct Scenario {
   int stage = 0;
   int world_size = 1;
@@ -213,6 +218,11 @@ struct Scenario {
   // it drops overlap_comm (which unmanaged mode refuses there); everything
   // else (optimizer, clipping, scheduler, ...) is kept.
   std::string base_config_json;
+  // The trainer's values that fill the base config's "auto" (Note [Trainer
+  // values] in config/trainer_values.h); the harness gives its flags'
+  // (tools/harness.cc), with must_match false (the scenario replaces the
+  // batch keys, the stage, the dtype, ...). Default: none.
+  TrainerValues trainer;
   // Where the ranks' models and data live: "cpu" or "cuda" (device 0, every
   // rank). On cuda the engine keeps the ZeRO state on the device (Note
   // [Device kernels] in zero/kernels.h, Note [Stage 3 on a device] in

@@ -136,6 +136,49 @@ TEST(ScenarioTest, UserConfigIsTheBase) {
   EXPECT_TRUE(run_scenario(s).ok);
 }
 
+// DeepSpeed's numerics that real files switch on (issue 41): Adam without
+// bias correction, and the averaging switches (Note [Gradient averaging]
+// in zero/averaging.h), at every stage: unmanaged and managed bitwise
+// equal, the single-rank reference within its tolerance (one rank divides
+// by 1: the same average up to rounding).
+TEST(ScenarioTest, DeepSpeedNumericsKeepParityAtEveryStage) {
+  for (const char* json :
+       {R"({"optimizer": {"type": "Adam", "params": {"lr": 1e-3,
+            "bias_correction": false}}, "gradient_predivide_factor": 4.0})",
+        R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3,
+            "weight_decay": 0.01, "bias_correction": false}},
+            "prescale_gradients": true})"}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      SCOPED_TRACE(std::to_string(stage) + json);
+      Scenario s = base(stage, 3);
+      s.base_config_json = json;
+      s.persistence_threshold = 0;
+      const Config c = scenario_config(s, false);
+      EXPECT_FALSE(c.optimizer.bias_correction);
+      const ScenarioResult r = run_scenario(s);
+      EXPECT_TRUE(r.bitwise_equal);
+      EXPECT_TRUE(r.ok) << ::testing::PrintToString(r.failures);
+    }
+  }
+}
+
+// A base config's "auto" takes the scenario's trainer values (the
+// harness's, tools/harness.cc).
+TEST(ScenarioTest, TrainerValuesFillTheBaseConfigsAuto) {
+  Scenario s = base(2, 2);
+  s.base_config_json =
+      R"({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+          "zero_optimization": {"reduce_bucket_size": "auto"}})";
+  EXPECT_THROW(scenario_config(s, true), ConfigError);
+  s.trainer.learning_rate = 2e-3;
+  s.trainer.hidden_size = 64;
+  s.trainer.must_match = false;
+  const Config c = scenario_config(s, true);
+  EXPECT_EQ(c.optimizer.lr, 2e-3);
+  EXPECT_EQ(c.zero.reduce_bucket_size, 4096);
+  EXPECT_TRUE(run_scenario(s).ok);
+}
+
 // Under SGD the update is proportional to the gradient, so the reference
 // check sees a wrong scale. The run of one scaling mode must be ok against
 // its own reference and far outside tolerance against another mode's.

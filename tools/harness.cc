@@ -270,18 +270,54 @@ int run_swarm_mode(const HarnessFlags& f,
   return run_fault_runs(scenarios, f.managed_modes, nullptr, f.swarm, f.json);
 }
 
+// The built-in model's hidden size, for a --config file's "auto" bucket
+// sizes (Note [Trainer values]): make_task's widths (models/task.cc), the
+// mlp's hidden layers and the gpt's d_model.
+int64_t model_hidden_size(const std::string& model, int scale) {
+  return (model == "gpt" ? 32 : 64) * static_cast<int64_t>(scale);
+}
+
+// What the harness, as the trainer, fills a --config file's "auto" with
+// (Note [Trainer values] in config/trainer_values.h): its flags (the
+// micro-batch, the first window's backward count as the configured GAS,
+// --clip or no clipping, the first --dtype or fp32, the steps as the run's
+// length), its built-in optimizer's lr and weight decay with DeepSpeed's
+// betas and eps, a warmup of one step, and the model's hidden size. Only
+// "auto" is filled (must_match false): the scenarios replace the file's
+// batch keys, stage and dtype anyway.
+TrainerValues harness_trainer_values(const HarnessFlags& f) {
+  TrainerValues t;
+  t.micro_batch_size = f.micro_batch;
+  t.gradient_accumulation_steps = f.per_step.front();
+  t.learning_rate = kScenarioLr;
+  t.adam_beta1 = 0.9;
+  t.adam_beta2 = 0.999;
+  t.adam_epsilon = 1e-8;
+  t.weight_decay = kScenarioWeightDecay;
+  t.max_grad_norm = f.clip_given ? f.clip : 0.0;
+  t.warmup_steps = 1;
+  t.total_steps = static_cast<int64_t>(f.per_step.size());
+  t.dtype = f.dtypes_given ? f.dtypes.front() : Precision::kFp32;
+  t.hidden_size = model_hidden_size(f.model, f.model_scale);
+  t.must_match = false;
+  return t;
+}
+
 // The --config file: its text and what it says, checked exactly as the
-// engine would check it for every world size (ConfigError, IoError).
+// engine would check it for every world size (ConfigError, IoError), its
+// "auto" filled with the harness's trainer values.
 struct BaseConfig {
   std::string text;  // "" without --config
   Config config;     // parsed for the first world size
+  TrainerValues trainer;
 };
 
 BaseConfig load_base_config(const HarnessFlags& f) {
   BaseConfig b;
   if (f.config_path.empty()) return b;
+  b.trainer = harness_trainer_values(f);
   for (size_t i = 0; i < f.worlds.size(); ++i) {
-    Config c = load_config_file(f.config_path, f.worlds[i]);
+    Config c = load_config_file(f.config_path, f.worlds[i], b.trainer);
     if (i == 0) b.config = std::move(c);
   }
   std::ifstream in(f.config_path);
@@ -523,6 +559,8 @@ std::vector<Scenario> build_scenarios(const HarnessFlags& f,
                                           ? f.persistence_threshold
                                           : (f.config_path.empty() ? 0 : -1);
             s.base_config_json = base.text;
+            s.trainer = base.trainer;
+            s.trainer.dtype = dtype;
             // The file's own loss scale may start high enough to overflow.
             s.natural_overflow_ok = !f.config_path.empty();
             scenarios.push_back(s);
@@ -789,6 +827,12 @@ int main_impl(int argc, char** argv) {
   const bool plan = f.default_matrix && f.mode == HarnessMode::kParity;
   set_compute_threads(f.threads);
   print_run_header(f, plan);
+  // Once per run: what the file's "auto" became (Note [Trainer values]).
+  if (!f.config_path.empty()) {
+    std::cerr << "  trainer values: " << to_string(base.trainer) << "\n";
+    const std::string filled = filled_auto_note(base.config);
+    if (!filled.empty()) std::cerr << "  " << filled << "\n";
+  }
   // Each distinct library message once (every run's Engine would repeat
   // the ignored-keys note); --json also records them per scenario.
   std::set<std::string> logged;

@@ -62,11 +62,33 @@ for want in '"dtype":"fp16"' '"skipped_steps":1' '"ok":true'; do
 done
 pass=$((pass + 1))
 
-# Errors name the file.
-echo '{"train_micro_batch_size_per_gpu": "auto"}' > "$dir/auto.json"
-err=$("$harness" --config="$dir/auto.json" 2>&1 >/dev/null); rc=$?
+# "auto" takes the harness's trainer values (Note [Trainer values]), which
+# it prints once, with what it filled.
+cat > "$dir/auto.json" <<'JSON'
+{"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+ "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+ "bf16": {"enabled": "auto"},
+ "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto"}},
+ "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}}
+JSON
+out=$("$harness" --config="$dir/auto.json" --json --world=2 --steps=1 \
+      --scaling=none --micro-batch=3 --clip=0.5 2>"$dir/err") \
+  || fail "auto file exited $?: $(cat "$dir/err")"
+echo "$out" | grep -qF '"ok":true' || fail "auto file not ok: $out"
+want="train_micro_batch_size_per_gpu = 3, gradient_accumulation_steps = 4, \
+train_batch_size = 24, gradient_clipping = 0.5, optimizer.params.lr = 0.001, \
+optimizer.params.betas = [0.9,0.999], bf16.enabled = false, \
+zero_optimization.reduce_bucket_size = 4096"
+[ "$(grep -cF "filled with the trainer's values (Hugging Face's rules; see docs/config.md): $want" "$dir/err")" -eq 1 ] \
+  || fail "the filled values are not printed once as $want: $(cat "$dir/err")"
+grep -qF "trainer values: micro_batch_size=3 gradient_accumulation_steps=4" \
+  "$dir/err" || fail "no trainer values: $(cat "$dir/err")"
+# Errors name the file: an "auto" nobody fills.
+echo '{"train_micro_batch_size_per_gpu": 2,
+       "zero_optimization": {"sub_group_size": "auto"}}' > "$dir/auto2.json"
+err=$("$harness" --config="$dir/auto2.json" 2>&1 >/dev/null); rc=$?
 [ "$rc" -eq 2 ] || fail "auto file exited $rc, want 2"
-[[ "$err" == *"$dir/auto.json"*"train_micro_batch_size_per_gpu"* ]] \
+[[ "$err" == *"$dir/auto2.json"*"zero_optimization.sub_group_size"* ]] \
   || fail "the error does not name the file and the key: $err"
 err=$("$harness" --config="$dir/fp16.json" --offload=cpu --stages=0 2>&1 \
       >/dev/null); rc=$?

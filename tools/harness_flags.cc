@@ -65,7 +65,10 @@ const char* const kHarnessUsage = R"(usage: harness [flags]
                         again for its backward). Parity runs take it from
                         the --config file
   --seed=S              run seed (default 1)
-  --config=FILE         a ds_config JSON as the base of every scenario
+  --config=FILE         a ds_config JSON as the base of every scenario;
+                        its "auto" filled with the harness's trainer values
+                        (printed: the flags, the model's hidden size), as
+                        the Hugging Face Trainer fills them
   --threads=T           compute threads per rank (default 1)
   --json                one JSON object per scenario per line
   --help

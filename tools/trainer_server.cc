@@ -257,6 +257,14 @@ std::string ds_config_text(const Flags& f) {
   return doc.dump();
 }
 
+// Once, by rank 0: what the config's "auto" became (Note [Trainer values]
+// in config/trainer_values.h; tinker::server_trainer_values()).
+void print_filled_auto(const std::string& ds_config_json, int world_size) {
+  const std::string note =
+      filled_auto_note(tinker::server_config(ds_config_json, world_size));
+  if (!note.empty()) std::printf("%s\n", note.c_str());
+}
+
 // The state folder (checkpoints, sampler weights) is created and written
 // once before any request is served: a save_weights that failed hours into
 // a run would lose what it was asked to keep. Empty if `dir` could be
@@ -360,6 +368,7 @@ int run(int argc, char** argv) {
         static_cast<unsigned long long>(f.seed), f.world,
         topts.ds_config_json.c_str(), topts.state_dir.c_str(),
         access.summary.c_str());
+    print_filled_auto(topts.ds_config_json, f.world);
     std::fflush(stdout);
     SimWorld world({f.world, f.seed});
     std::vector<std::unique_ptr<tinker::RankTrainer>> trainers(f.world);
@@ -409,6 +418,7 @@ int run(int argc, char** argv) {
         static_cast<unsigned long long>(f.seed), comm->world_size(),
         topts.ds_config_json.c_str(), topts.state_dir.c_str(),
         access.summary.c_str());
+    print_filled_auto(topts.ds_config_json, comm->world_size());
     serve_rank0(*comm, trainer);
   } else {
     tinker::run_follower(

@@ -155,6 +155,7 @@ AdamStepParams FlatOptimizer::adam_params(const OptimizerHyper& hyper,
   p.weight_decay = hyper.weight_decay;
   p.step = step;
   p.decoupled = kind_ == OptimizerKind::kAdamW;
+  p.bias_correction = hyper.bias_correction;
   p.threads = hyper.threads;
   return p;
 }
@@ -272,8 +273,11 @@ void FlatOptimizer::reference_adam(float* params, const float* grads,
                                    float* m, float* v, size_t n,
                                    const OptimizerHyper& hyper) {
   // Adam / AdamW, in LibTorch's operation order.
-  const double bias1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step_count_));
-  const double bias2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(step_count_));
+  const double t = static_cast<double>(step_count_);
+  const double bias1 =
+      hyper.bias_correction ? 1.0 - std::pow(hyper.beta1, t) : 1.0;
+  const double bias2 =
+      hyper.bias_correction ? 1.0 - std::pow(hyper.beta2, t) : 1.0;
   const float step_size = static_cast<float>(hyper.lr / bias1);
   const float inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(bias2));
   const float b1 = static_cast<float>(hyper.beta1);

@@ -54,6 +54,9 @@ struct OptimizerHyper {
   double eps = 1e-8;
   double weight_decay = 0.0;
   double momentum = 0.0;  // SGD only
+  // Adam/AdamW: false divides neither moment by (1 - beta^t) (DeepSpeed's
+  // optimizer.params.bias_correction; offload/fused_adam.h).
+  bool bias_correction = true;
   // Threads the host's Adam/AdamW pass is split over
   // (FusedAdamOptions::threads); the bits never depend on it. The engine
   // passes LibTorch's intra-op thread count.

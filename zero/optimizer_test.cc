@@ -278,6 +278,7 @@ AdamStepParams params_for(const OptimizerHyper& h, int64_t step) {
   a.weight_decay = h.weight_decay;
   a.step = step;
   a.decoupled = h.kind == OptimizerKind::kAdamW;
+  a.bias_correction = h.bias_correction;
   return a;
 }
 
@@ -335,6 +336,19 @@ TEST(FlatOptimizerTest, ReferenceMatchesFusedKernelOnEveryIsaAdam) {
   h.lr = 3e-3;
   h.eps = 1e-6;
   check_against_flat(h, 1013);
+}
+
+// DeepSpeed's optimizer.params.bias_correction false, both decays: the
+// reference loop and the kernel on every ISA still agree bit for bit.
+TEST(FlatOptimizerTest, ReferenceMatchesFusedKernelWithoutBiasCorrection) {
+  for (OptimizerKind k : {OptimizerKind::kAdamW, OptimizerKind::kAdam}) {
+    OptimizerHyper h;
+    h.kind = k;
+    h.lr = 1e-2;
+    h.weight_decay = 0.02;
+    h.bias_correction = false;
+    check_against_flat(h, 1013);
+  }
 }
 
 TEST(FlatOptimizerTest, ReferenceMatchesFusedKernelOnOneElement) {

@@ -63,7 +63,9 @@ FlatStage::FlatStage(const StageOptions& options, FlatBuffers buffers,
         size_t n = 0;
         for (const Span& s : owned_) n += s.numel;
         return n;
-      }(), AdamKernel::kFused, options.optimizer_swap, &k_) {
+      }(), AdamKernel::kFused, options.optimizer_swap, &k_),
+      averaging_(averaging_steps(options.averaging, options.stage,
+                                 options.layout.world_size)) {
   for (const Span& s : owned_) {
     ZS_CHECK(s.offset + s.numel <= layout_.padded_numel);
     owned_numel_ += s.numel;
@@ -95,6 +97,10 @@ GradStats FlatStage::finalize(double divisor, double clip) {
 GradStats FlatStage::finalize_owned(double sum_divisor, double divisor,
                                     double clip) {
   ZS_CHECK(owned_grad_ != nullptr);
+  if (averaging_.scaled)
+    return internal::finalize_gradient(k_, partitioned_ ? comm_ : nullptr,
+                                       owned_grad_, owned_numel_, 1.0,
+                                       divisor, clip, averaging_.after);
   return internal::finalize_gradient(k_, partitioned_ ? comm_ : nullptr,
                                      owned_grad_, owned_numel_, sum_divisor,
                                      divisor, clip);
@@ -352,7 +358,10 @@ bool reduces_into_partition(const Communicator& comm, Precision grad_accum) {
 
 GradStats finalize_gradient(Kernels& k, Communicator* partition_comm,
                             float* grad, size_t n, double sum_divisor,
-                            double divisor, double clip) {
+                            double divisor, double clip, float after_sum) {
+  // Note [Gradient averaging]: DeepSpeed scales the sum before anything.
+  ZS_CHECK(after_sum == 1.0f || sum_divisor == 1.0);
+  if (after_sum != 1.0f) k.scale(grad, n, after_sum);
   // One pass where the kernels fuse it: / sum_divisor, / divisor, squares.
   GradStats stats;
   double sq = k.divide_and_sum_of_squares(grad, n, sum_divisor, divisor);

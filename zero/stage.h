@@ -158,6 +158,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "zero/averaging.h"
 #include "zero/flat_layout.h"
 #include "zero/kernels.h"
 #include "zero/optimizer.h"
@@ -198,6 +199,11 @@ struct StageOptions {
   // offload_optimizer moves the master elsewhere, so the float32 master is
   // partitioned (Note [Partitioned master]).
   bool bf16_weights = false;
+  // prescale_gradients and gradient_predivide_factor: each rank's gradient
+  // scaled before the sum, the sum after it, as DeepSpeed's code does at
+  // this stage (Note [Gradient averaging] in zero/averaging.h); the
+  // default sums and divides by the world size once.
+  GradAveraging averaging;
   // Stages 2/3: zero_optimization.reduce_once_per_step (Note [Reduce once
   // per step]). Stages 0/1 reduce once per window anyway.
   bool reduce_once_per_step = false;
@@ -463,7 +469,9 @@ class FlatStage : public Stage {
   FlatStage(const StageOptions& options, FlatBuffers buffers,
             Communicator* comm, bool partitioned, std::vector<Span> owned);
   // finalize() of an owned gradient that holds the sum over the ranks
-  // (stage 2): divided by `sum_divisor` (W) first, in the same pass.
+  // (stage 2): divided by `sum_divisor` (W) first, in the same pass; with
+  // averaging_.scaled, multiplied by averaging_.after instead (Note
+  // [Gradient averaging]).
   GradStats finalize_owned(double sum_divisor, double divisor, double clip);
   // A collective's view of n floats at p, one of this stage's buffers:
   // marked as device memory when the kernels' memory is not the host's.
@@ -493,6 +501,10 @@ class FlatStage : public Stage {
   size_t owned_numel_;
   float* owned_grad_ = nullptr;
   FlatOptimizer optimizer_;
+  // Note [Gradient averaging] for this stage: the subclasses scale each
+  // reduction's input with it (scale_before_sum) and, when scaled, reduce
+  // with kSum; finalize_owned scales the sum.
+  AveragingSteps averaging_;
   // Stage 2 with several buckets and a swapped optimizer state: the owned
   // chunks gathered into one span for the update (in memory the optimizer
   // steps the chunks where they are).
@@ -549,14 +561,17 @@ void agree_on_window(Communicator& comm, WindowEvent event, int64_t count,
 // (nccl, a device's staging, grad_accum_dtype bf16) the scratch stays.
 bool reduces_into_partition(const Communicator& comm, Precision grad_accum);
 // What every stage's finalize() does to the gradient it owns (`grad`, in
-// k's memory): divide by `sum_divisor` (W where the reduction summed over
-// the ranks, else 1), then by `divisor`, compute the global L2 norm
+// k's memory): multiply by `after_sum` (Note [Gradient averaging]'s scaling
+// of the sum; 1: none, and then `sum_divisor` is 1), divide by
+// `sum_divisor` (W where the reduction summed over the ranks, else 1),
+// then by `divisor`, compute the global L2 norm
 // (all-reducing the squares over `partition_comm` when the gradient is a
 // partition; nullptr when it is replicated), clip to `clip` (> 0). The norm
 // is the one value a step needs on the host (Note [Device kernels]).
 GradStats finalize_gradient(Kernels& k, Communicator* partition_comm,
                             float* grad, size_t n, double sum_divisor,
-                            double divisor, double clip);
+                            double divisor, double clip,
+                            float after_sum = 1.0f);
 // LibTorch's clip_grad_norm_ coefficient: max_norm / (norm + 1e-6), or 1.
 float clip_coefficient(double norm, double max_norm);
 }  // namespace internal

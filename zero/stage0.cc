@@ -13,9 +13,13 @@ Stage0::Stage0(const StageOptions& options, FlatBuffers buffers,
       launcher_(options.layout, options.reduce_bucket_size,
                 [this](size_t k, const char* phase) {
                   const Span& b = launcher_.buckets()[k];
+                  // Note [Gradient averaging] in zero/averaging.h.
+                  scale_before_sum(k_, averaging_, buf_.grads + b.offset,
+                                   b.numel);
                   return comm_->all_reduce_async(
                       buffer(buf_.grads + b.offset, b.numel),
-                      {ReduceOp::kAvg, phase});
+                      {averaging_.scaled ? ReduceOp::kSum : ReduceOp::kAvg,
+                       phase});
                 }) {
   set_owned_grad(buf_.grads);
 }

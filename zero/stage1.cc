@@ -15,9 +15,12 @@ void Stage1::reduce_window(int64_t window_backwards, int64_t global_steps,
                            const char* phase) {
   internal::agree_on_window(*comm_, internal::WindowEvent::kStep,
                             window_backwards, global_steps);
-  comm_->reduce_scatter(buffer(buf_.grads, layout_.padded_numel),
-                        buffer(owned_grad_, owned_numel_),
-                        {ReduceOp::kAvg, phase});
+  // Note [Gradient averaging] in zero/averaging.h.
+  scale_before_sum(k_, averaging_, buf_.grads, layout_.padded_numel);
+  comm_->reduce_scatter(
+      buffer(buf_.grads, layout_.padded_numel),
+      buffer(owned_grad_, owned_numel_),
+      {averaging_.scaled ? ReduceOp::kSum : ReduceOp::kAvg, phase});
 }
 
 void Stage1::apply_update(const OptimizerHyper& hyper) {

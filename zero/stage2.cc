@@ -118,6 +118,9 @@ Stage2::Stage2(const StageOptions& options, FlatBuffers buffers,
                   // the partition where the backend can add.
                   float* into =
                       fused_ ? grad_partition_.data() : reduce_scratch_.data();
+                  // Note [Gradient averaging] in zero/averaging.h.
+                  scale_before_sum(k_, averaging_, buf_.grads + b.offset,
+                                   b.numel);
                   return comm_->reduce_scatter_async(
                       buffer(buf_.grads + b.offset, b.numel),
                       buffer(into + scratch_offset_[k], owned_[k].numel),
@@ -242,6 +245,8 @@ std::shared_ptr<Work> Stage2::launch_pooled(size_t k, const char* phase) {
   const Span& b = launcher_.buckets()[k];
   float* into = fused_ ? grad_partition_.data() + scratch_offset_[k]
                        : slot_scratch_[slot].data();
+  // Note [Gradient averaging] in zero/averaging.h.
+  scale_before_sum(k_, averaging_, slots_[slot].data(), b.numel);
   const ReduceScatterOptions o{ReduceOp::kSum, phase, fused_};
   const Buffer in = buffer(slots_[slot].data(), b.numel);
   const Buffer out = buffer(into, owned_[k].numel);

@@ -58,6 +58,7 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
       outside_backward_(options.collectives_outside_backward),
       world_(comm->world_size()),
       rank_(comm->rank()),
+      averaging_(averaging_steps(options.averaging, 3, comm->world_size())),
       optimizer_(
           options.optimizer,
           [&] {
@@ -448,6 +449,8 @@ void Stage3::reduce_group(size_t g) {
     if (full_params_[g] != nullptr && !gather_once_) drop_params(g);
     return;
   }
+  // Note [Gradient averaging] in zero/averaging.h.
+  scale_before_sum(gk_, averaging_, full_grads_[g], padded_[g]);
   if (in_flight_limit_ != 0) {
     reduce_scatter_in_flight(g);
     return;
@@ -559,6 +562,7 @@ void Stage3::reduce_window(int64_t window_backwards, int64_t global_steps,
       groups_.size(),
       [&](size_t g) {
         ZS_CHECK(full_grads_[g] != nullptr);
+        scale_before_sum(gk_, averaging_, full_grads_[g], padded_[g]);
         float* into = fused_ ? part_grads_.data() : scratch_.data();
         return comm_->reduce_scatter_async(
             group_buffer(full_grads_[g], padded_[g]),
@@ -574,6 +578,10 @@ void Stage3::reduce_window(int64_t window_backwards, int64_t global_steps,
 GradStats Stage3::finalize(double divisor, double clip) {
   // The partition holds the sum over ranks: made the average first, in
   // the same pass.
+  if (averaging_.scaled)
+    return internal::finalize_gradient(k_, comm_, part_grads_.data(),
+                                       part_grads_.size(), 1.0, divisor, clip,
+                                       averaging_.after);
   return internal::finalize_gradient(k_, comm_, part_grads_.data(),
                                      part_grads_.size(), world_, divisor,
                                      clip);

@@ -477,6 +477,9 @@ class Stage3 final : public Stage {
   bool outside_backward_;  // Note [Stage 3 collectives outside backward]
   int world_;
   int rank_;
+  // Note [Gradient averaging] in zero/averaging.h: each group's gradient
+  // scaled before its reduce-scatter, the partition after the sum.
+  AveragingSteps averaging_;
   std::vector<Span> owned_;
   size_t owned_numel_ = 0;
   DeviceArray part_params_;  // the rank's partitions, concatenated

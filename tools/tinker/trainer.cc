@@ -83,16 +83,39 @@ std::string server_ds_config(const std::string& text, int world_size) {
   if (!doc.contains("optimizer"))
     doc["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}};
   const std::string out = doc.dump();
-  parse_config(out, world_size);  // every other problem, reported at once
+  // Every other problem, reported at once.
+  parse_config(out, world_size, server_trainer_values());
   return out;
+}
+
+TrainerValues server_trainer_values() {
+  TrainerValues t;
+  t.micro_batch_size = 1;
+  t.gradient_accumulation_steps = 1;
+  // The protocol's AdamParams defaults (optim_step's, below).
+  t.learning_rate = 1e-4;
+  t.adam_beta1 = 0.9;
+  t.adam_beta2 = 0.95;
+  t.adam_epsilon = 1e-12;
+  t.weight_decay = 0.0;
+  t.max_grad_norm = 0.0;
+  t.dtype = Precision::kFp32;
+  int64_t hidden = 0;
+  for (const BaseModel& b : base_models()) hidden = std::max(hidden, b.d_model);
+  t.hidden_size = hidden;
+  t.must_match = false;
+  return t;
+}
+
+Config server_config(const std::string& ds_config_json, int world_size) {
+  return parse_config(server_ds_config(ds_config_json, world_size), world_size,
+                      server_trainer_values());
 }
 
 struct RankTrainer::Impl {
   Impl(Communicator* comm, const TrainerOptions& options)
       : comm(comm),
-        config(parse_config(
-            server_ds_config(options.ds_config_json, comm->world_size()),
-            comm->world_size())),
+        config(server_config(options.ds_config_json, comm->world_size())),
         models(comm, config, options.base_seed,
                MemoryCheck{options.ranks_in_process, options.available_memory}),
         checkpoints(comm, options.state_dir, config.zero.stage),

@@ -73,6 +73,7 @@
 
 #include "comm/communicator.h"
 #include "common/cli.h"               // AvailableMemory
+#include "config/config.h"
 #include "tools/tinker/base_model.h"  // base_models(), for the server
 #include "tools/tinker/command.h"
 
@@ -97,9 +98,27 @@ struct TrainerOptions {
   std::function<std::optional<AvailableMemory>()> available_memory;
 };
 
-// The ds_config every model's Engine gets (validated; ConfigError if the
-// document conflicts with the server's requirements). Exposed for tests.
+// The ds_config every model's Engine gets (validated with
+// server_trainer_values(); ConfigError if the document conflicts with the
+// server's requirements). Its "auto" is left for server_config to fill.
+// Exposed for tests.
 std::string server_ds_config(const std::string& ds_config_json, int world_size);
+
+// What the server, as the trainer, fills a ds_config's "auto" with (Note
+// [Trainer values] in config/trainer_values.h): a micro-batch of 1 and a
+// GAS of 1 (one datum per rank per backward, one optim_step per window),
+// the protocol's AdamParams defaults (lr 1e-4, betas 0.9 and 0.95, eps
+// 1e-12, weight decay 0, no clipping: each optim_step replaces them
+// anyway), fp32, and the largest hidden size of the served base models
+// (one config serves them all). No warmup or run length: a scheduler's
+// "auto" steps are an error naming the field. Only "auto" is filled
+// (must_match false), as before.
+TrainerValues server_trainer_values();
+
+// server_ds_config's document parsed with server_trainer_values():
+// the Config of every model's Engine (ConfigError as server_ds_config).
+// Config::filled_auto says what "auto" became; the server prints it once.
+Config server_config(const std::string& ds_config_json, int world_size);
 
 class RankTrainer {
  public:
