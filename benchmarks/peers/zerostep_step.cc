@@ -86,11 +86,14 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -346,6 +349,60 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 using bench::median;
 
+// Note [Resident memory per mode]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// On the CPU each mode also reports the process's resident memory (Linux
+// /proc/self/status, KiB) on every rank: "rss_kib" has, per rank, the
+// resident set before the mode's model is made ("baseline": LibTorch,
+// Gloo, the data, what earlier modes left), the peak while the model and
+// Engine are made ("construction_peak"), the resident set once they are
+// made ("at_rest") and the peak over the mode's windows
+// ("training_peak"). The peaks are reset between the parts by writing 5
+// to /proc/self/clear_refs. For the figures to be this mode's alone, the
+// allocator must give freed memory back: main() fixes glibc's mmap
+// threshold (allocations of 256 KiB and more are mapped and unmapped on
+// free; its default threshold grows after each free, and freed tensors
+// would then stay in the heap). The model states are Engine::memory()'s
+// "engine_bytes"; the rest of training_peak - baseline is the activations,
+// autograd's gradients before they are bucketed, and Gloo's buffers.
+struct Rss {
+  int64_t now_kib = -1, peak_kib = -1;
+};
+
+Rss read_rss() {
+  Rss r;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    int64_t* into = line.rfind("VmRSS:", 0) == 0   ? &r.now_kib
+                    : line.rfind("VmHWM:", 0) == 0 ? &r.peak_kib
+                                                   : nullptr;
+    if (into != nullptr) *into = std::atoll(line.c_str() + 6);
+  }
+  return r;
+}
+
+void reset_peak_rss() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+}
+
+// Every rank's four figures (KiB, exact in float below 16 GiB), gathered.
+nlohmann::json gather_rss(Communicator& comm, const std::vector<int64_t>& kib) {
+  std::vector<float> mine(kib.begin(), kib.end());
+  std::vector<float> all(mine.size() * comm.world_size());
+  comm.all_gather(buffer(mine.data(), mine.size()),
+                  buffer(all.data(), all.size()), {"rss"});
+  nlohmann::json ranks = nlohmann::json::array();
+  for (int r = 0; r < comm.world_size(); ++r) {
+    const float* f = all.data() + r * mine.size();
+    ranks.push_back({{"baseline", static_cast<int64_t>(f[0])},
+                     {"construction_peak", static_cast<int64_t>(f[1])},
+                     {"at_rest", static_cast<int64_t>(f[2])},
+                     {"training_peak", static_cast<int64_t>(f[3])}});
+  }
+  return ranks;
+}
+
 nlohmann::json memory_json(const Options& o, int device_index, int64_t baseline,
                            const MemoryStats* engine) {
   nlohmann::json m = nlohmann::json::object();
@@ -366,6 +423,9 @@ nlohmann::json memory_json(const Options& o, int device_index, int64_t baseline,
 }
 
 int main_impl(int argc, char** argv) {
+  // Note [Resident memory per mode].
+  mallopt(M_MMAP_THRESHOLD, 256 << 10);
+  mallopt(M_TRIM_THRESHOLD, 1 << 20);
   const Options o = parse(argc, argv);
   std::vector<std::pair<std::string, Mode>> modes;
   for (const std::string& m : o.modes) modes.emplace_back(m, parse_mode(m));
@@ -437,6 +497,8 @@ int main_impl(int argc, char** argv) {
   // 2. Engine windows, one fresh model and Engine per mode.
   for (const auto& [name, mode] : modes) {
     baseline = cuda ? reset_device_peaks(local_rank) : 0;
+    const Rss before = read_rss();
+    reset_peak_rss();
     std::shared_ptr<torch::nn::Module> model = task->make_model(o.seed);
     model->to(device);
     std::unique_ptr<Engine> engine;
@@ -457,6 +519,8 @@ int main_impl(int argc, char** argv) {
       }
       continue;
     }
+    const Rss made = read_rss();
+    reset_peak_rss();
     std::vector<double> windows, forward, backward, step;
     for (int k = 0; k < o.warmup + o.windows; ++k) {
       sync();
@@ -488,6 +552,11 @@ int main_impl(int argc, char** argv) {
         throw std::logic_error(
             "zerostep_step: a window did not apply one update");
     }
+    const Rss trained = read_rss();
+    const nlohmann::json rss =
+        cuda ? nlohmann::json()
+             : gather_rss(*comm, {before.now_kib, made.peak_kib, made.now_kib,
+                                  trained.peak_kib});
     if (rank != 0) continue;
     const MemoryStats engine_memory = engine->memory();
     nlohmann::json out = {
@@ -507,6 +576,7 @@ int main_impl(int argc, char** argv) {
         {"fwdbwd_s_median", median(fwdbwd)},
         {"memory", memory_json(o, local_rank, baseline, &engine_memory)},
         {"fwdbwd_memory", fwdbwd_memory},
+        {"rss_kib", rss},
         {"runtime", runtime_info()}};
     if (!cuda) {
       out["forward_s_median"] = median(forward);

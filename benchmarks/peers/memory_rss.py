@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Resident memory per rank against the engine's plan, ZeRO stages 0-3
+(docs/benchmarks.md "Memory per rank"; issue 46).
+
+  python3 benchmarks/peers/memory_rss.py --out=/tmp/rss.json
+
+For each world (--worlds, default 2,4) and stage 0-3, one launch of
+tools/launch --nproc=W zerostep_step --modes=stageK (Gloo processes,
+DeepSpeed's semantics: N backward() calls then step(), AdamW, fp32), on the
+GPT of --vocab/--d-model/--n-layer/--n-head. zerostep_step reports on
+every rank (Note [Resident memory per mode] in zerostep_step.cc) the
+resident set before the model is made, its peak while the model and the
+Engine are made, the resident set once made, and its peak over the
+windows. The table gives, per stage and world, the largest over ranks of
+  rest     at_rest - baseline: the model states the rank keeps
+  peak     training_peak - baseline
+  made     construction_peak - baseline (the model built whole by the
+           caller at every stage: stage 3 releases it at construction)
+against the engine's plan (Engine::memory(): its at-rest and peak bytes,
+equal to planned_memory(), Note [Memory plan] in zero/schedule.h), in MB
+(10^6 bytes). What peak holds beyond the plan is the activations of one
+micro-batch, autograd's gradients before they are bucketed, Gloo's
+buffers and the allocator's rounding.
+--check fails (exit 1) unless the training peak falls stage by stage
+(stage 0 > 1 > 2 > 3) at every world.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import run  # noqa: E402  (the peers' build and launch helpers)
+
+
+def measure(zbin, launch, world, stage, a):
+    cmd = [launch, "--nproc=%d" % world, "--", zbin, "--modes=stage%d" % stage,
+           "--vocab=%d" % a.vocab, "--d-model=%d" % a.d_model, "--n-layer=%d" % a.n_layer,
+           "--n-head=%d" % a.n_head, "--block-size=%d" % a.block_size,
+           "--micro-batch=%d" % a.micro_batch, "--backwards=%d" % a.backwards,
+           "--threads=1", "--warmup=0", "--windows=%d" % a.windows]
+    lines = [x for x in run.json_lines(cmd) if x.get("mode") == "stage%d" % stage]
+    if len(lines) != 1 or "rss_kib" not in lines[0]:
+        sys.exit("memory_rss: %s printed no stage%d line with rss_kib" % (" ".join(cmd), stage))
+    line = lines[0]
+    e = line["memory"]["engine_bytes"]
+    ranks = line["rss_kib"]
+    kb = 1024 / 1e6  # KiB to MB
+
+    def worst(f):
+        return max(f(r) for r in ranks) * kb
+
+    return {
+        "world": world, "stage": stage, "params": line["params"],
+        "plan_rest_mb": (e["param"] + e["grad"] + e["optimizer_state"] + e["rollback"]) / 1e6,
+        "plan_peak_mb": e["peak"] / 1e6,
+        "rest_mb": worst(lambda r: r["at_rest"] - r["baseline"]),
+        "peak_mb": worst(lambda r: r["training_peak"] - r["baseline"]),
+        "made_mb": worst(lambda r: r["construction_peak"] - r["baseline"]),
+        "baseline_mb": worst(lambda r: r["baseline"]),
+        "rss_kib": ranks,
+        "engine_bytes": e,
+    }
+
+
+def table(rows):
+    out = ["| world | stage | plan at rest | RSS at rest | plan peak | RSS peak | RSS peak - plan "
+           "| RSS while made | baseline |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        out.append("| %d | %d | %.1f | %.1f | %.1f | %.1f | %+.1f | %.1f | %.1f |" % (
+            r["world"], r["stage"], r["plan_rest_mb"], r["rest_mb"], r["plan_peak_mb"],
+            r["peak_mb"], r["peak_mb"] - r["plan_peak_mb"], r["made_mb"], r["baseline_mb"]))
+    return "\n".join(out)
+
+
+def falls(rows):
+    """The worlds where the training peak does not fall stage by stage."""
+    bad = []
+    for w in sorted({r["world"] for r in rows}):
+        peaks = [r["peak_mb"] for r in sorted(rows, key=lambda r: r["stage"]) if r["world"] == w]
+        if any(a <= b for a, b in zip(peaks, peaks[1:])):
+            bad.append((w, peaks))
+    return bad
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--worlds", default="2,4")
+    p.add_argument("--stages", default="0,1,2,3")
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--d-model", type=int, default=512)
+    p.add_argument("--n-layer", type=int, default=8)
+    p.add_argument("--n-head", type=int, default=8)
+    p.add_argument("--block-size", type=int, default=64)
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--backwards", type=int, default=4)
+    p.add_argument("--windows", type=int, default=2)
+    p.add_argument("--zerostep-bin", help="prebuilt zerostep_step (with --launch-bin: no build)")
+    p.add_argument("--launch-bin")
+    p.add_argument("--out", help="JSON of every run")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 unless the peak falls stage by stage at every world")
+    a = p.parse_args(argv)
+    zbin, launch = (a.zerostep_bin, a.launch_bin) if a.zerostep_bin else run.build("debian")
+    rows = []
+    for w in [int(x) for x in a.worlds.split(",")]:
+        for s in [int(x) for x in a.stages.split(",")]:
+            run.log("world %d stage %d" % (w, s))
+            rows.append(measure(zbin, launch, w, s, a))
+    print("%s; GPT of %d parameters, micro-batch %d x %d tokens, N = %d, fp32, AdamW; MB = 10^6 bytes"
+          % (run.cpu_model(), rows[0]["params"], a.micro_batch, a.block_size, a.backwards))
+    print(table(rows))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"cpu": run.cpu_model(), "settings": vars(a), "rows": rows}, f, indent=1)
+    bad = falls(rows)
+    for w, peaks in bad:
+        print("memory_rss: at world %d the peak does not fall stage by stage: %s" %
+              (w, ", ".join("%.1f" % x for x in peaks)))
+    return 1 if a.check and bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

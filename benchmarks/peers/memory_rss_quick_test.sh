@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# //benchmarks/peers:memory_rss_quick_test: memory_rss.py on a small GPT at
+# world 2, stages 0-3: every rank reports its resident memory, and the plan
+# it prints is the engine's accounting (the figures themselves are
+# measurements: docs/benchmarks.md, never asserted here).
+set -euo pipefail
+script="$1" zbin="$2" launch="$3"
+dir="${TEST_TMPDIR:-$(mktemp -d)}"
+python3 "$script" --zerostep-bin="$zbin" --launch-bin="$launch" --worlds=2 \
+  --vocab=256 --d-model=64 --n-layer=2 --n-head=2 --block-size=16 --windows=1 \
+  --out="$dir/rss.json"
+python3 - "$dir/rss.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+rows = r["rows"]
+assert [(x["world"], x["stage"]) for x in rows] == [(2, s) for s in range(4)], rows
+for x in rows:
+    assert len(x["rss_kib"]) == 2, x
+    for rank in x["rss_kib"]:
+        assert rank["baseline"] > 0 and rank["training_peak"] >= rank["at_rest"] > 0, rank
+    e = x["engine_bytes"]
+    assert x["plan_peak_mb"] == e["peak"] / 1e6 >= x["plan_rest_mb"] > 0, x
+# The plan itself falls stage by stage (stage 0 keeps everything whole).
+plans = [x["plan_rest_mb"] for x in rows]
+assert all(a > b for a, b in zip(plans, plans[1:])), plans
+print("memory_rss_quick_test: ok")
+PY
