@@ -9,6 +9,7 @@
 #include "engine/torch_kernels.h"
 #include "zero/phase.h"
 #include "zero/precision.h"
+#include "zero/stage.h"
 
 namespace zerostep {
 namespace {
@@ -239,6 +240,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   bo.stage.bf16_weights = dtype() == Precision::kBf16 && !bo.offload;
   bo.source = options.parameter_source;
   bo.names = names;
+  // Note [Transactional update]: what a failed step() keeps as it was.
+  replica_may_tear_ =
+      bo.stage.stage == 2 &&
+      (partitions_gradients(bo.stage) || partitions_master(bo.stage));
   binding_ = make_param_binding(model_, params_, bo, comm_, &latch_);
   stage_ = &binding_->stage();
   // Once per run, not once per rank.
@@ -360,7 +365,12 @@ void Engine::step(const StepOverrides& overrides) {
             " (window of " + std::to_string(plan.window_backwards) +
             " backward() calls)",
         "global_steps, global_samples and the lr schedule did "
-        "not advance");
+        "not advance",
+        replica_may_tear_
+            ? "This rank's own elements of the parameters (what a "
+              "checkpoint saves; the elements other ranks own may hold the "
+              "update) and the optimizer state are"
+            : "Parameters and optimizer state are");
   } catch (const IoError& e) {
     // The NVMe optimizer state's device failed on this rank (the others
     // fail in this step's collectives). The update was undone (Note

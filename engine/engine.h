@@ -379,6 +379,10 @@ class Engine final {
   // The first failed collective (or step()'s offload IoError); then every
   // further call is refused.
   FailureLatch latch_;
+  // Stage 2 without a full buffer to stage the all-gather in: a failed
+  // step() keeps this rank's elements, not the whole replica (Note
+  // [Transactional update] in zero/stage.h).
+  bool replica_may_tear_ = false;
   // NVMe offload: the devices (outlive the binding's stage).
   std::unique_ptr<OffloadDevices> offload_;
   // A model on a device (Note [Device kernels]): the kernels the engine

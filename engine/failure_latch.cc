@@ -14,11 +14,12 @@ void FailureLatch::require_working(const char* what) const {
 }
 
 void FailureLatch::comm_failed(const CommError& e, const std::string& call,
-                               const std::string& unchanged) {
+                               const std::string& unchanged,
+                               const std::string& kept) {
   failure_ = e.what();
   throw CommError(call + " failed on rank " + std::to_string(rank_) + ": " +
-                  e.what() +
-                  ". Parameters and optimizer state are as before "
+                  e.what() + ". " + kept +
+                  " as before "
                   "the call and " +
                   unchanged +
                   " (Note [Transactional update]); the window's gradients "

@@ -24,9 +24,11 @@ class FailureLatch {
   // was recorded; nothing otherwise.
   void require_working(const char* what) const;
   // Records `e` and throws it again as CommError naming `call`, this rank
-  // and what stayed `unchanged` (Note [Transactional update]).
-  [[noreturn]] void comm_failed(const CommError& e, const std::string& call,
-                                const std::string& unchanged);
+  // and what stayed `unchanged` (Note [Transactional update]): `kept` names
+  // the parameters that are as before the call.
+  [[noreturn]] void comm_failed(
+      const CommError& e, const std::string& call, const std::string& unchanged,
+      const std::string& kept = "Parameters and optimizer state are");
   // Records a failure (an offload device's IoError) without throwing.
   void record(const std::string& failure) { failure_ = failure; }
   bool failed() const { return !failure_.empty(); }

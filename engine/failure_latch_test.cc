@@ -39,6 +39,20 @@ TEST(FailureLatchTest, WorksUntilAFailureIsRecordedThenRefusesNamingIt) {
   EXPECT_THROW(latch.require_working("step()"), UsageError);
 }
 
+// Stage 2's step keeps the rank's own elements, not the whole replica
+// (Note [Transactional update]): the message says which it kept.
+TEST(FailureLatchTest, TheMessageNamesWhatWasKept) {
+  FailureLatch latch(1);
+  const std::string wrapped = message_of([&] {
+    latch.comm_failed(CommError("x"), "step() at 4", "no counter moved",
+                      "This rank's own elements are");
+  });
+  EXPECT_EQ(wrapped,
+            "step() at 4 failed on rank 1: x. This rank's own elements are "
+            "as before the call and no counter moved (Note [Transactional "
+            "update]); the window's gradients are lost");
+}
+
 TEST(FailureLatchTest, RecordedDeviceErrorAlsoRefuses) {
   FailureLatch latch(0);
   latch.record("EIO on /nvme/x");

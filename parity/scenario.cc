@@ -511,6 +511,11 @@ std::optional<MemoryPlan> scenario_memory_plan(const Scenario& s,
   if (c.zero.offload_optimizer.device != OffloadDevice::kNone ||
       c.zero.offload_param.device != OffloadDevice::kNone)
     return std::nullopt;
+  // Stage 3 with its collectives outside backward keeps every group
+  // gathered and its full gradient storage (Note [Stage 3 collectives
+  // outside backward]): a layout the plan does not model.
+  const bool outside = s.stage3_collectives_outside_backward;
+  if (outside && c.zero.stage == 3) return std::nullopt;
   ScheduleOptions o;
   o.stage = c.zero.stage;
   o.world_size = s.world_size;
@@ -520,7 +525,9 @@ std::optional<MemoryPlan> scenario_memory_plan(const Scenario& s,
   o.persistence_threshold = c.zero.stage3_param_persistence_threshold;
   o.max_reuse_distance = c.zero.stage3_max_reuse_distance;
   o.gather_once_per_step = c.zero.gather_once_per_step;
-  o.reduce_once_per_step = c.zero.reduce_once_per_step;
+  // Stage 2 with its collectives outside backward keeps the full gradient,
+  // as with reduce_once_per_step (partitions_gradients() in zero/stage.h).
+  o.reduce_once_per_step = c.zero.reduce_once_per_step || outside;
   o.optimizer_bytes_per_element =
       c.optimizer.type == OptimizerType::kSGD
           ? (c.optimizer.momentum > 0 ? sizeof(float) : 0)
