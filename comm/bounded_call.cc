@@ -16,8 +16,8 @@ void run_bounded(std::function<void()> fn, std::chrono::milliseconds timeout,
   struct State {
     std::mutex m;
     std::condition_variable cv;
-    bool done = false;              // guarded by m
-    std::exception_ptr error;       // guarded by m
+    bool done = false;         // guarded by m
+    std::exception_ptr error;  // guarded by m
     std::function<void()> fn;
   };
   auto state = std::make_shared<State>();

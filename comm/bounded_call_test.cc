@@ -16,10 +16,10 @@ TEST(BoundedCallTest, ReturnsWhatTheCallDoes) {
   run_bounded([&] { x = 42; }, std::chrono::seconds(60),
               [] { return std::string("unused"); });
   EXPECT_EQ(x, 42);
-  EXPECT_THROW(run_bounded([] { throw IoError("disk"); },
-                           std::chrono::seconds(60),
-                           [] { return std::string("unused"); }),
-               IoError);
+  EXPECT_THROW(
+      run_bounded([] { throw IoError("disk"); }, std::chrono::seconds(60),
+                  [] { return std::string("unused"); }),
+      IoError);
 }
 
 // A call that never returns is a CommError with the caller's description

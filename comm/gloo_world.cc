@@ -16,6 +16,7 @@
 #include "comm/rank_order.h"
 #include "comm/rendezvous.h"
 #include "comm/torchrun_env.h"
+#include "common/cli.h"
 #include "common/errors.h"
 #include "common/log.h"
 
@@ -117,11 +118,6 @@ std::string diagnose(const std::shared_ptr<const Rendezvous>& rendezvous) {
   return rendezvous ? rendezvous->diagnosis() : "";
 }
 
-// LibTorch's message without the C++ backtrace it appends.
-std::string without_backtrace(const std::string& what) {
-  return what.substr(0, what.find("\nException raised from"));
-}
-
 // Runs a c10d call; any failure (timeout, peer gone) becomes CommError,
 // naming the peers that do not answer.
 template <typename F>
@@ -136,7 +132,7 @@ void guarded(const char* what, int rank,
   } catch (const std::exception& e) {
     throw CommError(std::string("gloo ") + what + " on rank " +
                     std::to_string(rank) +
-                    " failed: " + without_backtrace(e.what()) +
+                    " failed: " + message_without_backtrace(e) +
                     diagnose(rendezvous));
   }
 }
@@ -234,7 +230,7 @@ std::unique_ptr<GlooCommunicator> GlooCommunicator::from_environment(
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw CommError(on_rank + " failed: " + without_backtrace(e.what()) +
+    throw CommError(on_rank + " failed: " + message_without_backtrace(e) +
                     rendezvous->diagnosis() +
                     ". The ranks bind: " + rendezvous->addresses());
   }
@@ -408,7 +404,7 @@ class PointToPointWork final : public OnceWork {
       throw CommError(std::string("gloo ") + what_ + " on rank " +
                       std::to_string(rank_) + ": the " + direction +
                       " rank " + std::to_string(peer) +
-                      " failed: " + without_backtrace(e.what()));
+                      " failed: " + message_without_backtrace(e));
     }
     if (!done)
       throw CommError(std::string("gloo ") + what_ + " on rank " +

@@ -20,8 +20,8 @@ namespace {
 std::string numeric(const sockaddr* sa) {
   char buf[INET6_ADDRSTRLEN] = {0};
   if (sa->sa_family == AF_INET)
-    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr,
-              buf, sizeof(buf));
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, buf,
+              sizeof(buf));
   else if (sa->sa_family == AF_INET6)
     inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr,
               buf, sizeof(buf));
@@ -50,8 +50,8 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 // The address to bind on interface `name`: its first IPv4 address, else its
 // first IPv6 address that is not link-local; nullptr if none or down.
-const InterfaceAddress* usable_address(
-    const std::vector<InterfaceAddress>& all, const std::string& name) {
+const InterfaceAddress* usable_address(const std::vector<InterfaceAddress>& all,
+                                       const std::string& name) {
   const InterfaceAddress* v6 = nullptr;
   for (const InterfaceAddress& i : all) {
     if (i.name != name || !i.up || i.link_local) continue;
@@ -99,8 +99,8 @@ BindAddress routed(const std::string& master_addr, int world_size,
           fix_variable);
     b.why = "MASTER_ADDR=" + master_addr + " is local (loopback)";
   } else {
-    b.why = "the address this host reaches MASTER_ADDR=" + master_addr +
-            " from";
+    b.why =
+        "the address this host reaches MASTER_ADDR=" + master_addr + " from";
   }
   return b;
 }
@@ -211,8 +211,8 @@ std::vector<BindAddress> choose_gloo_addresses(const char* ifname,
       for (const InterfaceAddress& i : net.interfaces)
         exists = exists || i.name == name;
       throw UsageError(
-          std::string("GLOO_SOCKET_IFNAME=") + ifname + ": interface '" +
-          name + "' " +
+          std::string("GLOO_SOCKET_IFNAME=") + ifname + ": interface '" + name +
+          "' " +
           (exists ? "is down or holds no usable address"
                   : "does not exist on this host") +
           " (its interfaces: " + list_interfaces(net.interfaces) +
@@ -220,8 +220,8 @@ std::vector<BindAddress> choose_gloo_addresses(const char* ifname,
           "hosts, or unset GLOO_SOCKET_IFNAME to use the one that routes to "
           "MASTER_ADDR");
     }
-    out.push_back({a->address, name, std::string("GLOO_SOCKET_IFNAME=") +
-                                         ifname});
+    out.push_back(
+        {a->address, name, std::string("GLOO_SOCKET_IFNAME=") + ifname});
   }
   return out;
 }
@@ -240,8 +240,7 @@ bool nccl_ifname_matches(const std::string& spec, const std::string& name) {
 
 NcclSocketChoice choose_nccl_socket_ifname(const char* ifname,
                                            const std::string& master_addr,
-                                           int world_size,
-                                           int local_world_size,
+                                           int world_size, int local_world_size,
                                            const HostNetwork& net) {
   NcclSocketChoice c;
   if (ifname != nullptr && *ifname != '\0') {
@@ -271,8 +270,10 @@ NcclSocketChoice choose_nccl_socket_ifname(const char* ifname,
   const BindAddress b = routed(master_addr, world_size, local_world_size,
                                "NCCL_SOCKET_IFNAME", net);
   if (b.interface.empty())
-    throw UsageError("MASTER_ADDR=" + master_addr + ": this host reaches it "
-                     "from " + b.address +
+    throw UsageError("MASTER_ADDR=" + master_addr +
+                     ": this host reaches it "
+                     "from " +
+                     b.address +
                      ", which no interface holds (its interfaces: " +
                      list_interfaces(net.interfaces) +
                      "). Fix: set NCCL_SOCKET_IFNAME to the interface that "

@@ -85,15 +85,14 @@ std::vector<BindAddress> choose_gloo_addresses(const char* ifname,
 // UsageError naming the variable when no interface of this host matches),
 // else "=<interface of rule 2>". `address` and `why` are for the log.
 struct NcclSocketChoice {
-  std::string ifname;   // the value NCCL should read
+  std::string ifname;  // the value NCCL should read
   bool set_by_user = false;
   std::string address;  // the address NCCL's bootstrap will bind (rule 2)
   std::string why;
 };
 NcclSocketChoice choose_nccl_socket_ifname(const char* ifname,
                                            const std::string& master_addr,
-                                           int world_size,
-                                           int local_world_size,
+                                           int world_size, int local_world_size,
                                            const HostNetwork& net);
 
 // Whether NCCL would use interface `name` under NCCL_SOCKET_IFNAME=`spec`.

@@ -77,8 +77,8 @@ TEST(NetInterfaceTest, LoopbackOnlyWhenTheMasterIsLocal) {
               "127.0.0.1");
   }
   // A world across hosts cannot meet on loopback: refused, naming why.
-  const std::string e = usage_error(
-      [&] { choose_gloo_addresses(nullptr, "myhost", 4, 2, net); });
+  const std::string e =
+      usage_error([&] { choose_gloo_addresses(nullptr, "myhost", 4, 2, net); });
   EXPECT_NE(e.find("MASTER_ADDR=myhost (127.0.1.1 on this host) is a "
                    "loopback address, but the world spans hosts"),
             std::string::npos)
@@ -113,8 +113,8 @@ TEST(NetInterfaceTest, GlooSocketIfnameNamesTheInterfaces) {
 
 TEST(NetInterfaceTest, AMisconfiguredGlooSocketIfnameIsAClearError) {
   const HostNetwork net = fake_host();
-  std::string e =
-      usage_error([&] { choose_gloo_addresses("eth9", "10.77.0.1", 2, 1, net); });
+  std::string e = usage_error(
+      [&] { choose_gloo_addresses("eth9", "10.77.0.1", 2, 1, net); });
   EXPECT_EQ(e.rfind("GLOO_SOCKET_IFNAME=eth9: interface 'eth9' does not "
                     "exist on this host (its interfaces: lo 127.0.0.1, eth0 "
                     "10.77.0.2, eth1 192.168.9.2 (down), ib0 fd00::2)",
@@ -146,8 +146,7 @@ TEST(NetInterfaceTest, NcclSocketIfnameFollowsNcclsRules) {
 
 TEST(NetInterfaceTest, NcclKeepsItsVariableAndOtherwiseGetsTheRoutedOne) {
   const HostNetwork net = fake_host();
-  NcclSocketChoice c =
-      choose_nccl_socket_ifname("ib", "10.77.0.1", 4, 2, net);
+  NcclSocketChoice c = choose_nccl_socket_ifname("ib", "10.77.0.1", 4, 2, net);
   EXPECT_TRUE(c.set_by_user);
   EXPECT_EQ(c.ifname, "ib");
   EXPECT_EQ(c.address, "fd00::2");

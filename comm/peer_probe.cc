@@ -16,8 +16,8 @@ namespace zerostep {
 namespace {
 
 // Fills `out` for a numeric address and port; false if not an address.
-bool socket_address(const std::string& address, int port,
-                    sockaddr_storage* out, socklen_t* len) {
+bool socket_address(const std::string& address, int port, sockaddr_storage* out,
+                    socklen_t* len) {
   std::memset(out, 0, sizeof(*out));
   auto* v4 = reinterpret_cast<sockaddr_in*>(out);
   if (inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
@@ -78,8 +78,8 @@ void ProbeListener::serve() {
     }
     if (p[1].revents != 0) return;
     if ((p[0].revents & POLLIN) == 0) continue;
-    const int fd = accept4(listen_fd_, nullptr, nullptr,
-                           SOCK_CLOEXEC | SOCK_NONBLOCK);
+    const int fd =
+        accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) continue;
     // 8 bytes into an empty socket buffer: never blocks.
     [[maybe_unused]] const ssize_t n =
@@ -112,8 +112,8 @@ std::vector<ProbeReply> probe(const std::vector<ProbeTarget>& targets,
              "'" + targets[i].address + "' is not an address");
       continue;
     }
-    fds[i] = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                    0);
+    fds[i] =
+        socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fds[i] < 0) {
       finish(i, ProbeOutcome::kUnreachable,
              std::string("socket(): ") + std::strerror(errno));
@@ -123,10 +123,10 @@ std::vector<ProbeReply> probe(const std::vector<ProbeTarget>& targets,
       connected[i] = true;
     } else if (errno != EINPROGRESS) {
       const int e = errno;
-      finish(i,
-             e == ECONNREFUSED ? ProbeOutcome::kGone
-                               : ProbeOutcome::kUnreachable,
-             std::strerror(e));
+      finish(
+          i,
+          e == ECONNREFUSED ? ProbeOutcome::kGone : ProbeOutcome::kUnreachable,
+          std::strerror(e));
     }
   }
   for (;;) {
@@ -134,8 +134,8 @@ std::vector<ProbeReply> probe(const std::vector<ProbeTarget>& targets,
     std::vector<size_t> which;
     for (size_t i = 0; i < n; ++i)
       if (!done[i]) {
-        p.push_back({fds[i], static_cast<short>(connected[i] ? POLLIN : POLLOUT),
-                     0});
+        p.push_back(
+            {fds[i], static_cast<short>(connected[i] ? POLLIN : POLLOUT), 0});
         which.push_back(i);
       }
     if (p.empty()) break;
@@ -187,8 +187,8 @@ std::vector<ProbeReply> probe(const std::vector<ProbeTarget>& targets,
              connected[i] ? ProbeOutcome::kNotAnswering
                           : ProbeOutcome::kUnreachable,
              connected[i] ? "its host accepted the connection but the process "
-                            "did not answer within " + ms +
-                                ": stopped (SIGSTOP), hung or overloaded"
+                            "did not answer within " +
+                                ms + ": stopped (SIGSTOP), hung or overloaded"
                           : "no connection within " + ms +
                                 ": its host is down or the network between "
                                 "the hosts is");

@@ -1,5 +1,6 @@
 #include "comm/rendezvous.h"
 
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "comm/bounded_call.h"
 #include "comm/net_interface.h"
+#include "common/cli.h"
 #include "common/errors.h"
 
 namespace zerostep {
@@ -97,12 +99,11 @@ std::chrono::milliseconds probe_window(std::chrono::milliseconds timeout) {
   return std::min(timeout, std::chrono::milliseconds(1000));
 }
 
-Rendezvous::Rendezvous(const TorchrunEnv& env,
-                       const RendezvousOptions& options)
+Rendezvous::Rendezvous(const TorchrunEnv& env, const RendezvousOptions& options)
     : env_(env), options_(options) {
   std::random_device rd;
-  const uint64_t identity =
-      (static_cast<uint64_t>(rd()) << 32 | rd()) ^ static_cast<uint64_t>(getpid());
+  const uint64_t identity = (static_cast<uint64_t>(rd()) << 32 | rd()) ^
+                            static_cast<uint64_t>(getpid());
   listener_ = std::make_unique<ProbeListener>(options.address, identity);
   ProbeTarget me;
   me.rank = env.rank;
@@ -182,11 +183,12 @@ Rendezvous::Rendezvous(const TorchrunEnv& env,
           for (int r = 0; r < world; ++r)
             if (!store->check({prefix + "join/" + std::to_string(r)}))
               missing.push_back(r);
-          missing_text = missing.empty()
-                             ? ""
-                             : "; missing: rank" +
-                                   std::string(missing.size() > 1 ? "s " : " ") +
-                                   rank_list(missing);
+          missing_text =
+              missing.empty()
+                  ? ""
+                  : "; missing: rank" +
+                        std::string(missing.size() > 1 ? "s " : " ") +
+                        rank_list(missing);
         }
         progress->set(
             joined < world
@@ -194,8 +196,8 @@ Rendezvous::Rendezvous(const TorchrunEnv& env,
                       std::to_string(joined) + " of " + std::to_string(world) +
                       " joined" + missing_text + ")"
                 : "rank 0 to publish the table of every rank's address (all " +
-                      std::to_string(world) + " ranks joined " +
-                      host_of_store + " at " + where + ")");
+                      std::to_string(world) + " ranks joined " + host_of_store +
+                      " at " + where + ")");
         return false;
       });
       std::istringstream is(text(store->get(prefix + "table")));
@@ -219,16 +221,30 @@ Rendezvous::Rendezvous(const TorchrunEnv& env,
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    what = what.substr(0, what.find("\nException raised from"));
-    throw CommError(on_rank + " failed while " + progress->get() + ": " +
-                    what +
-                    (hosts ? ". Fix: if the port is taken, choose another "
-                             "MASTER_PORT or end the job that holds it"
-                           : ""));
+    const std::string what = message_without_backtrace(e);
+    std::string fix;
+    if (hosts)
+      fix =
+          ". Fix: if the port is taken, choose another MASTER_PORT or end "
+          "the job that holds it";
+#if TORCH_VERSION_MAJOR < 2
+    // Note [torchrun's agent store]
+    if (!env.rank0_hosts_store)
+      fix =
+          ". torchrun's agent hosts this store (TORCHELASTIC_USE_AGENT_STORE"
+          "=True), and a store of torch 2 or newer does not speak the "
+          "protocol of the LibTorch " TORCH_VERSION
+          " this program was built with. Fix: run torchrun with "
+          "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and --rdzv-backend=c10d "
+          "(rank 0 then hosts a store of its own), or build with "
+          "--config=cuda (LibTorch 2.11, torchrun 2.11's protocol)";
+#endif
+    throw CommError(on_rank + " failed while " + progress->get() + ": " + what +
+                    fix);
   }
   std::lock_guard<std::mutex> hold(result->m);
-  store_ = c10::make_intrusive<c10d::PrefixStore>(prefix + "pg/", result->store);
+  store_ =
+      c10::make_intrusive<c10d::PrefixStore>(prefix + "pg/", result->store);
   for (int r = 0; r < world; ++r) peers_.push_back(decode(r, result->table[r]));
 }
 
@@ -239,9 +255,25 @@ c10::intrusive_ptr<c10d::Store> Rendezvous::store() const { return store_; }
 std::string Rendezvous::unanswered_peers(
     std::chrono::milliseconds window) const {
   std::vector<ProbeTarget> others;
-  for (const ProbeTarget& t : peers_)
-    if (t.rank != env_.rank) others.push_back(t);
-  return describe_unanswered(probe(others, window));
+  std::vector<ProbeReply> replies;
+  const bool here_loopback = is_loopback_address(options_.address);
+  for (const ProbeTarget& t : peers_) {
+    if (t.rank == env_.rank) continue;
+    // A loopback address of another host would reach this host's own.
+    if (!here_loopback && is_loopback_address(t.address)) {
+      replies.push_back({t, ProbeOutcome::kUnreachable,
+                         "it binds a loopback address, which no other host "
+                         "reaches"});
+      continue;
+    }
+    others.push_back(t);
+  }
+  for (const ProbeReply& r : probe(others, window)) replies.push_back(r);
+  std::sort(replies.begin(), replies.end(),
+            [](const ProbeReply& a, const ProbeReply& b) {
+              return a.target.rank < b.target.rank;
+            });
+  return describe_unanswered(replies);
 }
 
 std::string Rendezvous::diagnosis() const {
@@ -267,10 +299,11 @@ std::string Rendezvous::addresses() const {
   }
   if (peers_.size() > 16) out += ", ...";
   if (loopback && other)
-    out += ". Some ranks bind a loopback address, which the other hosts "
-           "cannot reach: their MASTER_ADDR is local on their host. Fix: set "
-           "MASTER_ADDR to rank 0's address on the network the hosts share, "
-           "or GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME) on every host";
+    out +=
+        ". Some ranks bind a loopback address, which the other hosts "
+        "cannot reach: their MASTER_ADDR is local on their host. Fix: set "
+        "MASTER_ADDR to rank 0's address on the network the hosts share, "
+        "or GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME) on every host";
   return out;
 }
 

@@ -11,6 +11,21 @@
 // missing: the store ("rank 0's store at 10.0.0.1:29500 did not answer"),
 // or the ranks that did not join ("ranks 2, 3 of 4 did not join").
 //
+// Note [torchrun's agent store]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// torchrun 2.x's agents host the store at MASTER_ADDR:MASTER_PORT
+// themselves and tell the workers so (TORCHELASTIC_USE_AGENT_STORE=True);
+// every rank then connects as a client, as PyTorch's init_process_group
+// does. The store's protocol changed in torch 2 (a validation query first,
+// renumbered queries): a zerostep built against Debian's LibTorch 1.13
+// cannot talk to it (its connection ends in "Broken pipe", seen with
+// torchrun 2.11). The error then says so and gives the way out, run on
+// 2026-12-03 with torchrun 2.11 over two network namespaces:
+// TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 with --rdzv-backend=c10d makes the
+// agents hand the workers a free port of node 0 instead, where rank 0
+// hosts a store of its own. A build against torch 2.11 (--config=cuda)
+// speaks the agent store's protocol.
+//
 // After the rendezvous, unanswered_peers() probes every other rank (Note
 // [Naming the rank that did not answer] in comm/peer_probe.h): the backends
 // add its answer to every CommError.

@@ -35,8 +35,8 @@ TorchrunEnv read_torchrun_env() {
   e.world_size = required_int("WORLD_SIZE", 1, INT_MAX);
   e.master_port = required_int("MASTER_PORT", 1, 65535);
   if (e.rank >= e.world_size)
-    throw UsageError("RANK=" + std::to_string(e.rank) + " WORLD_SIZE=" +
-                     std::to_string(e.world_size) +
+    throw UsageError("RANK=" + std::to_string(e.rank) +
+                     " WORLD_SIZE=" + std::to_string(e.world_size) +
                      ": need RANK < WORLD_SIZE. Fix: give each of the "
                      "WORLD_SIZE processes its own RANK from 0 to "
                      "WORLD_SIZE - 1");
@@ -52,8 +52,8 @@ TorchrunEnv read_torchrun_env() {
   if (const char* v = env("LOCAL_RANK"))
     e.local_rank = static_cast<int>(parse_int("LOCAL_RANK", v, 0, INT_MAX));
   if (const char* v = env("LOCAL_WORLD_SIZE"))
-    e.local_world_size = static_cast<int>(
-        parse_int("LOCAL_WORLD_SIZE", v, 1, e.world_size));
+    e.local_world_size =
+        static_cast<int>(parse_int("LOCAL_WORLD_SIZE", v, 1, e.world_size));
   // PyTorch's own test: rank 0 hosts the store unless the agent does.
   if (const char* v = env("TORCHELASTIC_USE_AGENT_STORE"))
     e.rank0_hosts_store = std::string(v) != "True";

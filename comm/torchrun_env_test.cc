@@ -8,11 +8,15 @@
 namespace zerostep {
 namespace {
 
-constexpr const char* kVars[] = {
-    "RANK",          "WORLD_SIZE",         "MASTER_ADDR",
-    "MASTER_PORT",   "LOCAL_RANK",         "LOCAL_WORLD_SIZE",
-    "TORCHELASTIC_USE_AGENT_STORE",        "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_RESTART_COUNT"};
+constexpr const char* kVars[] = {"RANK",
+                                 "WORLD_SIZE",
+                                 "MASTER_ADDR",
+                                 "MASTER_PORT",
+                                 "LOCAL_RANK",
+                                 "LOCAL_WORLD_SIZE",
+                                 "TORCHELASTIC_USE_AGENT_STORE",
+                                 "TORCHELASTIC_RUN_ID",
+                                 "TORCHELASTIC_RESTART_COUNT"};
 
 class TorchrunEnvTest : public ::testing::Test {
  protected:
@@ -68,23 +72,20 @@ TEST_F(TorchrunEnvTest, UnderTorchrunsAgentRankZeroOnlyConnects) {
 
 TEST_F(TorchrunEnvTest, NamesTheVariableThatIsMissingOrWrong) {
   unsetenv("MASTER_ADDR");
-  EXPECT_EQ(error().rfind("environment variable MASTER_ADDR is not set", 0),
-            0u)
+  EXPECT_EQ(error().rfind("environment variable MASTER_ADDR is not set", 0), 0u)
       << error();
   SetUp();
   unsetenv("WORLD_SIZE");
-  EXPECT_EQ(error().rfind("environment variable WORLD_SIZE is not set", 0),
-            0u);
+  EXPECT_EQ(error().rfind("environment variable WORLD_SIZE is not set", 0), 0u);
   SetUp();
   setenv("RANK", "4", 1);
-  EXPECT_EQ(error().rfind("RANK=4 WORLD_SIZE=4: need RANK < WORLD_SIZE", 0),
-            0u)
+  EXPECT_EQ(error().rfind("RANK=4 WORLD_SIZE=4: need RANK < WORLD_SIZE", 0), 0u)
       << error();
   SetUp();
   setenv("LOCAL_WORLD_SIZE", "5", 1);
-  EXPECT_EQ(error().rfind("LOCAL_WORLD_SIZE=5: must be an integer from 1 to 4",
-                          0),
-            0u)
+  EXPECT_EQ(
+      error().rfind("LOCAL_WORLD_SIZE=5: must be an integer from 1 to 4", 0),
+      0u)
       << error();
   SetUp();
   setenv("LOCAL_RANK", "-1", 1);
