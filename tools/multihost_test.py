@@ -32,8 +32,10 @@ Cases (each also checks that no process is left in either namespace):
                       collective: A's launcher stops them and exits non-zero
                       naming node 1, its host and rank 3
   rendezvous          a rank that never starts is named by the others within
-                      the timeout; a misconfigured GLOO_SOCKET_IFNAME is a
-                      clear error naming the variable
+                      the timeout; a rank bound where the other host cannot
+                      reach it (issue 42's hang) ends both at the timeout,
+                      naming the addresses; a misconfigured
+                      GLOO_SOCKET_IFNAME is a clear error naming the variable
   trainer_server      the trainer server over 2 hosts (rank 0 on A) serves the
                       Tinker SDK; its digests equal the same world on one host
 
@@ -382,6 +384,28 @@ class Test:
               "it started (timeout %d s)" % (r0.ended_at - began, r0.ended_at - start,
                                              r1.ended_at - start, TIMEOUT_S))
         assert r0.ended_at - began < BOUND_S, r0.ended_at - began
+        # Issue 42's hang: every rank binds 127.0.0.1 (as every rank did
+        # then; here GLOO_SOCKET_IFNAME=lo), so the rank that connects
+        # reaches its own host's loopback and fails, and the rank that
+        # listens waited past an outside 60 s. Now both end, the listener at
+        # the timeout, naming the addresses the ranks bind.
+        port = self.next_port()
+        env2 = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR=A_ADDR, MASTER_PORT=str(port))
+        start = time.time()
+        r0 = Node(self.hosts.a, self.worker("--timeout-s=%d" % TIMEOUT_S),
+                  dict(env2, RANK="0", GLOO_SOCKET_IFNAME="lo"))
+        r1 = Node(self.hosts.b, self.worker("--timeout-s=%d" % TIMEOUT_S),
+                  dict(env2, RANK="1", GLOO_SOCKET_IFNAME="lo"))
+        rc0, rc1 = r0.wait(), r1.wait()
+        assert rc0 == 4 and rc1 == 4, (rc0, rc1, r0.text() + r1.text())
+        both = r0.text() + r1.text()
+        assert "the transport's connections to the other ranks did not complete " \
+            "within %d ms" % (TIMEOUT_S * 1000) in both, both
+        assert "The ranks bind: rank 0 127.0.0.1 (host" in both, both
+        print("timing: ranks bound where the other host cannot reach them: both ended "
+              "%.2f s after they started (timeout %d s)"
+              % (max(r0.ended_at, r1.ended_at) - start, TIMEOUT_S))
+        assert max(r0.ended_at, r1.ended_at) - start < BOUND_S + 10
         bad = Node(self.hosts.b, self.worker(), dict(env, RANK="1", GLOO_SOCKET_IFNAME="eth9"))
         assert bad.wait() == 2, bad.text()
         assert "GLOO_SOCKET_IFNAME=eth9: interface 'eth9' does not exist on this host" \

@@ -51,7 +51,9 @@ std::string one_line(std::string s) {
 std::string list(const std::vector<int>& v) {
   std::string out;
   for (size_t i = 0; i < v.size(); ++i)
-    out += (i == 0 ? "" : i + 1 == v.size() ? " and " : ", ") +
+    out += (i == 0              ? ""
+            : i + 1 == v.size() ? " and "
+                                : ", ") +
            std::to_string(v[i]);
   return out;
 }
@@ -88,8 +90,8 @@ int connect_once(const std::string& host, int port, std::string* error) {
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
-  int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints,
-                       &res);
+  int rc =
+      getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
   if (rc != 0) {
     hints.ai_family = AF_UNSPEC;
     rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
@@ -146,12 +148,13 @@ std::unique_ptr<NodeLink> NodeLink::join(const NodeLinkOptions& options) {
         listen(lfd, 64) != 0) {
       const std::string why = std::strerror(errno);
       if (lfd >= 0) close(lfd);
-      throw CommError("node 0 cannot listen for the other nodes' launchers "
-                      "on port " +
-                      std::to_string(options.port) + ": " + why +
-                      ". Fix: choose another --master-port (the launchers "
-                      "meet at --master-port + 1 unless --launcher-port says "
-                      "otherwise)");
+      throw CommError(
+          "node 0 cannot listen for the other nodes' launchers "
+          "on port " +
+          std::to_string(options.port) + ": " + why +
+          ". Fix: choose another --master-port (the launchers "
+          "meet at --master-port + 1 unless --launcher-port says "
+          "otherwise)");
     }
     std::vector<std::unique_ptr<Peer>> pending;
     std::vector<std::unique_ptr<Peer>> joined(options.nnodes);
@@ -174,9 +177,9 @@ std::unique_ptr<NodeLink> NodeLink::join(const NodeLinkOptions& options) {
         close(lfd);
         throw CommError(
             "node 0 waited " + secs + " for the launcher" +
-            (missing.size() > 1 ? "s of nodes " : " of node ") +
-            list(missing) + " of " + std::to_string(options.nnodes) +
-            " to join at port " + std::to_string(options.port) +
+            (missing.size() > 1 ? "s of nodes " : " of node ") + list(missing) +
+            " of " + std::to_string(options.nnodes) + " to join at port " +
+            std::to_string(options.port) +
             ". Fix: start launch on every node with --nnodes=" +
             std::to_string(options.nnodes) +
             ", its own --node-rank, and --master-addr set to this host's "
@@ -184,8 +187,8 @@ std::unique_ptr<NodeLink> NodeLink::join(const NodeLinkOptions& options) {
       }
       std::vector<pollfd> p = {{lfd, POLLIN, 0}};
       for (auto& q : pending) p.push_back({q->fd, POLLIN, 0});
-      poll(p.data(), p.size(), static_cast<int>(std::min<int64_t>(
-                                   left.count(), 200)));
+      poll(p.data(), p.size(),
+           static_cast<int>(std::min<int64_t>(left.count(), 200)));
       if (p[0].revents & POLLIN) {
         const int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
         if (fd >= 0) {
@@ -213,12 +216,11 @@ std::unique_ptr<NodeLink> NodeLink::join(const NodeLinkOptions& options) {
           }
           q.node = node;
           const std::string who = "the launcher on " + q.host + " (" +
-                                  q.address + ") with --node-rank=" +
-                                  std::to_string(node);
+                                  q.address +
+                                  ") with --node-rank=" + std::to_string(node);
           if (nnodes != options.nnodes)
             fail_all(who + " has --nnodes=" + std::to_string(nnodes) +
-                     ", node 0 has --nnodes=" +
-                     std::to_string(options.nnodes) +
+                     ", node 0 has --nnodes=" + std::to_string(options.nnodes) +
                      ". Fix: give every node the same --nnodes");
           if (nproc != options.nproc)
             fail_all(who + " has --nproc-per-node=" + std::to_string(nproc) +
@@ -284,8 +286,8 @@ std::unique_ptr<NodeLink> NodeLink::join(const NodeLinkOptions& options) {
         throw CommError("node " + std::to_string(options.node_rank) +
                         " joined node 0's launcher at " + options.master_addr +
                         ":" + std::to_string(options.port) +
-                        " but the other nodes did not all join within " +
-                        secs + " (node 0's launcher names them)");
+                        " but the other nodes did not all join within " + secs +
+                        " (node 0's launcher names them)");
       pollfd p{fd, POLLIN, 0};
       poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 200)));
       const bool open = read_some(fd, &q->in);

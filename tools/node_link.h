@@ -42,7 +42,7 @@ namespace zerostep {
 struct NodeLinkOptions {
   int nnodes = 2;
   int node_rank = 0;
-  int nproc = 1;  // ranks per node: every node must have the same
+  int nproc = 1;            // ranks per node: every node must have the same
   std::string master_addr;  // node 0's address as this node reaches it
   int port = 0;             // node 0's launcher port
   std::chrono::milliseconds join_timeout = std::chrono::seconds(600);
@@ -53,7 +53,7 @@ struct NodeLinkOptions {
 // A failure somewhere else, as this node learnt it.
 struct RemoteFailure {
   int node = -1;
-  std::string host;     // "vm (10.77.0.2)": host name and address
+  std::string host;         // "vm (10.77.0.2)": host name and address
   std::string description;  // "rank 3 exited with status 4"
 };
 

@@ -49,12 +49,12 @@ RemoteFailure service_until(NodeLink& link,
 }
 
 std::pair<std::unique_ptr<NodeLink>, std::unique_ptr<NodeLink>> join_two(
-    int port, std::chrono::milliseconds node_timeout =
-                  std::chrono::seconds(20)) {
+    int port,
+    std::chrono::milliseconds node_timeout = std::chrono::seconds(20)) {
   auto o0 = node(0, 2, port), o1 = node(1, 2, port);
   o0.node_timeout = o1.node_timeout = node_timeout;
-  auto other = std::async(std::launch::async,
-                          [&] { return NodeLink::join(o1); });
+  auto other =
+      std::async(std::launch::async, [&] { return NodeLink::join(o1); });
   auto zero = NodeLink::join(o0);
   return {std::move(zero), other.get()};
 }
