@@ -8,8 +8,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
+#include <fstream>
 
+#include "comm/net_interface.h"
 #include "common/errors.h"
 
 namespace zerostep {
@@ -193,6 +196,41 @@ std::vector<ProbeReply> probe(const std::vector<ProbeTarget>& targets,
                                 ": its host is down or the network between "
                                 "the hosts is");
   return out;
+}
+
+std::vector<ProbeReply> probe_from(const std::string& network,
+                                   const std::vector<ProbeTarget>& targets,
+                                   std::chrono::milliseconds window) {
+  std::vector<ProbeReply> out(targets.size());
+  std::vector<ProbeTarget> reachable;
+  std::vector<size_t> at;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const ProbeTarget& t = targets[i];
+    if (is_loopback_address(t.address) && t.network != network) {
+      out[i] = {t, ProbeOutcome::kUnreachable,
+                "it binds a loopback address on another host (or network "
+                "namespace), which no other host reaches"};
+      continue;
+    }
+    reachable.push_back(t);
+    at.push_back(i);
+  }
+  const std::vector<ProbeReply> replies = probe(reachable, window);
+  for (size_t k = 0; k < replies.size(); ++k) out[at[k]] = replies[k];
+  return out;
+}
+
+std::string network_id() {
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  char ns[PATH_MAX] = {0};
+  const ssize_t n = readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
+  if (boot.empty() || n <= 0) {
+    char h[256] = {0};
+    gethostname(h, sizeof(h) - 1);
+    return std::string("host:") + h;
+  }
+  return boot + "/" + std::string(ns, static_cast<size_t>(n));
 }
 
 std::string describe_peer(const ProbeTarget& t) {

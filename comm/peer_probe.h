@@ -20,6 +20,11 @@
 //                 the network between the hosts.
 // A peer that answers is alive; if every peer answers, the failure was
 // another rank's error or a mismatch (its own message says which).
+// A peer that binds a loopback address in another network stack (another
+// host, or another network namespace: network_id()) is unreachable without
+// a probe: the probe would reach this host's own loopback, where nothing of
+// that rank listens, and read as "gone" (issue 42's ranks all bound
+// 127.0.0.1 on two hosts).
 //
 // Thread safety: a ProbeListener is used from the thread that owns it; its
 // own thread only answers. probe() is reentrant.
@@ -64,6 +69,7 @@ struct ProbeTarget {
   int port = 0;
   uint64_t identity = 0;
   int pid = 0;
+  std::string network;  // its network_id(): where its loopback is
 };
 
 enum class ProbeOutcome { kAnswered, kGone, kNotAnswering, kUnreachable };
@@ -78,6 +84,20 @@ struct ProbeReply {
 // answers. One reply per target, in the targets' order.
 std::vector<ProbeReply> probe(const std::vector<ProbeTarget>& targets,
                               std::chrono::milliseconds window);
+
+// probe() from a rank whose network_id() is `network`: a target that binds
+// a loopback address and whose network differs is kUnreachable without a
+// probe (Note [Naming the rank that did not answer]); the others are
+// probed. One reply per target, in the targets' order.
+std::vector<ProbeReply> probe_from(const std::string& network,
+                                   const std::vector<ProbeTarget>& targets,
+                                   std::chrono::milliseconds window);
+
+// The network stack this process runs in: the kernel's boot id and the
+// network namespace ("<boot id>/net:[4026531840]"). Two processes reach
+// each other's loopback addresses exactly when theirs are equal. The host
+// name where /proc does not tell.
+std::string network_id();
 
 // "rank 2 (host b, 10.77.0.2, pid 77): gone (connection refused); rank 3
 // (...): not answering (...)"; "" if every target answered.

@@ -90,6 +90,34 @@ TEST(PeerProbeTest, EveryAnswerIsNothingToReport) {
   EXPECT_TRUE(probe({}, std::chrono::milliseconds(10)).empty());
 }
 
+// Issue 42's ranks bound 127.0.0.1 on two hosts: probing a loopback
+// address of another host reaches this host's own, so such a peer is
+// unreachable without a probe; in this rank's own network it is probed.
+TEST(PeerProbeTest, ALoopbackAddressInAnotherNetworkIsNotProbed) {
+  ProbeListener here("127.0.0.1", 0xabc);
+  ProbeTarget elsewhere = target(1, here.port(), 0xabc);
+  elsewhere.network = "another host's network";
+  ProbeTarget mine = target(2, here.port(), 0xabc);
+  mine.network = network_id();
+  const std::vector<ProbeReply> r = probe_from(network_id(), {elsewhere, mine},
+                                               std::chrono::milliseconds(2000));
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].target.rank, 1);
+  EXPECT_EQ(r[0].outcome, ProbeOutcome::kUnreachable) << r[0].detail;
+  EXPECT_EQ(describe_unanswered(r),
+            "rank 1 (host h1, 127.0.0.1, pid 101): unreachable (it binds a "
+            "loopback address on another host (or network namespace), which "
+            "no other host reaches)");
+  EXPECT_EQ(r[1].target.rank, 2);
+  EXPECT_EQ(r[1].outcome, ProbeOutcome::kAnswered) << r[1].detail;
+}
+
+TEST(PeerProbeTest, TheNetworkIdNamesThisNetworkNamespace) {
+  const std::string id = network_id();
+  EXPECT_EQ(id, network_id());
+  EXPECT_NE(id.find("/net:["), std::string::npos) << id;
+}
+
 TEST(PeerProbeTest, AListenerNeedsAnAddressOfThisHost) {
   EXPECT_THROW(ProbeListener("not-an-address", 1), IoError);
   EXPECT_THROW(ProbeListener("192.0.2.77", 1), IoError);  // TEST-NET-1

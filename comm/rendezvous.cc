@@ -52,17 +52,19 @@ std::string this_host() {
   return h;
 }
 
-// "host address port identity pid", one rank's entry.
+// "host address port identity pid network", one rank's entry.
 std::string encode(const ProbeTarget& t) {
   return t.host + " " + t.address + " " + std::to_string(t.port) + " " +
-         std::to_string(t.identity) + " " + std::to_string(t.pid);
+         std::to_string(t.identity) + " " + std::to_string(t.pid) + " " +
+         t.network;
 }
 
 ProbeTarget decode(int rank, const std::string& entry) {
   ProbeTarget t;
   t.rank = rank;
   std::istringstream is(entry);
-  if (!(is >> t.host >> t.address >> t.port >> t.identity >> t.pid))
+  if (!(is >> t.host >> t.address >> t.port >> t.identity >> t.pid >>
+        t.network))
     throw CommError("rendezvous: rank " + std::to_string(rank) +
                     "'s entry in the store is not zerostep's ('" + entry +
                     "'): another job uses this MASTER_ADDR:MASTER_PORT");
@@ -112,6 +114,7 @@ Rendezvous::Rendezvous(const TorchrunEnv& env, const RendezvousOptions& options)
   me.port = listener_->port();
   me.identity = identity;
   me.pid = getpid();
+  me.network = network_id();
 
   const int rank = env.rank, world = env.world_size;
   const std::string prefix = env.key_prefix + options.backend + "/";
@@ -255,25 +258,10 @@ c10::intrusive_ptr<c10d::Store> Rendezvous::store() const { return store_; }
 std::string Rendezvous::unanswered_peers(
     std::chrono::milliseconds window) const {
   std::vector<ProbeTarget> others;
-  std::vector<ProbeReply> replies;
-  const bool here_loopback = is_loopback_address(options_.address);
-  for (const ProbeTarget& t : peers_) {
-    if (t.rank == env_.rank) continue;
-    // A loopback address of another host would reach this host's own.
-    if (!here_loopback && is_loopback_address(t.address)) {
-      replies.push_back({t, ProbeOutcome::kUnreachable,
-                         "it binds a loopback address, which no other host "
-                         "reaches"});
-      continue;
-    }
-    others.push_back(t);
-  }
-  for (const ProbeReply& r : probe(others, window)) replies.push_back(r);
-  std::sort(replies.begin(), replies.end(),
-            [](const ProbeReply& a, const ProbeReply& b) {
-              return a.target.rank < b.target.rank;
-            });
-  return describe_unanswered(replies);
+  for (const ProbeTarget& t : peers_)
+    if (t.rank != env_.rank) others.push_back(t);
+  return describe_unanswered(
+      probe_from(peers_[env_.rank].network, others, window));
 }
 
 std::string Rendezvous::diagnosis() const {
@@ -289,21 +277,25 @@ std::string Rendezvous::diagnosis() const {
 
 std::string Rendezvous::addresses() const {
   std::string out;
-  bool loopback = false, other = false;
+  bool loopback = false;
+  std::set<std::string> networks;
   for (const ProbeTarget& t : peers_) {
-    (is_loopback_address(t.address) ? loopback : other) = true;
+    loopback = loopback || is_loopback_address(t.address);
+    networks.insert(t.network);
     if (t.rank >= 16) continue;
     if (!out.empty()) out += ", ";
     out += "rank " + std::to_string(t.rank) + " " + t.address + " (host " +
            t.host + ")";
   }
   if (peers_.size() > 16) out += ", ...";
-  if (loopback && other)
+  if (loopback && networks.size() > 1)
     out +=
-        ". Some ranks bind a loopback address, which the other hosts "
-        "cannot reach: their MASTER_ADDR is local on their host. Fix: set "
-        "MASTER_ADDR to rank 0's address on the network the hosts share, "
-        "or GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME) on every host";
+        ". The ranks run on several hosts (or network namespaces) and some "
+        "bind a loopback address, which the other hosts cannot reach (a "
+        "MASTER_ADDR that is local on their host, or GLOO_SOCKET_IFNAME=lo). "
+        "Fix: set MASTER_ADDR to rank 0's address on the network the hosts "
+        "share, and GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME), where set, to "
+        "the interface that reaches the other hosts";
   return out;
 }
 

@@ -71,6 +71,7 @@ TEST(RendezvousTest, EveryRankGetsEveryRanksEntry) {
       EXPECT_EQ(rv[r]->peers()[q].rank, q);
       EXPECT_EQ(rv[r]->peers()[q].address, "127.0.0.1");
       EXPECT_EQ(rv[r]->peers()[q].pid, getpid());
+      EXPECT_EQ(rv[r]->peers()[q].network, network_id());
       EXPECT_EQ(rv[r]->peers()[q].port, rv[q]->peers()[q].port);
     }
   }

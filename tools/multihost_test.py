@@ -34,7 +34,8 @@ Cases (each also checks that no process is left in either namespace):
   rendezvous          a rank that never starts is named by the others within
                       the timeout; a rank bound where the other host cannot
                       reach it (issue 42's hang) ends both at the timeout,
-                      naming the addresses; a misconfigured
+                      naming the addresses and each other as unreachable (not
+                      probed at its own loopback); a misconfigured
                       GLOO_SOCKET_IFNAME is a clear error naming the variable
   trainer_server      the trainer server over 2 hosts (rank 0 on A) serves the
                       Tinker SDK; its digests equal the same world on one host
@@ -118,6 +119,7 @@ class Node:
 
     def __init__(self, ns, cmd, env=None):
         self.cmd = cmd
+        self.env_rank = "rank " + env["RANK"] if env and "RANK" in env else "launcher"
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", ns] + cmd, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, env=env)
@@ -287,7 +289,23 @@ class Test:
             assert re.search(r"\[rank %d\] rank %d: step 1 failed; state unchanged: yes"
                              % (r, r), text), text
             ends.append(node.last(r"\[rank %d\] gloo_worker:" % r) - fault_at)
+            print("rank %d: %s" % (r, m.group(1)))
         return max(ends)
+
+    @staticmethod
+    def show_errors(*nodes):
+        """Prints the error each process ended with (a rank run alone)."""
+        for node in nodes:
+            for _, l in node.lines:
+                if l.startswith("gloo_worker:"):
+                    print("%s: %s" % (node.env_rank, l))
+
+    @staticmethod
+    def show_launchers(*nodes):
+        """Prints each launcher's last line naming the failure."""
+        for i, node in enumerate(nodes):
+            lines = [l for _, l in node.lines if l.startswith("launch: failed:")]
+            print("node %d's launcher: %s" % (i, lines[-1] if lines else "(no failure line)"))
 
     def kill9_host_b(self):
         a, b = self.fault_run(stage=2, stall=[2, 3])
@@ -301,6 +319,7 @@ class Test:
                                                        "gone"])
         assert rc != 0, a.text()
         assert "launch: failed:" in a.text(), a.text()
+        self.show_launchers(a)
         print("timing: kill -9 of host B: host A's ranks ended %.2f s later, its "
               "launcher %.2f s later (exit %d; timeout %d s)" % (ranks, end, rc, TIMEOUT_S))
         assert end < BOUND_S, end
@@ -326,6 +345,7 @@ class Test:
         ranks = max(self.check_ended(a, [0, 1], fault_at, expect),
                     self.check_ended(b, [2], fault_at, expect))
         assert rca != 0 and rcb != 0, (rca, rcb)
+        self.show_launchers(a, b)
         print("timing: SIGSTOP of rank 3: ranks 0-2 ended %.2f s later, both launchers "
               "%.2f s later (timeout %d s)" % (ranks, end, TIMEOUT_S))
         assert ranks < BOUND_S, ranks
@@ -345,6 +365,7 @@ class Test:
                                  ["rank 2 (host", "rank 3 (host", "unreachable"])
         assert rca != 0 and rcb != 0, (rca, rcb)
         assert "node 0 (host" in b.text() and "its launcher is gone" in b.text(), b.text()
+        self.show_launchers(a, b)
         print("timing: host B's link down: host A's ranks ended %.2f s later, its "
               "launcher %.2f s later, host B's launcher %.2f s later (timeout %d s, "
               "node timeout 4 s)" % (ranks, a.ended_at - fault_at, b.ended_at - fault_at,
@@ -364,6 +385,7 @@ class Test:
             os.uname().nodename, B_ADDR)
         assert "launch: failed: " + want in a.text(), a.text()
         assert "stopping this node's ranks in 1.0 s" in a.text(), a.text()
+        self.show_launchers(a, b)
         self.no_orphans()
 
     def rendezvous(self):
@@ -378,6 +400,7 @@ class Test:
         assert "waiting for rank 2 of 3 to join rank 0's store at %s:%d" % (A_ADDR, port) \
             in r0.text(), r0.text()
         assert "waiting for the ranks to join rank 0's store at %s:%d (2 of 3 joined; missing: rank 2)" % (A_ADDR, port) in r1.text(), r1.text()
+        self.show_errors(r0, r1)
         began = r0.wait_for(r"gloo: rank 0 binds")  # logged as the rendezvous begins
         print("timing: a rank that never starts: rank 0 ended %.2f s after its "
               "rendezvous began, %.2f s after the process started; rank 1 %.2f s after "
@@ -402,6 +425,15 @@ class Test:
         assert "the transport's connections to the other ranks did not complete " \
             "within %d ms" % (TIMEOUT_S * 1000) in both, both
         assert "The ranks bind: rank 0 127.0.0.1 (host" in both, both
+        assert "The ranks run on several hosts (or network namespaces) and some bind " \
+            "a loopback address" in both, both
+        # Each names the other as unreachable, not as gone: a probe of
+        # 127.0.0.1 would have reached its own host's loopback.
+        for rank, text in ((0, r1.text()), (1, r0.text())):
+            assert re.search(r"rank %d \(host [^,]+, 127\.0\.0\.1, pid \d+\): unreachable "
+                             r"\(it binds a loopback address on another host" % rank,
+                             text), text
+        self.show_errors(r0, r1)
         print("timing: ranks bound where the other host cannot reach them: both ended "
               "%.2f s after they started (timeout %d s)"
               % (max(r0.ended_at, r1.ended_at) - start, TIMEOUT_S))
@@ -410,6 +442,7 @@ class Test:
         assert bad.wait() == 2, bad.text()
         assert "GLOO_SOCKET_IFNAME=eth9: interface 'eth9' does not exist on this host" \
             in bad.text(), bad.text()
+        self.show_errors(bad)
         self.no_orphans()
 
     def trainer_server(self):
@@ -424,7 +457,7 @@ class Test:
             else:
                 a = self.one_host(server)
                 nodes = [a]
-            t = a.wait_for(r"\[rank 0\] listening on http://")
+            a.wait_for(r"\[rank 0\] listening on http://")
             url = [l for _, l in a.lines if "[rank 0] listening on http://" in l][0].split()[-1]
             client = subprocess.run(
                 ["ip", "netns", "exec", self.hosts.a, sys.executable,
