@@ -19,6 +19,11 @@
 //                        gloo: one rank per process, started by tools/launch
 //                        (or torchrun), from RANK/WORLD_SIZE/MASTER_ADDR/
 //                        MASTER_PORT; rank 0 serves HTTP
+//   --timeout-s=T        gloo: how long the rendezvous, the connection and
+//                        each collective wait for the other ranks (120); a
+//                        rank that dies or stops ends the others with a
+//                        CommError naming it after at most this long
+//                        (at least 5: idle ranks hear from rank 0 every 2 s)
 //   --state-dir=DIR      where save_state writes (default
 //                        $XDG_STATE_HOME/zerostep/trainer_server, else
 //                        ~/.local/state/zerostep/trainer_server: stable
@@ -28,11 +33,6 @@
 //   --seed=N             seed of every base model's weights (default 1234)
 //   --long-poll-s=T      retrieve_future waits this long before try_again (30)
 //   --seq-gap-timeout-s=T  a request waits this long for a missing seq_id (60)
-//   --timeout-s=T        gloo: how long the rendezvous, the connection and
-//                        each collective wait for the other ranks (120); a
-//                        rank that dies or stops ends the others with a
-//                        CommError naming it after at most this long
-//                        (at least 5: idle ranks hear from rank 0 every 2 s)
 //
 // Prints "seed=... options..." and then "listening on http://H:P" once it
 // accepts requests.
@@ -183,11 +183,11 @@ struct Flags {
   int stage = -1;
   int world = 1;
   std::string backend = "sim";
+  double timeout_s = 120.0;  // gloo: --timeout-s
   std::string state_dir;
   uint64_t seed = 1234;
   double long_poll_s = 30.0;
   double seq_gap_timeout_s = 60.0;
-  double timeout_s = 120.0;
 };
 
 Flags parse_flags(int argc, char** argv) {
@@ -204,9 +204,9 @@ Flags parse_flags(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::printf(
           "usage: trainer_server [--port=P] [--host=H] [--config=FILE] "
-          "[--stage=S] [--world=W] [--backend=sim|gloo] "
+          "[--stage=S] [--world=W] [--backend=sim|gloo] [--timeout-s=T] "
           "[--state-dir=DIR] [--seed=N] [--long-poll-s=T] "
-          "[--seq-gap-timeout-s=T] [--timeout-s=T]\n");
+          "[--seq-gap-timeout-s=T]\n");
       std::exit(0);
     } else if (value(a, "port", &v))
       f.port = static_cast<int>(parse_int("--port", v, 0, 65535, 8000));
@@ -220,6 +220,8 @@ Flags parse_flags(int argc, char** argv) {
       f.world = static_cast<int>(parse_int("--world", v, 1, 4096));
     else if (value(a, "backend", &v))
       f.backend = v;
+    else if (value(a, "timeout-s", &v))
+      f.timeout_s = parse_double("--timeout-s", v, 5, 86400, 120.0);
     else if (value(a, "state-dir", &v))
       f.state_dir = v;
     else if (value(a, "seed", &v))
@@ -229,8 +231,6 @@ Flags parse_flags(int argc, char** argv) {
     else if (value(a, "seq-gap-timeout-s", &v))
       f.seq_gap_timeout_s =
           parse_double("--seq-gap-timeout-s", v, 0, 86400, 60.0);
-    else if (value(a, "timeout-s", &v))
-      f.timeout_s = parse_double("--timeout-s", v, 5, 86400, 120.0);
     else
       throw UsageError("trainer_server: unknown argument '" + a +
                        "' (see --help)");
@@ -347,8 +347,8 @@ int run(int argc, char** argv) {
     return 0;
   }
   GlooOptions go;
-  go.timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(f.timeout_s * 1000.0));
+  go.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000.0));
   std::unique_ptr<GlooCommunicator> comm =
       GlooCommunicator::from_environment(go);
   // Every rank writes and reads the same checkpoint folder: rank 0's choice

@@ -20,11 +20,11 @@ bad --stage=4 "must be an integer from 0 to 3"
 bad --stage=abc "not an integer"
 bad --world=0 "must be an integer from 1 to 4096"
 bad --world=99999999999 "must be an integer from 1 to 4096"
+bad --timeout-s=1 "must be a finite number from 5 to 86400"
 bad --seed=-1 "not a non-negative integer"
 bad --long-poll-s=abc "not a number: must be a finite number from 0 to 3600. Fix: write e.g. --long-poll-s=30"
 bad --long-poll-s=-5 "must be a finite number from 0 to 3600"
 bad --seq-gap-timeout-s=inf "not a number"
-bad --timeout-s=1 "must be a finite number from 5 to 86400"
 touch "$TEST_TMPDIR/afile"
 err=$(timeout 60 "$server" "--state-dir=$TEST_TMPDIR/afile/sub" 2>&1 >/dev/null); rc=$?
 [ "$rc" -eq 2 ] || { echo "FAIL: an unusable --state-dir exited $rc, want 2: $err"; exit 1; }
