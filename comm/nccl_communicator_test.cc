@@ -4,19 +4,16 @@
 // threads of this process.
 #include "comm/nccl_communicator.h"
 
-#include <arpa/inet.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
-
 #include <thread>
 #include <vector>
 
 #include "comm/conformance.h"
+#include "comm/test_ports.h"
 #include "common/errors.h"
 
 namespace zerostep {
@@ -215,23 +212,12 @@ class FromEnvironment : public ::testing::Test {
     setenv("RANK", "0", 1);
     setenv("LOCAL_RANK", "0", 1);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", std::to_string(free_port()).c_str(), 1);
+    setenv("MASTER_PORT", std::to_string(free_loopback_port()).c_str(), 1);
   }
   void TearDown() override {
     for (const char* v : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
                           "MASTER_PORT", "NCCL_SOCKET_IFNAME"})
       unsetenv(v);
-  }
-  static int free_port() {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    bind(fd, reinterpret_cast<sockaddr*>(&a), len);
-    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    close(fd);
-    return ntohs(a.sin_port);
   }
 };
 

@@ -2,10 +2,7 @@
 // on loopback (each Rendezvous takes its TorchrunEnv as an argument).
 #include "comm/rendezvous.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <future>
@@ -13,22 +10,11 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
+#include "comm/test_ports.h"
 #include "common/errors.h"
 
 namespace zerostep {
 namespace {
-
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), len);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 TorchrunEnv env_of(int rank, int world, int port) {
   TorchrunEnv e;
@@ -56,7 +42,7 @@ std::string comm_error(const std::function<void()>& f) {
 }
 
 TEST(RendezvousTest, EveryRankGetsEveryRanksEntry) {
-  const int port = free_port();
+  const int port = free_loopback_port();
   std::vector<std::future<std::unique_ptr<Rendezvous>>> ranks;
   for (int r = 0; r < 3; ++r)
     ranks.push_back(std::async(std::launch::async, [=] {
@@ -91,7 +77,7 @@ TEST(RendezvousTest, EveryRankGetsEveryRanksEntry) {
 }
 
 TEST(RendezvousTest, RanksThatNeverJoinAreNamedAtTheTimeout) {
-  const int port = free_port();
+  const int port = free_loopback_port();
   auto rank1 = std::async(std::launch::async, [=] {
     return comm_error([&] {
       Rendezvous(env_of(1, 4, port), options(std::chrono::milliseconds(2500)));
@@ -112,7 +98,7 @@ TEST(RendezvousTest, RanksThatNeverJoinAreNamedAtTheTimeout) {
 
 TEST(RendezvousTest, AStoreThatIsNotThereIsNamed) {
   const std::string e = comm_error([&] {
-    Rendezvous(env_of(1, 2, free_port()),
+    Rendezvous(env_of(1, 2, free_loopback_port()),
                options(std::chrono::milliseconds(1500)));
   });
   EXPECT_NE(e.find("connecting to rank 0's store at 127.0.0.1:"),
@@ -124,7 +110,7 @@ TEST(RendezvousTest, AStoreThatIsNotThereIsNamed) {
 // rank connects as a client, and each attempt's keys are its own: a
 // restart does not read the last attempt's table.
 TEST(RendezvousTest, UnderAnAgentStoreAttemptsDoNotMix) {
-  const int port = free_port();
+  const int port = free_loopback_port();
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(port);
   so.isServer = true;
