@@ -11,9 +11,14 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "comm/bounded_call.h"
+#include "comm/net_interface.h"
 #include "comm/rank_order.h"
+#include "comm/rendezvous.h"
+#include "comm/torchrun_env.h"
 #include "common/cli.h"
 #include "common/errors.h"
+#include "common/log.h"
 
 namespace zerostep {
 
@@ -61,6 +66,9 @@ struct GlooCommunicator::Impl {
   // tag names one collective on every rank.
   uint32_t next_tag = 0;
   std::shared_ptr<ScratchPool> scratch = std::make_shared<ScratchPool>();
+  // from_environment's ranks: the peers to probe when a collective fails
+  // (null in a GlooLocalWorld, whose ranks share a process).
+  std::shared_ptr<const Rendezvous> rendezvous;
 };
 
 namespace {
@@ -103,16 +111,29 @@ c10d::ReduceOp c10d_op(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
-// Runs a c10d call; any failure (timeout, peer gone) becomes CommError.
+// The end of a failed collective's message: which peers did not answer a
+// probe (Note [Naming the rank that did not answer]); "" without peers to
+// probe.
+std::string diagnose(const std::shared_ptr<const Rendezvous>& rendezvous) {
+  return rendezvous ? rendezvous->diagnosis() : "";
+}
+
+// Runs a c10d call; any failure (timeout, peer gone) becomes CommError,
+// naming the peers that do not answer.
 template <typename F>
-void guarded(const char* what, int rank, F&& f) {
+void guarded(const char* what, int rank,
+             const std::shared_ptr<const Rendezvous>& rendezvous, F&& f) {
   try {
     f();
+  } catch (const CommError& e) {
+    throw CommError(e.what() + diagnose(rendezvous));
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
     throw CommError(std::string("gloo ") + what + " on rank " +
-                    std::to_string(rank) + " failed: " + e.what());
+                    std::to_string(rank) +
+                    " failed: " + message_without_backtrace(e) +
+                    diagnose(rendezvous));
   }
 }
 
@@ -135,27 +156,16 @@ c10::intrusive_ptr<c10d::Work> issue(F&& enqueue) {
   return enqueue();
 }
 
+// One Gloo device per address (several: c10d spreads the pairs over them).
 c10::intrusive_ptr<c10d::ProcessGroupGloo> make_pg(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
-    const GlooOptions& options) {
+    std::chrono::milliseconds timeout,
+    const std::vector<std::string>& addresses) {
   auto o = c10d::ProcessGroupGloo::Options::create();
-  o->timeout = options.timeout;
-  o->devices.push_back(
-      c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
+  o->timeout = timeout;
+  for (const std::string& a : addresses)
+    o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(a));
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, o);
-}
-
-// A torchrun variable, read whole and checked against its range (strtol
-// and the casts after it read MASTER_PORT=99999 as port 34463).
-int env_int(const char* name, int64_t min, int64_t max) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0')
-    throw UsageError(std::string("environment variable ") + name +
-                     " is not set: the gloo backend reads torchrun's "
-                     "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Fix: "
-                     "start the program with tools/launch, torchrun or your "
-                     "scheduler, or set them");
-  return static_cast<int>(parse_int(name, v, min, max));
 }
 
 }  // namespace
@@ -168,35 +178,76 @@ GlooCommunicator::~GlooCommunicator() = default;
 
 std::unique_ptr<GlooCommunicator> GlooCommunicator::from_environment(
     const GlooOptions& options) {
-  const int rank = env_int("RANK", 0, INT_MAX);
-  const int world = env_int("WORLD_SIZE", 1, INT_MAX);
-  const int port = env_int("MASTER_PORT", 1, 65535);
-  const char* addr = std::getenv("MASTER_ADDR");
-  if (world < 1 || rank >= world)
-    throw UsageError("RANK=" + std::to_string(rank) + " WORLD_SIZE=" +
-                     std::to_string(world) +
-                     ": need WORLD_SIZE >= 1 and RANK < WORLD_SIZE");
-  if (addr == nullptr || *addr == '\0')
-    throw UsageError("environment variable MASTER_ADDR is not set (the "
-                     "address of rank 0's store, e.g. 127.0.0.1)");
+  const TorchrunEnv env = read_torchrun_env();
+  const int rank = env.rank, world = env.world_size;
+  std::vector<BindAddress> binds;
+  if (!options.hostname.empty())
+    binds.push_back({options.hostname, "", "GlooOptions::hostname"});
+  else
+    binds = choose_gloo_addresses(std::getenv("GLOO_SOCKET_IFNAME"),
+                                  env.master_addr, world, env.local_world_size,
+                                  HostNetwork::of_this_host());
+  std::vector<std::string> addresses;
+  std::string chosen;
+  for (const BindAddress& b : binds) {
+    addresses.push_back(b.address);
+    chosen += (chosen.empty() ? "" : ", ") + b.address +
+              (b.interface.empty() ? "" : " on " + b.interface);
+  }
+  log_message(LogLevel::kInfo, "gloo: rank " + std::to_string(rank) +
+                                   " binds " + chosen + " (" + binds[0].why +
+                                   ")");
+  RendezvousOptions ro;
+  ro.backend = "gloo";
+  ro.address = addresses[0];
+  ro.timeout = options.timeout;
+  auto rendezvous = std::make_shared<const Rendezvous>(env, ro);
+  // Note [Bounding what the libraries do not]: the thread may outlive this
+  // call, so it shares what it uses.
+  struct Connected {
+    std::mutex m;
+    c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;  // guarded by m
+  };
+  auto connected = std::make_shared<Connected>();
+  const std::chrono::milliseconds timeout = options.timeout;
+  const std::string on_rank = "gloo connect on rank " + std::to_string(rank);
+  try {
+    run_bounded(
+        [connected, rendezvous, rank, world, timeout, addresses] {
+          auto pg = make_pg(rendezvous->store(), rank, world, timeout,
+                            addresses);
+          std::lock_guard<std::mutex> hold(connected->m);
+          connected->pg = pg;
+        },
+        timeout,
+        [&] {
+          return on_rank + ": the transport's connections to the other " +
+                 "ranks did not complete within " +
+                 std::to_string(timeout.count()) + " ms" +
+                 rendezvous->diagnosis() +
+                 ". The ranks bind: " + rendezvous->addresses();
+        });
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CommError(on_rank + " failed: " + message_without_backtrace(e) +
+                    rendezvous->diagnosis() +
+                    ". The ranks bind: " + rendezvous->addresses());
+  }
   auto impl = std::make_unique<Impl>();
-  guarded("rendezvous", rank, [&] {
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<uint16_t>(port);
-    so.isServer = rank == 0;
-    so.numWorkers = world;
-    so.timeout = options.timeout;
-    auto store = c10::make_intrusive<c10d::TCPStore>(addr, so);
-    impl->pg = make_pg(store, rank, world, options);
-    impl->timeout = options.timeout;
-  });
+  {
+    std::lock_guard<std::mutex> hold(connected->m);
+    impl->pg = connected->pg;
+  }
+  impl->timeout = options.timeout;
+  impl->rendezvous = rendezvous;
   return std::unique_ptr<GlooCommunicator>(
       new GlooCommunicator(std::move(impl), rank, world));
 }
 
 void GlooCommunicator::all_reduce(Buffer buf, const AllReduceOptions& opts) {
   if (buf.numel == 0) return;
-  guarded("all_reduce", rank_, [&] {
+  guarded("all_reduce", rank_, impl_->rendezvous, [&] {
     std::vector<at::Tensor> t = {wrap(buf)};
     c10d::AllreduceOptions o;
     o.reduceOp = c10d_op(opts.op);
@@ -244,17 +295,19 @@ class OnceWork : public Work {
 class GlooWork final : public OnceWork {
  public:
   GlooWork(const char* what, c10::intrusive_ptr<c10d::Work> work,
-           at::Tensor sum, int rank, int world, bool average)
+           at::Tensor sum, int rank, int world, bool average,
+           std::shared_ptr<const Rendezvous> rendezvous)
       : what_(what),
         work_(std::move(work)),
         sum_(std::move(sum)),
         rank_(rank),
         world_(world),
-        average_(average) {}
+        average_(average),
+        rendezvous_(std::move(rendezvous)) {}
 
  private:
   void finish() override {
-    guarded(what_, rank_, [&] {
+    guarded(what_, rank_, rendezvous_, [&] {
       work_->wait();
       if (average_) sum_.div_(world_);
     });
@@ -265,6 +318,7 @@ class GlooWork final : public OnceWork {
   at::Tensor sum_;
   int rank_, world_;
   bool average_;
+  std::shared_ptr<const Rendezvous> rendezvous_;
 };
 
 }  // namespace
@@ -302,17 +356,21 @@ namespace {
 // own again after wait()).
 class PointToPointWork final : public OnceWork {
  public:
+  // recvs[i] and sends[i] are the transfers with rank peers[i].
   PointToPointWork(const char* what, int rank,
-                   std::chrono::milliseconds timeout,
+                   std::chrono::milliseconds timeout, std::vector<int> peers,
                    std::vector<c10::intrusive_ptr<c10d::Work>> recvs,
                    std::vector<c10::intrusive_ptr<c10d::Work>> sends,
-                   std::function<void()> finish)
+                   std::function<void()> finish,
+                   std::shared_ptr<const Rendezvous> rendezvous)
       : what_(what),
         rank_(rank),
         timeout_(timeout),
+        peers_(std::move(peers)),
         recvs_(std::move(recvs)),
         sends_(std::move(sends)),
-        finish_(std::move(finish)) {}
+        finish_(std::move(finish)),
+        rendezvous_(std::move(rendezvous)) {}
   ~PointToPointWork() override {
     // A Work dropped unwaited still lets its transfers end before the
     // buffers they read and write go away.
@@ -327,28 +385,42 @@ class PointToPointWork final : public OnceWork {
     // Released (with the scratch buffer it holds) however this ends.
     std::function<void()> fold = std::move(finish_);
     finish_ = nullptr;
-    guarded(what_, rank_, [&] {
-      for (auto& w : recvs_) complete(*w);
+    guarded(what_, rank_, rendezvous_, [&] {
+      for (size_t i = 0; i < recvs_.size(); ++i)
+        complete(*recvs_[i], "receive from", peers_[i]);
       if (fold) fold();
-      for (auto& w : sends_) complete(*w);
+      for (size_t i = 0; i < sends_.size(); ++i)
+        complete(*sends_[i], "send to", peers_[i]);
     });
   }
 
-  // Waits for one transfer; a timeout is a CommError whether Gloo throws
-  // or reports it.
-  void complete(c10d::Work& w) {
-    if (!w.wait(timeout_))
+  // Waits for one transfer; a timeout is a CommError naming the peer
+  // whether Gloo throws or reports it.
+  void complete(c10d::Work& w, const char* direction, int peer) {
+    bool done = false;
+    try {
+      done = w.wait(timeout_);
+    } catch (const std::exception& e) {
       throw CommError(std::string("gloo ") + what_ + " on rank " +
-                      std::to_string(rank_) + ": a peer's transfer did not " +
-                      "complete within the timeout (" +
+                      std::to_string(rank_) + ": the " + direction +
+                      " rank " + std::to_string(peer) +
+                      " failed: " + message_without_backtrace(e));
+    }
+    if (!done)
+      throw CommError(std::string("gloo ") + what_ + " on rank " +
+                      std::to_string(rank_) + ": the " + direction +
+                      " rank " + std::to_string(peer) +
+                      " did not complete within the timeout (" +
                       std::to_string(timeout_.count()) + " ms)");
   }
 
   const char* what_;
   int rank_;
   std::chrono::milliseconds timeout_;
+  std::vector<int> peers_;
   std::vector<c10::intrusive_ptr<c10d::Work>> recvs_, sends_;
   std::function<void()> finish_;
+  std::shared_ptr<const Rendezvous> rendezvous_;
 };
 
 // `numel` elements of `b` from element `offset`.
@@ -365,15 +437,17 @@ namespace {
 
 // Posts, for every peer p, a receive into recv_into(p) and a send of
 // send_from(p), all under `tag` (Note [Gloo reduce-scatter and
-// all-gather]).
+// all-gather]); `peers` gets each transfer's peer.
 void exchange(c10d::ProcessGroupGloo& pg, int rank, int world, int tag,
               const std::function<at::Tensor(int peer)>& recv_into,
               const std::function<at::Tensor(int peer)>& send_from,
+              std::vector<int>* peers,
               std::vector<c10::intrusive_ptr<c10d::Work>>* recvs,
               std::vector<c10::intrusive_ptr<c10d::Work>>* sends) {
   issue([&] {
     for (int p = 0; p < world; ++p) {
       if (p == rank) continue;
+      peers->push_back(p);
       std::vector<at::Tensor> r = {recv_into(p)};
       recvs->push_back(pg.recv(r, p, tag));
       std::vector<at::Tensor> s = {send_from(p)};
@@ -393,7 +467,7 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(
   wrap(input);  // refuses device buffers
   wrap(output);
   std::shared_ptr<Work> out;
-  guarded("reduce_scatter", rank_, [&] {
+  guarded("reduce_scatter", rank_, impl_->rendezvous, [&] {
     const int tag = static_cast<int>(impl_->next_tag++ & 0x7fffffff);
     const size_t elem = dtype_size(input.dtype);
     std::shared_ptr<ScratchPool> pool = impl_->scratch;
@@ -403,11 +477,13 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(
     Buffer from_peers = output;  // (W-1) chunks: rank p's at p - (p > rank)
     from_peers.data = scratch.defined() ? scratch.data_ptr() : nullptr;
     from_peers.numel = (world_size_ - 1) * n;
+    std::vector<int> peers;
     std::vector<c10::intrusive_ptr<c10d::Work>> recvs, sends;
     exchange(
         *impl_->pg, rank_, world_size_, tag,
         [&](int p) { return slice(from_peers, (p - (p > rank_)) * n, n); },
-        [&](int p) { return slice(input, p * n, n); }, &recvs, &sends);
+        [&](int p) { return slice(input, p * n, n); }, &peers, &recvs,
+        &sends);
     const int rank = rank_, world = world_size_;
     const ReduceOp op = opts.op;
     const bool accumulate = opts.accumulate;
@@ -430,9 +506,9 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter_async(
       });
       if (scratch.defined()) pool->give_back(std::move(scratch));
     };
-    out = std::make_shared<PointToPointWork>("reduce_scatter", rank_,
-                                             impl_->timeout, std::move(recvs),
-                                             std::move(sends), finish);
+    out = std::make_shared<PointToPointWork>(
+        "reduce_scatter", rank_, impl_->timeout, std::move(peers),
+        std::move(recvs), std::move(sends), finish, impl_->rendezvous);
   });
   return out;
 }
@@ -442,14 +518,15 @@ std::shared_ptr<Work> GlooCommunicator::all_reduce_async(
     Buffer buf, const AllReduceOptions& opts) {
   if (buf.numel == 0) return std::make_shared<CompletedWork>();
   std::shared_ptr<Work> out;
-  guarded("all_reduce", rank_, [&] {
+  guarded("all_reduce", rank_, impl_->rendezvous, [&] {
     at::Tensor t = wrap(buf);
     std::vector<at::Tensor> ts = {t};
     c10d::AllreduceOptions o;
     o.reduceOp = c10d_op(opts.op);
     auto work = issue([&] { return impl_->pg->allreduce(ts, o); });
     out = std::make_shared<GlooWork>("all_reduce", std::move(work), t, rank_,
-                                     world_size_, opts.op == ReduceOp::kAvg);
+                                     world_size_, opts.op == ReduceOp::kAvg,
+                                     impl_->rendezvous);
   });
   return out;
 }
@@ -468,19 +545,20 @@ std::shared_ptr<Work> GlooCommunicator::all_gather_async(
   wrap(input);  // refuses device buffers
   wrap(output);
   std::shared_ptr<Work> out;
-  guarded("all_gather", rank_, [&] {
+  guarded("all_gather", rank_, impl_->rendezvous, [&] {
     // The input may be this rank's chunk of the output already.
     at::Tensor mine = slice(output, rank_ * n, n);
     if (mine.data_ptr() != input.data) mine.copy_(wrap(input));
     const int tag = static_cast<int>(impl_->next_tag++ & 0x7fffffff);
+    std::vector<int> peers;
     std::vector<c10::intrusive_ptr<c10d::Work>> recvs, sends;
     exchange(
         *impl_->pg, rank_, world_size_, tag,
         [&](int p) { return slice(output, p * n, n); },
-        [&](int) { return mine; }, &recvs, &sends);
-    out = std::make_shared<PointToPointWork>("all_gather", rank_,
-                                             impl_->timeout, std::move(recvs),
-                                             std::move(sends), nullptr);
+        [&](int) { return mine; }, &peers, &recvs, &sends);
+    out = std::make_shared<PointToPointWork>(
+        "all_gather", rank_, impl_->timeout, std::move(peers),
+        std::move(recvs), std::move(sends), nullptr, impl_->rendezvous);
   });
   return out;
 }
@@ -488,7 +566,7 @@ std::shared_ptr<Work> GlooCommunicator::all_gather_async(
 void GlooCommunicator::broadcast(Buffer buf, const BroadcastOptions& opts) {
   check_broadcast_root(opts.root, world_size_);
   if (buf.numel == 0) return;
-  guarded("broadcast", rank_, [&] {
+  guarded("broadcast", rank_, impl_->rendezvous, [&] {
     std::vector<at::Tensor> t = {wrap(buf)};
     c10d::BroadcastOptions o;
     o.rootRank = opts.root;
@@ -497,7 +575,7 @@ void GlooCommunicator::broadcast(Buffer buf, const BroadcastOptions& opts) {
 }
 
 void GlooCommunicator::barrier() {
-  guarded("barrier", rank_,
+  guarded("barrier", rank_, impl_->rendezvous,
           [&] { issue([&] { return impl_->pg->barrier(); })->wait(); });
 }
 
@@ -513,8 +591,10 @@ GlooLocalWorld::GlooLocalWorld(int world_size, const GlooOptions& options)
   const std::vector<std::exception_ptr> errors =
       run_thread_per_rank(world_size, [&](int r) {
         auto impl = std::make_unique<GlooCommunicator::Impl>();
-        guarded("connect", r, [&] {
-          impl->pg = make_pg(store, r, world_size, options);
+        guarded("connect", r, nullptr, [&] {
+          impl->pg = make_pg(
+              store, r, world_size, options.timeout,
+              {options.hostname.empty() ? "127.0.0.1" : options.hostname});
           impl->timeout = options.timeout;
         });
         raw_[r].reset(new GlooCommunicator(std::move(impl), r, world_size));

@@ -1,10 +1,14 @@
 // The "gloo" Communicator backend: LibTorch's c10d ProcessGroupGloo (TCP
 // transport), behind zerostep's Communicator interface.
 //
-//   GlooCommunicator::from_environment()   one rank per process, configured
-//       from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR,
-//       MASTER_PORT) through a c10d TCPStore: for torchrun, mpirun or a
-//       cluster scheduler.
+//   GlooCommunicator::from_environment()   one rank per process, on one
+//       host or several, configured from torchrun's variables (RANK,
+//       WORLD_SIZE, MASTER_ADDR, MASTER_PORT; comm/torchrun_env.h) through
+//       a c10d TCPStore (comm/rendezvous.h): for tools/launch, torchrun,
+//       mpirun or a cluster scheduler. The transport binds where the other
+//       hosts reach it: GLOO_SOCKET_IFNAME, else the interface that routes
+//       to MASTER_ADDR (Note [Binding where the other hosts can reach] in
+//       comm/net_interface.h); each rank logs its choice once.
 //   GlooLocalWorld(W)                      W ranks as threads of this
 //       process over loopback TCP, sharing an in-memory store: for tests,
 //       the conformance suite and the harness (--backend=gloo).
@@ -20,8 +24,14 @@
 //   - all-reduce is c10d's (Gloo's ring): its float results can differ from
 //     sim's in the last bits, never between ranks. kAvg is a sum divided
 //     by W.
-//   - A collective that does not complete within the timeout (a rank died
-//     or diverged) raises CommError on the ranks waiting in it.
+//   - Every wait is bounded by GlooOptions::timeout: the rendezvous, the
+//     connection of the ranks (Note [Bounding what the libraries do not] in
+//     comm/bounded_call.h) and every collective. A collective that fails or
+//     does not complete (a rank died, stopped or diverged, a host went
+//     down) raises CommError on the ranks waiting in it; from_environment's
+//     ranks then probe their peers and name those that did not answer
+//     (Note [Naming the rank that did not answer] in comm/peer_probe.h),
+//     which adds at most 1 s.
 //   - reduce_scatter_async, all_gather_async and all_reduce_async return
 //     at once; the data moves on Gloo's threads until wait().
 //
@@ -41,17 +51,22 @@
 namespace zerostep {
 
 struct GlooOptions {
-  // How long a collective may wait for its peers before CommError.
+  // How long the rendezvous, the connection and each collective may wait
+  // for the peers before CommError.
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
-  // Interface address the transport binds to.
-  std::string hostname = "127.0.0.1";
+  // The address the transport binds. "" (default): GlooLocalWorld binds
+  // 127.0.0.1, and from_environment follows GLOO_SOCKET_IFNAME or the route
+  // to MASTER_ADDR. An address given here wins over both.
+  std::string hostname;
 };
 
 class GlooCommunicator final : public Communicator {
  public:
-  // Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; rank 0 hosts the
-  // TCPStore. Throws UsageError naming a missing or malformed variable,
-  // CommError if the rendezvous fails within the timeout.
+  // Reads torchrun's variables (comm/torchrun_env.h); rank 0 hosts the
+  // TCPStore unless torchrun's agent does. Throws UsageError naming a
+  // missing or malformed variable (GLOO_SOCKET_IFNAME and MASTER_ADDR
+  // included), CommError naming the store or the ranks missing if the
+  // rendezvous or the connection does not complete within the timeout.
   static std::unique_ptr<GlooCommunicator> from_environment(
       const GlooOptions& options = GlooOptions());
   ~GlooCommunicator() override;

@@ -26,12 +26,32 @@
 // order is NCCL's (ring or tree by message size): float results may differ
 // from sim's in the last bits.
 //
-// Rendezvous: rank 0 creates an NCCL unique id and writes it to
-// `id_path` (atomically); the other ranks wait for that file.
+// Rendezvous, two ways:
+//   - from_environment(): torchrun's variables, as the gloo backend
+//     (comm/torchrun_env.h, comm/rendezvous.h): the ranks meet at
+//     MASTER_ADDR:MASTER_PORT, rank 0 publishes the NCCL unique id in that
+//     store, and each rank's device is its LOCAL_RANK. NCCL's sockets bind
+//     where the other hosts reach them: NCCL_SOCKET_IFNAME if set (checked
+//     against this host's interfaces with NCCL's rules: UsageError naming
+//     the variable), else this process sets it to the interface that routes
+//     to MASTER_ADDR (Note [Binding where the other hosts can reach] in
+//     comm/net_interface.h); each rank logs its choice once. Works across
+//     hosts without a shared file system.
+//   - the constructor: rank 0 creates the id and writes it to `id_path`
+//     (atomically); the other ranks wait for that file (one host, or a
+//     shared file system).
 //
 // Errors: every CUDA or NCCL failure (no device, a peer gone) raises
-// CommError naming the call and NCCL's or CUDA's message; nothing hangs
-// past `timeout` while waiting for the id.
+// CommError naming the call and NCCL's or CUDA's message. Every host-side
+// wait is bounded by `timeout` (Note [Bounded NCCL waits] in
+// nccl_communicator.cc): the id, the communicator's initialization (NCCL's
+// non-blocking mode, aborted at the timeout) and every collective whose
+// result the host waits for (a host buffer). A collective whose output
+// stays on the device is not waited for by the host; a peer that stopped
+// is found at the next host-side wait on this communicator's stream (the
+// engine makes one every step: its agreements and norms are host buffers).
+// From from_environment(), a timeout or a failure also names the peers
+// that do not answer a probe (comm/peer_probe.h).
 //
 // Thread safety: one NcclCommunicator per rank, used from one thread.
 #ifndef ZEROSTEP_COMM_NCCL_COMMUNICATOR_H_
@@ -51,12 +71,23 @@ struct NcclOptions {
   // legacy default stream, which LibTorch uses unless told otherwise).
   void* compute_stream = nullptr;
   std::string id_path;  // where rank 0 publishes the NCCL unique id
+  // How long the rendezvous, the initialization and each host-side wait
+  // may take before CommError.
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
 };
 
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(int rank, int world_size, const NcclOptions& options);
+  // One rank per process, on one host or several, from torchrun's
+  // variables (above); options.device and options.id_path are not used (the
+  // device is LOCAL_RANK). UsageError naming a missing or malformed
+  // variable (NCCL_SOCKET_IFNAME and MASTER_ADDR included); CommError
+  // naming the store, the ranks missing or the peers that do not answer
+  // when the rendezvous or the initialization does not complete within
+  // options.timeout.
+  static std::unique_ptr<NcclCommunicator> from_environment(
+      const NcclOptions& options = NcclOptions());
   ~NcclCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -80,6 +111,7 @@ class NcclCommunicator final : public Communicator {
 
  private:
   struct Impl;
+  NcclCommunicator(std::unique_ptr<Impl> impl, int rank, int world_size);
   std::unique_ptr<Impl> impl_;
   int rank_;
   int world_size_;

@@ -6,11 +6,14 @@
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
 #include "comm/conformance.h"
+#include "comm/test_ports.h"
 #include "common/errors.h"
 
 namespace zerostep {
@@ -197,6 +200,88 @@ TEST(NcclCommunicatorTest, WithoutADeviceConstructionFailsCleanly) {
               std::string::npos)
         << e.what();
   }
+}
+
+// torchrun's variables for a world of `world` meeting at 127.0.0.1 on a
+// free port; this process is rank 0.
+class FromEnvironment : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    unsetenv("NCCL_SOCKET_IFNAME");
+    unsetenv("LOCAL_WORLD_SIZE");
+    setenv("RANK", "0", 1);
+    setenv("LOCAL_RANK", "0", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", std::to_string(free_loopback_port()).c_str(), 1);
+  }
+  void TearDown() override {
+    for (const char* v : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                          "MASTER_PORT", "NCCL_SOCKET_IFNAME"})
+      unsetenv(v);
+  }
+};
+
+// NCCL's own variable is checked with NCCL's rules before anything starts.
+TEST_F(FromEnvironment, AMisconfiguredNcclSocketIfnameIsNamed) {
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("NCCL_SOCKET_IFNAME", "=zs_no_such_if", 1);
+  try {
+    NcclCommunicator::from_environment();
+    FAIL() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(
+                  "NCCL_SOCKET_IFNAME==zs_no_such_if: no interface of this "
+                  "host",
+                  0),
+              0u)
+        << e.what();
+  }
+}
+
+// The rendezvous is the gloo backend's: bounded, naming the rank missing.
+TEST_F(FromEnvironment, ARankThatNeverJoinsIsNamedAtTheTimeout) {
+  setenv("WORLD_SIZE", "2", 1);
+  NcclOptions o;
+  o.timeout = std::chrono::milliseconds(1000);
+  try {
+    NcclCommunicator::from_environment(o);
+    FAIL() << "no error";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "nccl rendezvous on rank 0 (host "),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("waiting for rank 1 of 2 to join"),
+              std::string::npos)
+        << e.what();
+  }
+  // Unset, the variable is set for NCCL to the interface that routes to
+  // MASTER_ADDR.
+  ASSERT_NE(std::getenv("NCCL_SOCKET_IFNAME"), nullptr);
+  EXPECT_STREQ(std::getenv("NCCL_SOCKET_IFNAME"), "=lo");
+}
+
+// A world of one: on a GPU it reduces; without one it fails naming the
+// CUDA call.
+TEST_F(FromEnvironment, AWorldOfOne) {
+  setenv("WORLD_SIZE", "1", 1);
+  NcclOptions o;
+  o.timeout = std::chrono::seconds(30);
+  if (device_count() == 0) {
+    try {
+      NcclCommunicator::from_environment(o);
+      FAIL() << "constructed without a device";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("cudaSetDevice failed"),
+                std::string::npos)
+          << e.what();
+    }
+    return;
+  }
+  auto c = NcclCommunicator::from_environment(o);
+  float x = 3.0f;
+  c->all_reduce(Buffer::of(&x, 1), {ReduceOp::kSum, "step"});
+  EXPECT_EQ(x, 3.0f);
 }
 
 TEST(NcclCommunicatorTest, BadRankIsAUsageError) {

@@ -24,6 +24,13 @@
 //   kWarning  load_checkpoint, every rank: a manifest of the older format
 //             zerostep-checkpoint-1, which carries no checksum of its own
 //             (engine/checkpoint_io.h).
+//   kInfo     GlooCommunicator::from_environment, every rank, once: the
+//             address its transport binds, on which interface, and why
+//             (Note [Binding where the other hosts can reach] in
+//             comm/net_interface.h).
+//   kInfo     NcclCommunicator::from_environment, every rank, once: its
+//             device, the address NCCL's sockets bind and the
+//             NCCL_SOCKET_IFNAME it runs with, and why.
 //
 // Thread safety: set_log_sink and log_message may be called from any
 // thread; the sink is called under a lock, so it need not be reentrant but

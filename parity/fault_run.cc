@@ -10,77 +10,11 @@
 #include "common/errors.h"
 #include "engine/engine.h"
 #include "models/task.h"
+#include "parity/engine_snapshot.h"
 #include "sim/sim_world.h"
 
 namespace zerostep {
 namespace {
-
-// Everything a failed call must leave as it was.
-struct RankState {
-  std::vector<float> params;  // stages 0-2: the flat buffer; 3: partitions
-  // Stage 3: each parameter whose storage is live (the persistent ones
-  // between calls), else empty.
-  std::vector<std::vector<float>> live;
-  std::vector<float> exp_avg, exp_avg_sq;
-  int64_t optimizer_steps = 0;
-  int64_t global_steps = 0, global_samples = 0, micro_steps = 0;
-  double lr = 0.0;
-  bool operator==(const RankState& o) const {
-    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-      return a.size() == b.size() &&
-             std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-    };
-    // A group gathered inside the failed call is live only afterwards:
-    // compare what is live in both (the persistent parameters).
-    bool live_same = live.size() == o.live.size();
-    for (size_t i = 0; live_same && i < live.size(); ++i)
-      if (!live[i].empty() && !o.live[i].empty())
-        live_same = same(live[i], o.live[i]);
-    return live_same && same(params, o.params) && same(exp_avg, o.exp_avg) &&
-           same(exp_avg_sq, o.exp_avg_sq) &&
-           optimizer_steps == o.optimizer_steps &&
-           global_steps == o.global_steps &&
-           global_samples == o.global_samples && micro_steps == o.micro_steps &&
-           lr == o.lr;
-  }
-};
-
-RankState capture(Engine& e) {
-  RankState s;
-  // What a failed call must leave as it was (Note [Transactional update]):
-  // stages 0-1 in float32 the whole replica; stage 2 and bf16's
-  // partitioned master the rank's own partition, which is what checkpoints
-  // save (the replica's chunks owned by other ranks may hold the update).
-  const int stage = e.config().zero.stage;
-  const bool replica = stage < 2 && (stage == 0 || e.dtype() != Precision::kBf16);
-  if (replica) {
-    torch::Tensor p = e.flat_parameters().contiguous();
-    s.params.assign(p.data_ptr<float>(), p.data_ptr<float>() + p.numel());
-  } else if (stage < 3) {
-    s.params = e.owned_parameters();
-  } else {
-    s.params = e.owned_parameters();
-    // Persistent parameters are whole (live storage); the others are
-    // released between uses and live in the partition.
-    for (const torch::Tensor& p : e.parameters()) {
-      s.live.emplace_back();
-      if (p.storage().nbytes() <
-          static_cast<size_t>(p.storage_offset() + p.numel()) * sizeof(float))
-        continue;
-      torch::Tensor c = p.contiguous();
-      s.live.back().assign(c.data_ptr<float>(),
-                           c.data_ptr<float>() + c.numel());
-    }
-  }
-  s.exp_avg = e.optimizer().exp_avg();
-  s.exp_avg_sq = e.optimizer().exp_avg_sq();
-  s.optimizer_steps = e.optimizer().step_count();
-  s.global_steps = e.global_steps();
-  s.global_samples = e.global_samples();
-  s.micro_steps = e.micro_steps();
-  s.lr = e.get_lr();
-  return s;
-}
 
 std::string type_of(const std::exception_ptr& e) {
   try {
@@ -148,17 +82,17 @@ Trained train(const FaultScenario& run, const FaultOptions& faults) {
     const double params = static_cast<double>(engine.layout().numel);
     int64_t base = 0;
     std::string call;
-    RankState before;
+    EngineSnapshot before;
     // Runs one engine call; on an error, checks what the call left behind.
     auto guarded = [&](const std::string& name,
                        const std::function<void()>& f) {
       call = name;
-      before = capture(engine);
+      before = capture_engine_snapshot(engine);
       try {
         f();
       } catch (const CommError&) {
         o.failed_call = name;
-        o.state_unchanged = capture(engine) == before;
+        o.state_unchanged = capture_engine_snapshot(engine) == before;
         try {
           engine.step();
           o.refused_after = false;
@@ -169,7 +103,7 @@ Trained train(const FaultScenario& run, const FaultOptions& faults) {
         throw;
       } catch (...) {
         o.failed_call = name;
-        o.state_unchanged = capture(engine) == before;
+        o.state_unchanged = capture_engine_snapshot(engine) == before;
         throw;
       }
     };

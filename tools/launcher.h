@@ -1,12 +1,23 @@
 // Launcher: runs N copies of a program as the ranks of one job on this
-// machine, like `torchrun --standalone`.
+// machine, like `torchrun --standalone`, or as this node's share of a job
+// over several nodes (hosts), like torchrun's --nnodes / --node-rank.
 //
-// Each child gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-// MASTER_ADDR=127.0.0.1 and MASTER_PORT (pick_master_port() unless given), runs
+// Each child gets torchrun's variables: RANK (node_rank * nproc + its local
+// rank), LOCAL_RANK, WORLD_SIZE (nnodes * nproc), LOCAL_WORLD_SIZE (nproc),
+// GROUP_RANK (node_rank), GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE,
+// MASTER_ADDR (127.0.0.1 on one node unless given) and MASTER_PORT
+// (pick_master_port() on one node unless given; 29500 across nodes), runs
 // in its own process group, and has every line of its stdout and stderr
 // prefixed with "[rank r] ". The first child to fail (non-zero exit or a
-// signal) ends the job: the others get SIGTERM, then SIGKILL after
-// `kill_grace`, and launch() returns a result naming the failing rank.
+// signal) ends the job: the others get SIGTERM (and SIGCONT, so that a
+// stopped rank takes it), then SIGKILL after `kill_grace`, and launch()
+// returns a result naming the failing rank.
+//
+// Across nodes, the launchers meet before any rank starts and tell each
+// other of a failure (Note [Launchers of several nodes] in
+// tools/node_link.h): when another node fails, this node's ranks get
+// `remote_failure_grace` to end on their own, are then stopped as above,
+// and launch() fails naming that node, its host and its failure.
 // SIGTERM, SIGINT or SIGHUP sent to the launcher is forwarded, as the same
 // signal, to every child's process group; the children get `stop_grace` to
 // exit before SIGKILL, and the job succeeds if every one of them exits 0
@@ -26,8 +37,22 @@
 namespace zerostep {
 
 struct LaunchOptions {
-  int nproc = 1;        // ranks, >= 1
-  int master_port = 0;  // 0 = pick a free port
+  int nproc = 1;        // ranks on this node, >= 1
+  int nnodes = 1;       // nodes of the job, >= 1
+  int node_rank = 0;    // this node, 0 to nnodes - 1
+  // Rank 0's host as this node reaches it ("" = 127.0.0.1; required when
+  // nnodes > 1).
+  std::string master_addr;
+  int master_port = 0;  // 0 = pick a free port (one node) or 29500
+  // Where node 0's launcher meets the others (0 = master_port + 1).
+  int launcher_port = 0;
+  // Across nodes: how long the launchers wait for each other to join
+  // (default 600 s, torchrun's join timeout); how long a node may stay
+  // silent before it counts as lost (default 60 s); how long this node's
+  // ranks may run on after another node failed (default 10 s).
+  std::chrono::milliseconds join_timeout = std::chrono::seconds(600);
+  std::chrono::milliseconds node_timeout = std::chrono::seconds(60);
+  std::chrono::milliseconds remote_failure_grace = std::chrono::seconds(10);
   // After a child failed: how long the others get between SIGTERM and
   // SIGKILL (default 5 s).
   std::chrono::milliseconds kill_grace = std::chrono::seconds(5);
@@ -44,7 +69,10 @@ struct LaunchResult {
   // 128 + the signal when the launcher got SIGINT, SIGTERM or SIGHUP and
   // some rank then did not exit 0.
   int exit_code = 0;
-  int failed_rank = -1;     // the first rank to fail, -1 if none
+  int failed_rank = -1;     // the first rank of this node to fail, -1 if none
+  // Across nodes: the node whose failure ended the job here (this node
+  // when its own rank failed first), -1 if none.
+  int failed_node = -1;
   int signal = 0;           // the signal the launcher got and forwarded, or 0
   std::string description;  // e.g. "rank 1 exited with status 3"
 };
@@ -67,8 +95,10 @@ EphemeralPorts ephemeral_ports();
 int pick_master_port();
 
 // Runs argv[0] (a path) with argv as its arguments on every rank. Throws
-// UsageError for nproc < 1 or an empty argv, IoError if a child cannot be
-// started.
+// UsageError for nproc < 1, a node_rank outside the nodes, nnodes > 1
+// without master_addr, or an empty argv; IoError if a child cannot be
+// started; across nodes, CommError or UsageError when the launchers cannot
+// meet (NodeLink::join).
 LaunchResult launch(const std::vector<std::string>& argv,
                     const LaunchOptions& options);
 

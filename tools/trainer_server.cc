@@ -19,6 +19,11 @@
 //                        gloo: one rank per process, started by tools/launch
 //                        (or torchrun), from RANK/WORLD_SIZE/MASTER_ADDR/
 //                        MASTER_PORT; rank 0 serves HTTP
+//   --timeout-s=T        gloo: how long the rendezvous, the connection and
+//                        each collective wait for the other ranks (120); a
+//                        rank that dies or stops ends the others with a
+//                        CommError naming it after at most this long
+//                        (at least 5: idle ranks hear from rank 0 every 2 s)
 //   --state-dir=DIR      where save_state writes (default
 //                        $XDG_STATE_HOME/zerostep/trainer_server, else
 //                        ~/.local/state/zerostep/trainer_server: stable
@@ -185,6 +190,7 @@ struct Flags {
   int stage = -1;
   int world = 1;
   std::string backend = "sim";
+  double timeout_s = 120.0;  // gloo: --timeout-s
   std::string state_dir;
   uint64_t seed = 1234;
   double long_poll_s = 30.0;
@@ -206,7 +212,7 @@ Flags parse_flags(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::printf(
           "usage: trainer_server [--port=P] [--host=H] [--config=FILE] "
-          "[--stage=S] [--world=W] [--backend=sim|gloo] "
+          "[--stage=S] [--world=W] [--backend=sim|gloo] [--timeout-s=T] "
           "[--state-dir=DIR] [--seed=N] [--long-poll-s=T] "
           "[--seq-gap-timeout-s=T] %s\n",
           tinker::access_flags_usage().c_str());
@@ -223,6 +229,8 @@ Flags parse_flags(int argc, char** argv) {
       f.world = static_cast<int>(parse_int("--world", v, 1, 4096));
     else if (value(a, "backend", &v))
       f.backend = v;
+    else if (value(a, "timeout-s", &v))
+      f.timeout_s = parse_double("--timeout-s", v, 5, 86400, 120.0);
     else if (value(a, "state-dir", &v))
       f.state_dir = v;
     else if (value(a, "seed", &v))
@@ -387,7 +395,8 @@ int run(int argc, char** argv) {
     return 0;
   }
   GlooOptions go;
-  go.timeout = std::chrono::seconds(120);
+  go.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000.0));
   std::unique_ptr<GlooCommunicator> comm =
       GlooCommunicator::from_environment(go);
   // Every rank writes and reads the same checkpoint folder: rank 0's choice
