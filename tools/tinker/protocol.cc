@@ -78,6 +78,39 @@ TensorValue decode_tensor(const tinker_public::Tensor& t,
   return v;
 }
 
+// One span of a datum's provenance.
+ProvenanceSpanIn decode_span(const tinker_public::ProvenanceSpan& s,
+                             const std::string& where) {
+  ProvenanceSpanIn out;
+  std::string id;
+  int64_t offset = 0, length = 0;
+  switch (s.span_case()) {
+    case tinker_public::ProvenanceSpan::kPromptTokens:
+      id = s.prompt_tokens().sequence_id();
+      offset = s.prompt_tokens().offset();
+      length = s.prompt_tokens().length();
+      break;
+    case tinker_public::ProvenanceSpan::kSampledTokens:
+      out.sampled = true;
+      id = s.sampled_tokens().sequence_id();
+      offset = s.sampled_tokens().offset();
+      length = s.sampled_tokens().length();
+      break;
+    default:
+      throw UsageError(where + " is neither a prompt_tokens nor a "
+                       "sampled_tokens span");
+  }
+  if (id.empty()) throw UsageError(where + " has an empty sequence_id");
+  if (offset < 0 || length < 0)
+    throw UsageError(where + " has offset " + std::to_string(offset) +
+                     " and length " + std::to_string(length) +
+                     "; both must be >= 0");
+  out.sequence_id = std::move(id);
+  out.offset = offset;
+  out.length = length;
+  return out;
+}
+
 }  // namespace
 
 int64_t TensorValue::numel() const {
@@ -133,6 +166,22 @@ ForwardBackwardIn decode_forward_backward(const std::string& body) {
     for (const auto& kv : d.loss_fn_inputs())
       out.inputs[kv.first] =
           decode_tensor(kv.second, datum_field(static_cast<size_t>(i), kv.first));
+    const std::string at = "data[" + std::to_string(i) + "]";
+    if ((d.model_input_spans_size() > 0) != (d.loss_fn_input_spans_size() > 0))
+      throw UsageError(at + " has " +
+                       (d.model_input_spans_size() > 0 ? "model_input_spans"
+                                                       : "loss_fn_input_spans") +
+                       " alone: provenance comes as a pair "
+                       "(Datum.with_provenance sets both)");
+    out.has_provenance = d.model_input_spans_size() > 0;
+    for (int k = 0; k < d.model_input_spans_size(); ++k)
+      out.input_spans.push_back(decode_span(
+          d.model_input_spans(k),
+          at + ".model_input_spans[" + std::to_string(k) + "]"));
+    for (int k = 0; k < d.loss_fn_input_spans_size(); ++k)
+      out.target_spans.push_back(decode_span(
+          d.loss_fn_input_spans(k),
+          at + ".loss_fn_input_spans[" + std::to_string(k) + "]"));
     in.data.push_back(std::move(out));
   }
   return in;
@@ -143,34 +192,42 @@ std::string encode_forward_backward_output(
     const std::map<std::string, double>& metrics) {
   tinker_public::ForwardBackwardOutput out;
   out.set_loss_fn_output_type("ArrayRecord");
-  tinker_public::ArrayRecord* rec = out.add_loss_fn_outputs();
-  rec->set_type_tag("ArrayRecord");
-  rec->set_num_datums(static_cast<int64_t>(data.size()));
-  auto field = [&](const char* name,
-                   std::vector<float> DatumOut::*member) {
-    tinker_public::BatchedTensor bt;
-    bt.set_dtype(tinker_public::DTYPE_FLOAT32);
-    std::string bytes;
-    std::vector<int64_t> offsets = {0};
-    for (const DatumOut& d : data) {
-      const std::vector<float>& v = d.*member;
-      bytes.append(reinterpret_cast<const char*>(v.data()), v.size() * 4);
-      offsets.push_back(static_cast<int64_t>(bytes.size()));
-    }
-    bt.set_data(bytes);
-    bt.set_offsets(std::string(reinterpret_cast<const char*>(offsets.data()),
-                               offsets.size() * sizeof(int64_t)));
-    (*rec->mutable_fields())[name] = bt;
-  };
-  field("logprobs", &DatumOut::logprobs);
-  field("elementwise_loss", &DatumOut::elementwise_loss);
+  // One record per run of datums with the same trailing shape: a
+  // BatchedTensor has one.
+  for (size_t begin = 0; begin < data.size();) {
+    size_t end = begin + 1;
+    while (end < data.size() && data[end].k == data[begin].k) ++end;
+    tinker_public::ArrayRecord* rec = out.add_loss_fn_outputs();
+    rec->set_type_tag("ArrayRecord");
+    rec->set_num_datums(static_cast<int64_t>(end - begin));
+    auto field = [&](const char* name, std::vector<float> DatumOut::*member) {
+      tinker_public::BatchedTensor bt;
+      bt.set_dtype(tinker_public::DTYPE_FLOAT32);
+      if (data[begin].k > 0) bt.add_trailing_shape(data[begin].k);
+      std::string bytes;
+      std::vector<int64_t> offsets = {0};
+      for (size_t i = begin; i < end; ++i) {
+        const std::vector<float>& v = data[i].*member;
+        bytes.append(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+        offsets.push_back(static_cast<int64_t>(bytes.size()));
+      }
+      bt.set_data(bytes);
+      bt.set_offsets(std::string(reinterpret_cast<const char*>(offsets.data()),
+                                 offsets.size() * sizeof(int64_t)));
+      (*rec->mutable_fields())[name] = bt;
+    };
+    field("logprobs", &DatumOut::logprobs);
+    field("elementwise_loss", &DatumOut::elementwise_loss);
+    begin = end;
+  }
   for (const auto& kv : metrics) (*out.mutable_metrics())[kv.first] = kv.second;
   return out.SerializeAsString();
 }
 
 const std::vector<std::string>& supported_losses() {
   static const std::vector<std::string> kLosses = {
-      "cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo"};
+      "cross_entropy", "importance_sampling", "ppo",  "cispo",
+      "dro",           "gspo",                "stable_reinforce"};
   return kLosses;
 }
 
