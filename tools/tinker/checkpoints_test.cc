@@ -194,6 +194,12 @@ TEST(CheckpointStoreTest, ExternalWeightsTtlsRunsAndCopies) {
       for (const auto& p : models.get("s-1:train:0", "alice").engine->parameters())
         for (int64_t i = 0; i < p.numel(); ++i)
           lora_bits.push_back(p.contiguous().data_ptr<float>()[i]);
+      const torch::Tensor fp =
+          models.get("s-1:train:0", "alice").engine->full_parameters();
+      out["flat_numel"] = fp.numel();
+      out["flat_equals"] =
+          std::vector<float>(fp.data_ptr<float>(),
+                             fp.data_ptr<float>() + fp.numel()) == lora_bits;
       out["ext"] = ext;
       out["files"] = cp.external_files(
           alice, {{"path", "tinker://s-1:train:0/external_weights/final"}});
@@ -266,6 +272,8 @@ TEST(CheckpointStoreTest, ExternalWeightsTtlsRunsAndCopies) {
     std::memcpy(got.data() + at, t.data.data(), t.data.size());
   }
   EXPECT_EQ(got, lora_bits);
+  EXPECT_EQ(out["flat_numel"], lora_bits.size());
+  EXPECT_EQ(out["flat_equals"], true);
   const json& adapter = out["adapter"];
   EXPECT_EQ(adapter["r"], 2);
   EXPECT_EQ(adapter["target_modules"],

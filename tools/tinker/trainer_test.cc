@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -549,6 +550,34 @@ TEST(TrainerTest, StableReinforceTrainsOnRecordedSequences) {
     }
   }
   EXPECT_NEAR(out.metrics().at("loss:sum"), want, 1e-5 * (1 + std::abs(want)));
+}
+
+// Issue 43 item 5: the external weights hold the bits the server trains:
+// FNV-1a 64 over the adapters' data in the file is get_info's digest.
+TEST(TrainerTest, ExternalWeightsHoldTheDigestedBits) {
+  Command info;
+  info.op = "get_info";
+  info.args = {{"model_id", kModel}};
+  Command ext;
+  ext.op = "save_weights_external";
+  ext.args = {{"model_id", kModel}, {"path", "digest"}};
+  const std::vector<CommandResult> r =
+      execute(1, 0, {create_model(), info, ext});
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string file =
+      std::string(tmp != nullptr ? tmp : "/tmp") +
+      "/trainer_test/tenants/default/m/external_weights/digest/"
+      "adapter_model.safetensors";
+  std::ifstream in(file, std::ios::binary);
+  const std::string raw((std::istreambuf_iterator<char>(in)),
+                        std::istreambuf_iterator<char>());
+  ASSERT_GT(raw.size(), 8u);
+  uint64_t n = 0;
+  std::memcpy(&n, raw.data(), 8);
+  const std::string data = raw.substr(8 + n);
+  EXPECT_EQ(digest_hex(digest_floats(reinterpret_cast<const float*>(data.data()),
+                                     data.size() / 4)),
+            r[1].json["param_digest"]);
 }
 
 // Issue 43 item 2: cross_entropy with [T, K] soft targets returns [T, K]
