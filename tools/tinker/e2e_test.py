@@ -338,7 +338,12 @@ def check_bad_input(server):
     expect_error(fb(fb_body(model_id, next_seq(), [TEXTS[0] * 3])), "at most 64")
     expect_error(fb(fb_body(model_id, next_seq(), TEXTS[:1], loss_fn="hinge")), "not served")
     # stable_reinforce names the sampled sequences (Datum.with_provenance).
-    expect_error(fb(fb_body(model_id, next_seq(), TEXTS[:1], loss_fn="stable_reinforce")),
+    def as_stable_reinforce(req):
+        w = req.data[0].loss_fn_inputs.pop("weights")
+        req.data[0].loss_fn_inputs["advantages"].CopyFrom(w)
+
+    expect_error(fb(fb_body(model_id, next_seq(), TEXTS[:1], loss_fn="stable_reinforce",
+                            mutate=as_stable_reinforce)),
                  "has no provenance", "record_stability_info")
     expect_error(fb(fb_body(model_id, next_seq(), [])), "no data")
     assert server.digest(model_id) == before
@@ -413,12 +418,12 @@ def check_robustness(server, binary):
     # (it used to wait 60 s for the missing seq_id, then fail, forever).
     expect_sdk_error(lambda: tc.save_weights_for_sampler("bad name!").result(),
                      "must be 1-128 characters")
-    expect_sdk_error(lambda: tc.save_weights_external(
-        "e", age_encryption_recipients=["age1" + "q" * 58]).result(),
-        "age_encryption_recipients is not served")
     start = time.time()
     tc.optim_step(adam()).result()
     assert time.time() - start < 20, "the client waited for a consumed seq_id"
+    expect_sdk_error(lambda: tc.save_weights_external(
+        "e", age_encryption_recipients=["age1" + "q" * 58]).result(),
+        "age_encryption_recipients is not served")
     saved = tc.save_state("w").result().path
     sampler_path = tc.save_weights_for_sampler("r1").result().path
     sample_params = types.SamplingParams(max_tokens=8, seed=11)
