@@ -434,6 +434,33 @@ def check_robustness(server, binary):
     first_id = tc.get_info().model_id
     saved_digest = server.digest(first_id)
 
+    # Every method a path does not serve: 405, a JSON body, an Allow header
+    # (through the real HTTP front); HEAD gets the head alone.
+    import http.client
+    from urllib.parse import urlparse
+    host = urlparse(server.url)
+    for method, path, allow in [("PUT", "create_model", "POST"),
+                                ("PATCH", "training_runs", "GET"),
+                                ("OPTIONS", "asample", "POST"),
+                                ("DELETE", "checkpoints", "GET"),
+                                ("POST", "training_runs/x/checkpoints/weights/w/ttl", "PUT"),
+                                ("TRACE", "no/such/path", "GET, POST")]:
+        conn = http.client.HTTPConnection(host.hostname, host.port, timeout=30)
+        conn.request(method, "/api/v1/" + path, body=b"{}",
+                     headers={"X-API-Key": API_KEY, "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        assert resp.status == 405 and resp.getheader("Allow") == allow, (
+            method, path, resp.status, resp.getheader("Allow"))
+        assert ("method %s is not served" % method) in body["error"], body
+        conn.close()
+    conn = http.client.HTTPConnection(host.hostname, host.port, timeout=30)
+    conn.request("HEAD", "/api/v1/get_server_capabilities", headers={"X-API-Key": API_KEY})
+    resp = conn.getresponse()
+    assert resp.status == 200 and int(resp.getheader("Content-Length")) > 0
+    assert resp.read() == b""
+    conn.close()
+
     # Paths that would leave the state dir, and errors that never show it.
     for bad in ["tinker://../weights/w", "tinker://./weights/w", "tinker:///weights/w",
                 "tinker://" + first_id + "/weights/../w"]:
