@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "common/errors.h"
 
@@ -27,6 +28,8 @@ struct LossSpec {
   std::vector<std::string> optional;  // loss_fn_inputs
   std::vector<std::string> config;    // loss_fn_config keys
   std::vector<std::string> required;  // of `config`: no documented default
+  // Of `config`: documented defaults other than LossConfig's own.
+  std::map<std::string, double> defaults = {};
 };
 
 const std::vector<LossSpec>& loss_specs() {
@@ -42,11 +45,15 @@ const std::vector<LossSpec>& loss_specs() {
        {},
        {"clip_low_threshold", "clip_high_threshold"},
        {}},
+      // One-sided by default: the lower bound off, the upper at 4 (the
+      // cookbook's tutorials/202_loss_functions.py, "CISPO defaults to a
+      // one-sided clip"; docs/architecture.md, Losses).
       {"cispo",
        {"target_tokens", "logprobs", "advantages"},
        {},
        {"clip_low_threshold", "clip_high_threshold"},
-       {}},
+       {},
+       {{"clip_low_threshold", 0.0}, {"clip_high_threshold", 4.0}}},
       {"dro",
        {"target_tokens", "logprobs", "advantages"},
        {},
@@ -154,7 +161,11 @@ LossConfig loss_config(const std::string& loss_fn,
   LossConfig c;
   auto read = [&](const char* key, double* out) {
     auto it = loss_fn_config.find(key);
-    if (it != loss_fn_config.end()) *out = it->second;
+    if (it != loss_fn_config.end()) {
+      *out = it->second;
+    } else if (auto d = spec.defaults.find(key); d != spec.defaults.end()) {
+      *out = d->second;
+    }
   };
   read("clip_low_threshold", &c.clip_low);
   read("clip_high_threshold", &c.clip_high);

@@ -43,14 +43,15 @@ std::vector<DatumPlan> plan_forward_backward(const ForwardBackwardIn& in,
 
 // A loss's loss_fn_config (Note [Losses] in protocol.h).
 struct LossConfig {
-  double clip_low = 0.8;   // clip_low_threshold: ppo, cispo, gspo
-  double clip_high = 1.2;  // clip_high_threshold: ppo, cispo, gspo
+  double clip_low = 0.8;   // clip_low_threshold: ppo, cispo (0), gspo
+  double clip_high = 1.2;  // clip_high_threshold: ppo, cispo (4), gspo
   double beta = 0.0;       // dro
   double kl_coeff = 0.0;   // stable_reinforce
 };
 
-// `loss_fn`'s config read from `loss_fn_config`: ppo and cispo default the
-// thresholds to 0.8 and 1.2 (Tinker's documented epsilon of 0.2);
+// `loss_fn`'s config read from `loss_fn_config`: ppo defaults the
+// thresholds to 0.8 and 1.2 (Tinker's documented epsilon of 0.2), cispo to
+// 0 and 4 (the cookbook's one-sided clip, docs/architecture.md);
 // stable_reinforce's kl_coeff defaults to 0 (no penalty); gspo's
 // thresholds and dro's beta have no documented default and are required.
 // UsageError for a loss this server does not compute (custom says why and

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/errors.h"
@@ -105,12 +106,15 @@ TEST(LossesTest, CustomSaysWhyAndWhatToUse) {
 }
 
 TEST(LossesTest, ConfigDefaultsRequiredKeysAndChecks) {
-  // ppo and cispo default to 0.8 and 1.2.
-  for (const char* loss : {"ppo", "cispo"}) {
-    EXPECT_EQ(loss_config(loss, {}).clip_low, 0.8);
-    EXPECT_EQ(loss_config(loss, {}).clip_high, 1.2);
+  // ppo defaults to 0.8 and 1.2, cispo to the one-sided 0 and 4; a key
+  // given replaces its default alone.
+  for (auto [loss, lo, hi] : {std::tuple{"ppo", 0.8, 1.2},
+                              std::tuple{"cispo", 0.0, 4.0}}) {
+    EXPECT_EQ(loss_config(loss, {}).clip_low, lo) << loss;
+    EXPECT_EQ(loss_config(loss, {}).clip_high, hi) << loss;
     EXPECT_EQ(loss_config(loss, {{"clip_high_threshold", 2.0}}).clip_high, 2.0);
-    EXPECT_EQ(loss_config(loss, {{"clip_high_threshold", 2.0}}).clip_low, 0.8);
+    EXPECT_EQ(loss_config(loss, {{"clip_high_threshold", 2.0}}).clip_low, lo);
+    EXPECT_EQ(loss_config(loss, {{"clip_low_threshold", 0.5}}).clip_high, hi);
   }
   EXPECT_EQ(loss_config("dro", {{"beta", 0.05}}).beta, 0.05);
   EXPECT_EQ(loss_config("stable_reinforce", {}).kl_coeff, 0.0);
@@ -148,9 +152,9 @@ TEST(LossesTest, ConfigDefaultsRequiredKeysAndChecks) {
   EXPECT_EQ(error("stable_reinforce", {{"kl_coeff", -0.5}}),
             "stable_reinforce: kl_coeff -0.500000 must be >= 0 (it weighs a "
             "KL penalty towards the sampler)");
-  EXPECT_EQ(error("cispo", {{"clip_low_threshold", 1.3}}),
-            "cispo: clip_low_threshold 1.300000 must not exceed "
-            "clip_high_threshold 1.200000");
+  EXPECT_EQ(error("cispo", {{"clip_low_threshold", 4.5}}),
+            "cispo: clip_low_threshold 4.500000 must not exceed "
+            "clip_high_threshold 4.000000");
 }
 
 TEST(LossesTest, GspoReadsItsMaskAsIntegersOrFloats) {

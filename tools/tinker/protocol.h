@@ -109,8 +109,9 @@ std::string encode_forward_backward_output(
 // sequence_ratio_mask (integer or float); stable_reinforce
 // target_tokens, advantages and the datum's provenance (logprobs
 // accepted, unused).
-// loss_fn_config: lo, hi = clip_low_threshold, clip_high_threshold (ppo and
-// cispo: 0.8 and 1.2 when absent; gspo: required), dro's beta (required),
+// loss_fn_config: lo, hi = clip_low_threshold, clip_high_threshold (ppo:
+// 0.8 and 1.2 when absent, cispo: 0 and 4; gspo: required), dro's beta
+// (required),
 // stable_reinforce's kl_coeff (0 when absent).
 // losses.h checks and computes them.
 const std::vector<std::string>& supported_losses();
