@@ -23,6 +23,9 @@ downloaded here). Scenarios:
                    record_stability_info, datums with provenance;
   distillation     distillation.train_off_policy.main: the teacher's
                    topk_prompt_logprobs as cross_entropy's soft targets;
+  sdft             distillation.sdft.main (self-distillation), forward
+                   (top-k soft targets) and reverse (forward_backward_custom
+                   over the teacher's top-k);
   rest             the REST client over what the loops left: runs,
                    checkpoints, sessions, TTLs, deletes, external weights
                    downloaded with the SDK's CLI code, copy_weights.
@@ -168,16 +171,10 @@ def read_metrics(log_path):
 # ---- RL ----------------------------------------------------------------------
 
 
-def rl_config(server, log_path, async_config=None, max_steps=4):
-    """rl.train.Config over a toy task: reward 1 when the reply starts with
-    an ASCII character (about half of the untrained model's replies, so
-    groups have nonzero advantages)."""
-    from tinker_cookbook.rl import train as rl_train
-    from tinker_cookbook.rl.types import (
-        EnvGroupBuilder,
-        RLDataset,
-        RLDatasetBuilder,
-    )
+def vowel_group_builders(groups, group_size):
+    """`groups` of the cookbook's ProblemGroupBuilder over a toy task:
+    reward 1 when the reply starts with an ASCII character (about half of
+    the untrained model's replies, so groups have nonzero advantages)."""
     from tinker_cookbook.rl.problem_env import ProblemEnv, ProblemGroupBuilder
 
     class VowelEnv(ProblemEnv):
@@ -193,20 +190,28 @@ def rl_config(server, log_path, async_config=None, max_steps=4):
         def get_reference_answer(self):
             return "aeiou"
 
+    renderer = renderers.get_renderer(RENDERER, tokenizer_utils.get_tokenizer(BASE))
+    return [
+        ProblemGroupBuilder(
+            env_thunk=lambda: VowelEnv(renderer, format_coef=0.0),
+            num_envs=group_size,
+        )
+        for _ in range(groups)
+    ]
+
+
+def rl_config(server, log_path, async_config=None, max_steps=4):
+    """rl.train.Config over vowel_group_builders' toy task."""
+    from tinker_cookbook.rl import train as rl_train
+    from tinker_cookbook.rl.types import RLDataset, RLDatasetBuilder
+
     class VowelDataset(RLDataset):
         def __init__(self, batches, group_size):
             self.batches = batches
             self.group_size = group_size
 
         def get_batch(self, index):
-            renderer = renderers.get_renderer(RENDERER, tokenizer_utils.get_tokenizer(BASE))
-            return [
-                ProblemGroupBuilder(
-                    env_thunk=lambda: VowelEnv(renderer, format_coef=0.0),
-                    num_envs=self.group_size,
-                )
-                for _ in range(2)
-            ]
+            return vowel_group_builders(2, self.group_size)
 
         def __len__(self):
             return self.batches
@@ -320,6 +325,52 @@ def distillation(server, work):
     losses = [m["train/loss:sum"] for m in metrics if "train/loss:sum" in m]
     print("  distillation train/loss:sum", ["%.2f" % x for x in losses])
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses), metrics
+
+
+
+def sdft(server, work):
+    """distillation.sdft.main, self-distillation: the base model, shown the
+    golden answer, is the teacher of the student's own samples; its
+    topk_prompt_logprobs over the student's completions are the soft
+    targets of cross_entropy (reverse=False) or weigh the analytic reverse
+    KL of a forward_backward_custom (reverse=True)."""
+    from tinker_cookbook.distillation import sdft as sdft_train
+
+    class Problems:
+        def get_batch(self, index):
+            return vowel_group_builders(2, 1), ["say aeiou"] * 2, ["aeiou"] * 2
+
+        def __len__(self):
+            return 2
+
+    for reverse in (False, True):
+        log_path = os.path.join(work, "sdft-reverse" if reverse else "sdft")
+        config = sdft_train.Config(
+            model_name=BASE,
+            recipe_name="zerostep_cookbook_test",
+            renderer_name=RENDERER,
+            lora_rank=4,
+            base_url=server.url,
+            learning_rate=1e-3,
+            max_tokens=8,
+            topk=5,
+            reverse=reverse,
+            # The default template does not fit the model's 64 tokens.
+            demo_template="{question} e.g. {golden_answer}",
+            max_context_length=64,
+            eval_every=0,
+            save_every=0,
+            max_steps=2,
+            log_path=log_path,
+        )
+        seconds(lambda: asyncio.run(sdft_train.main(config, Problems())))
+        metrics = read_metrics(log_path)
+        key = "sdft/reverse_kl_positions" if reverse else "sdft/total_completion_tokens"
+        tokens = [m.get(key, 0) for m in metrics]
+        print("  sdft reverse=%s %s" % (reverse, key), tokens)
+        # Every step distilled some tokens through the teacher's top-k.
+        assert len(metrics) == 2 and all(t > 0 for t in tokens), metrics
+        assert all(math.isfinite(m["sdft/mean_teacher_entropy"]) for m in metrics), metrics
 
 
 # ---- REST ---------------------------------------------------------------------
@@ -442,7 +493,7 @@ def main():
     work = tempfile.mkdtemp(prefix="zerostep-cookbook-")
     server = local_server.ServerProcess(args.server, "--world=1", "--stage=0", quiet=True)
     scenarios = [("supervised", supervised), ("rl-sync", rl_sync), ("rl-async", rl_async),
-                 ("distillation", distillation), ("rest", rest)]
+                 ("distillation", distillation), ("sdft", sdft), ("rest", rest)]
     try:
         code = local_server.run_scenarios(
             [(name, lambda fn=fn: fn(server, work)) for name, fn in scenarios], args.only)
