@@ -720,6 +720,31 @@ def check_logprobs_and_stable_reinforce(server, world):
         loss_fn_inputs=data[0].loss_fn_input_spans)
     expect_sdk_error(lambda: tc.forward_backward([bad], "stable_reinforce").result(),
                      "'req-0:7', which this session has no record of")
+    # Soft targets [T, K] whose weights come as the SDK's CSR (what it makes
+    # of a 2-D torch tensor, the cookbook's self-distillation): the same
+    # answer, bit for bit, as the dense weights.
+    ids = np.array(encode(TEXTS[0]), dtype=np.int64)
+    t = len(ids) - 1
+    targets = np.stack([ids[1:], (ids[1:] + 1) % 256, (ids[1:] + 7) % 256], axis=1)
+    w = np.zeros((t, 3), dtype=np.float32)
+    w[:, 0] = 0.75
+    w[::2, 2] = 0.25
+    cols = [np.nonzero(row)[0] for row in w]
+    csr = types.TensorData(data=w[w != 0], dtype="float32", shape=[t, 3],
+                           sparse_crow_indices=np.cumsum([0] + [len(c) for c in cols]).tolist(),
+                           sparse_col_indices=np.concatenate(cols).tolist())
+    assert np.array_equal(csr.to_numpy(), w)
+
+    def soft(weights):
+        return [types.Datum(model_input=types.ModelInput.from_ints(ids[:-1].tolist()),
+                            loss_fn_inputs={"target_tokens": targets, "weights": weights})] * world
+
+    dense_out = tc.forward(soft(w), "cross_entropy").result()
+    csr_out = tc.forward(soft(csr), "cross_entropy").result()
+    assert dense_out.metrics["loss:sum"] == csr_out.metrics["loss:sum"], (
+        dense_out.metrics, csr_out.metrics)
+    for a, b in zip(dense_out.loss_fn_outputs, csr_out.loss_fn_outputs):
+        assert np.array_equal(a["logprobs"].to_numpy(), b["logprobs"].to_numpy())
     sc.close("success").result()
 
 
