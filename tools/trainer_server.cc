@@ -33,6 +33,10 @@
 //   --seed=N             seed of every base model's weights (default 1234)
 //   --long-poll-s=T      retrieve_future waits this long before try_again (30)
 //   --seq-gap-timeout-s=T  a request waits this long for a missing seq_id (60)
+//   --public-url=URL     the base of the download URLs
+//                        get_external_weights_urls hands out (default:
+//                        http:// and the request's Host header); behind a
+//                        TLS proxy, e.g. https://trainer.example.com
 //   --api-keys=FILE ...  API keys, tenants' quotas and the HTTP limits:
 //                        tools/tinker/access.h (ZEROSTEP_API_KEYS holds
 //                        keys too). A --host that is not a loopback address
@@ -195,6 +199,7 @@ struct Flags {
   uint64_t seed = 1234;
   double long_poll_s = 30.0;
   double seq_gap_timeout_s = 60.0;
+  std::string public_url;
   tinker::AccessFlags access;
 };
 
@@ -214,7 +219,7 @@ Flags parse_flags(int argc, char** argv) {
           "usage: trainer_server [--port=P] [--host=H] [--config=FILE] "
           "[--stage=S] [--world=W] [--backend=sim|gloo] [--timeout-s=T] "
           "[--state-dir=DIR] [--seed=N] [--long-poll-s=T] "
-          "[--seq-gap-timeout-s=T] %s\n",
+          "[--seq-gap-timeout-s=T] [--public-url=URL] %s\n",
           tinker::access_flags_usage().c_str());
       std::exit(0);
     } else if (value(a, "port", &v))
@@ -240,7 +245,14 @@ Flags parse_flags(int argc, char** argv) {
     else if (value(a, "seq-gap-timeout-s", &v))
       f.seq_gap_timeout_s =
           parse_double("--seq-gap-timeout-s", v, 0, 86400, 60.0);
-    else if (tinker::parse_access_flag(a, &f.access))
+    else if (value(a, "public-url", &v)) {
+      while (!v.empty() && v.back() == '/') v.pop_back();
+      if (v.rfind("http://", 0) != 0 && v.rfind("https://", 0) != 0)
+        throw UsageError("--public-url='" + v +
+                         "' must start with http:// or https:// (the base "
+                         "clients download external weights from)");
+      f.public_url = v;
+    } else if (tinker::parse_access_flag(a, &f.access))
       continue;
     else
       throw UsageError("trainer_server: unknown argument '" + a +
@@ -313,6 +325,8 @@ int run(int argc, char** argv) {
   tinker::ServiceOptions sopts;
   sopts.long_poll_s = f.long_poll_s;
   sopts.seq_gap_timeout_s = f.seq_gap_timeout_s;
+  sopts.state_dir = topts.state_dir;
+  sopts.public_url = f.public_url;
   for (const auto& b : tinker::base_models())
     sopts.models.push_back({b.name, b.max_context});
   tinker::Service service(sopts);

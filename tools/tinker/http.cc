@@ -8,7 +8,9 @@
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include <deque>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -212,15 +215,21 @@ const char* reason(int status) {
   }
 }
 
-std::string serialize(const HttpResponse& r, bool keep_alive) {
+// The response's head, and its body unless `head_only` (a HEAD request:
+// the same head, no body) or `body_bytes` says the body is sent apart (a
+// file).
+std::string serialize(const HttpResponse& r, bool keep_alive,
+                      bool head_only = false,
+                      std::optional<uint64_t> body_bytes = std::nullopt) {
   std::string out = "HTTP/1.1 " + std::to_string(r.status) + " " +
                     reason(r.status) + "\r\nContent-Type: " + r.content_type +
-                    "\r\nContent-Length: " + std::to_string(r.body.size()) +
+                    "\r\nContent-Length: " +
+                    std::to_string(body_bytes ? *body_bytes : r.body.size()) +
                     "\r\nConnection: " + (keep_alive ? "keep-alive" : "close") +
                     "\r\n";
   for (const auto& h : r.headers) out += h.first + ": " + h.second + "\r\n";
   out += "\r\n";
-  out += r.body;
+  if (!head_only && !body_bytes) out += r.body;
   return out;
 }
 
@@ -260,6 +269,25 @@ bool wait_ready(int fd, short events, Clock::time_point deadline) {
     if (n < 0) return false;
     if (n > 0) return (p.revents & (events | POLLHUP | POLLERR)) != 0;
   }
+}
+
+// Sends `n` bytes of the open file `file` from its start by `deadline`
+// (sendfile: the kernel copies, nothing is held in memory).
+bool send_file(int fd, int file, uint64_t n, Clock::time_point deadline) {
+  off_t offset = 0;
+  while (static_cast<uint64_t>(offset) < n) {
+    const ssize_t sent =
+        ::sendfile(fd, file, &offset, static_cast<size_t>(n - offset));
+    if (sent > 0) continue;
+    if (sent == 0) return false;  // the file shrank
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (!wait_ready(fd, POLLOUT, deadline)) return false;
+      continue;
+    }
+    return false;
+  }
+  return true;
 }
 
 // Sends all of `bytes` by `deadline` (the socket is non-blocking).
@@ -564,7 +592,13 @@ struct HttpServer::Impl {
         }
         continue;  // a pipelined request may follow
       }
-      if (options.authenticate) {
+      // A signed download URL carries its own authority (Note [Signed
+      // downloads] in downloads.h): no key, and no body.
+      const bool signed_download =
+          (head.method == "GET" || head.method == "HEAD") &&
+          head.path.rfind("/api/v1/downloads/", 0) == 0 &&
+          head.content_length == 0 && !head.has_transfer_encoding;
+      if (options.authenticate && !signed_download) {
         const std::string* key = head.header("x-api-key");
         std::optional<Caller> caller;
         if (key != nullptr) caller = options.authenticate(*key);
@@ -798,6 +832,7 @@ struct HttpServer::Impl {
     if (const std::string* v = h.header("content-encoding"))
       req.content_encoding = *v;
     if (const std::string* v = h.header("accept")) req.accept = *v;
+    if (const std::string* v = h.header("host")) req.host = *v;
     req.caller = c->caller;
     c->in.erase(0, need);
     count(&HttpStats::requests);
@@ -814,8 +849,28 @@ struct HttpServer::Impl {
     }
     req = HttpRequest();  // the body's memory, before a slow write
     const bool keep = h.keep_alive && !stopping;
-    if (!send_all(c->fd, serialize(out, keep),
-                  Clock::now() + seconds(lim.read_timeout_s))) {
+    const bool head_only = h.method == "HEAD";
+    int file = -1;
+    std::optional<uint64_t> file_bytes;
+    if (!out.body_file.empty()) {
+      file = ::open(out.body_file.c_str(), O_RDONLY | O_CLOEXEC);
+      struct stat st {};
+      if (file < 0 || ::fstat(file, &st) != 0) {
+        if (file >= 0) ::close(file);
+        file = -1;
+        out = error_response(404, "the file is gone (deleted or expired)");
+      } else {
+        file_bytes = static_cast<uint64_t>(st.st_size);
+      }
+    }
+    const Clock::time_point send_deadline =
+        Clock::now() + seconds(lim.read_timeout_s);
+    bool sent = send_all(c->fd, serialize(out, keep, head_only, file_bytes),
+                         send_deadline);
+    if (sent && file >= 0 && !head_only)
+      sent = send_file(c->fd, file, *file_bytes, send_deadline);
+    if (file >= 0) ::close(file);
+    if (!sent) {
       count(&HttpStats::timed_out);
       finish(std::move(c));
       return;

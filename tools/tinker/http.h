@@ -35,6 +35,11 @@
 //     closed, its body never read. GET /api/v1/healthz is answered on the
 //     poller too, without a key and without a worker, so it answers while
 //     every worker is busy; it tells nothing but that the server serves.
+//     A GET (or HEAD) of /api/v1/downloads/... without a body goes to a
+//     worker without a key: the URL carries its own signature, which the
+//     Service checks before it touches the disk (Note [Signed downloads]
+//     in downloads.h); a file is sent with sendfile(), never held in
+//     memory, and a HEAD gets the head alone.
 //   - max_body_bytes: a larger Content-Length is answered 413 before any
 //     byte of the body is read; a body without Content-Length
 //     (Transfer-Encoding) is 411. "Expect: 100-continue" is answered only

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -59,7 +60,13 @@ ModelRegistry::ModelRegistry(Communicator* comm, const Config& config,
 
 Model& ModelRegistry::get(const std::string& id, const std::string& tenant) {
   auto it = models_.find(id);
-  if (it != models_.end() && it->second->tenant == tenant) return *it->second;
+  if (it != models_.end() && it->second->tenant == tenant) {
+    it->second->last_request_unix =
+        std::chrono::duration_cast<std::chrono::seconds>(
+            std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    return *it->second;
+  }
   std::string names;
   for (const auto& kv : models_)
     if (kv.second->tenant == tenant)
@@ -72,6 +79,13 @@ Model& ModelRegistry::get(const std::string& id, const std::string& tenant) {
 
 bool ModelRegistry::contains(const std::string& id) const {
   return models_.count(id) != 0;
+}
+
+const Model* ModelRegistry::find(const std::string& id,
+                                 const std::string& tenant) const {
+  auto it = models_.find(id);
+  if (it == models_.end() || it->second->tenant != tenant) return nullptr;
+  return it->second.get();
 }
 
 void ModelRegistry::require_fits(const std::string& id, const BaseModel& base,
@@ -190,7 +204,21 @@ nlohmann::json ModelRegistry::create_model(const nlohmann::json& a,
           "lora_config trains nothing: set one of train_attn, "
           "train_mlp, train_unembed");
   }
-  add(build(id, tenant, base, lora));
+  // user_metadata: the SDK's dict[str, Any]; the REST types hold strings.
+  nlohmann::json metadata = nullptr;
+  if (const nlohmann::json* um = get_object(a, "user_metadata")) {
+    metadata = nlohmann::json::object();
+    for (const auto& kv : um->items())
+      metadata[kv.key()] = kv.value().is_string()
+                               ? kv.value().get<std::string>()
+                               : kv.value().dump();
+  }
+  std::unique_ptr<Model> m = build(id, tenant, base, lora);
+  m->user_metadata = std::move(metadata);
+  m->last_request_unix = std::chrono::duration_cast<std::chrono::seconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  add(std::move(m));
   return {{"model_id", id}, {"type", "create_model"}};
 }
 

@@ -37,6 +37,11 @@ struct Model {
   LoraOptions lora;  // rank 0: full fine-tuning
   TinyGpt net{nullptr};
   std::unique_ptr<Engine> engine;
+  // create_model's user_metadata (an object of strings) or null; kept in
+  // its checkpoints' tinker_meta.json and shown by the training run.
+  nlohmann::json user_metadata;
+  // When a request last named the model (get()), Unix seconds.
+  int64_t last_request_unix = 0;
 };
 
 // `lora` as the "lora" object of checkpoint and sampler metadata, and back
@@ -92,6 +97,8 @@ class ModelRegistry {
   Model& get(const std::string& id, const std::string& tenant);
   // Whether any tenant has a model `id` (ids are unique on a server).
   bool contains(const std::string& id) const;
+  // `tenant`'s model `id`, or nullptr (for listings; never throws).
+  const Model* find(const std::string& id, const std::string& tenant) const;
   uint64_t base_seed() const { return base_seed_; }
 
   // A new model, not registered: the base model's weights, LoRA adapters

@@ -31,6 +31,37 @@
 // A request without sampling_params.seed gets one derived from its
 // sampling session id and seq_id, so a retried request repeats itself.
 //
+// Note [Prompt and top-k logprobs]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The SDK's (0.38.0) SampleRequest fields beyond prompt_logprobs, each
+// computed from one full forward (TinyGptImpl::forward, no cache) of the
+// tokens concerned, log_softmax of the raw logits (as Note [Sampled
+// logprobs]), so each equals a full forward's log-softmax bit for bit
+// (sampling_test):
+//   - topk_prompt_logprobs = k: SampleResponse.topk_prompt_logprobs, a
+//     [len(prompt), k] TopkLogprobs; row p holds the k most likely tokens
+//     at prompt position p (row 0, and the rows before
+//     prompt_logprobs_last_n when given, empty: token 0, logprob -99999).
+//   - topk_sample_logprobs = k: each sequence's topk_sampled_logprobs, one
+//     row per sampled token (a forward over the prompt and the sample).
+//   - target_prompt_logprobs: an int64 [len(prompt) - 1, K] tensor, dense
+//     or CSR; the response's float32 tensor of the same shape and layout
+//     holds, at [i, j], the logprob of id [i, j] at prompt position i + 1,
+//     0.0 where the id is -1 (nothing asked).
+//   - prompt_alt_tokens_k = k: k draws with replacement at every prompt
+//     position after the first, from softmax(logits / temperature)
+//     (temperature 0: the argmax; top_k and top_p do not apply), seeded
+//     from the request's seed; two [len(prompt) - 1, k] tensors, the ids
+//     (int64) and their logprobs under the model.
+// Top-k rows are sorted by logprob, descending, ties by lower token id. k
+// must be in [0, vocabulary size], and len(prompt) times k (or the number
+// of distinct target ids) at most kMaxLogprobCells.
+//
+// record_stability_info: every sequence of the request is recorded
+// (Note [Stability records] in stability.h) under its sequence id
+// "<request id>:<i>", which the Service puts in the command
+// ("zerostep_request_id") and in the asample promise.
+//
 // Tenants: every path is located in the caller's folder (Note [One tenant
 // check] in tenancy.h), so another tenant's sampler weights read as
 // missing; sampling sessions are checked by the Service before a command
@@ -44,16 +75,31 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "models/sampler.h"
 #include "tools/tinker/model_registry.h"
+#include "tools/tinker/stability.h"
 #include "tools/tinker/tenancy.h"
 
 namespace zerostep {
 namespace tinker {
+
+// The most logprobs one request may ask for beyond the sampled tokens'
+// (Note [Prompt and top-k logprobs]).
+inline constexpr int64_t kMaxLogprobCells = int64_t{1} << 20;
+
+// A [rows, cols] int64 tensor of the SDK's JSON TensorData, dense or CSR.
+struct IdTable {
+  int64_t rows = 0, cols = 0;
+  bool sparse = false;
+  std::vector<int64_t> values;  // dense: rows * cols; CSR: the listed cells
+  std::vector<int64_t> crow;    // CSR: rows + 1 row pointers
+  std::vector<int64_t> col;     // CSR: one column per value
+};
 
 // A SampleRequest's fields, checked.
 struct SampleRequestIn {
@@ -66,20 +112,55 @@ struct SampleRequestIn {
   // When prompt logprobs are asked for with prompt_logprobs_last_n: only
   // the last n are scored, the rest NaN (0: all).
   int64_t prompt_logprobs_last_n = 0;
+  // Note [Prompt and top-k logprobs]; 0 / false / nullopt: not asked.
+  int64_t topk_prompt = 0;
+  int64_t topk_sample = 0;
+  int64_t alt_tokens_k = 0;
+  std::optional<IdTable> target_prompt;
+  bool record_stability_info = false;
+};
+
+// What a request returns beyond models/sampler.h's SampleOutput (Note
+// [Prompt and top-k logprobs]).
+struct TopkRows {
+  int64_t length = 0, k = 0;
+  std::vector<int32_t> ids;      // length * k, row-major
+  std::vector<float> logprobs;   // length * k
+};
+struct SampleExtras {
+  std::optional<TopkRows> topk_prompt;
+  std::vector<TopkRows> topk_sample;  // per sequence, when asked
+  std::optional<IdTable> target_ids;  // the request's, for the layout
+  std::vector<float> target_logprobs;  // one per value of target_ids
+  int64_t alt_k = 0;
+  std::vector<int64_t> alt_tokens;  // (len(prompt) - 1) * alt_k
+  std::vector<float> alt_logprobs;
 };
 
 // Reads a SampleRequest JSON body (the SDK's field names). UsageError
 // naming the field, its value and the rule for a missing or malformed
-// prompt, a non-text chunk, a bad stop, a null/NaN/inf number, or a
-// feature this server does not serve (top-k logprobs, target prompt
-// logprobs, prompt alternatives, stability info). Values are range-checked
-// later, against the model (validate_sampling). `default_seed` is used when
+// prompt, a non-text chunk, a bad stop, a null/NaN/inf number, a negative
+// top-k or prompt_alt_tokens_k, or a target_prompt_logprobs that is not an
+// int64 [len(prompt) - 1, K] tensor (dense or consistent CSR) naming at
+// least one id. Values are range-checked later, against the model
+// (validate_sampling, check_logprob_requests). `default_seed` is used when
 // sampling_params.seed is absent or null.
 SampleRequestIn parse_sample_request(const nlohmann::json& args,
                                      uint64_t default_seed);
 
+// Checks the request's top-k widths and target ids against a vocabulary
+// of `vocab` tokens (Note [Prompt and top-k logprobs]). UsageError naming
+// the field, the value and the bound.
+void check_logprob_requests(const SampleRequestIn& in, int64_t vocab);
+
+// The extras `in` asks for, of `out` sampled from `net` (Note [Prompt and
+// top-k logprobs]); empty when none is asked.
+SampleExtras compute_sample_extras(TinyGpt& net, const SampleRequestIn& in,
+                                   const SampleOutput& out);
+
 // A serialized tinker_public.SampleResponse.
-std::string encode_sample_response(const SampleOutput& out);
+std::string encode_sample_response(const SampleOutput& out,
+                                   const SampleExtras& extras = {});
 
 // An upper bound on the bytes save_weights_for_sampler writes for `m`:
 // torch::save of every parameter (float32) with its archive entry, and
@@ -116,11 +197,15 @@ class SamplerStore {
   // `path` (after a delete); sessions opened over them keep them.
   void forget(const Caller& caller, const std::string& path);
 
+  // Rank 0's records of the sequences sampled with record_stability_info.
+  StabilityRecords& stability() { return stability_; }
+
  private:
   struct Sampler {
     TinyGpt net{nullptr};
     std::string base_model;
     std::string model_path;  // empty: a base model or an unnamed snapshot
+    std::optional<int64_t> expires_at;  // named weights' TTL (retention.h)
   };
 
   bool agree(bool mine);
@@ -138,6 +223,7 @@ class SamplerStore {
   std::map<std::string, std::shared_ptr<Sampler>> paths_;     // rank 0
   std::map<std::string, std::shared_ptr<Sampler>> sessions_;  // rank 0
   std::map<std::string, std::shared_ptr<Sampler>> bases_;     // rank 0
+  StabilityRecords stability_;                                 // rank 0
 };
 
 }  // namespace tinker

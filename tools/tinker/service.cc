@@ -1,5 +1,6 @@
 #include "tools/tinker/service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -10,8 +11,12 @@
 #include "common/errors.h"
 #include "config/text.h"
 #include "engine/checkpoint_io.h"
+#include "tools/tinker/checkpoint_paths.h"
+#include "tools/tinker/export_weights.h"
 #include "tools/tinker/protocol.h"
 #include "tools/tinker/request_fields.h"
+#include "tools/tinker/retention.h"
+#include "tools/tinker/stability.h"
 
 namespace zerostep {
 namespace tinker {
@@ -98,9 +103,23 @@ std::string not_implemented(const std::string& ep) {
   return ep +
          " is not implemented by this server (it serves training: "
          "create_model, forward_backward, optim_step, save_weights, "
-         "load_weights, get_info; and sampling: save_weights_for_sampler, "
-         "create_sampling_session, asample; no external weights). "
-         "Nothing was changed";
+         "load_weights, get_info, save_weights_external; sampling: "
+         "save_weights_for_sampler, create_sampling_session, asample; and "
+         "the REST client's runs, sessions, checkpoints, TTLs, deletes, "
+         "copy_weights, weights_info and external weights URLs). Nothing "
+         "was changed";
+}
+
+// body[key] as an object of strings (the SDK's user_metadata: other values
+// are kept as their JSON text, since the REST types hold strings), or
+// null.
+json string_map(const json& body, const char* key) {
+  if (!body.contains(key) || !body[key].is_object()) return nullptr;
+  json out = json::object();
+  for (const auto& kv : body[key].items())
+    out[kv.key()] = kv.value().is_string() ? kv.value().get<std::string>()
+                                           : kv.value().dump();
+  return out;
 }
 
 }  // namespace
@@ -108,7 +127,10 @@ std::string not_implemented(const std::string& ep) {
 Service::Service(const ServiceOptions& options)
     : options_(options),
       instance_(options.instance_id.empty() ? random_instance_id()
-                                            : options.instance_id) {}
+                                            : options.instance_id),
+      signer_(options.download_secret.empty()
+                  ? DownloadSigner()
+                  : DownloadSigner(options.download_secret)) {}
 
 ServiceStats Service::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -207,6 +229,150 @@ void Service::expire_gaps() {
   }
 }
 
+namespace {
+
+// What a path after /api/v1/ names, and the methods it serves.
+enum class Route {
+  kUnknown,
+  kHealthz,            // GET
+  kCapabilities,       // GET
+  kSampler,            // GET samplers/<id>
+  kCheckpoints,        // GET checkpoints
+  kRuns,               // GET training_runs
+  kRun,                // GET training_runs/<run>
+  kRunCheckpoints,     // GET training_runs/<run>/checkpoints
+  kCheckpoint,         // DELETE training_runs/<run>/checkpoints/<kind>/<name>
+  kCheckpointTtl,      // PUT .../<kind>/<name>/ttl
+  kExternalUrls,       // GET .../external_weights/<name>/external_weights_urls
+  kSessions,           // GET sessions
+  kSession,            // GET sessions/<id>
+  kSessionFinish,      // POST sessions/<id>/finish
+  kPost,               // every POST endpoint below
+};
+
+struct Routed {
+  Route route = Route::kUnknown;
+  std::string run, kind, name, id;  // path parameters
+};
+
+const std::vector<std::string>& post_endpoints() {
+  static const std::vector<std::string> kPosts = {
+      "client/config", "client/dynamic_config", "telemetry", "create_session",
+      "session_heartbeat", "create_model", "load_weights", "get_info",
+      "retrieve_future", "create_sampling_session", "asample", "optim_step",
+      "save_weights", "save_weights_for_sampler", "save_weights_external",
+      "forward_backward", "copy_weights", "weights_info"};
+  return kPosts;
+}
+
+std::vector<std::string> split_path(const std::string& ep) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (true) {
+    const size_t slash = ep.find('/', at);
+    out.push_back(ep.substr(at, slash - at));
+    if (slash == std::string::npos) return out;
+    at = slash + 1;
+  }
+}
+
+Routed route_of(const std::string& ep) {
+  Routed r;
+  if (ep == "healthz") r.route = Route::kHealthz;
+  if (ep == "get_server_capabilities") r.route = Route::kCapabilities;
+  if (ep == "checkpoints") r.route = Route::kCheckpoints;
+  if (ep == "training_runs") r.route = Route::kRuns;
+  if (ep == "sessions") r.route = Route::kSessions;
+  for (const std::string& p : post_endpoints())
+    if (ep == p) r.route = Route::kPost;
+  if (r.route != Route::kUnknown) return r;
+  const std::vector<std::string> p = split_path(ep);
+  for (const std::string& part : p)
+    if (part.empty()) return r;
+  if (p[0] == "samplers" && p.size() == 2) {
+    r.route = Route::kSampler;
+    r.id = p[1];
+  } else if (p[0] == "sessions" && p.size() == 2 && p[1] != "search") {
+    r.route = Route::kSession;
+    r.id = p[1];
+  } else if (p[0] == "sessions" && p.size() == 3 && p[2] == "finish") {
+    r.route = Route::kSessionFinish;
+    r.id = p[1];
+  } else if (p[0] == "training_runs") {
+    if (p.size() >= 2) r.run = p[1];
+    if (p.size() >= 5) {
+      r.kind = p[3];
+      r.name = p[4];
+    }
+    if (p.size() == 2) r.route = Route::kRun;
+    if (p.size() == 3 && p[2] == "checkpoints") r.route = Route::kRunCheckpoints;
+    if (p.size() >= 5 && p[2] == "checkpoints") {
+      if (p.size() == 5) r.route = Route::kCheckpoint;
+      if (p.size() == 6 && p[5] == "ttl") r.route = Route::kCheckpointTtl;
+      if (p.size() == 6 && p[5] == "external_weights_urls" &&
+          p[3] == "external_weights")
+        r.route = Route::kExternalUrls;
+    }
+  }
+  return r;
+}
+
+// The methods a route serves (405's Allow).
+std::string allowed_methods(Route r) {
+  switch (r) {
+    case Route::kCheckpoint:
+      return "DELETE";
+    case Route::kCheckpointTtl:
+      return "PUT";
+    case Route::kPost:
+    case Route::kSessionFinish:
+      return "POST";
+    case Route::kUnknown:
+      return "GET, POST";
+    default:
+      return "GET";
+  }
+}
+
+HttpResponse not_allowed(const HttpRequest& req, Route r) {
+  HttpResponse out = error_response(
+      405, "method " + elide(req.method, 40) + " is not served for " +
+               elide(req.path, 200) + " (it serves " + allowed_methods(r) +
+               ")");
+  out.headers.emplace_back("Allow", allowed_methods(r));
+  return out;
+}
+
+// "?limit=N&offset=M" of a listing: args["limit"], args["offset"] set,
+// within [1, max_limit] and >= 0; the 400 answer for a bad value.
+std::optional<HttpResponse> read_page(const std::string& what,
+                                      const std::string& query,
+                                      int64_t max_limit, json* args) {
+  size_t at = 0;
+  while (at <= query.size()) {
+    const size_t amp = std::min(query.find('&', at), query.size());
+    const std::string kv = query.substr(at, amp - at);
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) {
+      const std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+      int64_t n = 0;
+      if (k == "limit" || k == "offset") {
+        if (read_int(v, &n) != NumberText::kOk || n < 0 ||
+            (k == "limit" && (n < 1 || n > max_limit)))
+          return error_response(400, what + ": " + k + "=" + elide(v, 40) +
+                                         " must be an integer, limit in [1, " +
+                                         std::to_string(max_limit) +
+                                         "], offset >= 0");
+        (*args)[k] = n;
+      }
+    }
+    at = amp + 1;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 HttpResponse Service::handle(const HttpRequest& req) {
   const std::string prefix = "/api/v1/";
   if (req.path.rfind(prefix, 0) != 0)
@@ -217,9 +383,31 @@ HttpResponse Service::handle(const HttpRequest& req) {
     return error_response(415, "Content-Encoding '" + req.content_encoding +
                                    "' is not accepted (client/config says "
                                    "proto_compress_fwdbwd = false)");
-  if (req.method == "GET") {
-    if (ep == "healthz") return json_response(200, {{"status", "ok"}});
-    if (ep == "get_server_capabilities") {
+  const bool get = req.method == "GET" || req.method == "HEAD";
+  // Signed downloads carry their own authority (Note [Signed downloads]).
+  if (ep.rfind(kDownloadsPrefix, 0) == 0) {
+    if (!get) {
+      HttpResponse out = error_response(
+          405, "method " + elide(req.method, 40) + " is not served for " +
+                   elide(req.path, 200) + " (it serves GET)");
+      out.headers.emplace_back("Allow", "GET");
+      return out;
+    }
+    return download(req, ep);
+  }
+  const Routed r = route_of(ep);
+  if (r.route == Route::kUnknown) {
+    if (get) return error_response(404, "no such endpoint: GET " + req.path);
+    if (req.method != "POST") return not_allowed(req, r.route);
+  } else if (allowed_methods(r.route) == "GET" ? !get
+                                               : req.method !=
+                                                     allowed_methods(r.route)) {
+    return not_allowed(req, r.route);
+  }
+  switch (r.route) {
+    case Route::kHealthz:
+      return json_response(200, {{"status", "ok"}});
+    case Route::kCapabilities: {
       json models = json::array();
       for (const auto& m : options_.models)
         models.push_back({{"model_name", m.first},
@@ -228,38 +416,55 @@ HttpResponse Service::handle(const HttpRequest& req) {
                           {"sampleable", true}});
       return json_response(200, {{"supported_models", models}});
     }
-    if (ep.rfind("samplers/", 0) == 0 && ep.size() > 9) {
-      const std::string id = ep.substr(9);
+    case Route::kSampler: {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (!resolve_sampling_session(req.caller, id))
-          return error_response(400, unknown_sampling_session(id));
+        if (!resolve_sampling_session(req.caller, r.id))
+          return error_response(400, unknown_sampling_session(r.id));
       }
-      return run_now(req.caller, "get_sampler", {{"sampler_id", id}});
+      return run_now(req.caller, "get_sampler", {{"sampler_id", r.id}});
     }
-    if (ep == "checkpoints") return list_checkpoints(req.caller, "", req.query);
-    const std::string runs = "training_runs/", tail = "/checkpoints";
-    if (ep.rfind(runs, 0) == 0 && ep.size() > runs.size() + tail.size() &&
-        ep.compare(ep.size() - tail.size(), tail.size(), tail) == 0)
-      return list_checkpoints(
-          req.caller,
-          ep.substr(runs.size(), ep.size() - runs.size() - tail.size()),
-          req.query);
-    return error_response(404, "no such endpoint: GET " + req.path);
-  }
-  if (req.method == "DELETE") {
-    // training_runs/<run>/checkpoints/<weights|sampler_weights>/<name>
-    const std::string runs = "training_runs/", mid = "/checkpoints/";
-    const size_t m = ep.find(mid);
-    if (ep.rfind(runs, 0) == 0 && m != std::string::npos && m > runs.size())
+    case Route::kCheckpoints:
+      return list_checkpoints(req.caller, "", req.query);
+    case Route::kRunCheckpoints:
+      return list_checkpoints(req.caller, r.run, req.query);
+    case Route::kRuns:
+      return list_training_runs(req.caller, req.query);
+    case Route::kRun:
+      return get_training_run(req.caller, r.run);
+    case Route::kSessions:
+      return list_sessions(req.caller, req.query);
+    case Route::kSession:
+      return get_session(req.caller, r.id);
+    case Route::kCheckpoint:
       return run_now(req.caller, "delete_checkpoint",
-                     {{"path", "tinker://" + ep.substr(runs.size(),
-                                                       m - runs.size()) +
-                                   "/" + ep.substr(m + mid.size())}});
+                     {{"path", "tinker://" + r.run + "/" + r.kind + "/" +
+                                   r.name}});
+    case Route::kCheckpointTtl: {
+      json body;
+      HttpResponse bad;
+      if (!parse_object(req.body.empty() ? "{}" : req.body, &body, &bad))
+        return bad;
+      if (!body.contains("ttl_seconds"))
+        return error_response(400,
+                              "set_checkpoint_ttl: missing field "
+                              "'ttl_seconds' (an integer, or null for no "
+                              "expiry)");
+      return run_now(req.caller, "set_checkpoint_ttl",
+                     {{"path", "tinker://" + r.run + "/" + r.kind + "/" +
+                                   r.name},
+                      {"ttl_seconds", body["ttl_seconds"]}});
+    }
+    case Route::kExternalUrls:
+      return external_weights_urls(
+          req, "tinker://" + r.run + "/external_weights/" + r.name);
+    case Route::kSessionFinish:
+      return json_response(200, json::object());
+    default:
+      break;
   }
-  if (req.method != "POST")
-    return error_response(405, "method " + req.method + " is not served");
 
+  // POST.
   if (ep == "forward_backward") {
     std::string model_id;
     int32_t seq_id = 0;
@@ -293,14 +498,16 @@ HttpResponse Service::handle(const HttpRequest& req) {
     const std::string id =
         "session-" + instance_ + "-" + std::to_string(next_session_++);
     sessions_.claim(id, req.caller.tenant);
+    SessionInfo& info = session_info_[id];
+    info.created = next_session_;
+    info.user_metadata = string_map(body, "user_metadata");
+    if (body.contains("display_name") && body["display_name"].is_string())
+      info.display_name = body["display_name"];
     return json_response(200,
                          {{"type", "create_session"}, {"session_id", id}});
   }
   if (ep == "session_heartbeat")
     return json_response(200, {{"type", "session_heartbeat"}});
-  if (ep.rfind("sessions/", 0) == 0 && ep.size() > 16 &&
-      ep.compare(ep.size() - 7, 7, "/finish") == 0)
-    return json_response(200, json::object());
   if (ep == "create_model") return create_model(req.caller, raw);
   if (ep == "load_weights") return load_weights(req.caller, raw);
   if (ep == "get_info") return get_info(req.caller, raw);
@@ -313,11 +520,36 @@ HttpResponse Service::handle(const HttpRequest& req) {
       if (!resolve_session(req.caller, session))
         return error_response(404, unknown_session(session));
     }
-    return run_now(req.caller, "create_sampling_session", body);
+    HttpResponse out = run_now(req.caller, "create_sampling_session", body);
+    if (out.status == 200) {
+      std::lock_guard<std::mutex> lock(mu_);
+      const json made = json::parse(out.body);
+      auto it = session_info_.find(session);
+      if (it != session_info_.end() && made.is_object() &&
+          made.contains("sampling_session_id") &&
+          made["sampling_session_id"].is_string())
+        it->second.sampler_ids.push_back(made["sampling_session_id"]);
+    }
+    return out;
   }
   if (ep == "asample") return asample(req.caller, raw, body);
+  if (ep == "copy_weights") {
+    std::string session;
+    if (get_string(body, "session_id", &session)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!resolve_session(req.caller, session))
+        return error_response(404, unknown_session(session));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      body["new_run"] = "copy-" + instance_ + "-" +
+                        std::to_string(next_request_++);
+    }
+    return run_now(req.caller, "copy_weights", body);
+  }
+  if (ep == "weights_info") return run_now(req.caller, "weights_info", body);
   if (ep == "optim_step" || ep == "save_weights" ||
-      ep == "save_weights_for_sampler") {
+      ep == "save_weights_for_sampler" || ep == "save_weights_external") {
     std::string model_id;
     if (!get_string(body, "model_id", &model_id))
       return error_response(400, ep + ": missing string field 'model_id'");
@@ -522,31 +754,142 @@ HttpResponse Service::list_checkpoints(const Caller& caller,
                                        const std::string& query) {
   json args = {{"limit", 100}, {"offset", 0}};
   // ?limit=N&offset=M (the SDK's list_user_checkpoints); others ignored.
-  size_t at = 0;
-  while (at <= query.size()) {
-    const size_t amp = std::min(query.find('&', at), query.size());
-    const std::string kv = query.substr(at, amp - at);
-    const size_t eq = kv.find('=');
-    if (eq != std::string::npos) {
-      const std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
-      int64_t n = 0;
-      if (k == "limit" || k == "offset") {
-        if (read_int(v, &n) != NumberText::kOk || n < 0 ||
-            (k == "limit" && (n < 1 || n > 1000)))
-          return error_response(400, "checkpoints: " + k + "=" + elide(v, 40) +
-                                         " must be an integer, limit in [1, "
-                                         "1000], offset >= 0");
-        args[k] = n;
-      }
-    }
-    at = amp + 1;
-  }
+  if (auto bad = read_page("checkpoints", query, 1000, &args)) return *bad;
   if (!run.empty()) {
     args["model_id"] = run;
     std::lock_guard<std::mutex> lock(mu_);
     args["live"] = resolve_model(caller, run) != nullptr;
   }
   return run_now(caller, "list_checkpoints", args);
+}
+
+std::vector<std::string> Service::live_models(const Caller& caller) const {
+  std::vector<std::string> out;
+  for (const auto& kv : models_)
+    if (kv.second.tenant == caller.tenant && !kv.second.failed)
+      out.push_back(kv.first);
+  return out;
+}
+
+HttpResponse Service::list_training_runs(const Caller& caller,
+                                         const std::string& query) {
+  json args = {{"limit", 20}, {"offset", 0}};
+  if (auto bad = read_page("training_runs", query, 1000, &args)) return *bad;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    args["live"] = live_models(caller);
+  }
+  return run_now(caller, "list_training_runs", args);
+}
+
+HttpResponse Service::get_training_run(const Caller& caller,
+                                       const std::string& run) {
+  json args = {{"model_id", run}};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    args["live"] = resolve_model(caller, run) != nullptr &&
+                   !models_.at(run).failed;
+  }
+  return run_now(caller, "get_training_run", args);
+}
+
+HttpResponse Service::list_sessions(const Caller& caller,
+                                    const std::string& query) {
+  json args = {{"limit", 20}, {"offset", 0}};
+  if (auto bad = read_page("sessions", query, 1000, &args)) return *bad;
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<int64_t, std::string>> mine;
+  for (const std::string& id : sessions_.ids_of(caller.tenant))
+    mine.emplace_back(session_info_[id].created, id);
+  std::sort(mine.rbegin(), mine.rend());  // newest first
+  json ids = json::array();
+  const size_t offset = args["offset"].get<size_t>();
+  const size_t limit = args["limit"].get<size_t>();
+  for (size_t i = offset; i < mine.size() && i < offset + limit; ++i)
+    ids.push_back(mine[i].second);
+  return json_response(200, {{"sessions", ids}});
+}
+
+HttpResponse Service::get_session(const Caller& caller,
+                                  const std::string& session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!resolve_session(caller, session))
+    return error_response(404, "unknown session '" + elide(session, 200) +
+                                   "' (one create_session gave)");
+  const SessionInfo& info = session_info_[session];
+  json runs = json::array();
+  for (const std::string& id : live_models(caller))
+    if (session_of(id) == session) runs.push_back(id);
+  return json_response(200, {{"training_run_ids", runs},
+                             {"sampler_ids", info.sampler_ids},
+                             {"user_metadata", info.user_metadata},
+                             {"display_name", info.display_name}});
+}
+
+HttpResponse Service::external_weights_urls(const HttpRequest& req,
+                                            const std::string& path) {
+  HttpResponse files =
+      run_now(req.caller, "external_weights_files", {{"path", path}});
+  if (files.status != 200) return files;
+  const json f = json::parse(files.body);
+  const json listed = f.is_object() ? f.value("files", json::array())
+                                    : json::array();
+  std::string model_id, name;
+  parse_tinker_path_of_kind(path, "external_weights", &model_id, &name);
+  DownloadTarget t{req.caller.tenant, model_id, name, "", 0};
+  t.expires_unix = unix_now() + kDownloadUrlTtlS;
+  if (f.is_object() && f.contains("expires_at") &&
+      f["expires_at"].is_number_integer())
+    t.expires_unix = std::min(t.expires_unix, f["expires_at"].get<int64_t>());
+  const std::string base =
+      !options_.public_url.empty()
+          ? options_.public_url
+          : "http://" + (req.host.empty() ? std::string("127.0.0.1")
+                                          : req.host);
+  json urls = json::object();
+  for (const json& file : listed) {
+    if (!file.is_string()) continue;
+    t.file = file.get<std::string>();
+    urls[t.file] = signer_.url(base, t);
+  }
+  return json_response(200, {{"urls", urls},
+                             {"expires", iso8601(t.expires_unix)}});
+}
+
+HttpResponse Service::download(const HttpRequest& req, const std::string& ep) {
+  const std::optional<DownloadTarget> t =
+      signer_.verify(ep, req.query, unix_now());
+  if (!t)
+    return error_response(403,
+                          "this download URL is not valid: it is malformed, "
+                          "altered, expired or from before the server "
+                          "restarted. Fix: ask get_external_weights_urls for "
+                          "new ones");
+  // Note [One tenant check]: the URL's tenant's folder, nothing else.
+  const std::optional<CheckpointLocation> at = locate_checkpoint(
+      options_.state_dir, t->tenant,
+      "tinker://" + t->run + "/external_weights/" + t->name,
+      "external_weights");
+  const std::string gone = "external weights 'tinker://" + t->run +
+                           "/external_weights/" + t->name + "' have no file '" +
+                           t->file + "' (deleted or expired)";
+  if (options_.state_dir.empty() || !at ||
+      !within_dir(options_.state_dir, at->dir))
+    return error_response(404, gone);
+  json meta;
+  try {
+    meta = json::parse(read_file(at->dir + "/tinker_meta.json"));
+  } catch (const std::exception&) {
+    return error_response(404, gone);
+  }
+  const std::vector<std::string> files = external_weight_files(at->dir);
+  if (expired(meta, unix_now()) ||
+      std::find(files.begin(), files.end(), t->file) == files.end())
+    return error_response(404, gone);
+  HttpResponse out;
+  out.content_type = "application/octet-stream";
+  out.body_file = at->dir + "/" + t->file;
+  return out;
 }
 
 HttpResponse Service::asample(const Caller& caller, const std::string& raw,
@@ -579,7 +922,11 @@ HttpResponse Service::asample(const Caller& caller, const std::string& raw,
     } else {
       rid = new_future(caller);
       if (!key.empty()) samples_[key] = {h, rid};
-      enqueue(rid, Command{"sample", body, "", caller});
+      // The sequence ids "<rid>:<i>" (below) name recorded sequences too
+      // (Note [Stability records] in stability.h).
+      json args = body;
+      args["zerostep_request_id"] = rid;
+      enqueue(rid, Command{"sample", std::move(args), "", caller});
     }
   }
   json ids = json::array();
@@ -669,6 +1016,16 @@ void Service::run_rank0(
       // Never built: not counted in the tenant's quota.
       auto m = models_.find(item.second.args.value("model_id", ""));
       if (m != models_.end()) m->second.failed = true;
+    }
+    if (result.ok && item.second.op == "save_weights_for_sampler" &&
+        result.json.is_object() &&
+        result.json.contains("sampling_session_id") &&
+        result.json["sampling_session_id"].is_string()) {
+      // GET sessions/<id> lists it among the session's samplers.
+      auto info = session_info_.find(
+          session_of(item.second.args.value("model_id", "")));
+      if (info != session_info_.end())
+        info->second.sampler_ids.push_back(result.json["sampling_session_id"]);
     }
     Future& f = futures_[item.first];
     f.done = true;

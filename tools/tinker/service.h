@@ -28,13 +28,23 @@
 //     once; its future resolves to a protobuf SampleResponse. A retried
 //     asample (same sampling session, seq_id and body) gets the original
 //     future; the same seq_id with another body is HTTP 409.
-//   - Unserved endpoints (save_weights_external, ...): a request carrying a
-//   model_id and seq_id still takes
-//     its place in the model's order and consumes its seq_id (the SDK
-//     numbers every training-client request, and a later one would wait
-//     for the missing seq_id forever); its future fails with "not
-//     implemented" and nothing changes. Without a seq_id: HTTP 404 with
-//     the same message (not 501, which the SDK retries).
+//   - save_weights_external is a sequenced request of its model like
+//     save_weights (external weights, export_weights.h); copy_weights and
+//     weights_info run in the command queue and answer at once.
+//   - REST (the SDK's RestClient): GET training_runs[/<id>], GET
+//     checkpoints and training_runs/<id>/checkpoints, GET sessions[/<id>],
+//     DELETE and PUT .../checkpoints/<kind>/<name>[/ttl], and GET
+//     .../external_weights/<name>/external_weights_urls, whose signed URLs
+//     GET downloads/... serves without a key (Note [Signed downloads] in
+//     downloads.h). A method a path does not serve is 405 with a JSON body
+//     and an Allow header, whatever the method.
+//   - Unserved endpoints (unload_model, ...): a request carrying a
+//     model_id and seq_id still takes its place in the model's order and
+//     consumes its seq_id (the SDK numbers every training-client request,
+//     and a later one would wait for the missing seq_id forever); its
+//     future fails with "not implemented" and nothing changes. Without a
+//     seq_id: HTTP 404 with the same message (not 501, which the SDK
+//     retries).
 //   - Malformed bodies (JSON or protobuf) get HTTP 400 with a JSON body
 //     {"error", "category": "user"}; unknown paths 404.
 //   - Ids: session ids are "session-<instance>-<n>" and model ids
@@ -81,6 +91,7 @@
 #include <vector>
 
 #include "tools/tinker/command.h"
+#include "tools/tinker/downloads.h"
 #include "tools/tinker/tenancy.h"
 
 namespace zerostep {
@@ -91,13 +102,14 @@ namespace tinker {
 inline constexpr int64_t kMaxSampleIdsPerRequest = 128;
 
 struct HttpRequest {
-  std::string method;  // "GET" or "POST"
+  std::string method;  // "GET", "POST", "DELETE", "PUT", ...
   std::string path;    // e.g. "/api/v1/healthz", %-escapes decoded
   std::string query;   // after '?', as sent ("limit=10&offset=0")
   std::string body;
   std::string content_type;      // request Content-Type
   std::string content_encoding;  // request Content-Encoding
   std::string accept;            // request Accept
+  std::string host;              // request Host (for URLs it hands out)
   Caller caller;                 // who it acts for (the key's tenant)
 };
 
@@ -105,6 +117,9 @@ struct HttpResponse {
   int status = 200;
   std::string content_type = "application/json";
   std::string body;
+  // When not empty: the body is this file's bytes instead (a download,
+  // sent by the HTTP front without holding it in memory).
+  std::string body_file;
   std::vector<std::pair<std::string, std::string>> headers;  // extra ones
 };
 
@@ -125,6 +140,15 @@ struct ServiceOptions {
   std::string instance_id;
   // Reported by get_server_capabilities: {name, max_context}.
   std::vector<std::pair<std::string, int64_t>> models;
+  // The trainer's state directory: downloads are read from it (Note
+  // [Signed downloads] in downloads.h). Empty: downloads answer 404.
+  std::string state_dir;
+  // The base of the download URLs get_external_weights_urls hands out
+  // ("https://trainer.example.com" behind a TLS proxy); empty: "http://"
+  // and the request's Host header.
+  std::string public_url;
+  // The secret download URLs are signed with; empty: drawn at random.
+  std::string download_secret;
 };
 
 // Counters for tests and the load benchmark.
@@ -159,6 +183,13 @@ class Service {
     Command command;
     Clock::time_point deadline;
   };
+  // What create_session gave, for the sessions endpoints.
+  struct SessionInfo {
+    int64_t created = 0;  // order of creation
+    nlohmann::json user_metadata;  // object of strings, or null
+    nlohmann::json display_name;   // string or null
+    std::vector<std::string> sampler_ids;
+  };
   struct ModelSeq {
     std::string tenant;
     bool failed = false;  // its creation failed: not counted in a quota
@@ -183,6 +214,18 @@ class Service {
                                const std::string& accept);
   HttpResponse list_checkpoints(const Caller& caller, const std::string& run,
                                 const std::string& query);
+  // GET training_runs[/<id>] and sessions[/<id>].
+  HttpResponse list_training_runs(const Caller& caller,
+                                  const std::string& query);
+  HttpResponse get_training_run(const Caller& caller, const std::string& run);
+  HttpResponse list_sessions(const Caller& caller, const std::string& query);
+  HttpResponse get_session(const Caller& caller, const std::string& session);
+  // GET .../external_weights_urls and the downloads they name.
+  HttpResponse external_weights_urls(const HttpRequest& req,
+                                     const std::string& path);
+  HttpResponse download(const HttpRequest& req, const std::string& ep);
+  // The caller's live models (created, not failed); requires mu_ held.
+  std::vector<std::string> live_models(const Caller& caller) const;
 
   // Note [One tenant check] (tenancy.h): the only ways a request's ids are
   // looked up. Each is true (or non-null) only for an id that exists and
@@ -212,6 +255,7 @@ class Service {
   std::deque<std::pair<std::string, Command>> queue_;  // GUARDED_BY(mu_)
   std::map<std::string, ModelSeq> models_;             // GUARDED_BY(mu_)
   TenantIds sessions_;                                 // GUARDED_BY(mu_)
+  std::map<std::string, SessionInfo> session_info_;     // GUARDED_BY(mu_)
   std::map<std::string, std::pair<uint64_t, std::string>>
       creates_;  // GUARDED_BY(mu_)
   // "<sampling session>#<seq_id>" -> (body hash, request id).
@@ -221,6 +265,7 @@ class Service {
   int64_t next_session_ = 1;  // GUARDED_BY(mu_)
   bool stopping_ = false;     // GUARDED_BY(mu_)
   ServiceStats stats_;        // GUARDED_BY(mu_)
+  const DownloadSigner signer_;
 };
 
 // Every rank but 0: receive each command rank 0 broadcasts and execute it,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -19,6 +20,7 @@
 #include "tools/tinker/protocol.h"
 #include "tools/tinker/request_fields.h"
 #include "tools/tinker/sampling.h"
+#include "tools/tinker/stability.h"
 #include "zero/phase.h"
 
 namespace zerostep {
@@ -179,11 +181,49 @@ struct RankTrainer::Impl {
   // window's next positions; datum at position p is rank p % W's in row
   // p / W; every rank runs one forward per row the request touches, and
   // one backward() per row it completes.
+  // stable_reinforce: rank 0 resolves every datum's provenance against the
+  // sampler's records (Note [Stability records] in stability.h) and
+  // broadcasts the result, so every rank fails alike or gets the same q.
+  void fill_recorded_q(const ForwardBackwardIn& in, const Model& m,
+                       const Caller& caller, std::vector<DatumPlan>* plans) {
+    std::string payload;
+    if (comm->rank() == 0) {
+      try {
+        std::vector<float> all;
+        for (size_t i = 0; i < in.data.size(); ++i) {
+          const std::vector<float> q = samplers.stability().resolve(
+              caller.tenant, session_of(m.id), in.data[i], i);
+          all.insert(all.end(), q.begin(), q.end());
+        }
+        payload = "q" + std::string(reinterpret_cast<const char*>(all.data()),
+                                    all.size() * sizeof(float));
+      } catch (const UsageError& e) {
+        payload = std::string("e") + e.what();
+      }
+    }
+    broadcast_bytes(*comm, &payload);
+    if (payload.empty() || payload[0] != 'q')
+      throw UsageError(payload.empty() ? "stable_reinforce: no answer from "
+                                         "rank 0"
+                                       : payload.substr(1));
+    size_t offset = 1;
+    for (DatumPlan& p : *plans) {
+      const int64_t t = p.targets.size(0);
+      p.q = torch::empty({t}, torch::kFloat32);
+      std::memcpy(p.q.data_ptr<float>(), payload.data() + offset,
+                  static_cast<size_t>(t) * sizeof(float));
+      offset += static_cast<size_t>(t) * sizeof(float);
+    }
+    ZS_CHECK(offset == payload.size());
+  }
+
   CommandResult forward_backward(const Command& c) {
     const ForwardBackwardIn in = decode_forward_backward(c.blob);
     Model& m = models.get(in.model_id, c.caller.tenant);
-    const std::vector<DatumPlan> plans = plan_forward_backward(in, m.base);
+    std::vector<DatumPlan> plans = plan_forward_backward(in, m.base);
     const LossConfig config = loss_config(in.loss_fn, in.loss_fn_config);
+    if (in.loss_fn == "stable_reinforce")
+      fill_recorded_q(in, m, c.caller, &plans);
     // Validated on every rank: from here on every rank runs the same
     // collectives.
     const int w = comm->world_size(), r = comm->rank();
@@ -196,7 +236,7 @@ struct RankTrainer::Impl {
         start - static_cast<int64_t>(win.pending.size());
     std::vector<int64_t> offset(static_cast<size_t>(n) + 1, 0);
     for (int64_t j = 0; j < n; ++j)
-      offset[j + 1] = offset[j] + plans[j].targets.size(0);
+      offset[j + 1] = offset[j] + plans[j].targets.numel();
     const int64_t total = offset[n];
     std::vector<float> lp_all(static_cast<size_t>(total), 0.0f),
         el_all(static_cast<size_t>(total), 0.0f);
@@ -262,6 +302,7 @@ struct RankTrainer::Impl {
                               lp_all.begin() + offset[j + 1]);
       outs[j].elementwise_loss.assign(el_all.begin() + offset[j],
                                       el_all.begin() + offset[j + 1]);
+      if (plans[j].targets.dim() == 2) outs[j].k = plans[j].targets.size(1);
       loss_sum += loss_all[static_cast<size_t>(j)];
     }
     CommandResult res;
@@ -364,7 +405,12 @@ struct RankTrainer::Impl {
   }
 
   CommandResult dispatch(const Command& c) {
-    if (c.op == "noop" || c.op == "shutdown") return CommandResult();
+    if (c.op == "noop") {
+      // Note [Checkpoint expiry] in retention.h: rank 0 sweeps while idle.
+      if (comm->rank() == 0) checkpoints.sweep_expired();
+      return CommandResult();
+    }
+    if (c.op == "shutdown") return CommandResult();
     const Caller& caller = c.caller;
     if (c.op == "create_model")
       return ok_json(models.create_model(c.args, caller.tenant));
@@ -379,6 +425,10 @@ struct RankTrainer::Impl {
       return ok_json(checkpoints.load_weights(models, caller, c.args));
     }
     if (c.op == "get_info") return get_info(caller, c.args);
+    if (c.op == "save_weights_external") {
+      require_no_open_window("save_weights_external", c.args);
+      return ok_json(checkpoints.save_external(models, caller, c.args));
+    }
     if (c.op == "save_weights_for_sampler")
       return ok_json(samplers.save_for_sampler(models, caller, c.args));
     // Sessions, sampling, listings and deletes are rank 0's alone
@@ -399,12 +449,30 @@ struct RankTrainer::Impl {
     if (c.op == "list_checkpoints")
       return rank0 ? ok_json(checkpoints.list(caller, c.args))
                    : CommandResult();
-    if (c.op == "delete_checkpoint") {
+    if (c.op == "delete_checkpoint" || c.op == "set_checkpoint_ttl") {
       if (!rank0) return CommandResult();
-      nlohmann::json out = checkpoints.remove(caller, c.args);
+      nlohmann::json out = c.op == "delete_checkpoint"
+                               ? checkpoints.remove(caller, c.args)
+                               : checkpoints.set_ttl(caller, c.args);
+      // The in-memory copy of sampler weights follows the files.
       samplers.forget(caller, out.at("path").get<std::string>());
       return ok_json(out);
     }
+    if (c.op == "external_weights_files")
+      return rank0 ? ok_json(checkpoints.external_files(caller, c.args))
+                   : CommandResult();
+    if (c.op == "list_training_runs")
+      return rank0 ? ok_json(checkpoints.runs(models, caller, c.args))
+                   : CommandResult();
+    if (c.op == "get_training_run")
+      return rank0 ? ok_json(checkpoints.run(models, caller, c.args))
+                   : CommandResult();
+    if (c.op == "copy_weights")
+      return rank0 ? ok_json(checkpoints.copy(caller, c.args))
+                   : CommandResult();
+    if (c.op == "weights_info")
+      return rank0 ? ok_json(checkpoints.weights_info(caller, c.args))
+                   : CommandResult();
     throw InternalError("unknown command '" + c.op + "'");
   }
 };
