@@ -9,6 +9,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <map>
+#include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -179,13 +182,41 @@ const bool registered = [] {
   return true;
 }();
 
-// Without a device the conformance suite is not registered; this case stands
-// for it, so that the run lists it as skipped by name instead of passing.
+// The conformance suite's registration, which its own cases
+// (CommConformance/<backend>.<case>/world<W>, comm/conformance.h) cannot
+// check. Without a device it is not registered: this case stands for it,
+// so that the run lists it as skipped by name instead of passing. With
+// devices the three device runners must each be registered, with the same
+// cases, each at the world sizes NcclRunner gives (1, 2, 4, ... up to the
+// device count).
 TEST(NcclCommunicatorTest, ConformanceSuiteOnDevices) {
   if (device_count() == 0)
-    GTEST_SKIP() << "needs a CUDA device: the nccl conformance suite did not "
-                    "run (no device visible)";
-  SUCCEED() << "the suite runs as CommunicatorConformance/nccl.*";
+    GTEST_SKIP() << "needs a CUDA device: the nccl conformance suite "
+                    "(CommConformance/nccl.*, nccl_device.*, nccl_mixed.*) "
+                    "was not registered (no device visible)";
+  std::vector<std::string> worlds;
+  for (int w : NcclRunner().world_sizes())
+    worlds.push_back("world" + std::to_string(w));
+  const std::string prefix = "CommConformance/";
+  std::map<std::string, std::set<std::string>> cases;  // backend -> cases
+  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+  for (int i = 0; i < unit.total_test_suite_count(); ++i) {
+    const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
+    const std::string name = suite.name();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const size_t dot = name.find('.', prefix.size());
+    ASSERT_NE(dot, std::string::npos) << name;
+    cases[name.substr(prefix.size(), dot - prefix.size())].insert(
+        name.substr(dot + 1));
+    std::vector<std::string> got;
+    for (int k = 0; k < suite.total_test_count(); ++k)
+      got.push_back(suite.GetTestInfo(k)->name());
+    EXPECT_EQ(got, worlds) << name;
+  }
+  ASSERT_EQ(cases.size(), 3u) << "backends registered: " << cases.size();
+  EXPECT_FALSE(cases["nccl"].empty());
+  EXPECT_EQ(cases["nccl_device"], cases["nccl"]);
+  EXPECT_EQ(cases["nccl_mixed"], cases["nccl"]);
 }
 
 TEST(NcclCommunicatorTest, WithoutADeviceConstructionFailsCleanly) {

@@ -1312,18 +1312,35 @@ TEST(EngineTest, ConfigForAnotherWorldSizeIsRejected) {
   EXPECT_NE(msg.find("parsed for world_size 1"), std::string::npos) << msg;
 }
 
+// Every rank starts from rank 0's weights, not merely from the same ones: at
+// every stage, ranks 1 and 2 of three start from weights of their own, and
+// each rank's parameters after construction are rank 0's as they were
+// before it (stage 3: gathered by full_parameters(), a collective).
 TEST(EngineTest, ReplicasStartFromRankZerosWeights) {
-  Fixture fx(2, 0, false);
-  {
-    torch::NoGradGuard g;
-    fx.models[1]->parameters().front().add_(1.0);  // rank 1 differs
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const int w = 3;
+    Fixture fx(w, stage, false);
+    std::vector<torch::Tensor> before(w);
+    for (int r = 0; r < w; ++r) {
+      torch::NoGradGuard g;
+      for (torch::Tensor& p : fx.models[r]->parameters()) p.add_(0.5 * r);
+      std::vector<torch::Tensor> flat;
+      for (const torch::Tensor& p : fx.models[r]->parameters())
+        flat.push_back(p.detach().flatten());
+      before[r] = torch::cat(flat).clone();
+    }
+    // Guards the comparison: the ranks really start apart.
+    ASSERT_FALSE(torch::equal(before[0], before[1]));
+    ASSERT_FALSE(torch::equal(before[0], before[2]));
+    std::vector<torch::Tensor> after(w);
+    fx.world->run([&](int r) {
+      Engine e(fx.models[r], fx.config, &fx.world->comm(r));
+      after[r] = e.full_parameters();
+    });
+    for (int r = 0; r < w; ++r)
+      EXPECT_TRUE(torch::equal(after[r], before[0])) << "rank " << r;
   }
-  std::vector<torch::Tensor> flat(2);
-  fx.world->run([&](int r) {
-    Engine e(fx.models[r], fx.config, &fx.world->comm(r));
-    flat[r] = e.flat_parameters().clone();
-  });
-  EXPECT_TRUE(torch::equal(flat[0], flat[1]));
 }
 
 }  // namespace

@@ -120,7 +120,7 @@ std::vector<float> persistent_values(torch::nn::Module& m) {
 }
 
 TEST(ParamOffloadTest, SameBitsAsInMemoryAtWorlds1To4) {
-  for (int w : {1, 2, 4})
+  for (int w : {1, 2, 3, 4})
     for (bool offload_optimizer : {false, true}) {
       OffloadRun mem(w, false), nvme(w, true, offload_optimizer);
       mem.train(0, 3);

@@ -150,15 +150,20 @@ TEST(FusedAdamTest, BitwiseIdenticalAcrossThreadCounts) {
   }
 }
 
-// Every vector ISA against the scalar path, on sizes around the vector
-// widths (8, 16) so that both the full-vector loops and every tail length
-// run, and on a size that several threads split.
-void check_isa_matches_scalar(Isa isa) {
-  if (!fused_adam_isa_supported(isa)) {
-    std::cout << "[  SKIPPED ] this CPU lacks " << fused_adam_isa_name(isa)
-              << " (best: " << fused_adam_isa() << ")\n";
-    GTEST_SKIP() << "CPU lacks " << fused_adam_isa_name(isa);
-  }
+// Note [A case per ISA] (offload/adam_test_vectors.h): one case per kernel
+// path, skipped with its reason where this CPU lacks it.
+class FusedAdamIsaTest : public PerIsaTest {};
+INSTANTIATE_TEST_SUITE_P(EveryIsa, FusedAdamIsaTest,
+                         ::testing::ValuesIn(every_isa()), isa_case_name);
+class FusedAdamMissingIsaTest : public PerMissingIsaTest {};
+INSTANTIATE_TEST_SUITE_P(EveryIsa, FusedAdamMissingIsaTest,
+                         ::testing::ValuesIn(vector_isas()), isa_case_name);
+
+// Each path (on 3 threads) against the scalar path on one, on sizes around
+// the vector widths (8, 16) so that both the full-vector loops and every
+// tail length run, and on a size that several threads split.
+TEST_P(FusedAdamIsaTest, BitwiseIdenticalToScalar) {
+  const Isa isa = GetParam();
   std::vector<size_t> sizes;
   for (size_t n = 1; n <= 40; ++n) sizes.push_back(n);
   sizes.push_back(1000 + 5);
@@ -181,12 +186,14 @@ void check_isa_matches_scalar(Isa isa) {
   }
 }
 
-TEST(FusedAdamTest, Avx2BitwiseIdenticalToScalar) {
-  check_isa_matches_scalar(Isa::kAvx2);
-}
-
-TEST(FusedAdamTest, Avx512BitwiseIdenticalToScalar) {
-  check_isa_matches_scalar(Isa::kAvx512);
+// An ISA this CPU lacks is refused, not run.
+TEST_P(FusedAdamMissingIsaTest, RefusesAnIsaTheCpuLacks) {
+  std::vector<float> b(4, 1.0f);
+  AdamStepParams a;
+  EXPECT_THROW(fused_adam_step(b.data(), b.data(), b.data(), b.data(), 1, a,
+                               FusedAdamOptions{1, GetParam()}),
+               UsageError);
+  EXPECT_EQ(b[0], 1.0f);
 }
 
 TEST(FusedAdamTest, AutoPicksTheBestIsaAndSaysWhich) {
@@ -230,12 +237,6 @@ TEST(FusedAdamTest, RejectsMisuse) {
   a.step = 1;
   EXPECT_THROW(fused_adam_step(nullptr, b.data(), b.data(), b.data(), 1, a),
                UsageError);
-  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
-    if (fused_adam_isa_supported(isa)) continue;
-    EXPECT_THROW(fused_adam_step(b.data(), b.data(), b.data(), b.data(), 1, a,
-                                 FusedAdamOptions{1, isa}),
-                 UsageError);
-  }
 }
 
 bool same_bytes(const std::vector<float>& a, const std::vector<float>& b) {
@@ -265,52 +266,48 @@ class Floats {
 };
 
 // Note [Update out of place]: reading old arrays and writing new ones
-// beside them gives the bits of the update in place, on every ISA, thread
-// count and decay, with outputs aligned (streamed stores) or not, and
-// leaves the old arrays as they were.
-TEST(FusedAdamTest, OutOfPlaceIsBitwiseTheUpdateInPlace) {
+// beside them gives the bits of the update in place, on every ISA (a case
+// each), thread count and decay, with outputs aligned (streamed stores) or
+// not, and leaves the old arrays as they were.
+TEST_P(FusedAdamIsaTest, OutOfPlaceIsBitwiseTheUpdateInPlace) {
+  const Isa isa = GetParam();
   // 2 * kMinChunk + 37: two threads' chunks and a tail of every vector path.
   for (size_t n : {size_t{37}, 2 * kMinChunk + 37}) {
-    for (Isa isa : available_isas()) {
-      for (int threads : {1, 3}) {
-        for (int decay = 0; decay < 3; ++decay) {
-          for (size_t shift : {0, 1}) {
-            SCOPED_TRACE(testing::Message()
-                         << "n=" << n << " isa=" << fused_adam_isa_name(isa)
-                         << " threads=" << threads << " decay=" << decay
-                         << " shift=" << shift);
-            AdamStepParams h;
-            h.lr = 1e-2;
-            h.decoupled = decay == 0;
-            h.weight_decay = decay == 2 ? 0.0 : 0.05;
-            const FusedAdamOptions o{threads, isa};
-            AdamState in_place(n, 7);
-            // Two banks of p, m, v, flipped after every step as
-            // FlatOptimizer does.
-            std::vector<Floats> banks;
-            for (int k = 0; k < 6; ++k)
-              banks.emplace_back(k % 3 == 0 ? in_place.p
-                                            : std::vector<float>(n, 0.0f),
-                                 shift);
-            for (int step = 1; step <= 4; ++step) {
-              const std::vector<float> g = normal(n, 200 + step, 1.0f + step);
-              fused_adam_step(in_place.p.data(), g.data(), in_place.m.data(),
-                              in_place.v.data(), n, params_for(h, step), o);
-              Floats* old = &banks[(step - 1) % 2 * 3];
-              Floats* fresh = &banks[step % 2 * 3];
-              const std::vector<float> before[3] = {
-                  old[0].values(), old[1].values(), old[2].values()};
-              fused_adam_step(
-                  AdamArrays{old[0].data(), fresh[0].data(), g.data(),
-                             old[1].data(), fresh[1].data(), old[2].data(),
-                             fresh[2].data()},
-                  n, params_for(h, step), o);
-              ASSERT_TRUE(same_bytes(fresh[0].values(), in_place.p));
-              ASSERT_TRUE(same_bytes(fresh[1].values(), in_place.m));
-              ASSERT_TRUE(same_bytes(fresh[2].values(), in_place.v));
-              for (int k = 0; k < 3; ++k)
-                ASSERT_TRUE(same_bytes(old[k].values(), before[k]));
-            }
+    for (int threads : {1, 3}) {
+      for (int decay = 0; decay < 3; ++decay) {
+        for (size_t shift : {0, 1}) {
+          SCOPED_TRACE(testing::Message()
+                       << "n=" << n << " threads=" << threads
+                       << " decay=" << decay << " shift=" << shift);
+          AdamStepParams h;
+          h.lr = 1e-2;
+          h.decoupled = decay == 0;
+          h.weight_decay = decay == 2 ? 0.0 : 0.05;
+          const FusedAdamOptions o{threads, isa};
+          AdamState in_place(n, 7);
+          // Two banks of p, m, v, flipped after every step as
+          // FlatOptimizer does.
+          std::vector<Floats> banks;
+          for (int k = 0; k < 6; ++k)
+            banks.emplace_back(
+                k % 3 == 0 ? in_place.p : std::vector<float>(n, 0.0f), shift);
+          for (int step = 1; step <= 4; ++step) {
+            const std::vector<float> g = normal(n, 200 + step, 1.0f + step);
+            fused_adam_step(in_place.p.data(), g.data(), in_place.m.data(),
+                            in_place.v.data(), n, params_for(h, step), o);
+            Floats* old = &banks[(step - 1) % 2 * 3];
+            Floats* fresh = &banks[step % 2 * 3];
+            const std::vector<float> before[3] = {
+                old[0].values(), old[1].values(), old[2].values()};
+            fused_adam_step(AdamArrays{old[0].data(), fresh[0].data(), g.data(),
+                                       old[1].data(), fresh[1].data(),
+                                       old[2].data(), fresh[2].data()},
+                            n, params_for(h, step), o);
+            ASSERT_TRUE(same_bytes(fresh[0].values(), in_place.p));
+            ASSERT_TRUE(same_bytes(fresh[1].values(), in_place.m));
+            ASSERT_TRUE(same_bytes(fresh[2].values(), in_place.v));
+            for (int k = 0; k < 3; ++k)
+              ASSERT_TRUE(same_bytes(old[k].values(), before[k]));
           }
         }
       }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "offload/adam_test_vectors.h"
 
 namespace zerostep {
 namespace {
@@ -102,7 +103,17 @@ double reference_squares(std::vector<float>& x, float first, float second) {
          ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
-TEST(HostKernelsTest, EveryIsaGivesTheBitsOfTheDocumentedOrder) {
+// Note [A case per ISA] (offload/adam_test_vectors.h): one case per kernel
+// path, skipped with its reason where this CPU lacks it.
+class HostKernelsIsaTest : public PerIsaTest {};
+INSTANTIATE_TEST_SUITE_P(EveryIsa, HostKernelsIsaTest,
+                         ::testing::ValuesIn(every_isa()), isa_case_name);
+class HostKernelsMissingIsaTest : public PerMissingIsaTest {};
+INSTANTIATE_TEST_SUITE_P(EveryIsa, HostKernelsMissingIsaTest,
+                         ::testing::ValuesIn(vector_isas()), isa_case_name);
+
+TEST_P(HostKernelsIsaTest, GivesTheBitsOfTheDocumentedOrder) {
+  const Isa isa = GetParam();
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
   std::uniform_int_distribution<int> exponent(-40, 40);
@@ -111,45 +122,37 @@ TEST(HostKernelsTest, EveryIsaGivesTheBitsOfTheDocumentedOrder) {
   for (size_t n : {255, 256, 257, 271, 272, 273, 279, 280, 287, 288, 289, 303,
                    304, 1003, 4099, 100003})
     lengths.push_back(n);
-  int isas_run = 0;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAuto}) {
-    if (!fused_adam_isa_supported(isa)) continue;
-    ++isas_run;
-    for (size_t n : lengths) {
-      std::vector<float> x(n);
-      for (float& v : x) v = std::ldexp(mantissa(rng), exponent(rng));
-      for (float first : {1.0f, 3.0f})
-        for (float second : {1.0f, 7.0f}) {
-          SCOPED_TRACE(std::string(fused_adam_isa_name(isa)) + " n=" +
-                       std::to_string(n) + " first=" + std::to_string(first) +
-                       " second=" + std::to_string(second));
-          std::vector<float> want_x = x;
-          const double want = reference_squares(want_x, first, second);
-          std::vector<float> got_x = x;
-          const double got = internal::host_divide_and_sum_of_squares(
-              got_x.data(), n, first, second, isa);
-          EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0)
-              << got << " != " << want;
-          EXPECT_EQ(std::memcmp(got_x.data(), want_x.data(), n * 4), 0);
-          if (first == 1.0f && second == 1.0f) {
-            const double plain =
-                internal::host_sum_of_squares(x.data(), n, isa);
-            EXPECT_EQ(std::memcmp(&plain, &want, sizeof plain), 0);
-          }
+  for (size_t n : lengths) {
+    std::vector<float> x(n);
+    for (float& v : x) v = std::ldexp(mantissa(rng), exponent(rng));
+    for (float first : {1.0f, 3.0f})
+      for (float second : {1.0f, 7.0f}) {
+        SCOPED_TRACE("n=" + std::to_string(n) +
+                     " first=" + std::to_string(first) +
+                     " second=" + std::to_string(second));
+        std::vector<float> want_x = x;
+        const double want = reference_squares(want_x, first, second);
+        std::vector<float> got_x = x;
+        const double got = internal::host_divide_and_sum_of_squares(
+            got_x.data(), n, first, second, isa);
+        EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0)
+            << got << " != " << want;
+        EXPECT_EQ(std::memcmp(got_x.data(), want_x.data(), n * 4), 0);
+        if (first == 1.0f && second == 1.0f) {
+          const double plain = internal::host_sum_of_squares(x.data(), n, isa);
+          EXPECT_EQ(std::memcmp(&plain, &want, sizeof plain), 0);
         }
-    }
+      }
   }
-  // This machine ran at least the scalar path and kAuto; say which ISAs.
-  EXPECT_GE(isas_run, 2);
-  RecordProperty("best_isa", fused_adam_isa());
 }
 
-TEST(HostKernelsTest, AnIsaTheCpuLacksIsAUsageError) {
+TEST_P(HostKernelsMissingIsaTest, RefusesAnIsaTheCpuLacks) {
   float x[4] = {1, 2, 3, 4};
-  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
-    if (fused_adam_isa_supported(isa)) continue;
-    EXPECT_THROW(internal::host_sum_of_squares(x, 4, isa), UsageError);
-  }
+  EXPECT_THROW(internal::host_sum_of_squares(x, 4, GetParam()), UsageError);
+}
+
+TEST(HostKernelsTest, ScalarSumOfSquares) {
+  float x[4] = {1, 2, 3, 4};
   EXPECT_EQ(internal::host_sum_of_squares(x, 4, Isa::kScalar), 30.0);
 }
 
@@ -158,34 +161,37 @@ TEST(HostKernelsTest, AnIsaTheCpuLacksIsAUsageError) {
 // span becomes +0.0f and none outside it changes, at every alignment of
 // the start (so every length of the partial lines at both ends), both
 // sides of the threshold, with each ISA's streaming stores.
-TEST(HostKernelsTest, ZeroClearsExactlyItsSpanAtEveryAlignment) {
+// kAvx512 streams with AVX-512, the others with SSE; kAuto is zero().
+class HostZeroIsaTest : public PerIsaTest {};
+INSTANTIATE_TEST_SUITE_P(EveryIsa, HostZeroIsaTest,
+                         ::testing::Values(Isa::kAuto, Isa::kAvx2,
+                                           Isa::kAvx512),
+                         isa_case_name);
+
+TEST_P(HostZeroIsaTest, ClearsExactlyItsSpanAtEveryAlignment) {
+  const Isa isa = GetParam();
   const size_t threshold = (size_t{64} << 20) / sizeof(float);
   std::vector<float> buf(threshold + 64);
   const std::vector<float> zeros(buf.size(), 0.0f);
   const std::vector<float> marks(buf.size(), -3.5f);
-  // kAvx512 streams with AVX-512, the others with SSE; kAuto is zero().
-  for (Isa isa : {Isa::kAuto, Isa::kAvx2, Isa::kAvx512}) {
-    if (!fused_adam_isa_supported(isa)) continue;
-    SCOPED_TRACE(fused_adam_isa_name(isa));
-    for (size_t n : {threshold - 1, threshold, threshold + 17})
-      for (size_t start = 0; start < 16; ++start) {
-        std::fill(buf.begin(), buf.end(), -3.5f);
-        const size_t len = std::min(n, buf.size() - start - 1);
-        if (isa == Isa::kAuto)
-          host_kernels().zero(buf.data() + start, len);
-        else
-          internal::host_zero(buf.data() + start, len, isa);
-        const size_t end = start + len;
-        EXPECT_EQ(std::memcmp(buf.data(), marks.data(), start * 4), 0)
-            << "before the span: n=" << len << " start=" << start;
-        EXPECT_EQ(std::memcmp(buf.data() + start, zeros.data(), len * 4), 0)
-            << "in the span: n=" << len << " start=" << start;
-        EXPECT_EQ(
-            std::memcmp(buf.data() + end, marks.data(), (buf.size() - end) * 4),
-            0)
-            << "after the span: n=" << len << " start=" << start;
-      }
-  }
+  for (size_t n : {threshold - 1, threshold, threshold + 17})
+    for (size_t start = 0; start < 16; ++start) {
+      std::fill(buf.begin(), buf.end(), -3.5f);
+      const size_t len = std::min(n, buf.size() - start - 1);
+      if (isa == Isa::kAuto)
+        host_kernels().zero(buf.data() + start, len);
+      else
+        internal::host_zero(buf.data() + start, len, isa);
+      const size_t end = start + len;
+      EXPECT_EQ(std::memcmp(buf.data(), marks.data(), start * 4), 0)
+          << "before the span: n=" << len << " start=" << start;
+      EXPECT_EQ(std::memcmp(buf.data() + start, zeros.data(), len * 4), 0)
+          << "in the span: n=" << len << " start=" << start;
+      EXPECT_EQ(
+          std::memcmp(buf.data() + end, marks.data(), (buf.size() - end) * 4),
+          0)
+          << "after the span: n=" << len << " start=" << start;
+    }
 }
 
 }  // namespace

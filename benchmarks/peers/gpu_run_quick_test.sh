@@ -4,18 +4,18 @@
 # 2 ranks, a 30k-parameter GPT. zerostep, FSDP2 and DeepSpeed each run every
 # mode or say why not; the parameter counts agree; the JSON and the tables
 # come out. No timing is checked. It needs the pinned torch venv
-# (third_party/libtorch/setup.sh) and prints SKIPPED and passes where that is
-# absent. DeepSpeed runs where --test_env=ZEROSTEP_DEEPSPEED_SITE=<folder>
+# (third_party/libtorch/setup.sh) and records a skip (common/test_skip.sh)
+# where that is absent, never a pass. DeepSpeed runs where --test_env=ZEROSTEP_DEEPSPEED_SITE=<folder>
 # names a folder holding deepspeed 0.19.8 and its needs (pip install
 # --target); otherwise each DeepSpeed mode must be reported as not run,
 # naming the fix.
 set -euo pipefail
 gpu_run="$1" run_py="$2" zbin="$3"
+source "$4"  # common/test_skip.sh
 dir="${TEST_TMPDIR:-$(mktemp -d)}"
 python="$(python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import run; print(run.torch_python(False) or "")' "$(dirname "$run_py")")"
 if [ -z "$python" ]; then
-  echo "SKIPPED: the pinned torch venv is absent; third_party/libtorch/setup.sh 2.11.0 installs it"
-  exit 0
+  test_skip PinnedTorchVenv "the pinned torch venv is absent; third_party/libtorch/setup.sh 2.11.0 installs it"
 fi
 ds=()
 if [ -n "${ZEROSTEP_DEEPSPEED_SITE:-}" ]; then ds=(--deepspeed-site="$ZEROSTEP_DEEPSPEED_SITE"); fi

@@ -2,9 +2,11 @@
 # //benchmarks/peers:quick_test: run.py --quick, then checks its JSON and SVG.
 # DeepSpeed runs too where --test_env=ZEROSTEP_DEEPSPEED_SITE=<folder> names
 # a folder holding deepspeed 0.19.8 and its needs (pip install --target):
-# then its stage 0-3 rows must come out paired with zerostep's.
+# then its stage 0-3 rows must come out paired with zerostep's. Without the
+# pinned torch venv it records a skip (common/test_skip.sh), never a pass.
 set -euo pipefail
 run="$1" zbin="$2" launch="$3"
+source "$4"  # common/test_skip.sh
 dir="${TEST_TMPDIR:-$(mktemp -d)}"
 ds=()
 if [ -n "${ZEROSTEP_DEEPSPEED_SITE:-}" ]; then ds=(--deepspeed-site="$ZEROSTEP_DEEPSPEED_SITE"); fi
@@ -14,7 +16,7 @@ out=$(python3 "$run" --quick --skip-without-torch --zerostep-bin="$zbin" \
   --launch-bin="$launch" --zerostep-lib-path="$dir/no-such-lib" "${ds[@]}" \
   --out="$dir/peers.json" --svg="$dir/peers.svg")
 echo "$out"
-if [[ "$out" == SKIPPED* ]]; then exit 0; fi
+if [[ "$out" == SKIPPED* ]]; then test_skip PinnedTorchVenv "${out#SKIPPED: }"; fi
 python3 - "$dir/peers.json" "${ZEROSTEP_DEEPSPEED_SITE:-}" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))

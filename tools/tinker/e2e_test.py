@@ -18,7 +18,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 import warnings
@@ -414,13 +413,12 @@ def check_robustness(server, binary):
         expect_sdk_error(lambda: tc.optim_step(params).result(), "adam_params." + field)
     assert server.digest(before) == digest
 
-    # Refused requests consume their seq_id: the client goes on at once
-    # (it used to wait 60 s for the missing seq_id, then fail, forever).
+    # Refused requests consume their seq_id: the next request runs. (It
+    # used to be held for the missing seq_id until the gap timeout, 60 s,
+    # and then fail with "a seq_id gap", which result() raises here.)
     expect_sdk_error(lambda: tc.save_weights_for_sampler("bad name!").result(),
                      "must be 1-128 characters")
-    start = time.time()
     tc.optim_step(adam()).result()
-    assert time.time() - start < 20, "the client waited for a consumed seq_id"
     expect_sdk_error(lambda: tc.save_weights_external(
         "e", age_encryption_recipients=["age1" + "q" * 58]).result(),
         "age_encryption_recipients is not served")

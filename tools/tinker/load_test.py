@@ -4,8 +4,8 @@
         [--concurrency=8] [--datums=2] [--per-step=4] [--world=1] [--stage=0]
 
 Bounded in count (--requests forward_backward requests, an optim_step after
-every --per-step of them) and in time (every request must finish within
-60 s). C client threads post a model's requests with consecutive seq_ids,
+every --per-step of them); the time is reported, never asserted, except a
+bound that can only mean a hang (_join_or_hang). C client threads post a model's requests with consecutive seq_ids,
 each thread taking the next request as soon as its previous one finished,
 so requests arrive out of order and in bursts; the server must run them in
 seq_id order. Checks:
@@ -39,6 +39,27 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import e2e_test  # noqa: E402  (Server, fb_body, TEXTS)
+
+
+# Not a speed claim (speed is the JSON report; docs/benchmarks.md): in
+# e2e_test's runs (AMD EPYC, 2 loaded cores) the 60 requests of a 48-request
+# run took 1.5-4.8 s together, at most 0.08 s each, and 24 sample requests
+# 0.4-0.8 s. A minute to start plus 1 s a request is over ten times that:
+# threads still waiting then are a hang.
+HANG_START_S = 60.0
+HANG_S_PER_REQUEST = 1.0
+
+
+def _join_or_hang(threads, requests):
+    bound = HANG_START_S + HANG_S_PER_REQUEST * requests
+    deadline = time.perf_counter() + bound
+    for t in threads:
+        t.join(timeout=max(0.0, deadline - time.perf_counter()))
+    waiting = sum(t.is_alive() for t in threads)
+    assert not waiting, (
+        "%d client thread(s) still waiting after %.0f s for %d requests, over ten "
+        "times what they take: a hang (a lost or stuck request), not slowness"
+        % (waiting, bound, requests))
 
 
 def _plan(requests, per_step, datums):
@@ -108,10 +129,8 @@ def run(server, requests=400, concurrency=8, datums=2, per_step=4):
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(timeout=60 + 0.5 * len(items))
+    _join_or_hang(threads, len(items))
     wall = time.perf_counter() - start
-    assert not any(t.is_alive() for t in threads), "requests still pending: bounded time exceeded"
     assert not failures, failures[:5]
     assert len(latencies) == requests, (len(latencies), requests)
 
@@ -199,10 +218,8 @@ def run_sampling(server, requests=200, concurrency=8, num_samples=4, max_tokens=
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(timeout=60 + 0.5 * requests)
+    _join_or_hang(threads, requests)
     wall = time.perf_counter() - start
-    assert not any(t.is_alive() for t in threads), "requests still pending: bounded time exceeded"
     assert not failures, failures[:5]
     assert len(latencies) == requests, (len(latencies), requests)
     for tokens in results.values():
