@@ -1,6 +1,7 @@
 #include "models/hf_decoder.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <cmath>
@@ -23,6 +24,37 @@ namespace fs = std::filesystem;
 const std::vector<std::string> kProjections = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
     "down_proj"};
+
+// Note [bf16 products on LibTorch 1.13's CPU]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// torch 2.x's bf16 matrix products (CPU and CUDA) accumulate in float32
+// and round once; Debian's LibTorch 1.13 accumulates bf16 products on the
+// CPU in bf16, which measured 7x the rounding error of one rounding on a
+// 64x48x96 product, and 3-4x transformers' gradient error on the parity
+// models (models/hf_parity_check.cc). There, and only there, a bf16
+// product runs in float32 and rounds once: torch 2's numbers, at float32's
+// speed. Autograd follows the casts, so gradients round once too.
+constexpr bool kWidenCpuBf16Products = TORCH_VERSION_MAJOR < 2;
+
+bool widen(const torch::Tensor& x) {
+  return kWidenCpuBf16Products && x.scalar_type() == torch::kBFloat16 &&
+         x.device().is_cpu();
+}
+
+torch::Tensor product(const torch::Tensor& a, const torch::Tensor& b) {
+  if (!widen(a)) return torch::matmul(a, b);
+  return torch::matmul(a.to(torch::kFloat), b.to(torch::kFloat))
+      .to(torch::kBFloat16);
+}
+
+torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w,
+                          const torch::Tensor& bias = {}) {
+  namespace F = torch::nn::functional;
+  if (!widen(x)) return F::linear(x, w, bias);
+  return F::linear(x.to(torch::kFloat), w.to(torch::kFloat),
+                   bias.defined() ? bias.to(torch::kFloat) : bias)
+      .to(torch::kBFloat16);
+}
 
 torch::TensorOptions on(torch::Device device) {
   return torch::TensorOptions().dtype(torch::kFloat32).device(device);
@@ -88,7 +120,7 @@ class HfLmHeadImpl : public torch::nn::Module, public Zero3Block {
   }
   torch::Tensor forward(const torch::Tensor& x) {
     return zero3_block(*this, x, [&](const torch::Tensor& in) {
-      return torch::nn::functional::linear(in, weight_);
+      return project(in, weight_);
     });
   }
   const torch::Tensor& weight() const { return weight_; }
@@ -169,10 +201,9 @@ HfLinearImpl::HfLinearImpl(int64_t in, int64_t out, bool bias,
 }
 
 torch::Tensor HfLinearImpl::forward(const torch::Tensor& x) {
-  namespace F = torch::nn::functional;
-  torch::Tensor y = F::linear(x, weight_, bias_);
+  torch::Tensor y = project(x, weight_, bias_);
   if (!lora_a_.defined()) return y;
-  return y + F::linear(F::linear(x, lora_a_), lora_b_) * lora_scale_;
+  return y + project(project(x, lora_a_), lora_b_) * lora_scale_;
 }
 
 HfRmsNormImpl::HfRmsNormImpl(int64_t dim, double eps, torch::Device device)
@@ -249,14 +280,14 @@ torch::Tensor HfAttentionImpl::forward(const torch::Tensor& x,
     v = v.unsqueeze(2).expand({b, kv_heads_, rep, t, head_dim_})
             .reshape({b, heads_, t, head_dim_});
   }
-  torch::Tensor scores = torch::matmul(q, k.transpose(2, 3)) *
+  torch::Tensor scores = product(q, k.transpose(2, 3)) *
                          std::pow(static_cast<double>(head_dim_), -0.5);
   torch::Tensor future =
       torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
           .triu(1);
   scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
   torch::Tensor probs = scores.softmax(-1, torch::kFloat).to(q.scalar_type());
-  torch::Tensor y = torch::matmul(probs, v).transpose(1, 2).reshape(
+  torch::Tensor y = product(probs, v).transpose(1, 2).reshape(
       {b, t, heads_ * head_dim_});
   return o_proj_(y);
 }
@@ -367,7 +398,7 @@ torch::Tensor HfCausalLmImpl::forward(const torch::Tensor& tokens) {
     x = layer->as<HfDecoderLayerImpl>()->forward(x, cos, sin);
   x = model_->norm_(x);
   if (lm_head_) return static_cast<HfLmHeadImpl&>(*lm_head_).forward(x);
-  return torch::nn::functional::linear(x, lm_head_weight_);
+  return project(x, lm_head_weight_);
 }
 
 HfCausalLm make_hf_decoder(const HfDecoderConfig& config,
