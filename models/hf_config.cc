@@ -332,6 +332,48 @@ HfDecoderConfig parse_hf_config(const std::string& text,
   return c;
 }
 
+HfDecoderConfig hf_config_for(HfArchitecture a) {
+  HfDecoderConfig c;
+  c.architecture = a;
+  c.qkv_bias = a == HfArchitecture::kQwen2;
+  c.qk_norm = a == HfArchitecture::kQwen3;
+  return c;
+}
+
+std::string hf_config_problem(const HfDecoderConfig& c) {
+  const std::string arch = hf_architecture_name(c.architecture);
+  const bool qwen2 = c.architecture == HfArchitecture::kQwen2;
+  const bool qwen3 = c.architecture == HfArchitecture::kQwen3;
+  if (c.qk_norm != qwen3)
+    return "qk_norm = " + std::string(c.qk_norm ? "true" : "false") +
+           ": " + arch + (qwen3 ? " has" : " has no") +
+           " per-head q/k norms. Fix: start from hf_config_for()";
+  if (qwen2 && (!c.qkv_bias || c.o_bias || c.mlp_bias))
+    return arch + " has q/k/v biases and no others. Fix: start from "
+                  "hf_config_for()";
+  if (!qwen2 && c.qkv_bias != c.o_bias)
+    return arch + "'s attention_bias gives q, k, v and o biases together "
+                  "(qkv_bias = o_bias)";
+  if (qwen3 && c.mlp_bias) return arch + " has no MLP biases";
+  for (const auto& [name, v] :
+       {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size},
+        {"hidden_size", c.hidden_size},
+        {"intermediate_size", c.intermediate_size},
+        {"num_hidden_layers", c.num_hidden_layers},
+        {"num_attention_heads", c.num_attention_heads},
+        {"num_key_value_heads", c.num_key_value_heads},
+        {"head_dim", c.head_dim},
+        {"max_position_embeddings", c.max_position_embeddings}})
+    if (v < 1) return std::string(name) + " = " + std::to_string(v) + " must be positive";
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    return "num_key_value_heads = " + std::to_string(c.num_key_value_heads) +
+           " must divide num_attention_heads = " +
+           std::to_string(c.num_attention_heads);
+  if (c.head_dim % 2 != 0)
+    return "head_dim = " + std::to_string(c.head_dim) + " must be even";
+  return "";
+}
+
 HfDecoderConfig read_hf_config(const std::string& dir) {
   const std::string path =
       dir.empty() || dir.back() == '/' ? dir + "config.json" : dir + "/config.json";

@@ -70,6 +70,18 @@ struct HfDecoderConfig {
   std::string dtype;
 };
 
+// A config of architecture `a` with the flags the architecture fixes set
+// (Qwen2: q/k/v biases; Qwen3: q/k norms) and transformers' defaults for
+// the rest; the shapes (vocab_size ... num_key_value_heads, head_dim,
+// max_position_embeddings) are 0, for the caller to fill.
+HfDecoderConfig hf_config_for(HfArchitecture a);
+
+// Empty when `config` is one the architecture allows (the fixed flags as
+// hf_config_for sets them, Llama's q/k/v and o biases equal, positive
+// shapes, heads grouped by num_key_value_heads, an even head_dim), else
+// what is wrong: make_hf_decoder refuses it with this text.
+std::string hf_config_problem(const HfDecoderConfig& config);
+
 // Parses a config.json's text. ConfigError listing every problem (Note
 // [Refused model configs]), naming `source` (the file, for messages).
 HfDecoderConfig parse_hf_config(const std::string& json_text,

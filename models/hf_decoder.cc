@@ -346,6 +346,8 @@ HfModelImpl::HfModelImpl(const HfDecoderConfig& c, const HfDecoderOptions& o) {
 HfCausalLmImpl::HfCausalLmImpl(const HfDecoderConfig& config,
                                const HfDecoderOptions& options)
     : config_(config), options_(options) {
+  if (const std::string why = hf_config_problem(config); !why.empty())
+    throw UsageError("an HF decoder's config: " + why);
   if (options.lora.rank < 0)
     throw UsageError("LoRA rank = " + std::to_string(options.lora.rank) +
                      " must be >= 0 (0: no adapters)");
@@ -430,14 +432,18 @@ void init_hf_decoder_weights(HfCausalLmImpl& model, uint64_t seed) {
   }
 }
 
-void load_hf_weights(HfCausalLmImpl& model, const HfCheckpointSource& source) {
+namespace {
+
+// Names, shapes and dtypes of every non-LoRA parameter against the folder;
+// with `cpu_float`, also that each parameter is CPU float32 (a load target).
+void check_weights(const HfCausalLmImpl& model, const HfCheckpointSource& source,
+                   bool cpu_float) {
   std::vector<std::string> problems;
-  std::vector<std::pair<std::string, torch::Tensor>> targets;
-  for (auto& item : model.named_parameters(/*recurse=*/true)) {
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     const std::string& name = item.key();
     const torch::Tensor& p = item.value();
     if (is_lora_parameter_name(name)) continue;
-    if (!p.device().is_cpu() || p.scalar_type() != torch::kFloat) {
+    if (cpu_float && (!p.device().is_cpu() || p.scalar_type() != torch::kFloat)) {
       problems.push_back("'" + name + "' is " + p.device().str() + " " +
                          std::string(c10::toString(p.scalar_type())) +
                          ", not a CPU float32 parameter");
@@ -455,34 +461,43 @@ void load_hf_weights(HfCausalLmImpl& model, const HfCheckpointSource& source) {
       problems.push_back(os.str());
       continue;
     }
-    if (!hf_float_dtype(info.dtype)) {
+    if (!hf_float_dtype(info.dtype))
       problems.push_back("'" + name + "' is " + info.dtype +
                          " (F32, BF16 or F16 load)");
-      continue;
-    }
-    targets.emplace_back(name, p);
   }
-  if (!problems.empty()) {
-    std::string msg = "the checkpoint in '" + source.dir() + "' does not fit " +
-                      hf_architecture_name(model.config().architecture) +
-                      " as its config.json describes it (" +
-                      std::to_string(problems.size()) + " problem" +
-                      (problems.size() == 1 ? "" : "s") + "):";
-    for (size_t i = 0; i < problems.size() && i < 20; ++i)
-      msg += "\n  - " + problems[i];
-    if (problems.size() > 20)
-      msg += "\n  ... and " + std::to_string(problems.size() - 20) + " more";
-    throw UsageError(msg + "\nFix: load the folder the config.json came with");
-  }
+  if (problems.empty()) return;
+  std::string msg = "the checkpoint in '" + source.dir() + "' does not fit " +
+                    hf_architecture_name(model.config().architecture) +
+                    " as its config.json describes it (" +
+                    std::to_string(problems.size()) + " problem" +
+                    (problems.size() == 1 ? "" : "s") + "):";
+  for (size_t i = 0; i < problems.size() && i < 20; ++i)
+    msg += "\n  - " + problems[i];
+  if (problems.size() > 20)
+    msg += "\n  ... and " + std::to_string(problems.size() - 20) + " more";
+  throw UsageError(msg + "\nFix: load the folder the config.json came with");
+}
+
+}  // namespace
+
+void check_hf_weights(const HfCausalLmImpl& model,
+                      const HfCheckpointSource& source) {
+  check_weights(model, source, /*cpu_float=*/false);
+}
+
+void load_hf_weights(HfCausalLmImpl& model, const HfCheckpointSource& source) {
+  check_weights(model, source, /*cpu_float=*/true);
   // Read everything before changing anything.
-  std::vector<torch::Tensor> values;
-  for (const auto& [name, p] : targets) {
-    torch::Tensor v = torch::empty(p.sizes(), torch::kFloat);
-    source.read(name, 0, v.numel(), v.data_ptr<float>());
+  std::vector<torch::Tensor> targets, values;
+  for (auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (is_lora_parameter_name(item.key())) continue;
+    torch::Tensor v = torch::empty(item.value().sizes(), torch::kFloat);
+    source.read(item.key(), 0, v.numel(), v.data_ptr<float>());
+    targets.push_back(item.value());
     values.push_back(v);
   }
   torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < targets.size(); ++i) targets[i].second.copy_(values[i]);
+  for (size_t i = 0; i < targets.size(); ++i) targets[i].copy_(values[i]);
 }
 
 HfCausalLm load_hf_decoder(const std::string& dir,

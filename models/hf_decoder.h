@@ -215,6 +215,12 @@ void init_hf_decoder_weights(HfCausalLmImpl& model, uint64_t seed);
 // BF16 or F16; IoError if a file cannot be read. CPU parameters only.
 void load_hf_weights(HfCausalLmImpl& model, const HfCheckpointSource& source);
 
+// The checks of load_hf_weights alone (names, shapes, dtypes), on a model
+// on any device (e.g. a meta-device build): UsageError listing every
+// mismatch.
+void check_hf_weights(const HfCausalLmImpl& model,
+                      const HfCheckpointSource& source);
+
 // read_hf_config(dir), make_hf_decoder, load_hf_weights.
 HfCausalLm load_hf_decoder(const std::string& dir,
                            const HfDecoderOptions& options = {});

@@ -22,8 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 
 HfDecoderConfig small(HfArchitecture a, bool tied = false) {
-  HfDecoderConfig c;
-  c.architecture = a;
+  HfDecoderConfig c = hf_config_for(a);
   c.vocab_size = 50;
   c.hidden_size = 32;
   c.intermediate_size = 40;
@@ -33,8 +32,6 @@ HfDecoderConfig small(HfArchitecture a, bool tied = false) {
   c.head_dim = 8;
   c.max_position_embeddings = 32;
   c.tie_word_embeddings = tied;
-  c.qkv_bias = a == HfArchitecture::kQwen2;
-  c.qk_norm = a == HfArchitecture::kQwen3;
   c.llama3_rope = a == HfArchitecture::kLlama;
   c.rope_factor = 8.0;
   c.rope_low_freq_factor = 1.0;
@@ -195,6 +192,53 @@ TEST(HfDecoderTest, LaterTokensDoNotChangeEarlierLogits) {
     EXPECT_TRUE(torch::equal(full.narrow(1, 0, 8), changed.narrow(1, 0, 8)));
     EXPECT_FALSE(torch::equal(full.narrow(1, 8, 1), changed.narrow(1, 8, 1)));
   }
+}
+
+TEST(HfDecoderTest, ConfigsTheArchitectureCannotHaveAreRefused) {
+  HfDecoderConfig c = small(HfArchitecture::kQwen3);
+  c.qk_norm = false;  // as a hand-made config might forget
+  EXPECT_THROW(make_hf_decoder(c), UsageError);
+  c = small(HfArchitecture::kQwen2);
+  c.qkv_bias = false;
+  EXPECT_THROW(make_hf_decoder(c), UsageError);
+  c = small(HfArchitecture::kLlama);
+  c.num_key_value_heads = 3;
+  EXPECT_THROW(make_hf_decoder(c), UsageError);
+}
+
+// Note [bf16 products on LibTorch 1.13's CPU]: a bf16 projection's output
+// and weight gradient are the float32 products rounded once (torch 2's
+// numbers), on every LibTorch.
+TEST(HfDecoderTest, Bf16ProjectionsRoundOnce) {
+  HfLinear lin(64, 96, /*bias=*/true, HfLoraOptions{}, false, 0, torch::kCPU);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : lin->parameters()) p.normal_();
+  }
+  lin->to(torch::kBFloat16);
+  const torch::Tensor x = torch::randn({2, 24, 64}).to(torch::kBFloat16);
+  const torch::Tensor dy = torch::randn({2, 24, 96}).to(torch::kBFloat16);
+  const torch::Tensor y = lin->forward(x);
+  y.backward(dy);
+  const auto params = lin->parameters();
+  const torch::Tensor w = params[0].detach().to(torch::kFloat);
+  const torch::Tensor b = params[1].detach().to(torch::kFloat);
+  const torch::Tensor y_exact =
+      torch::nn::functional::linear(x.to(torch::kFloat), w, b);
+  const torch::Tensor dw_exact =
+      torch::matmul(dy.to(torch::kFloat).reshape({48, 96}).t(),
+                    x.to(torch::kFloat).reshape({48, 64}));
+  // One rounding to bf16: at most half a bf16 ulp, 2^-8 relative (LibTorch
+  // 1.13's own bf16 weight gradient is off by several ulps here).
+  const auto within_one_rounding = [](const torch::Tensor& got,
+                                      const torch::Tensor& exact) {
+    return ((got.to(torch::kFloat) - exact).abs() -
+            exact.abs() * std::ldexp(1.0, -8))
+               .max()
+               .item<double>() <= 1e-6;
+  };
+  EXPECT_TRUE(within_one_rounding(y, y_exact));
+  EXPECT_TRUE(within_one_rounding(params[0].grad(), dw_exact));
 }
 
 TEST(HfDecoderTest, BadTokensAreUsageErrors) {

@@ -272,8 +272,7 @@ bool write_exports(const std::string& out) {
 
   // A folder written here from a model built here (Llama, llama3 RoPE,
   // GQA, untied).
-  HfDecoderConfig c;
-  c.architecture = HfArchitecture::kLlama;
+  HfDecoderConfig c = hf_config_for(HfArchitecture::kLlama);
   c.vocab_size = 96;
   c.hidden_size = 48;
   c.intermediate_size = 80;
