@@ -5,7 +5,7 @@
 // the harness (--model=hf:DIR), the benchmarks (both frameworks load the
 // same folder), the GPU pack.
 //
-//   make_hf_model --out=DIR [--preset=tiny|20m|125m] [--arch=llama|qwen2|qwen3]
+//   make_hf_model --out=DIR [--preset=tiny|20m|125m|350m] [--arch=llama|qwen2|qwen3]
 //                 [--tied] [--seed=N] [--dtype=f32|bf16]
 //                 [--vocab=N --hidden=N --intermediate=N --layers=N
 //                  --heads=N --kv-heads=N --head-dim=N --max-positions=N]
@@ -14,6 +14,7 @@
 //   tiny  vocab 256,   hidden 64,  intermediate 192,  2 layers, 4/2 heads  (0.1M)
 //   20m   vocab 8192,  hidden 384, intermediate 1024, 8 layers, 6/2 heads  (19.3M)
 //   125m  vocab 32000, hidden 768, intermediate 2048, 12 layers, 12/4 heads (125M)
+//   350m  vocab 32000, hidden 1024, intermediate 2816, 24 layers, 16/4 heads (334M)
 // Any shape flag replaces the preset's value. Weights: transformers'
 // initialisation (N(0, 0.02), norms 1) from --seed (default 1).
 #include <torch/torch.h>
@@ -58,9 +59,17 @@ HfDecoderConfig preset(const std::string& name) {
     c.num_attention_heads = 12;
     c.num_key_value_heads = 4;
     c.head_dim = 64;
+  } else if (name == "350m") {
+    c.vocab_size = 32000;
+    c.hidden_size = 1024;
+    c.intermediate_size = 2816;
+    c.num_hidden_layers = 24;
+    c.num_attention_heads = 16;
+    c.num_key_value_heads = 4;
+    c.head_dim = 64;
   } else {
     throw UsageError("make_hf_model: --preset=" + name +
-                     ": not a preset. Fix: --preset=tiny, 20m or 125m");
+                     ": not a preset. Fix: --preset=tiny, 20m, 125m or 350m");
   }
   return c;
 }
@@ -70,7 +79,7 @@ int run(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help") {
-      std::cout << "usage: make_hf_model --out=DIR [--preset=tiny|20m|125m] "
+      std::cout << "usage: make_hf_model --out=DIR [--preset=tiny|20m|125m|350m] "
                    "[--arch=llama|qwen2|qwen3] [--tied] [--seed=N] "
                    "[--dtype=f32|bf16] [--vocab=N --hidden=N --intermediate=N "
                    "--layers=N --heads=N --kv-heads=N --head-dim=N "
