@@ -207,8 +207,8 @@ TEST(HfDecoderTest, ConfigsTheArchitectureCannotHaveAreRefused) {
 }
 
 // Note [bf16 products on LibTorch 1.13's CPU]: a bf16 projection's output
-// and weight gradient are the float32 products rounded once (torch 2's
-// numbers), on every LibTorch.
+// (bias included) and weight gradient are the float32 results rounded once
+// (Python torch 2's numbers), on every LibTorch.
 TEST(HfDecoderTest, Bf16ProjectionsRoundOnce) {
   HfLinear lin(64, 96, /*bias=*/true, HfLoraOptions{}, false, 0, torch::kCPU);
   {
@@ -223,8 +223,7 @@ TEST(HfDecoderTest, Bf16ProjectionsRoundOnce) {
   const auto params = lin->parameters();
   const torch::Tensor w = params[0].detach().to(torch::kFloat);
   const torch::Tensor b = params[1].detach().to(torch::kFloat);
-  const torch::Tensor y_exact =
-      torch::nn::functional::linear(x.to(torch::kFloat), w, b);
+  const torch::Tensor y_exact = torch::linear(x.to(torch::kFloat), w, b);
   const torch::Tensor dw_exact =
       torch::matmul(dy.to(torch::kFloat).reshape({48, 96}).t(),
                     x.to(torch::kFloat).reshape({48, 64}));
