@@ -11,7 +11,9 @@ targets, transformers' logits and the gradient of every parameter after
 one backward of the mean cross-entropy (named as named_parameters() names
 them), computed in the case's dtype, and the same in float32 on the same
 (rounded) weights ("fp32." prefix), from which the bf16 tolerance is
-measured (models/hf_parity_check.cc, Note [bf16 parity tolerance]).
+measured (models/hf_parity_check.cc, Note [bf16 parity tolerance]); for
+bf16 also with transformers' eager attention ("eager." prefix; the
+default is sdpa).
 """
 import json
 import os
@@ -149,6 +151,13 @@ def make(out):
         wide = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         ref.update({"fp32." + k: v for k, v in
                     forward_backward(wide, tokens, targets).items()})
+        # bf16: the yardstick is transformers' eager attention, the
+        # algorithm zerostep's decoders run (Note [bf16 parity tolerance]).
+        if compute == torch.bfloat16:
+            eager = AutoModelForCausalLM.from_pretrained(
+                folder, dtype=dtype, attn_implementation="eager")
+            ref.update({"eager." + k: v for k, v in
+                        forward_backward(eager, tokens, targets).items()})
         ref["tokens"], ref["targets"] = tokens, targets
         save_file(ref, os.path.join(out, "ref", name + ".safetensors"))
         cases.append({"name": name, "dtype": DTYPE_NAMES[compute],

@@ -27,18 +27,30 @@
 // bf16 has 8 bits of mantissa: two correct bf16 implementations differ by
 // rounding at every operation, by as much as each differs from the exact
 // result, so a fixed absolute bound says little. The reference is
-// transformers' float32 run on the same (bf16-valued) weights; the rule:
-// zerostep's bf16 result is no further from it than transformers' own bf16
-// result is, with a factor 2 of room for rounding that falls the other way:
-//   max |zs_bf16 - ref_fp32| <= 2 * max |hf_bf16 - ref_fp32|
+// transformers' float32 run on the same (bf16-valued) weights; the
+// yardstick is transformers' own bf16 run with its eager attention, the
+// algorithm the decoders here implement (unfused: scores, softmax in
+// float32 rounded to bf16, product). The rule: zerostep's bf16 result is no
+// further from the reference than transformers' eager bf16 result is, with
+// a factor 2 of room for rounding that falls the other way:
+//   max |zs_bf16 - ref_fp32| <= 2 * max |hf_eager_bf16 - ref_fp32|
 // for the logits and for each parameter's gradient (the whole tensor's
-// maximum). Measured on the three bf16 cases: logits 0.98-1.31x, the worst
-// gradient 1.41-1.80x. What it catches: bf16 products that accumulate in
-// bf16 (LibTorch 1.13's CPU kernels before Note [bf16 products on LibTorch
-// 1.13's CPU] in hf_decoder.cc) gave gradients at 2.81-3.70x and failed.
-// What it cannot see at these widths: an RMSNorm computed in bf16 instead
-// of float32 stayed at 1.97x (the mean of 64 squares loses little in bf16);
-// such a bug is within bf16's own noise until the hidden size is large.
+// maximum). Not transformers' default sdpa attention: it fuses attention
+// and rounds once, and its bf16 error differs from eager's by up to 2.13x
+// on these models (a k_proj bias of Qwen2), more than the factor allows.
+// Measured (the lines also print the sdpa ratio and the largest
+// |zs_bf16 - hf_eager_bf16|): on LibTorch 2.11 (--config=cuda, the torch
+// transformers runs on) zerostep's bf16 logits and every gradient equal
+// transformers' eager ones bit for bit (ratio 1, difference 0); on
+// Debian's LibTorch 1.13 the worst gradient ratio is 1.26 / 1.58 / 1.50
+// (Llama / Qwen2 / Qwen3), logits 0.94-1.04. What it catches: bf16
+// products that accumulate in bf16 (LibTorch 1.13's CPU kernels, with
+// Note [bf16 products on LibTorch 1.13's CPU] in hf_decoder.cc planted
+// back) give 2.45 / 2.90 / 3.25 and fail every case. What it cannot see
+// at these widths: an RMSNorm computed in bf16 instead of float32 stayed
+// at 1.97x of the sdpa yardstick (the mean of 64 squares loses little in
+// bf16); such a bug is within bf16's own noise until the hidden size is
+// large.
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -129,17 +141,29 @@ bool check_case(const std::string& out, const nlohmann::json& c) {
   loss_of(logits, ref["targets"]).backward();
   bool ok = true;
   const std::string arch = hf_architecture_name(model->config().architecture);
-  const auto compare = [&](const std::string& what, const torch::Tensor& ours,
-                           const std::string& key) {
+  // bf16: transformers' sdpa ratio on the worst tensor, and zerostep's
+  // largest difference from transformers' eager result.
+  double sdpa_ratio = 0, worst_ratio = 0, diff_to_eager = 0;
+  const auto compare = [&](const torch::Tensor& ours, const std::string& key) {
     const torch::Tensor mine = ours.to(torch::kFloat);
     const double diff = max_abs(mine - ref.at(key));
     if (!bf16) return std::make_pair(diff <= 1e-5, diff);
-    const double ours_err = max_abs(mine - ref.at("fp32." + key));
-    const double hf_err = max_abs(ref.at(key) - ref.at("fp32." + key));
-    (void)what;
-    return std::make_pair(ours_err <= 2 * hf_err, ours_err / std::max(hf_err, 1e-30));
+    // Note [bf16 parity tolerance].
+    const torch::Tensor& exact = ref.at("fp32." + key);
+    const double ours_err = max_abs(mine - exact);
+    const double eager_err = max_abs(ref.at("eager." + key) - exact);
+    const double ratio = ours_err / std::max(eager_err, 1e-30);
+    if (ratio >= worst_ratio) {
+      worst_ratio = ratio;
+      sdpa_ratio = max_abs(ref.at(key) - exact) / std::max(eager_err, 1e-30);
+    }
+    diff_to_eager = std::max(diff_to_eager, max_abs(mine - ref.at("eager." + key)));
+    return std::make_pair(ours_err <= 2 * eager_err, ratio);
   };
-  const auto [logits_ok, logits_figure] = compare("logits", logits.detach(), "logits");
+  const auto [logits_ok, logits_figure] = compare(logits.detach(), "logits");
+  const double logits_diff_to_eager = diff_to_eager;
+  const double logits_sdpa_ratio = sdpa_ratio;
+  sdpa_ratio = worst_ratio = diff_to_eager = 0;
   double worst_grad = 0, grad_scale = 0;
   std::string worst_name;
   int grads = 0;
@@ -150,7 +174,7 @@ bool check_case(const std::string& out, const nlohmann::json& c) {
       ok = report(false, name + ": transformers has no gradient for " + item.key());
       continue;
     }
-    const auto [good, figure] = compare(item.key(), item.value().grad(), key);
+    const auto [good, figure] = compare(item.value().grad(), key);
     grads_ok = grads_ok && good;
     grad_scale = std::max(grad_scale, max_abs(ref.at(key)));
     if (figure >= worst_grad) {
@@ -174,11 +198,16 @@ bool check_case(const std::string& out, const nlohmann::json& c) {
   } else {
     ok = report(logits_ok, head + "logits: zerostep's distance to the fp32 "
                                   "reference is " + fmt(logits_figure) +
-                               "x transformers' bf16's (tolerance 2x)") && ok;
+                               "x transformers' eager bf16's (tolerance 2x; "
+                               "its sdpa: " + fmt(logits_sdpa_ratio) +
+                               "x; max |zerostep - eager| " +
+                               fmt(logits_diff_to_eager) + ")") && ok;
     ok = report(grads_ok, head + std::to_string(grads) +
                               " gradients: worst distance ratio " +
                               fmt(worst_grad) + " in " + worst_name +
-                              " (tolerance 2x)") && ok;
+                              " (tolerance 2x; transformers' sdpa there: " +
+                              fmt(sdpa_ratio) + "x; max |zerostep - eager| " +
+                              fmt(diff_to_eager) + " over all gradients)") && ok;
   }
   // The widening is exact: float32 arithmetic on the stored values gives
   // transformers' float32 logits on them.
