@@ -62,6 +62,7 @@
 #include "comm/local_world.h"
 #include "config/config.h"
 #include "engine/engine.h"
+#include "engine/hf_checkpoint.h"
 #include "engine/safetensors.h"
 #include "models/hf_decoder.h"
 #include "models/lora.h"
@@ -208,6 +209,26 @@ bool check_case(const std::string& out, const nlohmann::json& c) {
                               " (tolerance 2x; transformers' sdpa there: " +
                               fmt(sdpa_ratio) + "x; max |zerostep - eager| " +
                               fmt(diff_to_eager) + " over all gradients)") && ok;
+  }
+  // Ranges of the files transformers wrote: any [offset, offset + numel)
+  // of a tensor equals those elements of the whole tensor, for every
+  // tensor (single or sharded files, F32, BF16 or F16).
+  {
+    const HfCheckpointSource source(out + "/" + name);
+    bool same = true;
+    for (const auto& [tensor, info] : source.tensors()) {
+      const int64_t n = info.numel();
+      std::vector<float> whole(n), part(n / 3 + 1);
+      source.read(tensor, 0, n, whole.data());
+      const int64_t first = n / 3, count = n - first > n / 3 ? n / 3 : n - first;
+      source.read(tensor, first, count, part.data());
+      same = same && std::memcmp(part.data(), whole.data() + first,
+                                 static_cast<size_t>(count) * 4) == 0;
+    }
+    ok = report(same, head + "every tensor's middle third read alone equals "
+                             "the whole read's (" +
+                             std::to_string(source.tensors().size()) +
+                             " tensors)") && ok;
   }
   // The widening is exact: float32 arithmetic on the stored values gives
   // transformers' float32 logits on them.
