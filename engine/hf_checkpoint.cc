@@ -74,6 +74,10 @@ bool hf_float_dtype(const std::string& dtype) {
   return dtype == "F32" || dtype == "BF16" || dtype == "F16";
 }
 
+SafetensorsFile read_safetensors_file(const std::string& path) {
+  return decode_safetensors(read_text(path), path);
+}
+
 HfCheckpointSource::HfCheckpointSource(const std::string& dir) : dir_(dir) {
   const std::string index_path = join(dir, kHfWeightsIndexFile);
   const std::string single_path = join(dir, kHfWeightsFile);

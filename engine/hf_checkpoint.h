@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine/parameter_source.h"
+#include "engine/safetensors.h"
 
 namespace zerostep {
 
@@ -79,6 +80,12 @@ class HfCheckpointSource final : public ParameterSource {
 
 // Whether the dtype is one read() widens to float32 (F32, BF16, F16).
 bool hf_float_dtype(const std::string& dtype);
+
+// The whole safetensors file at `path`, read and decoded (for small files:
+// LoRA adapters, test data; a model's weights go through
+// HfCheckpointSource). IoError naming `path` when it cannot be read or
+// breaks a rule of Note [Safetensors layout].
+SafetensorsFile read_safetensors_file(const std::string& path);
 
 }  // namespace zerostep
 

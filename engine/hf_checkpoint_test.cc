@@ -202,5 +202,23 @@ TEST_F(HfCheckpointTest, BadFoldersAreIoErrorsNamingThePath) {
   EXPECT_NE(e.find("no \"weight_map\""), std::string::npos) << e;
 }
 
+TEST_F(HfCheckpointTest, ReadsAWholeSafetensorsFile) {
+  SafetensorsFile f;
+  f.metadata["format"] = "pt";
+  f.tensors.push_back({"a.lora_A.weight", "F32", {2, 2}, f32_bytes({1, 2, 3, 4})});
+  f.tensors.push_back({"a.lora_B.weight", "BF16", {1}, u16_bytes({0x3f80})});
+  write_safetensors("adapter.safetensors", f);
+  const SafetensorsFile got =
+      read_safetensors_file((dir_ / "adapter.safetensors").string());
+  EXPECT_EQ(got.metadata, f.metadata);
+  ASSERT_EQ(got.tensors.size(), 2u);
+  EXPECT_EQ(got.tensors[1].name, "a.lora_B.weight");
+  EXPECT_EQ(got.tensors[1].data, f.tensors[1].data);
+
+  const std::string missing = (dir_ / "none.safetensors").string();
+  const std::string e = error_of([&] { read_safetensors_file(missing); });
+  EXPECT_NE(e.find("cannot read '" + missing + "'"), std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace zerostep

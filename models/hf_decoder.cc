@@ -155,14 +155,6 @@ void make_dir(const std::string& dir) {
   if (ec) throw IoError("cannot create the folder '" + dir + "': " + ec.message());
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError("cannot read '" + path + "'");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 SafetensorsTensor tensor_entry(const std::string& name, const torch::Tensor& p,
                                HfDtype dtype) {
   torch::Tensor v = p.detach().to(torch::kCPU, torch::kFloat).contiguous();
@@ -546,7 +538,7 @@ void save_lora_tensors(const HfCausalLmImpl& model, const std::string& path) {
 
 void write_peft_adapter(const std::string& lora_file, const HfLoraOptions& lora,
                         const std::string& base_model, const std::string& dir) {
-  SafetensorsFile file = decode_safetensors(read_file(lora_file), lora_file);
+  SafetensorsFile file = read_safetensors_file(lora_file);
   std::vector<std::string> others;
   for (SafetensorsTensor& t : file.tensors) {
     const auto ends = [&](const std::string& suffix) {

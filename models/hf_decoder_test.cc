@@ -313,9 +313,8 @@ TEST(HfDecoderTest, PeftAdapterFilesNameEveryAdapterAsPeftSavesIt) {
   EXPECT_EQ(j["lora_alpha"], 6.0);
   EXPECT_EQ(j["target_modules"], (std::vector<std::string>{"o_proj", "up_proj"}));
   EXPECT_EQ(j["base_model_name_or_path"], "/models/base");
-  std::ifstream in(dir + "/adapter_model.safetensors", std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
-  const SafetensorsFile f = decode_safetensors(bytes, "adapter");
+  const SafetensorsFile f =
+      read_safetensors_file(dir + "/adapter_model.safetensors");
   ASSERT_EQ(f.tensors.size(), 2u * 2 * 2);
   std::set<std::string> got;
   for (const SafetensorsTensor& t : f.tensors) got.insert(t.name);

@@ -71,17 +71,9 @@
 namespace zerostep {
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError("cannot read '" + path + "'");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 // A safetensors file's tensors (F32 or I64) as LibTorch tensors, by name.
 std::map<std::string, torch::Tensor> read_tensors(const std::string& path) {
-  const SafetensorsFile f = decode_safetensors(read_file(path), path);
+  const SafetensorsFile f = read_safetensors_file(path);
   std::map<std::string, torch::Tensor> out;
   for (const SafetensorsTensor& t : f.tensors) {
     std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
