@@ -61,7 +61,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from run import cpu_model  # noqa: E402  (run.py sits beside this file, packed with it)
+from run import cpu_model, model_args  # noqa: E402  (run.py sits beside this file, packed with it)
 
 # name: (vocab, d_model, n_layer, n_head); --block-size 512:
 # 124,796,416 and 355,290,112 parameters (untied LM head).
@@ -157,13 +157,7 @@ def run_json(cmd, timeout_s, world=None, env=None):
 
 
 def shape_args(a, shape):
-    if isinstance(shape, str):  # a Hugging Face folder
-        model = ["--hf=" + shape]
-    else:
-        vocab, d, layers, heads = shape
-        model = ["--vocab=%d" % vocab, "--d-model=%d" % d, "--n-layer=%d" % layers,
-                 "--n-head=%d" % heads]
-    return model + ["--block-size=%d" % a.block_size,
+    return model_args(shape) + ["--block-size=%d" % a.block_size,
             "--micro-batch=%d" % a.micro_batch, "--backwards=%d" % a.backwards,
             "--threads=%d" % a.threads, "--warmup=%d" % a.warmup, "--windows=%d" % a.windows,
             "--device=" + a.device, "--backend=" + a.backend]

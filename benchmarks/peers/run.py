@@ -155,14 +155,18 @@ def build(libtorch):
             os.path.join(bin_dir, "tools/launch"))
 
 
+def model_args(shape):
+    """The step programs' model flags: a GPT shape (vocab, d_model,
+    n_layer, n_head), or a Hugging Face folder's path."""
+    if isinstance(shape, str):
+        return ["--hf=" + shape]
+    vocab, d, layers, heads = shape
+    return ["--vocab=%d" % vocab, "--d-model=%d" % d, "--n-layer=%d" % layers,
+            "--n-head=%d" % heads]
+
+
 def shape_args(a, shape):
-    if isinstance(shape, str):  # a Hugging Face folder
-        model = ["--hf=" + shape]
-    else:
-        vocab, d, layers, heads = shape
-        model = ["--vocab=%d" % vocab, "--d-model=%d" % d, "--n-layer=%d" % layers,
-                 "--n-head=%d" % heads]
-    return model + ["--block-size=%d" % a.block_size,
+    return model_args(shape) + ["--block-size=%d" % a.block_size,
             "--micro-batch=%d" % a.micro_batch, "--backwards=%d" % a.backwards,
             "--threads=%d" % a.threads, "--warmup=%d" % a.warmup,
             "--windows=%d" % a.windows]
