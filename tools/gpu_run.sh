@@ -108,7 +108,7 @@ adam() {
 
 # The GPU benchmark against FSDP2 and DeepSpeed (issue 12 item 8, issue 39
 # item 5; benchmarks/peers/gpu_run.py): world 1 on cuda:0, Llama-shaped
-# Hugging Face folders of 125M and 334M parameters that make_hf_model
+# Hugging Face folders of 125M and 336M parameters that make_hf_model
 # writes here (hf/llama-125m, hf/llama-350m; the FSDP2 and DeepSpeed sides
 # load them with transformers from the pack's wheels), N = 4 backward calls
 # per step, at most 2 rounds within 240 s. Without the transformers wheels
@@ -137,7 +137,7 @@ peers() {
     fi
   fi
   if [ "$hf_state" = ran ]; then
-    echo "== GPU benchmark against FSDP2 and DeepSpeed (issue 12 item 8, issue 39 item 5): world 1, Llama 125M and 334M, N = 4, about 4 minutes"
+    echo "== GPU benchmark against FSDP2 and DeepSpeed (issue 12 item 8, issue 39 item 5): world 1, Llama 125M and 336M, N = 4, about 4 minutes"
   else
     echo "== GPU benchmark against FSDP2 and DeepSpeed (issue 12, item 8): world 1, GPT 125M and 350M (no Llama: $hf_state), N = 4, about 4 minutes"
   fi

@@ -12,9 +12,9 @@
 //
 // Presets (Llama 3's proportions, GQA 3:1, untied unless --tied):
 //   tiny  vocab 256,   hidden 64,  intermediate 192,  2 layers, 4/2 heads  (0.1M)
-//   20m   vocab 8192,  hidden 384, intermediate 1024, 8 layers, 6/2 heads  (19.3M)
+//   20m   vocab 8192,  hidden 384, intermediate 1024, 8 layers, 6/2 heads  (18.9M)
 //   125m  vocab 32000, hidden 768, intermediate 2048, 12 layers, 12/4 heads (125M)
-//   350m  vocab 32000, hidden 1024, intermediate 2816, 24 layers, 16/4 heads (334M)
+//   350m  vocab 32000, hidden 1024, intermediate 2816, 24 layers, 16/4 heads (336M)
 // Any shape flag replaces the preset's value. Weights: transformers'
 // initialisation (N(0, 0.02), norms 1) from --seed (default 1).
 #include <torch/torch.h>

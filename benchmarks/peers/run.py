@@ -35,7 +35,7 @@ stagek, apart). Progress goes to stderr, the tables to stdout; --svg draws
 the ratio against the faster peer per stage and size.
 --quick: tiny shapes, one round, one window (a smoke run, not a measurement).
 --hf=PRESET[,PRESET]: instead of the GPT, a Llama-shaped Hugging Face folder
-of //tools:make_hf_model's preset (tiny, 20m, 125m), loaded by zerostep
+of //tools:make_hf_model's preset (tiny, 20m, 125m, 350m), loaded by zerostep
 (models/hf_decoder.h) and by transformers on the torch side (in the pinned
 environment of models/hf_py_requirements.txt, which sees torch); at
 --world=1 the torch side also runs "eager" (the model and its AdamW, no
@@ -363,7 +363,7 @@ def main(argv):
                    help="exit 0 with a SKIPPED line when the pinned venv is absent (no install)")
     p.add_argument("--from-json", help="print the table (and --svg) of an earlier --out; run nothing")
     p.add_argument("--hf", help="Llama-shaped Hugging Face folders of these make_hf_model presets "
-                   "(tiny, 20m, 125m) instead of the GPT sizes")
+                   "(tiny, 20m, 125m, 350m) instead of the GPT sizes")
     p.add_argument("--hf-dir", default="/tmp/zerostep_peers_hf",
                    help="where --hf's folders are written")
     p.add_argument("--make-hf-model-bin", help="prebuilt //tools:make_hf_model (no build)")
