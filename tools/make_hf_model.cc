@@ -31,47 +31,35 @@
 namespace zerostep {
 namespace {
 
+// The presets' shapes (the table in the header comment).
+struct Preset {
+  const char* name;
+  int64_t vocab, hidden, intermediate, layers, heads, kv_heads;
+};
+constexpr Preset kPresets[] = {
+    {"tiny", 256, 64, 192, 2, 4, 2},
+    {"20m", 8192, 384, 1024, 8, 6, 2},
+    {"125m", 32000, 768, 2048, 12, 12, 4},
+    {"350m", 32000, 1024, 2816, 24, 16, 4},
+};
+
 HfDecoderConfig preset(const std::string& name) {
-  HfDecoderConfig c = hf_config_for(HfArchitecture::kLlama);
-  c.max_position_embeddings = 2048;
-  c.rope_theta = 500000.0;
-  if (name == "tiny") {
-    c.vocab_size = 256;
-    c.hidden_size = 64;
-    c.intermediate_size = 192;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 16;
-  } else if (name == "20m") {
-    c.vocab_size = 8192;
-    c.hidden_size = 384;
-    c.intermediate_size = 1024;
-    c.num_hidden_layers = 8;
-    c.num_attention_heads = 6;
-    c.num_key_value_heads = 2;
-    c.head_dim = 64;
-  } else if (name == "125m") {
-    c.vocab_size = 32000;
-    c.hidden_size = 768;
-    c.intermediate_size = 2048;
-    c.num_hidden_layers = 12;
-    c.num_attention_heads = 12;
-    c.num_key_value_heads = 4;
-    c.head_dim = 64;
-  } else if (name == "350m") {
-    c.vocab_size = 32000;
-    c.hidden_size = 1024;
-    c.intermediate_size = 2816;
-    c.num_hidden_layers = 24;
-    c.num_attention_heads = 16;
-    c.num_key_value_heads = 4;
-    c.head_dim = 64;
-  } else {
-    throw UsageError("make_hf_model: --preset=" + name +
-                     ": not a preset. Fix: --preset=tiny, 20m, 125m or 350m");
+  for (const Preset& p : kPresets) {
+    if (name != p.name) continue;
+    HfDecoderConfig c = hf_config_for(HfArchitecture::kLlama);
+    c.max_position_embeddings = 2048;
+    c.rope_theta = 500000.0;
+    c.vocab_size = p.vocab;
+    c.hidden_size = p.hidden;
+    c.intermediate_size = p.intermediate;
+    c.num_hidden_layers = p.layers;
+    c.num_attention_heads = p.heads;
+    c.num_key_value_heads = p.kv_heads;
+    c.head_dim = p.hidden / p.heads;
+    return c;
   }
-  return c;
+  throw UsageError("make_hf_model: --preset=" + name +
+                   ": not a preset. Fix: --preset=tiny, 20m, 125m or 350m");
 }
 
 int run(int argc, char** argv) {
