@@ -25,9 +25,10 @@ std::vector<ConfigProblem> bounded(std::vector<ConfigProblem> problems) {
 }
 
 std::string format_problems(const std::vector<ConfigProblem>& problems,
-                            const std::string& source) {
+                            const std::string& source,
+                            const std::string& kind) {
   std::ostringstream os;
-  os << "invalid ds_config";
+  os << "invalid " << kind;
   if (!source.empty()) os << " '" << source << "'";
   os << ": " << problems.size()
      << (problems.size() == 1 ? " problem" : " problems");
@@ -47,8 +48,12 @@ ConfigError::ConfigError(std::vector<ConfigProblem> problems)
 
 ConfigError::ConfigError(std::vector<ConfigProblem> problems,
                          const std::string& source)
+    : ConfigError(std::move(problems), source, "ds_config") {}
+
+ConfigError::ConfigError(std::vector<ConfigProblem> problems,
+                         const std::string& source, const std::string& kind)
     : Error(format_problems(problems = bounded(std::move(problems)),
-                            elide(source, 4096))),
+                            elide(source, 4096), kind)),
       problems_(std::move(problems)) {}
 
 namespace internal {

@@ -56,6 +56,11 @@ class ConfigError : public Error {
   // Same problems, message naming where the config came from:
   // "invalid ds_config '<source>': N problems ...".
   ConfigError(std::vector<ConfigProblem> problems, const std::string& source);
+  // The same for another kind of configuration: "invalid <kind>
+  // '<source>': ..." (e.g. kind "model config" for a Hugging Face
+  // config.json, models/hf_config.h).
+  ConfigError(std::vector<ConfigProblem> problems, const std::string& source,
+              const std::string& kind);
   const std::vector<ConfigProblem>& problems() const { return problems_; }
 
  private:

@@ -102,20 +102,29 @@ std::string encode_safetensors(const SafetensorsFile& file,
   return out;
 }
 
-SafetensorsFile decode_safetensors(const std::string& bytes,
+uint64_t safetensors_header_length(const std::string& first_bytes,
+                                   uint64_t file_bytes,
                                    const std::string& path) {
-  if (bytes.size() < 8)
-    fail(path, "is " + std::to_string(bytes.size()) +
+  if (file_bytes < 8 || first_bytes.size() < 8)
+    fail(path, "is " + std::to_string(file_bytes) +
                    " bytes, shorter than its 8-byte header length");
   uint64_t n = 0;
   for (int b = 0; b < 8; ++b)
-    n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[b])) << (8 * b);
-  if (n > kSafetensorsHeaderBytesMax || n > bytes.size() - 8)
+    n |= static_cast<uint64_t>(static_cast<unsigned char>(first_bytes[b]))
+         << (8 * b);
+  if (n > kSafetensorsHeaderBytesMax || n > file_bytes - 8)
     fail(path, "has a bad header length " + std::to_string(n) + ": the file " +
-                   "has " + std::to_string(bytes.size() - 8) +
+                   "has " + std::to_string(file_bytes - 8) +
                    " bytes after it (and a header is at most " +
                    std::to_string(kSafetensorsHeaderBytesMax) + ")");
-  const std::string text = bytes.substr(8, n);
+  return n;
+}
+
+SafetensorsHeader parse_safetensors_header(const std::string& text,
+                                           uint64_t file_bytes,
+                                           const std::string& path) {
+  const uint64_t n = text.size();
+  ZS_CHECK(file_bytes >= 8 + n);
   if (text.empty() || text[0] != '{')
     fail(path, "has a header that is not a JSON object");
   // nlohmann keeps the last of two equal keys: count them as they come.
@@ -138,12 +147,9 @@ SafetensorsFile decode_safetensors(const std::string& bytes,
   if (!duplicate.empty())
     fail(path, "names tensor " + in_quotes(duplicate) + " twice in its header");
 
-  SafetensorsFile out;
-  struct Entry {
-    SafetensorsTensor tensor;
-    uint64_t begin = 0, end = 0;
-  };
-  std::vector<Entry> entries;
+  SafetensorsHeader out;
+  out.data_offset = 8 + n;
+  std::vector<SafetensorsEntry>& entries = out.tensors;
   for (const auto& [name, value] : header.items()) {
     if (name == kMetadataKey) {
       if (!value.is_object())
@@ -162,17 +168,17 @@ SafetensorsFile decode_safetensors(const std::string& bytes,
     if (!value.is_object()) bad("not an object");
     for (const char* key : {"dtype", "shape", "data_offsets"})
       if (!value.contains(key)) bad(std::string("no \"") + key + "\"");
-    Entry e;
-    e.tensor.name = name;
+    SafetensorsEntry e;
+    e.name = name;
     if (!value["dtype"].is_string()) bad("\"dtype\" is not a string");
-    e.tensor.dtype = value["dtype"].get<std::string>();
+    e.dtype = value["dtype"].get<std::string>();
     const nlohmann::json& shape = value["shape"];
     if (!shape.is_array()) bad("\"shape\" is not an array");
     for (const nlohmann::json& d : shape) {
       if (!d.is_number_unsigned())
         bad("\"shape\" holds " + elide(d.dump(), kQuotedBytesMax) +
             ", not a non-negative integer");
-      e.tensor.shape.push_back(d.get<uint64_t>());
+      e.shape.push_back(d.get<uint64_t>());
     }
     const nlohmann::json& offsets = value["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 ||
@@ -183,38 +189,38 @@ SafetensorsFile decode_safetensors(const std::string& bytes,
     if (e.begin > e.end)
       bad("\"data_offsets\" [" + std::to_string(e.begin) + ", " +
           std::to_string(e.end) + "] end before they begin");
-    const uint64_t expected =
-        checked_bytes(path, name, e.tensor.dtype, e.tensor.shape);
+    const uint64_t expected = checked_bytes(path, name, e.dtype, e.shape);
     if (e.end - e.begin != expected)
-      bad(e.tensor.dtype + " of shape " + shape_string(e.tensor.shape) +
-          " is " + std::to_string(expected) + " bytes, but \"data_offsets\" [" +
+      bad(e.dtype + " of shape " + shape_string(e.shape) + " is " +
+          std::to_string(expected) + " bytes, but \"data_offsets\" [" +
           std::to_string(e.begin) + ", " + std::to_string(e.end) + "] hold " +
           std::to_string(e.end - e.begin));
     entries.push_back(std::move(e));
   }
   // Sorted by where they begin (ties: the empty first), the tensors must
   // tile the data exactly.
-  std::stable_sort(
-      entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-        return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-      });
-  const uint64_t data_bytes = bytes.size() - 8 - n;
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+                     return a.begin != b.begin ? a.begin < b.begin
+                                               : a.end < b.end;
+                   });
+  const uint64_t data_bytes = file_bytes - 8 - n;
   uint64_t at = 0;
-  for (const Entry& e : entries) {
+  for (const SafetensorsEntry& e : entries) {
     const std::string range =
         "[" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ")";
     if (e.end > data_bytes)
-      fail(path, "places tensor " + in_quotes(e.tensor.name) + " at " + range +
+      fail(path, "places tensor " + in_quotes(e.name) + " at " + range +
                      ", beyond its " + std::to_string(data_bytes) +
                      " bytes of data (truncated?)");
     if (e.begin < at)
-      fail(path, "places tensor " + in_quotes(e.tensor.name) + " at " + range +
+      fail(path, "places tensor " + in_quotes(e.name) + " at " + range +
                      ", overlapping the tensor before it (which ends at " +
                      std::to_string(at) + ")");
     if (e.begin > at)
       fail(path, "leaves bytes [" + std::to_string(at) + ", " +
                      std::to_string(e.begin) + ") of its data unused, before " +
-                     "tensor " + in_quotes(e.tensor.name));
+                     "tensor " + in_quotes(e.name));
     at = e.end;
   }
   if (at != data_bytes)
@@ -223,11 +229,21 @@ SafetensorsFile decode_safetensors(const std::string& bytes,
                    "at data byte " +
                    std::to_string(at) + " of " + std::to_string(data_bytes) +
                    ")");
-  const char* data = bytes.data() + 8 + n;
-  for (Entry& e : entries) {
-    e.tensor.data.assign(data + e.begin, e.end - e.begin);
-    out.tensors.push_back(std::move(e.tensor));
-  }
+  return out;
+}
+
+SafetensorsFile decode_safetensors(const std::string& bytes,
+                                   const std::string& path) {
+  const uint64_t n = safetensors_header_length(bytes, bytes.size(), path);
+  SafetensorsHeader header =
+      parse_safetensors_header(bytes.substr(8, n), bytes.size(), path);
+  SafetensorsFile out;
+  out.metadata = std::move(header.metadata);
+  const char* data = bytes.data() + header.data_offset;
+  for (SafetensorsEntry& e : header.tensors)
+    out.tensors.push_back({std::move(e.name), std::move(e.dtype),
+                           std::move(e.shape),
+                           std::string(data + e.begin, e.end - e.begin)});
   return out;
 }
 
@@ -242,6 +258,30 @@ uint16_t float_to_bf16(float value) {
 
 float bf16_to_float(uint16_t bits) {
   const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof value);
+  return value;
+}
+
+float f16_to_float(uint16_t bits) {
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  uint32_t exponent = (bits >> 10) & 0x1fu;
+  uint32_t mantissa = bits & 0x3ffu;
+  uint32_t wide;
+  if (exponent == 0x1f) {  // infinity or NaN: the payload moves up
+    wide = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {  // normal: rebias 15 -> 127
+    wide = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {  // signed zero
+    wide = sign;
+  } else {  // subnormal: normalize (a float32 holds it exactly)
+    exponent = 113;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    wide = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+  }
   float value;
   std::memcpy(&value, &wide, sizeof value);
   return value;

@@ -72,11 +72,42 @@ std::string encode_safetensors(const SafetensorsFile& file,
 SafetensorsFile decode_safetensors(const std::string& bytes,
                                    const std::string& path);
 
+// A file's header alone, for readers that fetch tensors' bytes from the
+// file as they need them (engine/hf_checkpoint.h) instead of reading it
+// whole.
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;
+  std::vector<uint64_t> shape;
+  uint64_t begin = 0, end = 0;  // bytes [begin, end) of the data
+};
+struct SafetensorsHeader {
+  std::vector<SafetensorsEntry> tensors;  // in the order of their data
+  std::map<std::string, std::string> metadata;
+  uint64_t data_offset = 0;  // where the data starts in the file: 8 + N
+};
+
+// The header's length N from the file's first 8 bytes (`first_bytes` holds
+// at least 8), checked against the file's size `file_bytes` and
+// kSafetensorsHeaderBytesMax. IoError naming `path` otherwise.
+uint64_t safetensors_header_length(const std::string& first_bytes,
+                                   uint64_t file_bytes,
+                                   const std::string& path);
+// Parses and verifies the N header bytes `header_json` of a file of
+// `file_bytes` bytes: every rule of Note [Safetensors layout], the data
+// being the file's last file_bytes - 8 - N bytes. IoError naming `path`.
+SafetensorsHeader parse_safetensors_header(const std::string& header_json,
+                                           uint64_t file_bytes,
+                                           const std::string& path);
+
 // float32 -> bfloat16 bits, rounded to nearest, ties to even (as
 // LibTorch's conversion); NaN stays NaN (quiet, sign kept).
 uint16_t float_to_bf16(float value);
 // bfloat16 bits -> float32 (exact).
 float bf16_to_float(uint16_t bits);
+// IEEE binary16 bits -> float32 (exact: subnormals, infinities and NaN
+// payloads included).
+float f16_to_float(uint16_t bits);
 
 }  // namespace zerostep
 

@@ -230,5 +230,29 @@ TEST(SafetensorsTest, Bf16RoundsToNearestEven) {
   EXPECT_EQ(bf16_to_float(0x3fc0), 1.5f);
 }
 
+// Every binary16 bit pattern against the compiler's own _Float16
+// conversion (GCC's soft-float routine on x86-64): the same float32 bits,
+// NaN payloads included.
+TEST(SafetensorsTest, F16WidensExactlyForEveryBitPattern) {
+  for (uint32_t b = 0; b <= 0xffffu; ++b) {
+    const uint16_t h = static_cast<uint16_t>(b);
+    _Float16 half;
+    std::memcpy(&half, &h, sizeof half);
+    const float want = static_cast<float>(half), got = f16_to_float(h);
+    uint32_t want_bits, got_bits;
+    std::memcpy(&want_bits, &want, 4);
+    std::memcpy(&got_bits, &got, 4);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(got)) << std::hex << b;
+      // A quiet NaN's payload moves up unchanged; the compiler may quiet a
+      // signalling one.
+      ASSERT_EQ(got_bits | 0x00400000u, want_bits | 0x00400000u)
+          << std::hex << b;
+    } else {
+      ASSERT_EQ(got_bits, want_bits) << std::hex << b;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zerostep

@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 
 namespace zerostep {
 
@@ -43,12 +44,24 @@ class LoraAdapterImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LoraAdapter);
 
+// An adapter's initial A, [rank, in_features], drawn from N(0, 1/in) by a
+// generator seeded from (seed, stream) alone: what LoraAdapter starts from,
+// and the PEFT-named adapters of models/hf_decoder.h too.
+torch::Tensor lora_initial_a(int64_t rank, int64_t in_features, uint64_t seed,
+                             uint64_t stream);
+
+// Whether a parameter name is a LoRA adapter's: "...lora_a" and
+// "...lora_b" (LoraAdapter), "...lora_A.weight" and "...lora_B.weight"
+// (PEFT's names, models/hf_decoder.h).
+bool is_lora_parameter_name(const std::string& name);
+
 // base(x) + adapter(x), or base(x) when `adapter` is empty.
 torch::Tensor lora_linear(torch::nn::Linear& base, LoraAdapter& adapter,
                           const torch::Tensor& x);
 
-// Sets requires_grad = false on every parameter whose name does not end in
-// "lora_a" or "lora_b". Returns the number of parameters left trainable.
+// Sets requires_grad = false on every parameter whose name is not a LoRA
+// adapter's (is_lora_parameter_name). Returns the number of parameters left
+// trainable.
 int64_t freeze_all_but_lora(torch::nn::Module& model);
 
 }  // namespace zerostep

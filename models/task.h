@@ -38,8 +38,13 @@ class Task {
                              const Batch& batch) const = 0;
 };
 
+// The prefix of a task over a Hugging Face folder: "hf:DIR".
+inline constexpr const char* kHfTaskPrefix = "hf:";
+
 // "mlp" or "gpt"; `scale` multiplies the hidden width (1 = the default
-// small model). Throws UsageError naming the valid names.
+// small model); or "hf:DIR", make_hf_task(DIR) (scale must be 1). Throws
+// UsageError naming the valid names; for a folder, what make_hf_task
+// throws.
 std::unique_ptr<Task> make_task(const std::string& name, int scale = 1);
 
 // The "gpt" task at any shape (make_task("gpt", scale) is the default
@@ -47,6 +52,14 @@ std::unique_ptr<Task> make_task(const std::string& name, int scale = 1);
 // sequences over vocab_size tokens. The shapes are not checked here:
 // TinyGpt's own checks apply when a model is made.
 std::unique_ptr<Task> make_gpt_task(const TinyGptOptions& options);
+
+// The decoder of the Hugging Face folder `dir` (models/hf_decoder.h)
+// trained on next-token prediction over the gpt task's recurrence tokens
+// (its vocabulary, sequences of min(seq_len, max_position_embeddings)
+// tokens). make_model(seed) is the folder's weights for every seed. Reads
+// config.json and the safetensors headers now: IoError or ConfigError for
+// a folder that cannot be used.
+std::unique_ptr<Task> make_hf_task(const std::string& dir, int64_t seq_len = 16);
 
 // Rows [first, first + count) of a batch.
 Batch slice(const Batch& batch, int64_t first, int64_t count);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "models/hf_decoder.h"
 
 namespace zerostep {
 namespace {
@@ -115,6 +116,52 @@ TEST(ScenarioTest, GptModelIsOkToo) {
   ScenarioResult r = run_scenario(s);
   EXPECT_TRUE(r.ok) << ::testing::PrintToString(r.failures);
   EXPECT_LT(r.unmanaged.losses.back(), r.unmanaged.losses.front());
+}
+
+// A Hugging Face folder (models/hf_decoder.h), written here, through the
+// harness's task "hf:DIR": every stage in both accumulation modes, bf16,
+// and offload, with the same claims as the built-in models (bitwise
+// managed == unmanaged, offload == none).
+TEST(ScenarioTest, HuggingFaceFolderKeepsParityAtEveryStage) {
+  HfDecoderConfig c = hf_config_for(HfArchitecture::kQwen3);
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.max_position_embeddings = 32;
+  c.initializer_range = 0.1;
+  const std::string dir = ::testing::TempDir() + "/hf_scenario_qwen3";
+  HfCausalLm model = make_hf_decoder(c);
+  init_hf_decoder_weights(*model, 5);
+  save_hf_folder(*model, dir);
+  for (int stage : {0, 1, 2, 3}) {
+    Scenario s = base(stage, 2);
+    s.model = "hf:" + dir;
+    s.backwards = {2, 1, 3};
+    s.scaling = GradAccumScaling::kPerStepCount;
+    ScenarioResult r = run_scenario(s);
+    EXPECT_TRUE(r.ok) << "stage " << stage << ": "
+                      << ::testing::PrintToString(r.failures);
+    EXPECT_TRUE(r.bitwise_equal) << "stage " << stage;
+    EXPECT_LT(r.unmanaged.losses.back(), r.unmanaged.losses.front());
+  }
+  Scenario bf16 = base(3, 2);
+  bf16.model = "hf:" + dir;
+  bf16.backwards = {2, 3};
+  bf16.dtype = Precision::kBf16;
+  ScenarioResult r = run_scenario(bf16);
+  EXPECT_TRUE(r.ok) << ::testing::PrintToString(r.failures);
+  Scenario offload = base(3, 2);
+  offload.model = "hf:" + dir;
+  offload.backwards = {3, 1};
+  offload.offload = OffloadDevice::kCpu;
+  offload.offload_param = OffloadDevice::kCpu;
+  r = run_scenario(offload);
+  EXPECT_TRUE(r.ok) << ::testing::PrintToString(r.failures);
+  EXPECT_TRUE(r.offload_compared && r.offload_bitwise_equal);
 }
 
 TEST(ScenarioTest, ClippingKeepsParity) {

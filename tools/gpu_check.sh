@@ -42,10 +42,29 @@ deepspeed_wheels() {
   ls "$out"
 }
 
+# transformers for the node (the GPU benchmark's Llama on the FSDP2 and
+# DeepSpeed sides, which load the folder that make_hf_model writes there):
+# the wheels of models/hf_py_requirements.txt for the node's Python 3.12
+# (no torch: the node has its own). Needs PyPI; without it the pack goes on
+# and wheels/hf/MISSING says why, which run.sh reports.
+hf_wheels() {
+  local out="$1"
+  mkdir -p "$out"
+  if grep -v -E '^(#|$)' models/hf_py_requirements.txt |
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+      --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 -d "$out" -r /dev/stdin; then
+    rm -f "$out/MISSING"
+  else
+    echo "transformers' wheels could not be downloaded when packing (pip download failed: no PyPI?)" >"$out/MISSING"
+  fi
+  ls "$out" | wc -l
+}
+
 pack() {
   local dir=gpu_pack
   local targets=(//comm:nccl_communicator_test //tools:harness //benchmarks/peers:zerostep_step
-    //tools:launch //benchmarks:device_adam_bench //benchmarks:sim_comm_bench)
+    //tools:launch //benchmarks:device_adam_bench //benchmarks:sim_comm_bench //tools:make_hf_model)
   echo "== building ${targets[*]} (--config=cuda)"
   ./bazelw build --config=cuda "${targets[@]}"
   local bin
@@ -55,7 +74,7 @@ pack() {
   # sim_comm_bench: issue 16 item 4 at worlds 4 and 8 with a core per rank
   # (run.sh --only=cpu-threads).
   cp "$bin/comm/nccl_communicator_test" "$bin/tools/harness" "$bin/benchmarks/device_adam_bench" \
-    "$bin/benchmarks/sim_comm_bench" "$dir/"
+    "$bin/benchmarks/sim_comm_bench" "$bin/tools/make_hf_model" "$dir/"
   # The GPU benchmark against FSDP2 and DeepSpeed (benchmarks/peers/gpu_run.py),
   # and the CPU one against DDP and FSDP2 with ranks of two threads on the
   # node's cores (benchmarks/peers/run.py: run.sh --only=cpu-threads).
@@ -64,19 +83,21 @@ pack() {
     benchmarks/peers/deepspeed_step.py "$dir/peers/"
   chmod u+w "$dir"/* "$dir"/peers/*
   strip "$dir/nccl_communicator_test" "$dir/harness" "$dir/device_adam_bench" "$dir/sim_comm_bench" \
-    "$dir/peers/zerostep_step" "$dir/peers/launch"
+    "$dir/make_hf_model" "$dir/peers/zerostep_step" "$dir/peers/launch"
   # The Debian libraries they need that the node may lack (liburing,
   # libstdc++ of GCC 12, ...), into lib/; glibc, LibTorch and CUDA stay
   # the node's own.
   mkdir -p "$dir/lib"
   ldd "$dir/nccl_communicator_test" "$dir/harness" "$dir/device_adam_bench" "$dir/sim_comm_bench" \
-    "$dir/peers/zerostep_step" "$dir/peers/launch" |
+    "$dir/make_hf_model" "$dir/peers/zerostep_step" "$dir/peers/launch" |
     awk '$3 ~ /^\// {print $3}' | sort -u |
     grep -v -E '/(libc|libm|libdl|librt|libpthread|libutil|ld-linux[^/]*)\.so|/torch[^/]*/|/libtorch-|/nvidia/|/cuda[^/]*/' |
     while read -r lib; do cp -L "$lib" "$dir/lib/"; done
   ls "$dir/lib"
   echo "== DeepSpeed wheels for the node (Python 3.12)"
   deepspeed_wheels "$dir/wheels"
+  echo "== transformers wheels for the node (Python 3.12)"
+  hf_wheels "$dir/wheels/hf"
   cp tools/gpu_run.sh "$dir/run.sh"
   cp third_party/libtorch/torch-*.txt "$dir/"
   du -sh "$dir"

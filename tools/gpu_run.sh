@@ -106,15 +106,41 @@ adam() {
   if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp adam_gpu.json "$OUT/"; fi
 }
 
-# The GPU benchmark against FSDP2 and DeepSpeed (issue 12 item 8,
-# benchmarks/peers/gpu_run.py): world 1 on cuda:0, GPT 125M and 350M, N = 4
-# backward calls per step, at most 2 rounds within 240 s. Writes
+# The GPU benchmark against FSDP2 and DeepSpeed (issue 12 item 8, issue 39
+# item 5; benchmarks/peers/gpu_run.py): world 1 on cuda:0, Llama-shaped
+# Hugging Face folders of 125M and 336M parameters that make_hf_model
+# writes here (hf/llama-125m, hf/llama-350m; the FSDP2 and DeepSpeed sides
+# load them with transformers from the pack's wheels), N = 4 backward calls
+# per step, at most 2 rounds within 240 s. Without the transformers wheels
+# it runs the GPT 125M and 350M instead and says so (hf_state). Writes
 # peers_gpu.json and peers_gpu.md here (and into $OUT when that is set).
 # Sets ds_state: "ran", or why DeepSpeed did not.
 peers() {
-  echo "== GPU benchmark against FSDP2 and DeepSpeed (issue 12, item 8): world 1, GPT 125M and 350M, N = 4, about 4 minutes"
   local python
   python="$(venv_python)"
+  local hf_args=()
+  hf_state="ran"
+  if [ -f wheels/hf/MISSING ]; then
+    hf_state="$(cat wheels/hf/MISSING)"
+  elif ! ls wheels/hf/transformers-*.whl >/dev/null 2>&1; then
+    hf_state="the pack has no transformers wheel (tools/gpu_check.sh pack makes it)"
+  else
+    local hf_site
+    hf_site="$(mktemp -d)"
+    if LD_LIBRARY_PATH="$caller_ld_library_path" "$python" -m pip install -q --no-index --no-deps \
+        --no-compile --no-cache-dir --target "$hf_site" wheels/hf/*.whl &&
+      ./make_hf_model --out=hf/llama-125m --preset=125m &&
+      ./make_hf_model --out=hf/llama-350m --preset=350m; then
+      hf_args=(--hf=hf/llama-125m,hf/llama-350m --hf-site="$hf_site")
+    else
+      hf_state="the transformers wheels or the Llama folders could not be set up in $hf_site"
+    fi
+  fi
+  if [ "$hf_state" = ran ]; then
+    echo "== GPU benchmark against FSDP2 and DeepSpeed (issue 12 item 8, issue 39 item 5): world 1, Llama 125M and 336M, N = 4, about 4 minutes"
+  else
+    echo "== GPU benchmark against FSDP2 and DeepSpeed (issue 12, item 8): world 1, GPT 125M and 350M (no Llama: $hf_state), N = 4, about 4 minutes"
+  fi
   local ds_args=() ds_why=""
   if [ -f wheels/MISSING ]; then
     ds_why="$(cat wheels/MISSING)"
@@ -135,7 +161,7 @@ peers() {
   # shellcheck disable=SC2086 # PEERS_ARGS is a list of arguments
   LD_LIBRARY_PATH="$caller_ld_library_path" PYTHONUNBUFFERED=1 timeout 480 "$python" peers/gpu_run.py \
     --zerostep-bin=peers/zerostep_step --zerostep-lib-path="$LD_LIBRARY_PATH" \
-    --python="$python" "${ds_args[@]}" --out=peers_gpu.json --table=peers_gpu.md ${PEERS_ARGS:-} ||
+    --python="$python" "${ds_args[@]}" "${hf_args[@]}" --out=peers_gpu.json --table=peers_gpu.md ${PEERS_ARGS:-} ||
     rc=$?
   # What it measured, also when it failed or was stopped ("complete": false).
   if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp peers_gpu.json peers_gpu.md "$OUT/" 2>/dev/null || true; fi
@@ -202,6 +228,7 @@ if [ "$only" = cpu-threads ]; then
 fi
 
 ds_state=""
+hf_state=""
 # Not `[ ... ] && parity`: bash ignores set -e inside a function called from
 # an && list, so a failing check there would not stop the run.
 if [ "$only" = all ]; then
@@ -211,6 +238,9 @@ fi
 peers
 
 missing=()
+if [ "$hf_state" != ran ]; then
+  missing+=("the Llama models in the GPU benchmark (issue 39, item 5): $hf_state")
+fi
 if [ "$ds_state" != ran ]; then
   missing+=("DeepSpeed in the GPU benchmark (issue 12, item 8): $ds_state")
 fi

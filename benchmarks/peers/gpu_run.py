@@ -25,6 +25,12 @@ parameters), N = 4 backward calls per optimizer step, fp32, AdamW:
   FSDP2      torch_step.py: fully_shard, set_requires_gradient_sync(False)
              for the first N-1 backward calls; fsdp2_offload with
              CPUOffloadPolicy is the peer of the offload rows
+With --hf=DIR[,DIR] the shapes are Hugging Face folders instead (Llama-shaped,
+written by //tools:make_hf_model --preset=125m / 350m, which the pack
+carries): zerostep loads each with models/hf_decoder.h, FSDP2 and DeepSpeed
+with transformers (AutoModelForCausalLM; --hf-site names a folder holding
+transformers for torch's python, put first on its PYTHONPATH), the same
+folder on every side; the sizes are named by the folders.
 World size 1 by default on cuda (one GPU: one process per GPU, NCCL), 2 on
 the CPU (Gloo). Each launch times 1 warm-up and --windows windows per mode,
 with one device synchronisation before and one after each window; the
@@ -55,7 +61,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from run import cpu_model  # noqa: E402  (run.py sits beside this file, packed with it)
+from run import cpu_model, model_args  # noqa: E402  (run.py sits beside this file, packed with it)
 
 # name: (vocab, d_model, n_layer, n_head); --block-size 512:
 # 124,796,416 and 355,290,112 parameters (untied LM head).
@@ -151,9 +157,7 @@ def run_json(cmd, timeout_s, world=None, env=None):
 
 
 def shape_args(a, shape):
-    vocab, d, layers, heads = shape
-    return ["--vocab=%d" % vocab, "--d-model=%d" % d, "--n-layer=%d" % layers,
-            "--n-head=%d" % heads, "--block-size=%d" % a.block_size,
+    return model_args(shape) + ["--block-size=%d" % a.block_size,
             "--micro-batch=%d" % a.micro_batch, "--backwards=%d" % a.backwards,
             "--threads=%d" % a.threads, "--warmup=%d" % a.warmup, "--windows=%d" % a.windows,
             "--device=" + a.device, "--backend=" + a.backend]
@@ -360,6 +364,9 @@ def main(argv):
                    "(where the pack's wheels were installed)")
     p.add_argument("--no-deepspeed", action="store_true")
     p.add_argument("--sizes", help="of " + ", ".join(GPU_SIZES))
+    p.add_argument("--hf", help="Hugging Face folders (comma-separated) instead of the GPT sizes")
+    p.add_argument("--hf-site", help="a folder holding transformers for torch's python (the "
+                   "pack's wheels installed there), put first on the Python sides' PYTHONPATH")
     p.add_argument("--block-size", type=int, default=512)
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--backwards", type=int, default=4)
@@ -396,13 +403,24 @@ def main(argv):
         if bad:
             p.error("--sizes: %s not of %s" % (",".join(bad), ", ".join(GPU_SIZES)))
         sizes = {n: GPU_SIZES[n] for n in names}
+    if a.hf:
+        sizes = {os.path.basename(os.path.normpath(d)): os.path.abspath(d)
+                 for d in a.hf.split(",")}
+        missing = [d for d in sizes.values() if not os.path.exists(os.path.join(d, "config.json"))]
+        if missing:
+            p.error("--hf: no config.json in %s (tools/make_hf_model writes such folders)"
+                    % ", ".join(missing))
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     t_start = time.monotonic()
 
     zs_env = dict(os.environ)
     if a.zerostep_lib_path:
         zs_env["LD_LIBRARY_PATH"] = a.zerostep_lib_path
-    ds_env = dict(os.environ)
+    py_env = dict(os.environ)
+    if a.hf_site:
+        py_env["PYTHONPATH"] = a.hf_site + (":" + py_env["PYTHONPATH"]
+                                            if py_env.get("PYTHONPATH") else "")
+    ds_env = dict(py_env)
     if a.deepspeed_site:
         ds_env["PYTHONPATH"] = a.deepspeed_site + (":" + ds_env["PYTHONPATH"]
                                                    if ds_env.get("PYTHONPATH") else "")
@@ -433,7 +451,8 @@ def main(argv):
                 log("round %d/%d size %s: %s" % (k + 1, a.rounds, size, name))
                 t0 = time.monotonic()
                 lines, err = run_json(cmd, a.launch_timeout_s, world,
-                                      {"zerostep": zs_env, "deepspeed": ds_env}.get(name))
+                                      {"zerostep": zs_env, "deepspeed": ds_env,
+                                       "torch": py_env}.get(name))
                 for line in lines:
                     line.update(round=k, size=size)
                     key = "%s/%s/%s" % (size, line["framework"], line["mode"])

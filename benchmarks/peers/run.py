@@ -34,6 +34,12 @@ faster of the two in that round; DeepSpeed's stage k against zerostep's
 stagek, apart). Progress goes to stderr, the tables to stdout; --svg draws
 the ratio against the faster peer per stage and size.
 --quick: tiny shapes, one round, one window (a smoke run, not a measurement).
+--hf=PRESET[,PRESET]: instead of the GPT, a Llama-shaped Hugging Face folder
+of //tools:make_hf_model's preset (tiny, 20m, 125m, 350m), loaded by zerostep
+(models/hf_decoder.h) and by transformers on the torch side (in the pinned
+environment of models/hf_py_requirements.txt, which sees torch); at
+--world=1 the torch side also runs "eager" (the model and its AdamW, no
+wrapper), and the tables add the ratio eager / zerostep.
 W is --world (default 2); --threads compute threads per rank on both sides.
 """
 import argparse
@@ -99,6 +105,39 @@ def torch_python(install):
     return None
 
 
+def hf_python():
+    """The python of models/hf_py_requirements.txt's environment, which sees
+    the pinned torch (common/pinned_venv.sh; made on first use)."""
+    torch_dir = subprocess.run([os.path.join(ROOT, "third_party/libtorch/setup.sh"), TORCH_VERSION],
+                               check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
+    site = os.path.dirname(os.path.realpath(torch_dir))
+    venv = subprocess.run([os.path.join(ROOT, "common/pinned_venv.sh"), "hf-venv",
+                           os.path.join(ROOT, "models/hf_py_requirements.txt"),
+                           "import transformers, peft, torch", site],
+                          check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
+    return os.path.join(venv, "bin", "python")
+
+
+def make_hf_folders(presets, out_dir, make_bin=None):
+    """//tools:make_hf_model's folder of each preset under out_dir (built
+    here unless make_bin is given)."""
+    if make_bin is None:
+        bazelw = os.path.join(ROOT, "bazelw")
+        subprocess.run([bazelw, "build", "--jobs=2", "//tools:make_hf_model"], cwd=ROOT,
+                       check=True, stdout=sys.stderr)
+        bin_dir = subprocess.run([bazelw, "info", "bazel-bin"], cwd=ROOT, check=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 text=True).stdout.strip()
+        make_bin = os.path.join(bin_dir, "tools/make_hf_model")
+    folders = {}
+    for preset in presets:
+        folder = os.path.join(out_dir, "llama-" + preset)
+        subprocess.run([make_bin, "--out=" + folder,
+                        "--preset=" + preset], check=True, stdout=sys.stderr)
+        folders["llama-" + preset] = folder
+    return folders
+
+
 def build(libtorch):
     """Builds zerostep against `libtorch`: "torch" is the peer's own LibTorch
     (PyPI torch 2.11, the --config=cuda build, which runs on the CPU here
@@ -116,10 +155,18 @@ def build(libtorch):
             os.path.join(bin_dir, "tools/launch"))
 
 
-def shape_args(a, shape):
+def model_args(shape):
+    """The step programs' model flags: a GPT shape (vocab, d_model,
+    n_layer, n_head), or a Hugging Face folder's path."""
+    if isinstance(shape, str):
+        return ["--hf=" + shape]
     vocab, d, layers, heads = shape
     return ["--vocab=%d" % vocab, "--d-model=%d" % d, "--n-layer=%d" % layers,
-            "--n-head=%d" % heads, "--block-size=%d" % a.block_size,
+            "--n-head=%d" % heads]
+
+
+def shape_args(a, shape):
+    return model_args(shape) + ["--block-size=%d" % a.block_size,
             "--micro-batch=%d" % a.micro_batch, "--backwards=%d" % a.backwards,
             "--threads=%d" % a.threads, "--warmup=%d" % a.warmup,
             "--windows=%d" % a.windows]
@@ -166,6 +213,8 @@ def summarize(runs, sizes, zmodes):
             ddp = [by["ddp"][k]["window_s_median"] for k in rounds]
             fsdp = [by["fsdp2"][k]["window_s_median"] for k in rounds]
             best = [min(x, y) for x, y in zip(ddp, fsdp)]
+            if "eager" in by:
+                eager = [by["eager"][k]["window_s_median"] for k in rounds]
             rows.append({
                 "size": size, "params": by[mode][rounds[0]]["params"], "mode": mode,
                 "rounds": len(rounds),
@@ -181,13 +230,19 @@ def summarize(runs, sizes, zmodes):
                 "overhead_zerostep_s": spread([w - f for w, f in zip(z, fz)]),
                 "overhead_faster_peer_s": spread([w - f for w, f in zip(best, ft)]),
             })
+            if "eager" in by:
+                rows[-1]["eager_s"] = spread(eager)
+                rows[-1]["ratio_eager"] = spread([p / q for p, q in zip(eager, z)])
             if mode in ds:
                 # DeepSpeed at the same stage, the same semantics.
                 d = [ds[mode][k]["window_s_median"] for k in rounds]
                 rows[-1]["deepspeed_s"] = spread(d)
                 rows[-1]["ratio_deepspeed"] = spread([p / q for p, q in zip(d, z)])
             # A window's forward / backward / step parts (medians over rounds).
-            for name, runs_of in (("zerostep", by[mode]), ("ddp", by["ddp"]), ("fsdp2", by["fsdp2"])):
+            for name, runs_of in (("zerostep", by[mode]), ("ddp", by["ddp"]), ("fsdp2", by["fsdp2"]),
+                                  ("eager", by.get("eager"))):
+                if runs_of is None:
+                    continue
                 if "step_s_median" in runs_of[rounds[0]]:
                     rows[-1]["phases_" + name + "_s"] = {
                         phase: statistics.median(runs_of[k][phase + "_s_median"] for k in rounds)
@@ -207,6 +262,22 @@ def table(rows):
             r["ratio_ddp"]["median"], r["ratio_fsdp2"]["median"], r["ratio_fwdbwd"]["median"],
             r["overhead_zerostep_s"]["median"], r["overhead_faster_peer_s"]["median"]))
     return "\n".join(out)
+
+
+def eager_table(rows):
+    """zerostep against the model alone in PyTorch eager (--hf at one rank)."""
+    out = ["| model (params) | zerostep mode | zerostep s | eager s | **eager / zerostep** (range) "
+           "| zs fwd / bwd / step s | eager fwd / bwd / step s |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    cell = lambda p: "%.3f / %.3f / %.3f" % (p["forward"], p["backward"], p["step"])
+    for r in rows:
+        if "ratio_eager" in r:
+            e = r["ratio_eager"]
+            out.append("| %s (%s) | %s | %.3f | %.3f | **%.2f** (%.2f-%.2f) | %s | %s |" % (
+                r["size"], format(r["params"], ","), r["mode"], r["zerostep_s"]["median"],
+                r["eager_s"]["median"], e["median"], e["min"], e["max"],
+                cell(r["phases_zerostep_s"]), cell(r["phases_eager_s"])))
+    return "\n".join(out) if len(out) > 2 else ""
 
 
 def deepspeed_table(rows):
@@ -291,6 +362,11 @@ def main(argv):
     p.add_argument("--skip-without-torch", action="store_true",
                    help="exit 0 with a SKIPPED line when the pinned venv is absent (no install)")
     p.add_argument("--from-json", help="print the table (and --svg) of an earlier --out; run nothing")
+    p.add_argument("--hf", help="Llama-shaped Hugging Face folders of these make_hf_model presets "
+                   "(tiny, 20m, 125m, 350m) instead of the GPT sizes")
+    p.add_argument("--hf-dir", default="/tmp/zerostep_peers_hf",
+                   help="where --hf's folders are written")
+    p.add_argument("--make-hf-model-bin", help="prebuilt //tools:make_hf_model (no build)")
     a = p.parse_args(argv)
     if a.from_json:
         with open(a.from_json) as f:
@@ -302,7 +378,12 @@ def main(argv):
     sizes = dict(QUICK_SIZES) if a.quick else {s: SIZES[s] for s in a.sizes.split(",")}
     if a.quick:
         a.rounds, a.warmup, a.windows, a.block_size = 1, 0, 1, 16
-    python = a.python or torch_python(install=not a.skip_without_torch)
+    torch_modes = list(TORCH_MODES)
+    if a.hf:
+        sizes = make_hf_folders(a.hf.split(","), a.hf_dir, a.make_hf_model_bin)
+        if a.world == 1:
+            torch_modes.append("eager")
+    python = a.python or (hf_python() if a.hf else torch_python(install=not a.skip_without_torch))
     if python is None:
         print("SKIPPED: the pinned torch %s venv is absent; `third_party/libtorch/setup.sh %s` "
               "installs it (about 4.5 GB from PyPI)" % (TORCH_VERSION, TORCH_VERSION))
@@ -337,7 +418,7 @@ def main(argv):
             args = shape_args(a, shape)
             z = [launch, "--nproc=%d" % a.world, "--", zbin, "--modes=" + ",".join(rotate(zmodes, k))] + args
             t = [python, "-W", "ignore", os.path.join(HERE, "torch_step.py"),
-                 "--modes=" + ",".join(rotate(TORCH_MODES, k)), "--world=%d" % a.world] + args
+                 "--modes=" + ",".join(rotate(torch_modes, k)), "--world=%d" % a.world] + args
             launches = [("zerostep", z), ("torch", t)]
             if dmodes:
                 launches.append(("deepspeed", [
@@ -393,6 +474,9 @@ def report(rows, svg_path, world):
     phases = phase_table(rows)
     if phases:
         print("\n" + phases)
+    against_eager = eager_table(rows)
+    if against_eager:
+        print("\n" + against_eager)
     against_ds = deepspeed_table(rows)
     if against_ds:
         print("\n" + against_ds)

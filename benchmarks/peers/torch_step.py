@@ -20,7 +20,14 @@ times, like benchmarks/peers/zerostep_step.cc:
            set_requires_gradient_sync(False) for the first N-1 backward
            calls and True for the last (one reduce-scatter per window);
      fsdp2_offload  the same with offload_policy=CPUOffloadPolicy()
-           (parameters, gradients and the AdamW step on the host).
+           (parameters, gradients and the AdamW step on the host);
+     eager the model alone with its AdamW, no wrapper and no
+           communication (PyTorch eager, the peer of zerostep at one rank).
+With --hf=DIR the model is the Hugging Face folder's, as transformers loads
+it (AutoModelForCausalLM, float32, its default attention; fsdp2 shards
+every decoder layer, then the root), in place of the GPT: torch's python
+must have transformers (models/hf_py_requirements.txt), and the shape
+flags but --block-size are unused.
 Rank 0 prints one JSON line per mode on stdout with the same fields as
 zerostep_step (the forward+backward times are the same in every line). On
 the CPU a window is split into forward_s_median (the N loss computations),
@@ -49,7 +56,7 @@ import sys
 import time
 
 
-TORCH_MODES = ("ddp", "fsdp2", "fsdp2_offload")
+TORCH_MODES = ("ddp", "fsdp2", "fsdp2_offload", "eager")
 
 
 def parse(argv, modes=TORCH_MODES, description=None):
@@ -71,6 +78,7 @@ def parse(argv, modes=TORCH_MODES, description=None):
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--count-params", action="store_true")
+    p.add_argument("--hf", help="a Hugging Face folder's model instead of the GPT")
     a = p.parse_args(argv)
     a.modes = a.modes.split(",")
     if not a.modes or set(a.modes) - set(modes):
@@ -84,10 +92,27 @@ def parse(argv, modes=TORCH_MODES, description=None):
 
 
 def build_model(a):
-    """TinyGpt of models/tiny_gpt.cc, module for module (torch imported late:
-    --help and the driver's checks stay fast)."""
+    """TinyGpt of models/tiny_gpt.cc, module for module, or with --hf the
+    folder's model, returning logits (torch imported late: --help and the
+    driver's checks stay fast)."""
     import torch
     from torch import nn
+
+    if a.hf:
+        from transformers import AutoModelForCausalLM
+
+        class Hf(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lm = AutoModelForCausalLM.from_pretrained(a.hf, dtype=torch.float32)
+                self.blocks = self.lm.model.layers
+
+            def forward(self, tokens):
+                return self.lm(input_ids=tokens, use_cache=False).logits
+
+        model = Hf()
+        a.vocab = model.lm.config.vocab_size
+        return model
 
     class Block(nn.Module):
         def __init__(self):
@@ -144,7 +169,10 @@ def make_torch_mode(a, mode, device):
     import torch
     torch.manual_seed(a.seed)
     model = build_model(a).to(device)
-    if mode == "ddp":
+    if mode == "eager":
+        net = model
+        set_sync = lambda last: contextlib.nullcontext()
+    elif mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
         net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         set_sync = lambda last: contextlib.nullcontext() if last else net.no_sync()
@@ -269,7 +297,7 @@ def rank_main(rank, a, port, queue, framework, run_mode):
     baseline = memory_reset(device)
     model = build_model(a).to(device)
     params = sum(p.numel() for p in model.parameters())
-    if params != param_count(a):
+    if not a.hf and params != param_count(a):
         raise SystemExit("torch_step: the model has %d parameters, TinyGpt's formula %d"
                          % (params, param_count(a)))
     g = torch.Generator().manual_seed(a.seed + 1000 * rank)

@@ -18,8 +18,10 @@
 // UsageError naming the fix). NCCL's rendezvous is a file,
 // --nccl-id-path (default $TMPDIR/zerostep_step_nccl.<MASTER_PORT>.id).
 //
-// Each rank builds the tiny GPT (models/tiny_gpt.h) at the given shape and
-// times, on its own micro-batches:
+// Each rank builds the tiny GPT (models/tiny_gpt.h) at the given shape, or
+// with --hf=DIR the Hugging Face folder's decoder (models/hf_decoder.h, the
+// harness's task hf:DIR: --block-size tokens per sequence; the shape flags
+// are unused), and times, on its own micro-batches:
 //   1. plain forward+backward, no engine: N loss.backward() calls per
 //      window into the model's own .grad (zeroed between windows), no
 //      communication and no optimizer: what LibTorch's compute costs;
@@ -123,6 +125,7 @@ namespace {
 
 struct Options {
   TinyGptOptions model;
+  std::string hf;  // --hf=DIR: a Hugging Face folder instead of the GPT
   std::vector<std::string> modes = {"stage0"};
   std::string device = "cpu";
   std::string backend;  // "" = gloo on cpu, nccl on cuda
@@ -191,7 +194,8 @@ Options parse(int argc, char** argv) {
   std::map<std::string, std::string*> strings = {
       {"--device", &o.device},
       {"--backend", &o.backend},
-      {"--nccl-id-path", &o.nccl_id_path}};
+      {"--nccl-id-path", &o.nccl_id_path},
+      {"--hf", &o.hf}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--modes=", 0) == 0) {
@@ -463,7 +467,9 @@ int main_impl(int argc, char** argv) {
     comm = GlooCommunicator::from_environment();
   }
   const int rank = comm->rank(), world = comm->world_size();
-  const std::unique_ptr<Task> task = make_gpt_task(o.model);
+  const std::unique_ptr<Task> task =
+      o.hf.empty() ? make_gpt_task(o.model)
+                   : make_hf_task(o.hf, o.model.block_size);
   // Rank r's micro-batch i is sample block i * world + r of one data set.
   const Batch host_data =
       task->make_data(o.seed ^ 0x5eed, static_cast<int64_t>(o.backwards) *
