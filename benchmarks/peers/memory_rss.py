@@ -7,7 +7,10 @@
 For each world (--worlds, default 2,4) and stage 0-3, one launch of
 tools/launch --nproc=W zerostep_step --modes=stageK (Gloo processes,
 DeepSpeed's semantics: N backward() calls then step(), AdamW, fp32), on the
-GPT of --vocab/--d-model/--n-layer/--n-head. zerostep_step reports on
+GPT of --vocab/--d-model/--n-layer/--n-head, or a Hugging Face folder
+(--hf=DIR, made by tools/make_hf_model; --load=meta builds each rank's
+decoder on the meta device and reads only its elements from the folder).
+zerostep_step reports on
 every rank (Note [Resident memory per mode] in zerostep_step.cc) the
 resident set before the model is made, its peak while the model and the
 Engine are made, the resident set once made, and its peak over the
@@ -36,9 +39,11 @@ import run  # noqa: E402  (the peers' build and launch helpers)
 
 
 def measure(zbin, launch, world, stage, a):
-    cmd = [launch, "--nproc=%d" % world, "--", zbin, "--modes=stage%d" % stage,
-           "--vocab=%d" % a.vocab, "--d-model=%d" % a.d_model, "--n-layer=%d" % a.n_layer,
-           "--n-head=%d" % a.n_head, "--block-size=%d" % a.block_size,
+    model = (["--hf=%s" % a.hf, "--load=%s" % a.load] if a.hf else
+             ["--vocab=%d" % a.vocab, "--d-model=%d" % a.d_model, "--n-layer=%d" % a.n_layer,
+              "--n-head=%d" % a.n_head])
+    cmd = [launch, "--nproc=%d" % world, "--", zbin, "--modes=stage%d" % stage] + model + [
+           "--block-size=%d" % a.block_size,
            "--micro-batch=%d" % a.micro_batch, "--backwards=%d" % a.backwards,
            "--threads=1", "--warmup=0", "--windows=%d" % a.windows]
     lines = [x for x in run.json_lines(cmd) if x.get("mode") == "stage%d" % stage]
@@ -94,6 +99,10 @@ def main(argv):
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--n-layer", type=int, default=8)
     p.add_argument("--n-head", type=int, default=8)
+    p.add_argument("--hf", help="a Hugging Face folder (tools/make_hf_model) instead of the GPT")
+    p.add_argument("--load", default="whole", choices=["whole", "meta"],
+                   help="with --hf: each rank loads the whole folder, or builds on the meta "
+                   "device and reads its own elements (stage 3: never the whole model)")
     p.add_argument("--block-size", type=int, default=64)
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--backwards", type=int, default=4)
@@ -110,8 +119,10 @@ def main(argv):
         for s in [int(x) for x in a.stages.split(",")]:
             run.log("world %d stage %d" % (w, s))
             rows.append(measure(zbin, launch, w, s, a))
-    print("%s; GPT of %d parameters, micro-batch %d x %d tokens, N = %d, fp32, AdamW; MB = 10^6 bytes"
-          % (run.cpu_model(), rows[0]["params"], a.micro_batch, a.block_size, a.backwards))
+    what = ("Hugging Face folder %s (load %s)" % (a.hf, a.load)) if a.hf else "GPT"
+    print("%s; %s of %d parameters, micro-batch %d x %d tokens, N = %d, fp32, AdamW; "
+          "MB = 10^6 bytes" % (run.cpu_model(), what, rows[0]["params"], a.micro_batch,
+                               a.block_size, a.backwards))
     print(table(rows))
     if a.out:
         with open(a.out, "w") as f:

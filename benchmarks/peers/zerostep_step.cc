@@ -21,7 +21,12 @@
 // Each rank builds the tiny GPT (models/tiny_gpt.h) at the given shape, or
 // with --hf=DIR the Hugging Face folder's decoder (models/hf_decoder.h, the
 // harness's task hf:DIR: --block-size tokens per sequence; the shape flags
-// are unused), and times, on its own micro-batches:
+// are unused), and times, on its own micro-batches. With --hf,
+// --load=meta builds each mode's decoder on the meta device and the Engine
+// reads each rank's elements from the folder (EngineOptions::
+// parameter_source over engine/hf_checkpoint.h: at stage 3 no rank holds
+// the whole model at any time); --load=whole (default) loads the whole
+// folder into each rank's model first:
 //   1. plain forward+backward, no engine: N loss.backward() calls per
 //      window into the model's own .grad (zeroed between windows), no
 //      communication and no optimizer: what LibTorch's compute costs;
@@ -109,6 +114,9 @@
 #include "common/errors.h"
 #include "config/config.h"
 #include "engine/engine.h"
+#include "engine/hf_checkpoint.h"
+#include "models/hf_config.h"
+#include "models/hf_decoder.h"
 #include "models/task.h"
 #include "runtime/runtime_info.h"
 
@@ -126,6 +134,7 @@ namespace {
 struct Options {
   TinyGptOptions model;
   std::string hf;  // --hf=DIR: a Hugging Face folder instead of the GPT
+  std::string load = "whole";  // --load=whole|meta (with --hf)
   std::vector<std::string> modes = {"stage0"};
   std::string device = "cpu";
   std::string backend;  // "" = gloo on cpu, nccl on cuda
@@ -195,7 +204,8 @@ Options parse(int argc, char** argv) {
       {"--device", &o.device},
       {"--backend", &o.backend},
       {"--nccl-id-path", &o.nccl_id_path},
-      {"--hf", &o.hf}};
+      {"--hf", &o.hf},
+      {"--load", &o.load}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--modes=", 0) == 0) {
@@ -231,6 +241,13 @@ Options parse(int argc, char** argv) {
   if (o.device != "cpu" && o.device != "cuda")
     throw UsageError("zerostep_step: --device=" + o.device +
                      " is not one of cpu, cuda");
+  if (o.load != "whole" && o.load != "meta")
+    throw UsageError("zerostep_step: --load=" + o.load +
+                     " is not one of whole, meta");
+  if (o.load == "meta" && o.hf.empty())
+    throw UsageError(
+        "zerostep_step: --load=meta reads a Hugging Face folder: give "
+        "--hf=DIR (the built-in GPT has no folder to read from)");
   if (o.backend.empty()) o.backend = o.device == "cuda" ? "nccl" : "gloo";
   if (o.backend != "gloo" && o.backend != "nccl")
     throw UsageError("zerostep_step: --backend=" + o.backend +
@@ -505,12 +522,23 @@ int main_impl(int argc, char** argv) {
     baseline = cuda ? reset_device_peaks(local_rank) : 0;
     const Rss before = read_rss();
     reset_peak_rss();
-    std::shared_ptr<torch::nn::Module> model = task->make_model(o.seed);
-    model->to(device);
+    std::shared_ptr<torch::nn::Module> model;
+    EngineOptions engine_options;
+    std::unique_ptr<HfCheckpointSource> source;
+    if (o.load == "meta") {
+      HfDecoderOptions meta;
+      meta.device = torch::kMeta;
+      model = make_hf_decoder(read_hf_config(o.hf), meta).ptr();
+      source = std::make_unique<HfCheckpointSource>(o.hf);
+      engine_options.parameter_source = source.get();
+    } else {
+      model = task->make_model(o.seed);
+      model->to(device);
+    }
     std::unique_ptr<Engine> engine;
     try {
       engine = std::make_unique<Engine>(model, engine_config(o, mode, world),
-                                        comm.get());
+                                        comm.get(), engine_options);
     } catch (const UsageError& e) {
       // The engine's own refusal of this mode here: said, not timed. Every
       // rank refuses alike, before any collective.
