@@ -411,8 +411,8 @@ void reset_peak_rss() {
 nlohmann::json gather_rss(Communicator& comm, const std::vector<int64_t>& kib) {
   std::vector<float> mine(kib.begin(), kib.end());
   std::vector<float> all(mine.size() * comm.world_size());
-  comm.all_gather(buffer(mine.data(), mine.size()),
-                  buffer(all.data(), all.size()), {"rss"});
+  comm.all_gather(Buffer::of(mine.data(), mine.size()),
+                  Buffer::of(all.data(), all.size()), {"rss"});
   nlohmann::json ranks = nlohmann::json::array();
   for (int r = 0; r < comm.world_size(); ++r) {
     const float* f = all.data() + r * mine.size();
