@@ -13,6 +13,8 @@
 // --device=cpu (default) or cuda: where the model and data live (cuda:
 // cuda:LOCAL_RANK, the engine's ZeRO state on the device without offload,
 // Note [Device kernels] in zero/kernels.h).
+// --bucket-elements=N: every bucket size of the ds_config (reduce,
+// allgather, stage 3 prefetch) in elements; DeepSpeed's defaults without.
 // --backend=gloo (default on cpu) or nccl (default on cuda; only in a
 // --config=cuda build, which defines ZEROSTEP_STEP_CUDA: elsewhere it is a
 // UsageError naming the fix). NCCL's rendezvous is a file,
@@ -140,6 +142,10 @@ struct Options {
   std::string backend;  // "" = gloo on cpu, nccl on cuda
   std::string nccl_id_path;
   int64_t micro_batch = 4;
+  // --bucket-elements: reduce_bucket_size, allgather_bucket_size and
+  // stage3_prefetch_bucket_size of every mode (0: DeepSpeed's defaults;
+  // _overlap still takes DDP's 25 MiB reduce buckets).
+  int64_t bucket_elements = 0;
   int backwards = 4;
   int threads = 1;
   int warmup = 1;
@@ -195,7 +201,8 @@ Options parse(int argc, char** argv) {
   std::map<std::string, int64_t*> ints = {
       {"--vocab", &o.model.vocab_size},      {"--d-model", &o.model.d_model},
       {"--n-layer", &o.model.n_layer},       {"--n-head", &o.model.n_head},
-      {"--block-size", &o.model.block_size}, {"--micro-batch", &o.micro_batch}};
+      {"--block-size", &o.model.block_size}, {"--micro-batch", &o.micro_batch},
+      {"--bucket-elements", &o.bucket_elements}};
   std::map<std::string, int*> small = {{"--backwards", &o.backwards},
                                        {"--threads", &o.threads},
                                        {"--warmup", &o.warmup},
@@ -348,6 +355,11 @@ Config engine_config(const Options& o, const Mode& mode, int world_size) {
   if (mode.offload)
     zero["offload_optimizer"] = {{"device", "cpu"},
                                  {"pin_memory", o.device == "cuda"}};
+  if (o.bucket_elements > 0) {
+    zero["reduce_bucket_size"] = o.bucket_elements;
+    zero["allgather_bucket_size"] = o.bucket_elements;
+    zero["stage3_prefetch_bucket_size"] = o.bucket_elements;
+  }
   if (mode.overlap) {
     zero["overlap_comm"] = true;
     zero["reduce_bucket_size"] = 25 << 20 >> 2;  // DDP's bucket_cap_mb = 25
