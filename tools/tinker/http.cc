@@ -375,13 +375,29 @@ struct HttpServer::Impl {
     close_conn(std::move(c));
   }
 
-  // The waiting connection (of `peer`, when given) that has waited
-  // longest, or -1.
+  // The waiting connection that has waited longest, of `peer` when given,
+  // else of the client with the most connections waiting (Note [Bounded
+  // HTTP]: a flood from a few addresses, each within its own limit, closes
+  // its own connections, not another client's that has not sent its
+  // request yet); -1 if none waits.
   int oldest_waiting(const std::string* peer = nullptr) const {
+    std::string busiest;
+    if (peer == nullptr) {
+      std::unordered_map<std::string, int> count;
+      int most = 0;
+      for (const auto& kv : waiting) {
+        const int n = ++count[kv.second->peer];
+        if (n > most) {
+          most = n;
+          busiest = kv.second->peer;
+        }
+      }
+      peer = &busiest;
+    }
     int fd = -1;
     Clock::time_point t = Clock::time_point::max();
     for (const auto& kv : waiting)
-      if (kv.second->since < t && (peer == nullptr || kv.second->peer == *peer)) {
+      if (kv.second->since < t && kv.second->peer == *peer) {
         t = kv.second->since;
         fd = kv.first;
       }

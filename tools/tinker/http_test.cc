@@ -380,6 +380,30 @@ TEST_F(HttpTest, AtTheConnectionLimitTheLongestWaitingOneIsClosed) {
   EXPECT_LE(server_->stats().open, 4);
 }
 
+// At the server's limit the room is taken from the client with the most
+// connections waiting, not from the one that waited longest elsewhere.
+TEST_F(HttpTest, AtTheConnectionLimitTheBusiestClientGivesWay) {
+  HttpLimits lim;
+  lim.max_connections = 4;
+  start(lim);
+  Client other(port_, "127.0.0.2");
+  ASSERT_TRUE(other.send("G"));  // the longest waiting
+  while (server_->stats().accepted < 1) std::this_thread::yield();
+  std::vector<std::unique_ptr<Client>> flood;
+  for (int i = 0; i < 3; ++i) {
+    flood.push_back(std::make_unique<Client>(port_));
+    ASSERT_TRUE(flood.back()->send("G"));
+    while (server_->stats().accepted < i + 2) std::this_thread::yield();
+  }
+  Client fresh(port_, "127.0.0.3");
+  ASSERT_TRUE(fresh.send("GET /api/v1/healthz HTTP/1.1\r\n\r\n"));
+  EXPECT_EQ(fresh.response().first, 200);
+  EXPECT_TRUE(flood[0]->closed_by_server());
+  EXPECT_EQ(server_->stats().evicted, 1);
+  ASSERT_TRUE(other.send("ET /api/v1/healthz HTTP/1.1\r\n\r\n"));
+  EXPECT_EQ(other.response().first, 200);
+}
+
 TEST_F(HttpTest, OneClientAtItsLimitClosesItsOwnConnectionsOnly) {
   HttpLimits lim;
   lim.max_connections = 8;
