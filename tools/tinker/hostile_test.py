@@ -174,7 +174,8 @@ def slow_loris(server):
         s.close()
     # Each ends: 408 at --header-timeout-s, or closed sooner to make room
     # for newer connections (its own beyond --max-connections-per-client,
-    # anyone's beyond --max-connections).
+    # those of the client with the most waiting beyond --max-connections:
+    # this one, or a flooder).
     assert all(a in (408, 0) for a in answers), answers
     return "%d slow heads ended: %d answered 408, the others closed" % (
         len(answers), answers.count(408))

@@ -361,13 +361,18 @@ struct HttpServer::Impl {
     stats.*field += by;
   }
 
+  // Uncounts `c`, then closes it: a client that sees its connection
+  // closed and connects again is never refused for the one it saw close
+  // (a worker's close raced the poller's next accept the other way round).
   void close_conn(std::unique_ptr<Conn> c) {
     if (!c) return;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      --stats.open;
+      auto it = per_peer.find(c->peer);
+      if (it != per_peer.end() && --it->second == 0) per_peer.erase(it);
+    }
     ::close(c->fd);
-    std::lock_guard<std::mutex> lock(mu);
-    --stats.open;
-    auto it = per_peer.find(c->peer);
-    if (it != per_peer.end() && --it->second == 0) per_peer.erase(it);
   }
 
   void log(const std::string& line) {
@@ -398,13 +403,29 @@ struct HttpServer::Impl {
     close_conn(std::move(c));
   }
 
-  // The waiting connection (of `peer`, when given) that has waited
-  // longest, or -1.
+  // The waiting connection that has waited longest, of `peer` when given,
+  // else of the client with the most connections waiting (Note [Bounded
+  // HTTP]: a flood from a few addresses, each within its own limit, closes
+  // its own connections, not another client's that has not sent its
+  // request yet); -1 if none waits.
   int oldest_waiting(const std::string* peer = nullptr) const {
+    std::string busiest;
+    if (peer == nullptr) {
+      std::unordered_map<std::string, int> count;
+      int most = 0;
+      for (const auto& kv : waiting) {
+        const int n = ++count[kv.second->peer];
+        if (n > most) {
+          most = n;
+          busiest = kv.second->peer;
+        }
+      }
+      peer = &busiest;
+    }
     int fd = -1;
     Clock::time_point t = Clock::time_point::max();
     for (const auto& kv : waiting)
-      if (kv.second->since < t && (peer == nullptr || kv.second->peer == *peer)) {
+      if (kv.second->since < t && kv.second->peer == *peer) {
         t = kv.second->since;
         fd = kv.first;
       }
@@ -424,12 +445,7 @@ struct HttpServer::Impl {
         if (errno == EINTR) continue;
         if (errno == EMFILE || errno == ENFILE) {
           // Out of descriptors: make room, or stop accepting for a moment.
-          const int old = oldest_waiting();
-          if (old >= 0) {
-            count(&HttpStats::evicted);
-            close_conn(take_waiting(old));
-            continue;
-          }
+          if (evict_step(nullptr)) continue;
           epoll_ctl(epoll_fd, EPOLL_CTL_DEL, listen_fd, nullptr);
           listening = false;
           accept_paused_until = Clock::now() + std::chrono::milliseconds(100);
@@ -449,47 +465,74 @@ struct HttpServer::Impl {
         inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr,
                   ip, sizeof(ip));
       c->peer = ip;
-      int64_t open = 0;
-      int from_peer = 0;
       {
         std::lock_guard<std::mutex> lock(mu);
         ++stats.accepted;
-        open = ++stats.open;
-        from_peer = ++per_peer[c->peer];
+        ++stats.open;
+        ++per_peer[c->peer];
       }
       // Room: the client's own longest-waiting connection at its limit,
       // else anyone's at the server's (Note [Bounded HTTP]).
-      const bool client_full =
-          from_peer > options.limits.max_connections_per_client;
-      if (client_full || open > options.limits.max_connections) {
-        const int old = oldest_waiting(client_full ? &c->peer : nullptr);
-        if (old >= 0) {
-          count(&HttpStats::evicted);
-          close_conn(take_waiting(old));
-        } else {
-          count(&HttpStats::refused_busy);
-          HttpResponse r = error_response(
-              503,
-              client_full
-                  ? "this client has " +
-                        std::to_string(
-                            options.limits.max_connections_per_client) +
-                        " connections open, every one with a request in "
-                        "progress (the limit, --max-connections-per-client). "
-                        "Retry later"
-                  : "the server has " +
-                        std::to_string(options.limits.max_connections) +
-                        " connections open, every one with a request in "
-                        "progress (its limit, --max-connections). Retry "
-                        "later");
-          answer_and_close(std::move(c), r);
-          continue;
-        }
+      // Each step closes a connection or finds one with a request: at most
+      // one step per waiting connection (a client answered healthz in the
+      // step could otherwise be stepped on forever).
+      bool client_full = false;
+      for (size_t steps = waiting.size() + 1;
+           steps > 0 && over_limit(c->peer, &client_full) &&
+           evict_step(client_full ? &c->peer : nullptr);
+           --steps) {
+      }
+      if (over_limit(c->peer, &client_full)) {
+        count(&HttpStats::refused_busy);
+        HttpResponse r = error_response(
+            503,
+            client_full
+                ? "this client has " +
+                      std::to_string(
+                          options.limits.max_connections_per_client) +
+                      " connections open, every one with a request in "
+                      "progress (the limit, --max-connections-per-client). "
+                      "Retry later"
+                : "the server has " +
+                      std::to_string(options.limits.max_connections) +
+                      " connections open, every one with a request in "
+                      "progress (its limit, --max-connections). Retry "
+                      "later");
+        answer_and_close(std::move(c), r);
+        continue;
       }
       const int cfd = c->fd;
       waiting.emplace(cfd, std::move(c));
       epoll_add(cfd);
     }
+  }
+
+  // Whether `peer` (counted) is over its limit or the server over its own;
+  // `client_full` says which.
+  bool over_limit(const std::string& peer, bool* client_full) {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = per_peer.find(peer);
+    *client_full = it != per_peer.end() &&
+                   it->second > options.limits.max_connections_per_client;
+    return *client_full || stats.open > options.limits.max_connections;
+  }
+
+  // One step toward room for a new connection: the waiting connection (of
+  // `peer`, when given) that has waited longest is read first, so that
+  // one whose request has come (in the kernel's buffer, not read yet) is
+  // served or answered, not closed; otherwise it is closed (evicted).
+  // False if no connection (of `peer`) waits.
+  bool evict_step(const std::string* peer) {
+    const int fd = oldest_waiting(peer);
+    if (fd < 0) return false;
+    const Clock::time_point since = waiting.at(fd)->since;
+    read_and_serve(fd);
+    const auto it = waiting.find(fd);
+    if (it != waiting.end() && it->second->since == since) {
+      count(&HttpStats::evicted);
+      close_conn(take_waiting(fd));
+    }
+    return true;
   }
 
   // Reads what `c` sent (c.eof at its end). False on an error.
@@ -631,6 +674,21 @@ struct HttpServer::Impl {
     }
   }
 
+  // Reads what a waiting connection sent and serves it; closes it at an
+  // error, or at its end once what it sent is served (a client may send a
+  // request and close its side).
+  void read_and_serve(int fd) {
+    auto it = waiting.find(fd);
+    if (it == waiting.end()) return;
+    if (!read_some(*it->second)) {
+      close_conn(take_waiting(fd));
+      return;
+    }
+    serve_waiting(fd);
+    it = waiting.find(fd);
+    if (it != waiting.end() && it->second->eof) close_conn(take_waiting(fd));
+  }
+
   void sweep(Clock::time_point now) {
     std::vector<int> expired;
     for (const auto& kv : waiting) {
@@ -698,17 +756,7 @@ struct HttpServer::Impl {
           [[maybe_unused]] ssize_t r = ::read(wake_fd, &v, sizeof(v));
           take_returned();
         } else {
-          auto it = waiting.find(fd);
-          if (it == waiting.end()) continue;
-          if (!read_some(*it->second)) {
-            close_conn(take_waiting(fd));
-            continue;
-          }
-          // A client may send a request and close its side: it is served.
-          serve_waiting(fd);
-          it = waiting.find(fd);
-          if (it != waiting.end() && it->second->eof)
-            close_conn(take_waiting(fd));
+          read_and_serve(fd);
         }
       }
       if (accept_now) accept_some();

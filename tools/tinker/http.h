@@ -21,11 +21,18 @@
 //     the others (behind a reverse proxy every client has the proxy's
 //     address: limit clients there).
 //   - max_connections open at once: at the limit a new connection closes
-//     the one that has waited longest without a request in progress, or
-//     is answered 503 and closed if every open connection is being
-//     served. New connections are accepted a batch at a time, after the
-//     bytes of the open ones are read, so that a flood evicts only
-//     connections that have waited, never one whose request just came.
+//     the one that has waited longest without a request in progress among
+//     those of the client with the most such connections (a flood from a
+//     few addresses, each within its own limit, closes its own, not a
+//     connection another client opened a moment ago), or is answered 503
+//     and closed if every open connection is being served. New
+//     connections are accepted a batch at a time, after the bytes of the
+//     open ones are read, and a connection is read once more before it is
+//     closed to make room, so that a flood evicts only connections that
+//     have waited, never one whose request came (one is served instead).
+//   - A connection's close and its count are one: a client that sees its
+//     connection closed may open another at once without being counted
+//     twice.
 //   - idle_timeout_s: a connection with no byte of a request is closed.
 //   - header_timeout_s: a head must arrive whole within this of its first
 //     byte (408, then close); max_header_bytes (431) and

@@ -25,6 +25,7 @@ namespace {
 using nlohmann::json;
 
 const std::string kKey = "tml-http-test-0000000000000001";
+const std::string kPollerGate = "hold-the-poller";
 
 // A client socket; reads give up after 60 s (a hang, not a slow answer).
 class Client {
@@ -114,7 +115,13 @@ class HttpTest : public ::testing::Test {
     HttpServer::Options o;
     o.limits = limits;
     if (keys)
-      o.authenticate = [](const std::string& key) -> std::optional<Caller> {
+      o.authenticate = [this](const std::string& key) -> std::optional<Caller> {
+        if (key == kPollerGate) {  // holds the poller until opened
+          std::unique_lock<std::mutex> lock(mu_);
+          poller_held_ = true;
+          cv_.notify_all();
+          cv_.wait(lock, [&] { return !poller_gate_; });
+        }
         if (key != kKey) return std::nullopt;
         Caller c;
         c.tenant = "alice";
@@ -147,6 +154,7 @@ class HttpTest : public ::testing::Test {
     port_ = server_->start("127.0.0.1", 0);
   }
   void TearDown() override {
+    open_poller();
     release();
     if (server_) server_->stop();
   }
@@ -164,12 +172,30 @@ class HttpTest : public ::testing::Test {
     cv_.wait(lock, [&] { return in_handler_ >= n; });
   }
   std::string key_header() const { return "X-API-Key: " + kKey + "\r\n"; }
+  // A request whose key check holds the poller until open_poller(): what
+  // clients send meanwhile waits in the kernel, unread, unaccepted.
+  void hold_poller(Client* c) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      poller_gate_ = true;
+    }
+    ASSERT_TRUE(c->send("GET /x HTTP/1.1\r\nX-API-Key: " + kPollerGate +
+                        "\r\n\r\n"));
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return poller_held_; });
+  }
+  void open_poller() {
+    std::lock_guard<std::mutex> lock(mu_);
+    poller_gate_ = false;
+    cv_.notify_all();
+  }
 
   std::unique_ptr<HttpServer> server_;
   int port_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;
   bool gate_ = false;
+  bool poller_gate_ = false, poller_held_ = false;
   int in_handler_ = 0;
   std::vector<std::string> log_;
 };
@@ -354,6 +380,30 @@ TEST_F(HttpTest, AtTheConnectionLimitTheLongestWaitingOneIsClosed) {
   EXPECT_LE(server_->stats().open, 4);
 }
 
+// At the server's limit the room is taken from the client with the most
+// connections waiting, not from the one that waited longest elsewhere.
+TEST_F(HttpTest, AtTheConnectionLimitTheBusiestClientGivesWay) {
+  HttpLimits lim;
+  lim.max_connections = 4;
+  start(lim);
+  Client other(port_, "127.0.0.2");
+  ASSERT_TRUE(other.send("G"));  // the longest waiting
+  while (server_->stats().accepted < 1) std::this_thread::yield();
+  std::vector<std::unique_ptr<Client>> flood;
+  for (int i = 0; i < 3; ++i) {
+    flood.push_back(std::make_unique<Client>(port_));
+    ASSERT_TRUE(flood.back()->send("G"));
+    while (server_->stats().accepted < i + 2) std::this_thread::yield();
+  }
+  Client fresh(port_, "127.0.0.3");
+  ASSERT_TRUE(fresh.send("GET /api/v1/healthz HTTP/1.1\r\n\r\n"));
+  EXPECT_EQ(fresh.response().first, 200);
+  EXPECT_TRUE(flood[0]->closed_by_server());
+  EXPECT_EQ(server_->stats().evicted, 1);
+  ASSERT_TRUE(other.send("ET /api/v1/healthz HTTP/1.1\r\n\r\n"));
+  EXPECT_EQ(other.response().first, 200);
+}
+
 TEST_F(HttpTest, OneClientAtItsLimitClosesItsOwnConnectionsOnly) {
   HttpLimits lim;
   lim.max_connections = 8;
@@ -372,6 +422,53 @@ TEST_F(HttpTest, OneClientAtItsLimitClosesItsOwnConnectionsOnly) {
   EXPECT_EQ(server_->stats().evicted, 1);
   ASSERT_TRUE(other.send("ET /api/v1/healthz HTTP/1.1\r\n\r\n"));
   EXPECT_EQ(other.response().first, 200);
+}
+
+// Connections accepted in one batch: the one a newer connection would
+// close to make room is read first, and its request, already sent, is
+// served; the newcomer gets 503 when every older one has a request (the
+// served ones stay open, keep-alive, and count).
+TEST_F(HttpTest, AConnectionWhoseRequestCameIsServedNotClosedToMakeRoom) {
+  HttpLimits lim;
+  lim.max_connections = 8;
+  lim.max_connections_per_client = 2;
+  start(lim);
+  Client gate(port_, "127.0.0.2");
+  hold_poller(&gate);
+  std::vector<std::unique_ptr<Client>> mine;
+  for (int i = 0; i < 3; ++i) {
+    mine.push_back(std::make_unique<Client>(port_));
+    ASSERT_TRUE(mine.back()->send(post("/" + std::to_string(i), "", key_header())));
+  }
+  open_poller();
+  EXPECT_EQ(gate.response().first, 401);
+  auto refused = mine[2]->response();
+  EXPECT_EQ(refused.first, 503);
+  EXPECT_NE(refused.second.find("--max-connections-per-client"),
+            std::string::npos);
+  for (int i = 0; i < 2; ++i) {
+    auto r = mine[i]->response();
+    ASSERT_EQ(r.first, 200) << "connection " << i;
+    EXPECT_EQ(json::parse(r.second)["path"], "/" + std::to_string(i));
+  }
+  EXPECT_EQ(server_->stats().evicted, 0);
+  EXPECT_EQ(server_->stats().refused_busy, 1);
+}
+
+// A client that saw its connection closed by a worker and connects again at
+// once is counted without the closed one (counts drop before the close).
+TEST_F(HttpTest, AConnectionSeenClosedNoLongerCountsTowardTheLimit) {
+  HttpLimits lim;
+  lim.max_connections_per_client = 1;
+  start(lim);
+  for (int i = 0; i < 200; ++i) {
+    Client c(port_);
+    ASSERT_TRUE(c.send(post("/x", "", key_header() + "Connection: close\r\n")));
+    ASSERT_EQ(c.response().first, 200) << "connection " << i;
+    ASSERT_TRUE(c.closed_by_server());
+  }
+  EXPECT_EQ(server_->stats().refused_busy, 0);
+  EXPECT_EQ(server_->stats().evicted, 0);
 }
 
 TEST_F(HttpTest, WhenEveryConnectionIsBusyANewOneGets503) {
