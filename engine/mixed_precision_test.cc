@@ -284,10 +284,11 @@ TEST(MixedPrecisionTest, Bf16ModelWeightsAreTheMasterRounded) {
         // Stage 1's parameter bytes: the model's bf16 weights and half the
         // float32 master, not a whole (stage 2 adds its all-gather staging;
         // parity:schedule_test checks every term against the plan).
-        if (stage == 1)
+        if (stage == 1) {
           EXPECT_EQ(e.memory().param_bytes,
                     e.layout().padded_numel * 2 +
                         e.layout().padded_numel / 2 * sizeof(float));
+        }
       }
       for (int k = 0; k < 3; ++k) {
         for (const torch::Tensor& p : fx.models[r]->parameters())
