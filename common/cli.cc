@@ -1,6 +1,8 @@
 #include "common/cli.h"
 
+#include <cctype>
 #include <charconv>
+#include <cstdint>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -58,6 +60,24 @@ NumberText read_double(const std::string& text, double* out) {
   return NumberText::kOk;
 }
 
+NumberText read_bytes(const std::string& text, uint64_t* out) {
+  std::string digits = text;
+  int shift = 0;
+  if (!digits.empty()) {
+    const char* units = "KMGT";
+    for (int i = 0; i < 4; ++i)
+      if (std::toupper(static_cast<unsigned char>(digits.back())) == units[i])
+        shift = 10 * (i + 1);
+    if (shift != 0) digits.pop_back();
+  }
+  uint64_t x = 0;
+  const NumberText r = read_whole(digits, &x);
+  if (r != NumberText::kOk) return r;
+  if (shift != 0 && x > (UINT64_MAX >> shift)) return NumberText::kOutOfRange;
+  *out = x << shift;
+  return NumberText::kOk;
+}
+
 int64_t parse_int(const std::string& name, const std::string& text, int64_t min,
                   int64_t max, std::optional<int64_t> example) {
   const std::string fix = std::to_string(example.value_or(min));
@@ -85,6 +105,24 @@ uint64_t parse_uint64(const std::string& name, const std::string& text) {
                            : "not a non-negative integer: ") +
                "must be digits only, at most 18446744073709551615",
            "1");
+  return x;
+}
+
+uint64_t parse_bytes(const std::string& name, const std::string& text,
+                     uint64_t min, uint64_t max, const std::string& example) {
+  const std::string rule =
+      "must be a byte count from " + std::to_string(min) + " to " +
+      std::to_string(max) + " (digits, optionally with K, M, G or T: 1024, " +
+      "1024^2, 1024^3, 1024^4 times)";
+  uint64_t x = 0;
+  const NumberText r = read_bytes(text, &x);
+  if (r != NumberText::kOk)
+    refuse(name, text,
+           (r == NumberText::kOutOfRange ? "out of range: "
+                                         : "not a byte count: ") +
+               rule,
+           example);
+  if (x < min || x > max) refuse(name, text, rule, example);
   return x;
 }
 

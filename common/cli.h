@@ -33,6 +33,9 @@ enum class NumberText { kOk, kNotANumber, kOutOfRange };
 NumberText read_int(const std::string& text, int64_t* out);
 NumberText read_uint64(const std::string& text, uint64_t* out);
 NumberText read_double(const std::string& text, double* out);  // finite
+// A byte count: digits, optionally followed by one of K, M, G, T (either
+// case), each 1024 times the one before ("64M" is 67108864).
+NumberText read_bytes(const std::string& text, uint64_t* out);
 
 // An integer in [min, max], e.g. parse_int("--nproc", "4", 1, 4096). The
 // error's fix suggests `example` (default: min).
@@ -47,6 +50,12 @@ uint64_t parse_uint64(const std::string& name, const std::string& text);
 double parse_double(const std::string& name, const std::string& text,
                     double min, double max,
                     std::optional<double> example = std::nullopt);
+
+// A byte count (read_bytes) in [min, max], e.g.
+// parse_bytes("--max-body-bytes", "64M", 1, 1ULL << 40). The error's fix
+// suggests `example`.
+uint64_t parse_bytes(const std::string& name, const std::string& text,
+                     uint64_t min, uint64_t max, const std::string& example);
 
 // e.what() without the C++ backtrace LibTorch appends to its c10::Error
 // messages ("\nException raised from ..." or "\nframe #0: ..."), for a

@@ -92,6 +92,35 @@ TEST(ParseUint64Test, TakesTheWholeRangeAndNothingElse) {
         << text;
 }
 
+TEST(ParseBytesTest, TakesDigitsWithAnOptionalBinaryUnit) {
+  EXPECT_EQ(parse_bytes("--b", "0", 0, 1ULL << 50, "1M"), 0u);
+  EXPECT_EQ(parse_bytes("--b", "1500", 0, 1ULL << 50, "1M"), 1500u);
+  EXPECT_EQ(parse_bytes("--b", "64M", 0, 1ULL << 50, "1M"), 64u << 20);
+  EXPECT_EQ(parse_bytes("--b", "3k", 0, 1ULL << 50, "1M"), 3072u);
+  EXPECT_EQ(parse_bytes("--b", "2G", 0, 1ULL << 50, "1M"), 2ULL << 30);
+  EXPECT_EQ(parse_bytes("--b", "5T", 0, 1ULL << 50, "1M"), 5ULL << 40);
+  uint64_t x = 0;
+  EXPECT_EQ(read_bytes("16777216T", &x), NumberText::kOutOfRange);  // 2^64
+  EXPECT_EQ(read_bytes("16777215T", &x), NumberText::kOk);
+}
+
+TEST(ParseBytesTest, RefusesOtherTextAndValuesOutOfRange) {
+  const std::string rule =
+      "must be a byte count from 1 to 1024 (digits, optionally with K, M, G "
+      "or T: 1024, 1024^2, 1024^3, 1024^4 times). Fix: write e.g. --b=1K";
+  for (const char* text : {"", "M", "1.5M", "-1", "1MB", "1 M", "+1", "0x10"})
+    EXPECT_EQ(error_of([&] { parse_bytes("--b", text, 1, 1024, "1K"); }),
+              "--b=" + std::string(text) + ": not a byte count: " + rule)
+        << text;
+  EXPECT_EQ(error_of([] { parse_bytes("--b", "2K", 1, 1024, "1K"); }),
+            "--b=2K: " + rule);
+  EXPECT_EQ(error_of([] { parse_bytes("--b", "0", 1, 1024, "1K"); }),
+            "--b=0: " + rule);
+  EXPECT_EQ(error_of([] { parse_bytes("--b", "99999999999999999999", 1, 1024,
+                                      "1K"); }),
+            "--b=99999999999999999999: out of range: " + rule);
+}
+
 TEST(ParseDoubleTest, TakesFiniteDecimalNumbersInRange) {
   EXPECT_EQ(parse_double("--t", "0.5", 0, 10), 0.5);
   EXPECT_EQ(parse_double("--t", "1e-3", 0, 10), 1e-3);

@@ -28,9 +28,18 @@
 //   --seed=N             seed of every base model's weights (default 1234)
 //   --long-poll-s=T      retrieve_future waits this long before try_again (30)
 //   --seq-gap-timeout-s=T  a request waits this long for a missing seq_id (60)
+//   --public-url=URL     the base of the download URLs
+//                        get_external_weights_urls hands out (default:
+//                        http:// and the request's Host header); behind a
+//                        TLS proxy, e.g. https://trainer.example.com
+//   --api-keys=FILE ...  API keys, tenants' quotas and the HTTP limits:
+//                        tools/tinker/access.h (ZEROSTEP_API_KEYS holds
+//                        keys too). A --host that is not a loopback address
+//                        needs keys or --allow-unauthenticated.
 //
 // Prints "seed=... options..." and then "listening on http://H:P" once it
-// accepts requests.
+// accepts requests. Keys, tenants and limits: README "Running the server
+// for a team".
 //
 // SIGTERM, SIGINT and SIGHUP stop it gracefully (Note [Stopping on a
 // signal]): rank 0 logs "trainer_server: got signal N (...); stopping after
@@ -67,10 +76,12 @@
 #include "common/errors.h"
 #include "engine/checkpoint_io.h"
 #include "sim/sim_world.h"
+#include "tools/tinker/access.h"
 #include "tools/tinker/checkpoint_paths.h"
 #include "tools/tinker/command.h"
 #include "tools/tinker/http.h"
 #include "tools/tinker/service.h"
+#include "tools/tinker/tenancy.h"
 #include "tools/tinker/trainer.h"
 
 namespace zerostep {
@@ -182,6 +193,8 @@ struct Flags {
   uint64_t seed = 1234;
   double long_poll_s = 30.0;
   double seq_gap_timeout_s = 60.0;
+  std::string public_url;
+  tinker::AccessFlags access;
 };
 
 Flags parse_flags(int argc, char** argv) {
@@ -200,7 +213,8 @@ Flags parse_flags(int argc, char** argv) {
           "usage: trainer_server [--port=P] [--host=H] [--config=FILE] "
           "[--stage=S] [--world=W] [--backend=sim|gloo] "
           "[--state-dir=DIR] [--seed=N] [--long-poll-s=T] "
-          "[--seq-gap-timeout-s=T]\n");
+          "[--seq-gap-timeout-s=T] [--public-url=URL] %s\n",
+          tinker::access_flags_usage().c_str());
       std::exit(0);
     } else if (value(a, "port", &v))
       f.port = static_cast<int>(parse_int("--port", v, 0, 65535, 8000));
@@ -223,6 +237,15 @@ Flags parse_flags(int argc, char** argv) {
     else if (value(a, "seq-gap-timeout-s", &v))
       f.seq_gap_timeout_s =
           parse_double("--seq-gap-timeout-s", v, 0, 86400, 60.0);
+    else if (value(a, "public-url", &v)) {
+      while (!v.empty() && v.back() == '/') v.pop_back();
+      if (v.rfind("http://", 0) != 0 && v.rfind("https://", 0) != 0)
+        throw UsageError("--public-url='" + v +
+                         "' must start with http:// or https:// (the base "
+                         "clients download external weights from)");
+      f.public_url = v;
+    } else if (tinker::parse_access_flag(a, &f.access))
+      continue;
     else
       throw UsageError("trainer_server: unknown argument '" + a +
                        "' (see --help)");
@@ -286,6 +309,8 @@ int run(int argc, char** argv) {
   tinker::ServiceOptions sopts;
   sopts.long_poll_s = f.long_poll_s;
   sopts.seq_gap_timeout_s = f.seq_gap_timeout_s;
+  sopts.state_dir = topts.state_dir;
+  sopts.public_url = f.public_url;
   for (const auto& b : tinker::base_models())
     sopts.models.push_back({b.name, b.max_context});
   tinker::Service service(sopts);
@@ -294,10 +319,35 @@ int run(int argc, char** argv) {
   // stops at rank 0's "shutdown" command.
   SignalStop signal_stop([&](int) { service.stop(); });
   at::set_num_threads(1);  // tiny models; ranks are the parallelism
-  tinker::HttpServer http(&service);
+  auto log = [](const std::string& line) {
+    std::fprintf(stderr, "trainer_server: %s\n", line.c_str());
+  };
+  // Rank 0's: the keys and the HTTP front (tools/tinker/access.h), made
+  // before anything starts so that a refused --host or a bad keys file
+  // stops the server at once.
+  tinker::Access access;
+  std::unique_ptr<tinker::HttpServer> http;
+  auto prepare_rank0 = [&] {
+    access = tinker::make_access(f.access, f.host,
+                                 std::getenv("ZEROSTEP_API_KEYS"), log);
+    http = std::make_unique<tinker::HttpServer>(
+        [&service](const tinker::HttpRequest& r) { return service.handle(r); },
+        access.http);
+    const std::vector<std::string> old =
+        tinker::pre_tenant_run_folders(topts.state_dir);
+    if (!old.empty())
+      log("the state folder holds " + std::to_string(old.size()) +
+          (old.size() == 1 ? " run folder" : " run folders") +
+          " from before tenants (" + old.front() +
+          (old.size() > 1 ? ", ..." : "") +
+          "), which this server does not read: checkpoints now live in "
+          "<state dir>/tenants/<tenant>/. Fix: move them into " +
+          tinker::tenant_dir(topts.state_dir, tinker::kDefaultTenant) +
+          "/ (or tenants/<name>/ for a tenant of the keys file)");
+  };
 
   auto serve_rank0 = [&](Communicator& comm, tinker::RankTrainer& trainer) {
-    const int port = http.start(f.host, f.port);
+    const int port = http->start(f.host, f.port);
     std::printf("listening on http://%s:%d\n", f.host.c_str(), port);
     std::fflush(stdout);
     service.run_rank0([&](const tinker::Command& c) {
@@ -310,7 +360,7 @@ int run(int argc, char** argv) {
             return r;
           });
     });
-    http.stop();
+    http->stop();
     std::fprintf(stderr, "trainer_server: stopped\n");
   };
 
@@ -318,9 +368,12 @@ int run(int argc, char** argv) {
     const std::string problem = state_dir_problem(topts.state_dir, 0);
     if (!problem.empty())
       refuse_state_dir(topts.state_dir, "cannot be used: " + problem);
-    std::printf("seed=%llu backend=sim world=%d config=%s state_dir=%s\n",
-                static_cast<unsigned long long>(f.seed), f.world,
-                topts.ds_config_json.c_str(), topts.state_dir.c_str());
+    prepare_rank0();
+    std::printf(
+        "seed=%llu backend=sim world=%d config=%s state_dir=%s api_keys=%s\n",
+        static_cast<unsigned long long>(f.seed), f.world,
+        topts.ds_config_json.c_str(), topts.state_dir.c_str(),
+        access.summary.c_str());
     std::fflush(stdout);
     SimWorld world({f.world, f.seed});
     std::vector<std::unique_ptr<tinker::RankTrainer>> trainers(f.world);
@@ -363,9 +416,13 @@ int run(int argc, char** argv) {
   }
   tinker::RankTrainer trainer(comm.get(), topts);
   if (comm->rank() == 0) {
-    std::printf("seed=%llu backend=gloo world=%d config=%s state_dir=%s\n",
-                static_cast<unsigned long long>(f.seed), comm->world_size(),
-                topts.ds_config_json.c_str(), topts.state_dir.c_str());
+    prepare_rank0();
+    std::printf(
+        "seed=%llu backend=gloo world=%d config=%s state_dir=%s "
+        "api_keys=%s\n",
+        static_cast<unsigned long long>(f.seed), comm->world_size(),
+        topts.ds_config_json.c_str(), topts.state_dir.c_str(),
+        access.summary.c_str());
     serve_rank0(*comm, trainer);
   } else {
     tinker::run_follower(

@@ -18,10 +18,17 @@ CommandResult CommandResult::failure(std::string error, std::string category) {
 }
 
 // Layout: 8-byte little-endian length of the JSON header, the header
-// {"op", "args"}, then the blob.
+// {"op", "args", "tenant", "max_models", "max_bytes"} (a quota null when
+// unlimited), then the blob.
 std::string encode_command(const Command& c) {
-  const std::string header =
-      nlohmann::json{{"op", c.op}, {"args", c.args}}.dump();
+  nlohmann::json h = {{"op", c.op},
+                      {"args", c.args},
+                      {"tenant", c.caller.tenant},
+                      {"max_models", nullptr},
+                      {"max_bytes", nullptr}};
+  if (c.caller.max_models) h["max_models"] = *c.caller.max_models;
+  if (c.caller.max_bytes) h["max_bytes"] = *c.caller.max_bytes;
+  const std::string header = h.dump();
   std::string out(8, '\0');
   const uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(n >> (8 * i));
@@ -41,6 +48,11 @@ Command decode_command(const std::string& bytes) {
     nlohmann::json h = nlohmann::json::parse(bytes.substr(8, n));
     c.op = h.at("op").get<std::string>();
     c.args = h.at("args");
+    c.caller.tenant = h.at("tenant").get<std::string>();
+    if (!h.at("max_models").is_null())
+      c.caller.max_models = h["max_models"].get<int64_t>();
+    if (!h.at("max_bytes").is_null())
+      c.caller.max_bytes = h["max_bytes"].get<uint64_t>();
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(std::string("command: bad header: ") + e.what());
   }

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "tools/tinker/tenancy.h"
 
 namespace zerostep {
 namespace tinker {
@@ -32,6 +33,9 @@ struct Command {
   std::string op;
   nlohmann::json args = nlohmann::json::object();  // the request's fields
   std::string blob;  // forward_backward: the protobuf request body
+  // Who the request acts for: its tenant's models and files only (Note [One
+  // tenant check] in tenancy.h), and its tenant's max_bytes.
+  Caller caller;
 };
 
 // What a rank's execution of a Command produced.
@@ -42,6 +46,9 @@ struct CommandResult {
   nlohmann::json json;            // the JSON result (most ops)
   std::string proto;              // forward_backward: ForwardBackwardOutput
   bool has_proto = false;
+  // When !ok and the Service answers at once (run_now): the HTTP status
+  // (rank 0's result only; never broadcast).
+  int http_status = 400;
 
   static CommandResult failure(std::string error, std::string category);
 };

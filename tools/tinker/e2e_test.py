@@ -19,7 +19,6 @@ import shutil
 import sys
 import tempfile
 import time
-import traceback
 import urllib.error
 import urllib.request
 import warnings
@@ -54,11 +53,11 @@ class Server(local_server.ServerProcess):
     """A trainer_server process on a free port (tools/tinker/local_server.py),
     with raw-HTTP helpers for the protocol-level checks."""
 
-    def post(self, endpoint, body, content_type="application/json", accept=None):
+    def post(self, endpoint, body, content_type="application/json", accept=None, key=API_KEY):
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         req = urllib.request.Request(self.url + "/api/v1/" + endpoint, data=data, method="POST")
         req.add_header("Content-Type", content_type)
-        req.add_header("X-API-Key", API_KEY)
+        req.add_header("X-API-Key", key)
         if accept:
             req.add_header("Accept", accept)
         try:
@@ -70,6 +69,15 @@ class Server(local_server.ServerProcess):
     def post_json(self, endpoint, body):
         status, _, raw = self.post(endpoint, body)
         return status, json.loads(raw)
+
+    def session(self):
+        """A session of this server (create_model and create_sampling_session
+        take only ids create_session gave), made once."""
+        if getattr(self, "_session", None) is None:
+            status, body = self.post_json("create_session", {})
+            assert status == 200, body
+            self._session = body["session_id"]
+        return self._session
 
     def result(self, request_id, accept="application/x-protobuf", proto=None):
         """Polls retrieve_future until the future is done; (kind, payload).
@@ -248,7 +256,7 @@ def fb_body(model_id, seq_id, texts, loss_fn="cross_entropy", mutate=None):
 def check_bad_input(server):
     """Bad requests get clear errors and change nothing (digest)."""
     status, body = server.post_json(
-        "create_model", {"session_id": "raw", "model_seq_id": 0, "base_model": BASE,
+        "create_model", {"session_id": server.session(), "model_seq_id": 0, "base_model": BASE,
                          "lora_config": {"rank": 2, "seed": 3}})
     assert status == 200, body
     model_id = body["model_id"]
@@ -329,8 +337,14 @@ def check_bad_input(server):
         expect_error(fb(fb_body(model_id, next_seq(), TEXTS[:2], mutate=mutate)), *needles)
     expect_error(fb(fb_body(model_id, next_seq(), [TEXTS[0] * 3])), "at most 64")
     expect_error(fb(fb_body(model_id, next_seq(), TEXTS[:1], loss_fn="hinge")), "not served")
-    expect_error(fb(fb_body(model_id, next_seq(), TEXTS[:1], loss_fn="stable_reinforce")),
-                 "not served", "record_stability_info")
+    # stable_reinforce names the sampled sequences (Datum.with_provenance).
+    def as_stable_reinforce(req):
+        w = req.data[0].loss_fn_inputs.pop("weights")
+        req.data[0].loss_fn_inputs["advantages"].CopyFrom(w)
+
+    expect_error(fb(fb_body(model_id, next_seq(), TEXTS[:1], loss_fn="stable_reinforce",
+                            mutate=as_stable_reinforce)),
+                 "has no provenance", "record_stability_info")
     expect_error(fb(fb_body(model_id, next_seq(), [])), "no data")
     assert server.digest(model_id) == before
     # Had any bad request left a gradient behind, this step would apply it.
@@ -400,14 +414,16 @@ def check_robustness(server, binary):
         expect_sdk_error(lambda: tc.optim_step(params).result(), "adam_params." + field)
     assert server.digest(before) == digest
 
-    # Unserved endpoints consume their seq_id: the client goes on at once
+    # Refused requests consume their seq_id: the client goes on at once
     # (it used to wait 60 s for the missing seq_id, then fail, forever).
     expect_sdk_error(lambda: tc.save_weights_for_sampler("bad name!").result(),
                      "must be 1-128 characters")
-    expect_sdk_error(lambda: tc.save_weights_external("e").result(), "not implemented")
     start = time.time()
     tc.optim_step(adam()).result()
     assert time.time() - start < 20, "the client waited for a consumed seq_id"
+    expect_sdk_error(lambda: tc.save_weights_external(
+        "e", age_encryption_recipients=["age1" + "q" * 58]).result(),
+        "age_encryption_recipients is not served")
     saved = tc.save_state("w").result().path
     sampler_path = tc.save_weights_for_sampler("r1").result().path
     sample_params = types.SamplingParams(max_tokens=8, seed=11)
@@ -418,12 +434,43 @@ def check_robustness(server, binary):
     first_id = tc.get_info().model_id
     saved_digest = server.digest(first_id)
 
+    # Every method a path does not serve: 405, a JSON body, an Allow header
+    # (through the real HTTP front); HEAD gets the head alone.
+    import http.client
+    from urllib.parse import urlparse
+    host = urlparse(server.url)
+    for method, path, allow in [("PUT", "create_model", "POST"),
+                                ("PATCH", "training_runs", "GET"),
+                                ("OPTIONS", "asample", "POST"),
+                                ("DELETE", "checkpoints", "GET"),
+                                ("POST", "training_runs/x/checkpoints/weights/w/ttl", "PUT"),
+                                ("TRACE", "no/such/path", "GET, POST")]:
+        conn = http.client.HTTPConnection(host.hostname, host.port, timeout=30)
+        conn.request(method, "/api/v1/" + path, body=b"{}",
+                     headers={"X-API-Key": API_KEY, "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        assert resp.status == 405 and resp.getheader("Allow") == allow, (
+            method, path, resp.status, resp.getheader("Allow"))
+        assert ("method %s is not served" % method) in body["error"], body
+        conn.close()
+    conn = http.client.HTTPConnection(host.hostname, host.port, timeout=30)
+    conn.request("HEAD", "/api/v1/get_server_capabilities", headers={"X-API-Key": API_KEY})
+    resp = conn.getresponse()
+    assert resp.status == 200 and int(resp.getheader("Content-Length")) > 0
+    assert resp.read() == b""
+    conn.close()
+
     # Paths that would leave the state dir, and errors that never show it.
     for bad in ["tinker://../weights/w", "tinker://./weights/w", "tinker:///weights/w",
                 "tinker://" + first_id + "/weights/../w"]:
         expect_sdk_error(lambda: sc.create_training_client_from_state(bad).get_info(),
                          bad, hidden=[server.state_dir])
-    os.symlink(tempfile.gettempdir(), os.path.join(server.state_dir, "escape"))
+    # A link in the tenant's folder (tenants/default without keys) that
+    # points outside the state directory.
+    tenant_dir = os.path.join(server.state_dir, "tenants", "default")
+    os.makedirs(tenant_dir, exist_ok=True)
+    os.symlink(tempfile.gettempdir(), os.path.join(tenant_dir, "escape"))
     expect_sdk_error(lambda: sc.create_training_client_from_state(
         "tinker://escape/weights/w").get_info(), "tinker://escape/weights/w",
         hidden=[server.state_dir])
@@ -566,6 +613,140 @@ def check_sampling(server, world):
     tc.forward_backward([datum(TEXTS[0])] * world, "cross_entropy").result()
 
 
+def check_logprobs_and_stable_reinforce(server, world):
+    """Issue 43 items 1 and 2 through the SDK: every logprob field of
+    sample against the training model's forward (a full forward's
+    log-softmax: within LOGPROB_TOLERANCE, other matmul shapes), in the
+    SDK's shapes; then stable_reinforce on sequences sampled with
+    record_stability_info, its loss the documented formula of the
+    returned and sampled logprobs."""
+    sc = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    tc = training_client(sc)
+    for _ in range(2):
+        tc.forward_backward([datum(t) for t in TEXTS[:2 * world]], "cross_entropy").result()
+        tc.optim_step(adam()).result()
+    sampler = sampling_client(tc.save_weights_and_get_sampling_client(
+        record_stability_info=True))
+    prompt_tokens = encode("the quick brown")
+    n = len(prompt_tokens)
+    prompt = types.ModelInput.from_ints(prompt_tokens)
+    # The full distribution at every prompt position: all 256 ids as
+    # targets (dense), which also gives the reference for the other fields.
+    ids = np.tile(np.arange(256, dtype=np.int64), (n - 1, 1))
+    full = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=1),
+                          include_prompt_logprobs=True,
+                          target_prompt_logprobs=types.TensorData.from_numpy(ids)).result()
+    dist = full.target_prompt_logprobs.to_numpy().reshape(n - 1, 256)
+    assert np.allclose(np.log(np.exp(dist.astype(np.float64)).sum(1)), 0, atol=1e-5)
+    # forward's logprob of each prompt token is the distribution's entry.
+    ref = forward_logprobs(tc, [prompt_tokens])[0]
+    got = dist[np.arange(n - 1), prompt_tokens[1:]]
+    assert np.max(np.abs(got - ref)) < LOGPROB_TOLERANCE, (got, ref)
+    # topk_prompt_logprobs with prompt_logprobs_last_n: None rows first.
+    r = sampler.sample(prompt, 2, types.SamplingParams(max_tokens=6, seed=5),
+                       include_prompt_logprobs=True, topk_prompt_logprobs=4,
+                       topk_sample_logprobs=3, prompt_logprobs_last_n=5).result()
+    top = r.topk_prompt_logprobs
+    assert len(top) == n and all(row is None for row in top[:n - 5]), top
+    for p in range(n - 5, n):
+        want = np.argsort(-dist[p - 1], kind="stable")[:4]
+        assert [t for t, _ in top[p]] == list(want), (p, top[p], want)
+        assert np.allclose([lp for _, lp in top[p]], dist[p - 1][want], atol=1e-6)
+    pl = r.prompt_logprobs
+    assert all(x is None for x in pl[:n - 5]) and all(x is not None for x in pl[n - 5:]), pl
+    # topk_sample_logprobs: one row per sampled token, the sampled one's
+    # logprob within the row's range.
+    for s in r.sequences:
+        rows = s.topk_logprobs
+        assert len(rows) == len(s.tokens), (rows, s.tokens)
+        seq_ref = forward_logprobs(tc, [prompt_tokens + list(s.tokens)])[0]
+        for i, row in enumerate(rows):
+            assert len(row) == 3 and row[0][1] >= row[1][1] >= row[2][1], row
+            assert row[0][1] >= seq_ref[n - 1 + i] - LOGPROB_TOLERANCE
+    # target_prompt_logprobs sparse: the same layout back, -1 asks nothing.
+    # (What TensorData.from_torch_sparse(ids, pad_value=-1) makes of a
+    # [n - 1, 3] table of -1 with [2, 1] = 101 and [n - 2, 0] = 32.)
+    crow = [0] * 3 + [1] * (n - 4) + [2]
+    sparse = types.TensorData(data=[101, 32], dtype="int64", shape=[n - 1, 3],
+                              sparse_crow_indices=crow, sparse_col_indices=[1, 0])
+    tr = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=1),
+                        target_prompt_logprobs=sparse).result().target_prompt_logprobs
+    assert tr.sparse_crow_indices is not None, tr
+    assert np.allclose(tr.data, [dist[2][101], dist[n - 2][32]], atol=1e-6), tr
+    # prompt_alt_tokens_k: k draws per position with their logprobs.
+    alt = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=1, seed=3),
+                         prompt_alt_tokens_k=4).result().prompt_alt_tokens
+    toks = alt.tokens.to_numpy().reshape(n - 1, 4)
+    lps = alt.logprobs.to_numpy().reshape(n - 1, 4)
+    assert np.allclose(lps, dist[np.arange(n - 1)[:, None], toks], atol=1e-6)
+    # stable_reinforce on the recorded sequences (the rl_loop recipe's
+    # datums); loss:sum = -sum(min(r, 1) * A * logp) over sampled tokens.
+    data, qs, advs = [], [], []
+    for i, s in enumerate(r.sequences):
+        sampled = list(s.tokens)
+        adv = 1.0 if i == 0 else -1.0
+        d = types.Datum(
+            model_input=prompt.append(types.EncodedTextChunk(tokens=sampled[:-1])),
+            loss_fn_inputs={
+                "target_tokens": np.array([0] * (n - 1) + sampled, dtype=np.int64),
+                "logprobs": np.array([0.0] * (n - 1) + list(s.logprobs), dtype=np.float32),
+                "advantages": np.array([0.0] * (n - 1) + [adv] * len(sampled), dtype=np.float32),
+            },
+        ).with_provenance(
+            model_input=[types.PromptProvenanceSpan(sequence_id=s.sequence_id, length=n),
+                         types.SampledProvenanceSpan(sequence_id=s.sequence_id,
+                                                     length=len(sampled) - 1)],
+            loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id=s.sequence_id, offset=1,
+                                                       length=n - 1),
+                            types.SampledProvenanceSpan(sequence_id=s.sequence_id,
+                                                        length=len(sampled))],
+        )
+        data.append(d)
+        qs.append(np.array(s.logprobs, dtype=np.float64))
+        advs.append(adv)
+    out = tc.forward_backward(data, "stable_reinforce").result()
+    expected = 0.0
+    for o, q, adv in zip(out.loss_fn_outputs, qs, advs):
+        lp = o["logprobs"].to_numpy().astype(np.float64)[n - 1:]
+        expected += -float(np.sum(np.minimum(np.exp(lp - q), 1.0) * adv * lp))
+    assert math.isclose(out.metrics["loss:sum"], expected, rel_tol=1e-4, abs_tol=1e-4), (
+        out.metrics, expected)
+    tc.optim_step(adam()).result()
+    # A sequence this session never sampled: refused, naming it.
+    bad = data[0].with_provenance(
+        model_input=[types.PromptProvenanceSpan(sequence_id="req-0:7", length=n),
+                     types.SampledProvenanceSpan(sequence_id="req-0:7",
+                                                 length=len(r.sequences[0].tokens) - 1)],
+        loss_fn_inputs=data[0].loss_fn_input_spans)
+    expect_sdk_error(lambda: tc.forward_backward([bad], "stable_reinforce").result(),
+                     "'req-0:7', which this session has no record of")
+    # Soft targets [T, K] whose weights come as the SDK's CSR (what it makes
+    # of a 2-D torch tensor, the cookbook's self-distillation): the same
+    # answer, bit for bit, as the dense weights.
+    ids = np.array(encode(TEXTS[0]), dtype=np.int64)
+    t = len(ids) - 1
+    targets = np.stack([ids[1:], (ids[1:] + 1) % 256, (ids[1:] + 7) % 256], axis=1)
+    w = np.zeros((t, 3), dtype=np.float32)
+    w[:, 0] = 0.75
+    w[::2, 2] = 0.25
+    cols = [np.nonzero(row)[0] for row in w]
+    csr = types.TensorData(data=w[w != 0], dtype="float32", shape=[t, 3],
+                           sparse_crow_indices=np.cumsum([0] + [len(c) for c in cols]).tolist(),
+                           sparse_col_indices=np.concatenate(cols).tolist())
+
+    def soft(weights):
+        return [types.Datum(model_input=types.ModelInput.from_ints(ids[:-1].tolist()),
+                            loss_fn_inputs={"target_tokens": targets, "weights": weights})] * world
+
+    dense_out = tc.forward(soft(w), "cross_entropy").result()
+    csr_out = tc.forward(soft(csr), "cross_entropy").result()
+    assert dense_out.metrics["loss:sum"] == csr_out.metrics["loss:sum"], (
+        dense_out.metrics, csr_out.metrics)
+    for a, b in zip(dense_out.loss_fn_outputs, csr_out.loss_fn_outputs):
+        assert np.array_equal(a["logprobs"].to_numpy(), b["logprobs"].to_numpy())
+    sc.close("success").result()
+
+
 def check_load(server):
     """A bounded loopback load test: nothing lost or reordered, and
     sampling under load is deterministic (load_test.py)."""
@@ -596,6 +777,9 @@ def main():
          ["--world=2", "--stage=2", "--seq-gap-timeout-s=1", "--long-poll-s=2"],
          check_bad_input, None),
         ("sampling-world1-stage0", ["--world=1", "--stage=0"], check_sampling, 1),
+        # Issue 43: every sample field and stable_reinforce, at stage 3.
+        ("logprobs-world2-stage3", ["--world=2", "--config=" + stage3_config],
+         check_logprobs_and_stable_reinforce, 2),
         # Stage 3: the snapshot gathers the partitioned parameters.
         ("sampling-world2-stage3", ["--world=2", "--config=" + stage3_config],
          check_sampling, 2),
@@ -605,12 +789,8 @@ def main():
     if args.launch:
         scenarios.append(("gloo-2-processes-stage2", ["--backend=gloo", "--stage=2"],
                           check_training, 2))
-    passed = failed = 0
-    failures = []
-    for name, flags, fn, world in scenarios:
-        if args.only and args.only != name:
-            continue
-        print("=== " + name, flush=True)
+
+    def scenario(name, flags, fn, world):
         launch = (args.launch, world) if name.startswith("gloo") else None
         server = Server(args.server, *flags, launch=launch)
         try:
@@ -621,22 +801,11 @@ def main():
             # SIGTERM stops every rank gracefully: exit status 0.
             code = server.stop()
             assert code == 0, "the server's exit status after SIGTERM: %r" % code
-            passed += 1
-            print("--- ok " + name, flush=True)
-        except Exception:
-            failed += 1
-            failures.append((name, traceback.format_exc()))
-            traceback.print_exc()
-            print("--- FAILED " + name, flush=True)
         finally:
             server.stop()
-    # The failures again, last, where a truncated log (CI keeps its tail)
-    # still shows them.
-    for name, trace in failures:
-        print("FAILED %s:\n%s" % (name, trace), flush=True)
-    print("%d passed, %d failed" % (passed, failed))
-    return 0 if failed == 0 and passed > 0 else 1
 
+    return local_server.run_scenarios(
+        [(s[0], lambda s=s: scenario(*s)) for s in scenarios], args.only)
 
 if __name__ == "__main__":
     sys.exit(main())

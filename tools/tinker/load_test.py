@@ -70,7 +70,7 @@ def _send(server, model_id, item):
 
 def _create(server, seq):
     status, body = server.post_json("create_model", {
-        "session_id": "load", "model_seq_id": seq, "base_model": e2e_test.BASE,
+        "session_id": server.session(), "model_seq_id": seq, "base_model": e2e_test.BASE,
         "lora_config": {"rank": 4, "seed": 1}})
     assert status == 200, body
     kind, res = server.result(body["request_id"])

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "common/errors.h"
 
@@ -27,6 +28,8 @@ struct LossSpec {
   std::vector<std::string> optional;  // loss_fn_inputs
   std::vector<std::string> config;    // loss_fn_config keys
   std::vector<std::string> required;  // of `config`: no documented default
+  // Of `config`: documented defaults other than LossConfig's own.
+  std::map<std::string, double> defaults = {};
 };
 
 const std::vector<LossSpec>& loss_specs() {
@@ -42,11 +45,15 @@ const std::vector<LossSpec>& loss_specs() {
        {},
        {"clip_low_threshold", "clip_high_threshold"},
        {}},
+      // One-sided by default: the lower bound off, the upper at 4 (the
+      // cookbook's tutorials/202_loss_functions.py, "CISPO defaults to a
+      // one-sided clip"; docs/architecture.md, Losses).
       {"cispo",
        {"target_tokens", "logprobs", "advantages"},
        {},
        {"clip_low_threshold", "clip_high_threshold"},
-       {}},
+       {},
+       {{"clip_low_threshold", 0.0}, {"clip_high_threshold", 4.0}}},
       {"dro",
        {"target_tokens", "logprobs", "advantages"},
        {},
@@ -57,8 +64,45 @@ const std::vector<LossSpec>& loss_specs() {
        {},
        {"clip_low_threshold", "clip_high_threshold"},
        {"clip_low_threshold", "clip_high_threshold"}},
+      // Note [Stability records] in stability.h: q comes from the
+      // sampler's records; a client's logprobs are accepted and unused.
+      {"stable_reinforce",
+       {"target_tokens", "advantages"},
+       {"logprobs"},
+       {"kl_coeff"},
+       {}},
   };
   return kSpecs;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t k = 0; k < shape.size(); ++k)
+    s += (k ? ", " : "") + std::to_string(shape[k]);
+  return s + "]";
+}
+
+// stable_reinforce's datums name the sampled sequence behind every
+// position: runs that tile the input and the targets (T of each).
+void check_provenance(const DatumIn& d, const std::string& at, int64_t t) {
+  if (!d.has_provenance)
+    throw UsageError(
+        at + " has no provenance: stable_reinforce trains on sequences the "
+             "sampler recorded. Fix: sample with record_stability_info=True "
+             "and attach Datum.with_provenance(model_input=..., "
+             "loss_fn_inputs=...) naming each token's sequence_id");
+  auto tiles = [&](const std::vector<ProvenanceSpanIn>& spans,
+                   const char* field, const char* covers) {
+    int64_t total = 0;
+    for (const ProvenanceSpanIn& s : spans) total += s.length;
+    if (total != t)
+      throw UsageError(at + "." + field + " cover " + std::to_string(total) +
+                       " positions but " + covers + " has " +
+                       std::to_string(t) + "; the runs must tile it exactly");
+  };
+  tiles(d.input_spans, "model_input_spans", "model_input");
+  tiles(d.target_spans, "loss_fn_input_spans",
+        "loss_fn_inputs['target_tokens']");
 }
 
 bool contains(const std::vector<std::string>& v, const std::string& s) {
@@ -76,14 +120,6 @@ std::string joined(const std::vector<std::string>& v) {
 const LossSpec& spec_of(const std::string& loss_fn) {
   for (const LossSpec& s : loss_specs())
     if (loss_fn == s.name) return s;
-  if (loss_fn == "stable_reinforce")
-    throw UsageError(
-        "loss_fn 'stable_reinforce' is not served: Tinker defines it (an "
-        "alpha API) from stability information its sampler records for each "
-        "sampled sequence (record_stability_info, sequence_id), which this "
-        "server neither records nor receives, and it publishes no formula "
-        "for it. Use ppo, cispo or gspo (clipped, for off-policy data) or "
-        "importance_sampling instead");
   if (loss_fn == "custom")
     throw UsageError(
         "loss_fn 'custom' names a loss stored by create_custom_loss, which "
@@ -125,11 +161,16 @@ LossConfig loss_config(const std::string& loss_fn,
   LossConfig c;
   auto read = [&](const char* key, double* out) {
     auto it = loss_fn_config.find(key);
-    if (it != loss_fn_config.end()) *out = it->second;
+    if (it != loss_fn_config.end()) {
+      *out = it->second;
+    } else if (auto d = spec.defaults.find(key); d != spec.defaults.end()) {
+      *out = d->second;
+    }
   };
   read("clip_low_threshold", &c.clip_low);
   read("clip_high_threshold", &c.clip_high);
   read("beta", &c.beta);
+  read("kl_coeff", &c.kl_coeff);
   if (contains(spec.config, "clip_low_threshold") &&
       !(c.clip_low <= c.clip_high))
     throw UsageError(
@@ -138,6 +179,11 @@ LossConfig loss_config(const std::string& loss_fn,
   if (c.beta < 0)
     throw UsageError("dro: beta " + std::to_string(c.beta) +
                      " must be >= 0 (it weighs a penalty on logp - q)");
+  if (c.kl_coeff < 0)
+    throw UsageError("stable_reinforce: kl_coeff " +
+                     std::to_string(c.kl_coeff) +
+                     " must be >= 0 (it weighs a KL penalty towards the "
+                     "sampler)");
   return c;
 }
 
@@ -188,19 +234,30 @@ std::vector<DatumPlan> plan_forward_backward(const ForwardBackwardIn& in,
       if (!d.inputs.count(key))
         throw UsageError(at + ".loss_fn_inputs lacks '" + key + "', which " +
                          in.loss_fn + " needs");
+    // cross_entropy's target_tokens and weights may carry K values per
+    // position ([T, K]: distillation's soft targets); both the same shape.
+    const bool soft = in.loss_fn == "cross_entropy" &&
+                      d.inputs.at("target_tokens").shape.size() == 2;
+    const std::vector<int64_t> row_shape =
+        soft ? d.inputs.at("target_tokens").shape : std::vector<int64_t>{t};
     for (const auto& kv : d.inputs) {
       const TensorValue& v = kv.second;
       const std::string where = at + ".loss_fn_inputs['" + kv.first + "']";
-      if (v.shape.size() != 1 || v.shape[0] != t)
-        throw UsageError(where + " has shape [" +
-                         [&] {
-                           std::string s;
-                           for (size_t k = 0; k < v.shape.size(); ++k)
-                             s += (k ? ", " : "") + std::to_string(v.shape[k]);
-                           return s;
-                         }() +
-                         "]; it must be [" + std::to_string(t) +
-                         "], one entry per input token");
+      const bool per_target = kv.first == "target_tokens" ||
+                              (in.loss_fn == "cross_entropy" &&
+                               kv.first == "weights");
+      const bool shape_ok =
+          per_target ? (v.shape == row_shape && v.shape[0] == t &&
+                        (v.shape.size() == 1 || v.shape[1] >= 1))
+                     : v.shape == std::vector<int64_t>{t};
+      if (!shape_ok)
+        throw UsageError(
+            where + " has shape " + shape_text(v.shape) + "; it must be [" +
+            std::to_string(t) + "], one entry per input token" +
+            (in.loss_fn == "cross_entropy"
+                 ? std::string(" (or target_tokens and weights both [") +
+                       std::to_string(t) + ", K], K >= 1 targets each)"
+                 : std::string()));
       const bool want_int = kv.first == "target_tokens";
       // A mask may come as integers or floats (numpy's bool/int arrays).
       if (want_int == v.is_float && kv.first != "sequence_ratio_mask")
@@ -213,10 +270,15 @@ std::vector<DatumPlan> plan_forward_backward(const ForwardBackwardIn& in,
     }
     check_ids(d.inputs.at("target_tokens").ints,
               "loss_fn_inputs['target_tokens']");
-    p.targets = as_tensor(d.inputs.at("target_tokens"));
+    p.targets = as_tensor(d.inputs.at("target_tokens")).view(row_shape);
     if (in.loss_fn == "cross_entropy") {
-      p.weights = d.inputs.count("weights") ? as_tensor(d.inputs.at("weights"))
-                                            : torch::ones({t}, torch::kFloat32);
+      p.weights =
+          d.inputs.count("weights")
+              ? as_tensor(d.inputs.at("weights")).view(row_shape)
+              : torch::ones(row_shape, torch::kFloat32);
+    } else if (in.loss_fn == "stable_reinforce") {
+      p.adv = as_tensor(d.inputs.at("advantages"));
+      check_provenance(d, at, t);
     } else {
       p.q = as_tensor(d.inputs.at("logprobs"));
       p.adv = as_tensor(d.inputs.at("advantages"));
@@ -238,9 +300,9 @@ std::vector<DatumPlan> plan_forward_backward(const ForwardBackwardIn& in,
 
 torch::Tensor target_logprobs(const torch::Tensor& logits,
                               const torch::Tensor& targets) {
-  return torch::log_softmax(logits, -1)
-      .gather(1, targets.unsqueeze(1))
-      .squeeze(1);
+  const torch::Tensor lp = torch::log_softmax(logits, -1);
+  if (targets.dim() == 2) return lp.gather(1, targets);
+  return lp.gather(1, targets.unsqueeze(1)).squeeze(1);
 }
 
 torch::Tensor elementwise_loss(const std::string& loss_fn,
@@ -249,6 +311,20 @@ torch::Tensor elementwise_loss(const std::string& loss_fn,
                                const LossConfig& config) {
   const torch::Tensor& a = datum.adv;
   if (loss_fn == "cross_entropy") return -(logprobs * datum.weights);
+  if (loss_fn == "stable_reinforce") {
+    // Note [stable_reinforce] in stability.h: at a sampled position, the
+    // REINFORCE term weighted by the truncated ratio sg(min(r, 1)) to the
+    // sampler's recorded probability, plus kl_coeff times k3 = (r - 1) -
+    // log r; a prompt position (q NaN, advantage 0) adds nothing.
+    const torch::Tensor sampled = datum.q.isnan().logical_not();
+    const torch::Tensor q = torch::where(sampled, datum.q, logprobs.detach());
+    const torch::Tensor log_r = logprobs - q;
+    const torch::Tensor r = torch::exp(log_r);
+    const torch::Tensor w = torch::clamp_max(r.detach(), 1.0);
+    torch::Tensor loss = -(w * a * logprobs);
+    if (config.kl_coeff > 0) loss = loss + config.kl_coeff * ((r - 1) - log_r);
+    return torch::where(sampled, loss, torch::zeros_like(loss));
+  }
   if (loss_fn == "dro") {
     const torch::Tensor d = logprobs - datum.q;
     return -(logprobs * a - 0.5 * config.beta * d * d);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/errors.h"
@@ -69,7 +70,8 @@ TEST(LossesTest, PlansEveryDatumsInputsAsTensors) {
 TEST(LossesTest, ChecksNameTheDatumAndTheField) {
   EXPECT_EQ(error_of(request("dpo")),
             "loss_fn 'dpo' is not served (this server computes "
-            "cross_entropy, importance_sampling, ppo, cispo, dro, gspo)");
+            "cross_entropy, importance_sampling, ppo, cispo, dro, gspo, "
+            "stable_reinforce)");
   ForwardBackwardIn in = request("cross_entropy");
   in.data[0].tokens = {1, 2, 256};
   EXPECT_EQ(error_of(in),
@@ -96,13 +98,7 @@ TEST(LossesTest, ChecksNameTheDatumAndTheField) {
             "cross_entropy (it takes no config)");
 }
 
-TEST(LossesTest, ListedButUndefinedLossesSayWhyAndWhatToUse) {
-  const std::string sr = error_of(request("stable_reinforce"));
-  EXPECT_NE(sr.find("loss_fn 'stable_reinforce' is not served"),
-            std::string::npos)
-      << sr;
-  EXPECT_NE(sr.find("record_stability_info"), std::string::npos) << sr;
-  EXPECT_NE(sr.find("Use ppo, cispo or gspo"), std::string::npos) << sr;
+TEST(LossesTest, CustomSaysWhyAndWhatToUse) {
   const std::string custom = error_of(request("custom"));
   EXPECT_NE(custom.find("create_custom_loss"), std::string::npos) << custom;
   EXPECT_NE(custom.find("Use forward_backward_custom"), std::string::npos)
@@ -110,14 +106,20 @@ TEST(LossesTest, ListedButUndefinedLossesSayWhyAndWhatToUse) {
 }
 
 TEST(LossesTest, ConfigDefaultsRequiredKeysAndChecks) {
-  // ppo and cispo default to 0.8 and 1.2.
-  for (const char* loss : {"ppo", "cispo"}) {
-    EXPECT_EQ(loss_config(loss, {}).clip_low, 0.8);
-    EXPECT_EQ(loss_config(loss, {}).clip_high, 1.2);
+  // ppo defaults to 0.8 and 1.2, cispo to the one-sided 0 and 4; a key
+  // given replaces its default alone.
+  for (auto [loss, lo, hi] : {std::tuple{"ppo", 0.8, 1.2},
+                              std::tuple{"cispo", 0.0, 4.0}}) {
+    EXPECT_EQ(loss_config(loss, {}).clip_low, lo) << loss;
+    EXPECT_EQ(loss_config(loss, {}).clip_high, hi) << loss;
     EXPECT_EQ(loss_config(loss, {{"clip_high_threshold", 2.0}}).clip_high, 2.0);
-    EXPECT_EQ(loss_config(loss, {{"clip_high_threshold", 2.0}}).clip_low, 0.8);
+    EXPECT_EQ(loss_config(loss, {{"clip_high_threshold", 2.0}}).clip_low, lo);
+    EXPECT_EQ(loss_config(loss, {{"clip_low_threshold", 0.5}}).clip_high, hi);
   }
   EXPECT_EQ(loss_config("dro", {{"beta", 0.05}}).beta, 0.05);
+  EXPECT_EQ(loss_config("stable_reinforce", {}).kl_coeff, 0.0);
+  EXPECT_EQ(loss_config("stable_reinforce", {{"kl_coeff", 0.1}}).kl_coeff,
+            0.1);
   const LossConfig g = loss_config(
       "gspo", {{"clip_low_threshold", 0.9}, {"clip_high_threshold", 1.1}});
   EXPECT_EQ(g.clip_low, 0.9);
@@ -147,9 +149,12 @@ TEST(LossesTest, ConfigDefaultsRequiredKeysAndChecks) {
   EXPECT_EQ(error("dro", {{"beta", -1.0}}),
             "dro: beta -1.000000 must be >= 0 (it weighs a penalty on logp - "
             "q)");
-  EXPECT_EQ(error("cispo", {{"clip_low_threshold", 1.3}}),
-            "cispo: clip_low_threshold 1.300000 must not exceed "
-            "clip_high_threshold 1.200000");
+  EXPECT_EQ(error("stable_reinforce", {{"kl_coeff", -0.5}}),
+            "stable_reinforce: kl_coeff -0.500000 must be >= 0 (it weighs a "
+            "KL penalty towards the sampler)");
+  EXPECT_EQ(error("cispo", {{"clip_low_threshold", 4.5}}),
+            "cispo: clip_low_threshold 4.500000 must not exceed "
+            "clip_high_threshold 4.000000");
 }
 
 TEST(LossesTest, GspoReadsItsMaskAsIntegersOrFloats) {
@@ -169,6 +174,67 @@ TEST(LossesTest, GspoReadsItsMaskAsIntegersOrFloats) {
             "data[0].loss_fn_inputs['sequence_ratio_mask'] marks no token: "
             "gspo's sequence ratio is a mean over the marked tokens. Fix: "
             "mark the sampled tokens (nonzero)");
+}
+
+TEST(LossesTest, CrossEntropyTakesKSoftTargetsPerPosition) {
+  ForwardBackwardIn in = request("cross_entropy");
+  TensorValue t = ints({2, 5, 3, 6, 4, 7});
+  t.shape = {3, 2};
+  TensorValue w = floats({0.75f, 0.25f, 1, 0, 0.5f, 0.5f});
+  w.shape = {3, 2};
+  in.data[0].inputs["target_tokens"] = t;
+  in.data[0].inputs["weights"] = w;
+  const std::vector<DatumPlan> plans =
+      plan_forward_backward(in, base_models().front());
+  EXPECT_EQ(plans[0].targets.sizes(), torch::IntArrayRef({3, 2}));
+  EXPECT_EQ(plans[0].weights.sizes(), torch::IntArrayRef({3, 2}));
+  // Without weights: ones of the targets' shape.
+  in.data[0].inputs.erase("weights");
+  EXPECT_TRUE(torch::equal(
+      plan_forward_backward(in, base_models().front())[0].weights,
+      torch::ones({3, 2})));
+  // Weights of another shape, and [T, K] targets for another loss.
+  in.data[0].inputs["weights"] = floats({1, 1, 1});
+  EXPECT_EQ(error_of(in),
+            "data[0].loss_fn_inputs['weights'] has shape [3]; it must be [3], "
+            "one entry per input token (or target_tokens and weights both "
+            "[3, K], K >= 1 targets each)");
+  in = request("importance_sampling");
+  in.data[0].inputs["target_tokens"] = t;
+  EXPECT_EQ(error_of(in),
+            "data[0].loss_fn_inputs['target_tokens'] has shape [3, 2]; it "
+            "must be [3], one entry per input token");
+  // Soft targets' logprobs: one per (position, target).
+  const torch::Tensor logits = torch::zeros({3, 8});
+  const torch::Tensor lp = target_logprobs(logits, plans[0].targets);
+  EXPECT_EQ(lp.sizes(), torch::IntArrayRef({3, 2}));
+  EXPECT_FLOAT_EQ(lp[2][1].item<float>(), std::log(0.125f));
+}
+
+TEST(LossesTest, StableReinforceNeedsProvenanceThatTiles) {
+  ForwardBackwardIn in = request("stable_reinforce");
+  const std::string none = error_of(in);
+  EXPECT_EQ(none.rfind("data[0] has no provenance: stable_reinforce trains "
+                       "on sequences the sampler recorded",
+                       0),
+            0u)
+      << none;
+  DatumIn& d = in.data[0];
+  d.has_provenance = true;
+  d.input_spans = {{false, "req-1:0", 0, 2}, {true, "req-1:0", 0, 1}};
+  d.target_spans = {{false, "req-1:0", 1, 1}, {true, "req-1:0", 0, 1}};
+  EXPECT_EQ(error_of(in),
+            "data[0].loss_fn_input_spans cover 2 positions but "
+            "loss_fn_inputs['target_tokens'] has 3; the runs must tile it "
+            "exactly");
+  d.target_spans.push_back({true, "req-1:0", 1, 1});
+  const std::vector<DatumPlan> plans =
+      plan_forward_backward(in, base_models().front());
+  EXPECT_FALSE(plans[0].q.defined());  // the trainer fills it from records
+  d.input_spans.pop_back();
+  EXPECT_EQ(error_of(in),
+            "data[0].model_input_spans cover 2 positions but model_input has "
+            "3; the runs must tile it exactly");
 }
 
 // Each loss against a direct computation of Note [Losses] in protocol.h:
@@ -304,6 +370,48 @@ TEST_F(LossVsDirect, Gspo) {
   }
   EXPECT_EQ(clipped, 3);
   check("gspo", c, want, grad);
+}
+
+TEST_F(LossVsDirect, StableReinforce) {
+  // Note [stable_reinforce] in stability.h; token 1's q is NaN (a prompt
+  // position, advantage 0 there).
+  std::vector<double> qs = q;
+  qs[1] = NAN;
+  std::vector<double> as = a;
+  as[1] = 0.0;
+  for (const double kl : {0.0, 0.2}) {
+    std::vector<double> want, grad;
+    int truncated = 0;
+    for (size_t t = 0; t < lp.size(); ++t) {
+      if (std::isnan(qs[t])) {
+        want.push_back(0.0);
+        grad.push_back(0.0);
+        continue;
+      }
+      const double r = std::exp(lp[t] - qs[t]);
+      const double wt = std::min(r, 1.0);
+      truncated += r > 1.0;
+      want.push_back(-wt * as[t] * lp[t] + kl * ((r - 1) - (lp[t] - qs[t])));
+      // sg(w): d/dlp = -w A; k3: d/dlp ((r - 1) - (lp - q)) = r - 1.
+      grad.push_back(-wt * as[t] + kl * (r - 1));
+    }
+    EXPECT_EQ(truncated, 3);
+    DatumPlan d;
+    d.q = f32(qs);
+    d.adv = f32(as);
+    torch::Tensor x = f32(lp).requires_grad_(true);
+    LossConfig c;
+    c.kl_coeff = kl;
+    torch::Tensor el = elementwise_loss("stable_reinforce", x, d, c);
+    el.sum().backward();
+    for (size_t t = 0; t < want.size(); ++t) {
+      EXPECT_NEAR(el[t].item<double>(), want[t], 1e-5 * (1 + std::abs(want[t])))
+          << "kl " << kl << " token " << t;
+      EXPECT_NEAR(x.grad()[t].item<double>(), grad[t],
+                  1e-5 * (1 + std::abs(grad[t])))
+          << "kl " << kl << " gradient, token " << t;
+    }
+  }
 }
 
 TEST(LossesTest, TargetLogprobsPickEachPositionsTarget) {

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -57,19 +58,34 @@ ModelRegistry::ModelRegistry(Communicator* comm, const Config& config,
       base_seed_(base_seed),
       memory_(std::move(memory)) {}
 
-Model& ModelRegistry::get(const std::string& id) {
+Model& ModelRegistry::get(const std::string& id, const std::string& tenant) {
   auto it = models_.find(id);
-  if (it != models_.end()) return *it->second;
+  if (it != models_.end() && it->second->tenant == tenant) {
+    it->second->last_request_unix =
+        std::chrono::duration_cast<std::chrono::seconds>(
+            std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    return *it->second;
+  }
   std::string names;
   for (const auto& kv : models_)
-    names += (names.empty() ? "" : ", ") + kv.first;
-  throw UsageError("unknown model_id '" + id + "' (models on this server: " +
-                   (names.empty() ? "none" : names) +
+    if (kv.second->tenant == tenant)
+      names += (names.empty() ? "" : ", ") + kv.first;
+  throw UsageError("unknown model_id '" + elide(id, 200) +
+                   "' (your models on this server: " +
+                   (names.empty() ? "none" : elide(names, 2000)) +
                    "). Fix: create_model first");
 }
 
 bool ModelRegistry::contains(const std::string& id) const {
   return models_.count(id) != 0;
+}
+
+const Model* ModelRegistry::find(const std::string& id,
+                                 const std::string& tenant) const {
+  auto it = models_.find(id);
+  if (it == models_.end() || it->second->tenant != tenant) return nullptr;
+  return it->second.get();
 }
 
 void ModelRegistry::require_fits(const std::string& id, const BaseModel& base,
@@ -124,11 +140,13 @@ void ModelRegistry::require_fits(const std::string& id, const BaseModel& base,
 }
 
 std::unique_ptr<Model> ModelRegistry::build(const std::string& id,
+                                            const std::string& tenant,
                                             const BaseModel& base,
                                             const LoraOptions& lora) {
   require_fits(id, base, lora);
   auto m = std::make_unique<Model>();
   m->id = id;
+  m->tenant = tenant;
   m->base = base;
   m->lora = lora;
   m->net = new_tiny_gpt(base, lora, base_seed_);
@@ -153,7 +171,8 @@ void ModelRegistry::add(std::unique_ptr<Model> model) {
   models_[id] = std::move(model);
 }
 
-nlohmann::json ModelRegistry::create_model(const nlohmann::json& a) {
+nlohmann::json ModelRegistry::create_model(const nlohmann::json& a,
+                                           const std::string& tenant) {
   const std::string id = require_string(a, "model_id");
   if (contains(id)) throw UsageError("model '" + id + "' exists already");
   const BaseModel& base = find_base_model(require_string(a, "base_model"));
@@ -185,7 +204,21 @@ nlohmann::json ModelRegistry::create_model(const nlohmann::json& a) {
           "lora_config trains nothing: set one of train_attn, "
           "train_mlp, train_unembed");
   }
-  add(build(id, base, lora));
+  // user_metadata: the SDK's dict[str, Any]; the REST types hold strings.
+  nlohmann::json metadata = nullptr;
+  if (const nlohmann::json* um = get_object(a, "user_metadata")) {
+    metadata = nlohmann::json::object();
+    for (const auto& kv : um->items())
+      metadata[kv.key()] = kv.value().is_string()
+                               ? kv.value().get<std::string>()
+                               : kv.value().dump();
+  }
+  std::unique_ptr<Model> m = build(id, tenant, base, lora);
+  m->user_metadata = std::move(metadata);
+  m->last_request_unix = std::chrono::duration_cast<std::chrono::seconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  add(std::move(m));
   return {{"model_id", id}, {"type", "create_model"}};
 }
 

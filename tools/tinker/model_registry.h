@@ -32,10 +32,16 @@ namespace tinker {
 // One model's replica on this rank.
 struct Model {
   std::string id;
+  std::string tenant;  // whose it is (tenancy.h)
   BaseModel base;
   LoraOptions lora;  // rank 0: full fine-tuning
   TinyGpt net{nullptr};
   std::unique_ptr<Engine> engine;
+  // create_model's user_metadata (an object of strings) or null; kept in
+  // its checkpoints' tinker_meta.json and shown by the training run.
+  nlohmann::json user_metadata;
+  // When a request last named the model (get()), Unix seconds.
+  int64_t last_request_unix = 0;
 };
 
 // `lora` as the "lora" object of checkpoint and sampler metadata, and back
@@ -85,10 +91,14 @@ class ModelRegistry {
   ModelRegistry(const ModelRegistry&) = delete;
   ModelRegistry& operator=(const ModelRegistry&) = delete;
 
-  // The model `id`. UsageError naming the models on this server if there
-  // is none.
-  Model& get(const std::string& id);
+  // The model `id` of `tenant`. UsageError naming the tenant's models if
+  // there is none; another tenant's model is answered the same way (Note
+  // [One tenant check] in tenancy.h).
+  Model& get(const std::string& id, const std::string& tenant);
+  // Whether any tenant has a model `id` (ids are unique on a server).
   bool contains(const std::string& id) const;
+  // `tenant`'s model `id`, or nullptr (for listings; never throws).
+  const Model* find(const std::string& id, const std::string& tenant) const;
   uint64_t base_seed() const { return base_seed_; }
 
   // A new model, not registered: the base model's weights, LoRA adapters
@@ -96,14 +106,17 @@ class ModelRegistry {
   // frozen weights (a collective: every rank calls it), an Engine over it.
   // UsageError on every rank, nothing built, when it cannot fit (Note [A
   // model that cannot fit]).
-  std::unique_ptr<Model> build(const std::string& id, const BaseModel& base,
-                               const LoraOptions& lora);
+  std::unique_ptr<Model> build(const std::string& id,
+                               const std::string& tenant,
+                               const BaseModel& base, const LoraOptions& lora);
   // Registers `model` under its id, which must not be registered yet.
   void add(std::unique_ptr<Model> model);
 
-  // The create_model request: checks every field (UsageError, nothing
-  // built), builds the model and registers it. Returns the response.
-  nlohmann::json create_model(const nlohmann::json& args);
+  // The create_model request of `tenant`: checks every field (UsageError,
+  // nothing built), builds the model and registers it. Returns the
+  // response.
+  nlohmann::json create_model(const nlohmann::json& args,
+                              const std::string& tenant);
 
  private:
   // Note [A model that cannot fit]: rank 0 decides, every rank throws.

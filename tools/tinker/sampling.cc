@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include "tools/tinker/checkpoint_paths.h"
 #include "tools/tinker/command.h"
 #include "tools/tinker/request_fields.h"
+#include "tools/tinker/retention.h"
 #include "tools/tinker/tinker_public.pb.h"
 #include "zero/phase.h"
 
@@ -85,12 +87,141 @@ std::vector<std::vector<int64_t>> parse_stop(const json& params) {
   return out;
 }
 
-void reject_if(bool unserved, const std::string& field) {
-  if (unserved)
-    throw UsageError(field +
-                     " is not served by this server (it returns tokens, "
-                     "their logprobs and prompt_logprobs). Fix: leave it "
-                     "unset");
+// A list of integers of the JSON TensorData field `key` ("where" names it).
+std::vector<int64_t> int_list(const json& t, const char* key,
+                              const std::string& where) {
+  std::vector<int64_t> out;
+  if (!t.contains(key) || t[key].is_null()) return out;
+  if (!t[key].is_array())
+    throw UsageError(where + "." + key + " must be a list of integers");
+  for (const json& v : t[key]) {
+    if (!is_int64(v))
+      throw UsageError(where + "." + key + " holds " + elide(v.dump(), 40) +
+                       ", not an integer");
+    out.push_back(v.get<int64_t>());
+  }
+  return out;
+}
+
+// target_prompt_logprobs: the SDK's JSON TensorData of int64 ids, shape
+// [prompt_length - 1, K], dense or CSR.
+IdTable parse_id_table(const json& t, int64_t prompt_length) {
+  const std::string where = "target_prompt_logprobs";
+  const std::string rule =
+      " (it must be an int64 tensor of shape [len(prompt) - 1, K] = [" +
+      std::to_string(prompt_length - 1) + ", K], dense or sparse CSR)";
+  if (!t.is_object()) throw UsageError(where + " must be a TensorData object");
+  if (get_or<std::string>(t, "dtype", "") != "int64")
+    throw UsageError(where + " has dtype '" +
+                     get_or<std::string>(t, "dtype", "") + "'" + rule);
+  const std::vector<int64_t> shape = int_list(t, "shape", where);
+  if (shape.size() != 2 || shape[0] != prompt_length - 1 || shape[1] < 1)
+    throw UsageError(where + " has shape [" +
+                     [&] {
+                       std::string s;
+                       for (size_t k = 0; k < shape.size(); ++k)
+                         s += (k ? ", " : "") + std::to_string(shape[k]);
+                       return s;
+                     }() +
+                     "]" + rule);
+  IdTable ids;
+  ids.rows = shape[0];
+  ids.cols = shape[1];
+  ids.values = int_list(t, "data", where);
+  ids.crow = int_list(t, "sparse_crow_indices", where);
+  ids.col = int_list(t, "sparse_col_indices", where);
+  ids.sparse = !ids.crow.empty() || !ids.col.empty();
+  if (!ids.sparse) {
+    if (ids.rows > kMaxLogprobCells || ids.cols > kMaxLogprobCells ||
+        static_cast<int64_t>(ids.values.size()) != ids.rows * ids.cols)
+      throw UsageError(where + " holds " + std::to_string(ids.values.size()) +
+                       " ids; its shape needs " +
+                       std::to_string(ids.rows) + " x " +
+                       std::to_string(ids.cols));
+  } else {
+    bool ok = static_cast<int64_t>(ids.crow.size()) == ids.rows + 1 &&
+              ids.crow.front() == 0 &&
+              ids.crow.back() == static_cast<int64_t>(ids.values.size()) &&
+              ids.col.size() == ids.values.size();
+    for (size_t r = 0; ok && r + 1 < ids.crow.size(); ++r) {
+      ok = ids.crow[r] <= ids.crow[r + 1];
+      for (int64_t k = ids.crow[r]; ok && k < ids.crow[r + 1]; ++k)
+        ok = ids.col[k] >= 0 && ids.col[k] < ids.cols &&
+             (k == ids.crow[r] || ids.col[k] > ids.col[k - 1]);
+    }
+    if (!ok)
+      throw UsageError(where + " is not a consistent CSR tensor: " +
+                       "sparse_crow_indices must be " +
+                       std::to_string(ids.rows + 1) +
+                       " non-decreasing row pointers from 0 to the number "
+                       "of values, and each row's sparse_col_indices "
+                       "increasing within [0, K)");
+  }
+  bool any = false;
+  for (int64_t v : ids.values) any = any || v != -1;
+  if (!any)
+    throw UsageError(where + " names no token id (every cell is -1). Fix: "
+                     "name at least one, or leave the field unset");
+  return ids;
+}
+
+int64_t nonnegative(const json& a, const char* key) {
+  if (a.contains(key) && a[key].is_null()) return 0;
+  const int64_t v = get_or<int64_t>(a, key, 0);
+  if (v < 0)
+    throw UsageError(std::string(key) + " = " + std::to_string(v) +
+                     " must be >= 0 (0: not asked)");
+  return v;
+}
+
+// The k most likely tokens of each row of `lp` ([rows, V] log-softmax):
+// descending, ties by lower id (a stable sort).
+void topk_rows(const torch::Tensor& lp, int64_t k, TopkRows* out,
+               int64_t first_row) {
+  const auto sorted = torch::sort(lp, /*stable=*/true, /*dim=*/-1,
+                                  /*descending=*/true);
+  const torch::Tensor v = std::get<0>(sorted).narrow(1, 0, k).contiguous();
+  const torch::Tensor i =
+      std::get<1>(sorted).narrow(1, 0, k).to(torch::kInt32).contiguous();
+  std::copy(v.data_ptr<float>(), v.data_ptr<float>() + v.numel(),
+            out->logprobs.begin() + first_row * k);
+  std::copy(i.data_ptr<int32_t>(), i.data_ptr<int32_t>() + i.numel(),
+            out->ids.begin() + first_row * k);
+}
+
+TopkRows empty_rows(int64_t length, int64_t k) {
+  TopkRows t;
+  t.length = length;
+  t.k = k;
+  t.ids.assign(static_cast<size_t>(length * k), 0);
+  t.logprobs.assign(static_cast<size_t>(length * k), -99999.0f);
+  return t;
+}
+
+// log_softmax of a full forward of `tokens`: [len, V].
+torch::Tensor full_logprobs(TinyGpt& net, const std::vector<int64_t>& tokens) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor t =
+      torch::from_blob(const_cast<int64_t*>(tokens.data()),
+                       {1, static_cast<int64_t>(tokens.size())}, torch::kInt64)
+          .clone();
+  return torch::log_softmax(net->forward(t)[0], -1).contiguous();
+}
+
+void set_topk(tinker_public::TopkLogprobs* m, const TopkRows& t) {
+  m->set_k(static_cast<uint32_t>(t.k));
+  m->set_length(static_cast<uint32_t>(t.length));
+  m->set_token_ids(std::string(reinterpret_cast<const char*>(t.ids.data()),
+                               t.ids.size() * sizeof(int32_t)));
+  m->set_logprobs(std::string(reinterpret_cast<const char*>(t.logprobs.data()),
+                              t.logprobs.size() * sizeof(float)));
+}
+
+void set_dense(tinker_public::Tensor* m, tinker_public::DType dtype,
+               const void* data, size_t bytes, std::vector<int64_t> shape) {
+  m->set_dtype(dtype);
+  for (int64_t d : shape) m->add_shape(d);
+  m->set_dense(std::string(static_cast<const char*>(data), bytes));
 }
 
 }  // namespace
@@ -152,23 +283,121 @@ SampleRequestIn parse_sample_request(const json& a, uint64_t default_seed) {
           std::to_string(in.prompt_logprobs_last_n) +
           " must be in [1, len(prompt) - 1 = " + std::to_string(n - 1) + "]");
   }
-  reject_if(get_or<int64_t>(a, "topk_prompt_logprobs", 0) != 0,
-            "topk_prompt_logprobs");
-  reject_if(get_or<int64_t>(a, "topk_sample_logprobs", 0) != 0,
-            "topk_sample_logprobs");
-  reject_if(get_or<int64_t>(a, "prompt_alt_tokens_k", 0) != 0,
-            "prompt_alt_tokens_k");
-  reject_if(a.contains("target_prompt_logprobs") &&
-                !a["target_prompt_logprobs"].is_null(),
-            "target_prompt_logprobs");
-  reject_if(get_or<bool>(a, "record_stability_info", false),
-            "record_stability_info");
+  in.topk_prompt = nonnegative(a, "topk_prompt_logprobs");
+  in.topk_sample = nonnegative(a, "topk_sample_logprobs");
+  in.alt_tokens_k = nonnegative(a, "prompt_alt_tokens_k");
+  if (a.contains("target_prompt_logprobs") &&
+      !a["target_prompt_logprobs"].is_null())
+    in.target_prompt = parse_id_table(a["target_prompt_logprobs"],
+                                      static_cast<int64_t>(in.prompt.size()));
+  in.record_stability_info = get_or<bool>(a, "record_stability_info", false);
   return in;
 }
 
-std::string encode_sample_response(const SampleOutput& out) {
+void check_logprob_requests(const SampleRequestIn& in, int64_t vocab) {
+  const int64_t n = static_cast<int64_t>(in.prompt.size());
+  auto width = [&](const char* field, int64_t k, int64_t rows) {
+    if (k > vocab)
+      throw UsageError(std::string(field) + " = " + std::to_string(k) +
+                       " exceeds the model's vocabulary of " +
+                       std::to_string(vocab) + " tokens");
+    if (k > 0 && rows * k > kMaxLogprobCells)
+      throw UsageError(std::string(field) + " = " + std::to_string(k) +
+                       " over " + std::to_string(rows) + " positions asks " +
+                       std::to_string(rows * k) + " logprobs; at most " +
+                       std::to_string(kMaxLogprobCells) +
+                       " per request. Fix: a smaller k or a shorter prompt");
+  };
+  width("topk_prompt_logprobs", in.topk_prompt, n);
+  width("topk_sample_logprobs", in.topk_sample,
+        in.options.max_tokens * in.num_samples);
+  width("prompt_alt_tokens_k", in.alt_tokens_k, n);
+  if (in.target_prompt) {
+    std::vector<int64_t> distinct;
+    for (int64_t id : in.target_prompt->values) {
+      if (id == -1) continue;
+      if (id < 0 || id >= vocab)
+        throw UsageError("target_prompt_logprobs holds token id " +
+                         std::to_string(id) + ", outside the vocabulary [0, " +
+                         std::to_string(vocab) + ") (-1 asks nothing)");
+      distinct.push_back(id);
+    }
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()),
+                   distinct.end());
+    width("target_prompt_logprobs (distinct ids)",
+          static_cast<int64_t>(distinct.size()), n);
+  }
+}
+
+SampleExtras compute_sample_extras(TinyGpt& net, const SampleRequestIn& in,
+                                   const SampleOutput& out) {
+  SampleExtras x;
+  const int64_t n = static_cast<int64_t>(in.prompt.size());
+  if (in.topk_prompt > 0 || in.target_prompt || in.alt_tokens_k > 0) {
+    // Row i predicts prompt position i + 1.
+    const torch::Tensor lp = full_logprobs(net, in.prompt);
+    if (in.topk_prompt > 0) {
+      x.topk_prompt = empty_rows(n, in.topk_prompt);
+      const int64_t first =
+          in.prompt_logprobs_last_n > 0 ? n - in.prompt_logprobs_last_n : 1;
+      if (first < n)
+        topk_rows(lp.narrow(0, first - 1, n - first), in.topk_prompt,
+                  &*x.topk_prompt, first);
+    }
+    if (in.target_prompt) {
+      const IdTable& ids = *in.target_prompt;
+      x.target_ids = ids;
+      x.target_logprobs.assign(ids.values.size(), 0.0f);
+      const float* rows = lp.data_ptr<float>();
+      const int64_t v = lp.size(1);
+      for (int64_t r = 0; r < ids.rows; ++r) {
+        const int64_t begin = ids.sparse ? ids.crow[r] : r * ids.cols;
+        const int64_t end = ids.sparse ? ids.crow[r + 1] : begin + ids.cols;
+        for (int64_t k = begin; k < end; ++k)
+          if (ids.values[k] != -1)
+            x.target_logprobs[k] = rows[r * v + ids.values[k]];
+      }
+    }
+    if (in.alt_tokens_k > 0) {
+      x.alt_k = in.alt_tokens_k;
+      SamplingOptions draw;
+      draw.temperature = in.options.temperature;
+      const torch::Tensor logits = lp;  // log_softmax: same choices as logits
+      // One stream for the request's draws, apart from the samples' own
+      // (sample i uses (seed, i)).
+      SampleRng rng(in.options.seed ^ 0x5eed'a17e'0000'0000ULL);
+      const int64_t v = lp.size(1);
+      for (int64_t r = 0; r + 1 < n; ++r)
+        for (int64_t j = 0; j < in.alt_tokens_k; ++j) {
+          const float* row = logits.data_ptr<float>() + r * v;
+          const int64_t id = choose_token(row, v, draw, rng.uniform());
+          x.alt_tokens.push_back(id);
+          x.alt_logprobs.push_back(row[id]);
+        }
+    }
+  }
+  if (in.topk_sample > 0) {
+    for (const SampledSequence& s : out.sequences) {
+      TopkRows t = empty_rows(static_cast<int64_t>(s.tokens.size()),
+                              in.topk_sample);
+      if (!s.tokens.empty()) {
+        std::vector<int64_t> seq = in.prompt;
+        seq.insert(seq.end(), s.tokens.begin(), s.tokens.end() - 1);
+        const torch::Tensor lp = full_logprobs(net, seq);
+        topk_rows(lp.narrow(0, n - 1, t.length), in.topk_sample, &t, 0);
+      }
+      x.topk_sample.push_back(std::move(t));
+    }
+  }
+  return x;
+}
+
+std::string encode_sample_response(const SampleOutput& out,
+                                   const SampleExtras& x) {
   tinker_public::SampleResponse r;
-  for (const SampledSequence& s : out.sequences) {
+  for (size_t i = 0; i < out.sequences.size(); ++i) {
+    const SampledSequence& s = out.sequences[i];
     tinker_public::SampledSequence* q = r.add_sequences();
     q->set_stop_reason(s.stopped ? tinker_public::STOP_REASON_STOP
                                  : tinker_public::STOP_REASON_LENGTH);
@@ -178,11 +407,47 @@ std::string encode_sample_response(const SampleOutput& out) {
     q->set_logprobs(
         std::string(reinterpret_cast<const char*>(s.logprobs.data()),
                     s.logprobs.size() * sizeof(float)));
+    if (i < x.topk_sample.size())
+      set_topk(q->mutable_topk_sampled_logprobs(), x.topk_sample[i]);
   }
   if (!out.prompt_logprobs.empty())
     r.set_prompt_logprobs(
         std::string(reinterpret_cast<const char*>(out.prompt_logprobs.data()),
                     out.prompt_logprobs.size() * sizeof(float)));
+  if (x.topk_prompt) set_topk(r.mutable_topk_prompt_logprobs(), *x.topk_prompt);
+  if (x.target_ids) {
+    const IdTable& ids = *x.target_ids;
+    tinker_public::Tensor* t = r.mutable_target_prompt_logprobs();
+    if (!ids.sparse) {
+      set_dense(t, tinker_public::DTYPE_FLOAT32, x.target_logprobs.data(),
+                x.target_logprobs.size() * sizeof(float),
+                {ids.rows, ids.cols});
+    } else {
+      t->set_dtype(tinker_public::DTYPE_FLOAT32);
+      t->add_shape(ids.rows);
+      t->add_shape(ids.cols);
+      tinker_public::SparseCsr* csr = t->mutable_sparse_csr();
+      csr->set_values(std::string(
+          reinterpret_cast<const char*>(x.target_logprobs.data()),
+          x.target_logprobs.size() * sizeof(float)));
+      csr->set_crow_indices(
+          std::string(reinterpret_cast<const char*>(ids.crow.data()),
+                      ids.crow.size() * sizeof(int64_t)));
+      csr->set_col_indices(
+          std::string(reinterpret_cast<const char*>(ids.col.data()),
+                      ids.col.size() * sizeof(int64_t)));
+    }
+  }
+  if (x.alt_k > 0) {
+    const int64_t rows = static_cast<int64_t>(x.alt_tokens.size()) / x.alt_k;
+    tinker_public::PromptAltTokens* alt = r.mutable_prompt_alt_tokens();
+    set_dense(alt->mutable_tokens(), tinker_public::DTYPE_INT64,
+              x.alt_tokens.data(), x.alt_tokens.size() * sizeof(int64_t),
+              {rows, x.alt_k});
+    set_dense(alt->mutable_logprobs(), tinker_public::DTYPE_FLOAT32,
+              x.alt_logprobs.data(), x.alt_logprobs.size() * sizeof(float),
+              {rows, x.alt_k});
+  }
   return r.SerializeAsString();
 }
 
@@ -195,54 +460,82 @@ bool SamplerStore::agree(bool mine) {
   return v != 0;
 }
 
-std::string SamplerStore::sampler_dir(const std::string& model_id,
-                                      const std::string& name) const {
-  return state_dir_ + "/" + model_folder(model_id) + "/sampler_weights/" + name;
+uint64_t sampler_bytes_bound(Model& m) {
+  uint64_t numel = 0, tensors = 0;
+  for (const torch::Tensor& p : m.net->parameters()) {
+    numel += static_cast<uint64_t>(p.numel());
+    ++tensors;
+  }
+  // torch::save's zip archive: each tensor's bytes 64-byte aligned with a
+  // local and a central header, and the pickled module structure.
+  return 4 * numel + 512 * tensors + (64 << 10);
 }
 
-json SamplerStore::save_for_sampler(ModelRegistry& models, const json& a) {
-  Model& m = models.get(require_string(a, "model_id"));
+json SamplerStore::save_for_sampler(ModelRegistry& models,
+                                    const Caller& caller, const json& a) {
+  Model& m = models.get(require_string(a, "model_id"), caller.tenant);
   const bool named = a.contains("path") && !a["path"].is_null();
   const bool rank0 = comm_->rank() == 0;
   if (named) {
     const std::string name = require_string(a, "path");
+    const std::optional<int64_t> expires = expiry_from_ttl(
+        a, "ttl_seconds", unix_now(), "save_weights_for_sampler");
     if (!safe_checkpoint_name(name))
       throw UsageError("save_weights_for_sampler name (field 'path') '" +
                        elide(name, 140) +
                        "' must be 1-128 characters of [A-Za-z0-9._-] (and "
                        "not 'latest')");
     const std::string path = "tinker://" + m.id + "/sampler_weights/" + name;
-    const std::string dir = sampler_dir(m.id, name);
+    const CheckpointLocation at =
+        *locate_checkpoint(state_dir_, caller.tenant, path, "sampler_weights");
+    const std::string dir = at.dir;
     if (!agree(!rank0 || within_dir(state_dir_, dir)))
       throw UsageError("sampler weights '" + path +
                        "' would leave this server's state directory (a "
                        "symbolic link?). Nothing was written");
-    if (agree(rank0 && (paths_.count(path) != 0 ||
+    if (agree(rank0 && (paths_.count(dir) != 0 ||
                         std::ifstream(dir + "/weights.pt").good())))
       throw UsageError("sampler weights '" + path +
                        "' exist already. Fix: choose another name");
+    if (caller.max_bytes) {
+      const std::string refusal =
+          rank0 ? over_bytes_quota(
+                      caller, "save_weights_for_sampler '" + name + "'",
+                      tree_bytes(tenant_dir(state_dir_, caller.tenant)),
+                      sampler_bytes_bound(m))
+                : "";
+      if (!agree(refusal.empty())) {
+        if (rank0) throw UsageError(refusal);
+        throw UsageError("save_weights_for_sampler '" + name +
+                         "' is over the tenant's quota (rank 0 says how "
+                         "much). Nothing was written");
+      }
+    }
     TinyGpt net = snapshot_of(m, models.base_seed(), rank0);
     if (rank0) {
       auto s = std::make_shared<Sampler>();
       s->net = net;
       s->base_model = m.base.name;
       s->model_path = path;
+      s->expires_at = expires;
       try {
         std::filesystem::create_directories(dir);
+        json meta = {{"base_model", m.base.name},
+                     {"model_id", m.id},
+                     {"lora", lora_to_json(m.lora)}};
+        if (!m.user_metadata.is_null()) meta["user_metadata"] = m.user_metadata;
+        if (expires) meta["expires_at"] = *expires;
+        // The meta first: the weights file marks a whole save.
+        atomic_write_file(dir + "/tinker_meta.json", meta.dump(1));
         torch::save(net, dir + "/weights.pt.tmp");
         std::filesystem::rename(dir + "/weights.pt.tmp", dir + "/weights.pt");
-        atomic_write_file(dir + "/tinker_meta.json",
-                          json({{"base_model", m.base.name},
-                                {"model_id", m.id},
-                                {"lora", lora_to_json(m.lora)}})
-                              .dump(1));
       } catch (const std::exception&) {
         // The snapshot still serves this run; only persistence failed.
         throw IoError("sampler weights '" + path +
                       "' could not be written to the server's state "
                       "directory (see the server's disk)");
       }
-      paths_[path] = s;
+      paths_[dir] = s;
     }
     return {{"path", path}, {"type", "save_weights_for_sampler"}};
   }
@@ -265,13 +558,12 @@ json SamplerStore::save_for_sampler(ModelRegistry& models, const json& a) {
 }
 
 std::shared_ptr<SamplerStore::Sampler> SamplerStore::by_path(
-    const std::string& path) {
-  auto it = paths_.find(path);
-  if (it != paths_.end()) return it->second;
-  std::string model_id, name;
-  if (!parse_sampler_path(path, &model_id, &name)) {
-    if (parse_tinker_path(path, &model_id, &name))
-      throw UsageError("model_path '" + path +
+    const Caller& caller, const std::string& path) {
+  const std::optional<CheckpointLocation> at =
+      locate_checkpoint(state_dir_, caller.tenant, path, "sampler_weights");
+  if (!at) {
+    if (locate_checkpoint(state_dir_, caller.tenant, path, "weights"))
+      throw UsageError("model_path '" + elide(path, 200) +
                        "' is a training checkpoint (save_state); sampling "
                        "reads sampler weights. Fix: save them with "
                        "save_weights_for_sampler(name) and pass the path it "
@@ -280,25 +572,46 @@ std::shared_ptr<SamplerStore::Sampler> SamplerStore::by_path(
                      "' is not sampler weights of this server: expected "
                      "tinker://<model id>/sampler_weights/<name>");
   }
-  const std::string dir = sampler_dir(model_id, name);
+  const std::string dir = at->dir;
+  const int64_t now = unix_now();
+  auto it = paths_.find(dir);
+  if (it != paths_.end()) {
+    if (!it->second->expires_at || *it->second->expires_at > now)
+      return it->second;
+    paths_.erase(it);  // expired: read again below, and found gone
+  }
   auto s = std::make_shared<Sampler>();
   try {
     if (!within_dir(state_dir_, dir)) throw UsageError("outside");
     const json meta = json::parse(read_file(dir + "/tinker_meta.json"));
+    if (expired(meta, now)) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+      throw UsageError("expired");
+    }
+    if (meta.contains("expires_at")) s->expires_at = meta["expires_at"];
     s->base_model = meta.at("base_model").get<std::string>();
     s->net = new_tiny_gpt(find_base_model(s->base_model),
                           lora_from_json(meta.at("lora")), 0);
     torch::load(s->net, dir + "/weights.pt");
   } catch (const std::exception&) {
-    // Names the client's path only, never a server file.
-    throw UsageError("sampler weights '" + path +
+    // Names the client's path only, never a server file; the same answer
+    // for another tenant's path (Note [One tenant check] in tenancy.h).
+    throw UsageError("sampler weights '" + elide(path, 200) +
                      "' cannot be read: this server has none of that name "
-                     "(see save_weights_for_sampler)");
+                     "(deleted, expired, or never saved with "
+                     "save_weights_for_sampler)");
   }
   for (torch::Tensor& p : s->net->parameters()) p.set_requires_grad(false);
   s->model_path = path;
-  paths_[path] = s;
+  paths_[dir] = s;
   return s;
+}
+
+void SamplerStore::forget(const Caller& caller, const std::string& path) {
+  if (auto at = locate_checkpoint(state_dir_, caller.tenant, path,
+                                  "sampler_weights"))
+    paths_.erase(at->dir);
 }
 
 std::shared_ptr<SamplerStore::Sampler> SamplerStore::by_base(
@@ -317,15 +630,12 @@ std::shared_ptr<SamplerStore::Sampler> SamplerStore::by_base(
 std::shared_ptr<SamplerStore::Sampler> SamplerStore::session(
     const std::string& id) const {
   auto it = sessions_.find(id);
-  if (it == sessions_.end())
-    throw UsageError("unknown sampling_session_id '" + elide(id, 200) +
-                     "'. Fix: create a sampling client first "
-                     "(save_weights_and_get_sampling_client or "
-                     "create_sampling_client)");
+  if (it == sessions_.end()) throw UsageError(unknown_sampling_session(id));
   return it->second;
 }
 
-json SamplerStore::create_session(ModelRegistry& models, const json& a) {
+json SamplerStore::create_session(ModelRegistry& models, const Caller& caller,
+                                  const json& a) {
   const std::string owner = require_string(a, "session_id");
   const int64_t seq = get_or<int64_t>(a, "sampling_session_seq_id", -1);
   if (seq < 0)
@@ -337,7 +647,7 @@ json SamplerStore::create_session(ModelRegistry& models, const json& a) {
   const std::string base = get_or<std::string>(a, "base_model", "");
   std::shared_ptr<Sampler> s;
   if (!path.empty()) {
-    s = by_path(path);
+    s = by_path(caller, path);
     if (!base.empty() && base != s->base_model)
       throw UsageError("base_model '" + elide(base, 100) +
                        "' does not match model_path '" + path +
@@ -364,7 +674,8 @@ json SamplerStore::get_sampler(const json& a) {
   return out;
 }
 
-std::string SamplerStore::sample(ModelRegistry& models, const json& a) {
+std::string SamplerStore::sample(ModelRegistry& models, const Caller& caller,
+                                 const json& a) {
   std::shared_ptr<Sampler> s;
   std::string seed_key;
   if (a.contains("sampling_session_id") &&
@@ -373,7 +684,7 @@ std::string SamplerStore::sample(ModelRegistry& models, const json& a) {
     s = session(id);
     seed_key = id + "#" + std::to_string(get_or<int64_t>(a, "seq_id", 0));
   } else if (a.contains("model_path") && a["model_path"].is_string()) {
-    s = by_path(a["model_path"].get<std::string>());
+    s = by_path(caller, a["model_path"].get<std::string>());
   } else if (a.contains("base_model") && a["base_model"].is_string()) {
     s = by_base(models, a["base_model"].get<std::string>());
   } else {
@@ -387,6 +698,19 @@ std::string SamplerStore::sample(ModelRegistry& models, const json& a) {
   if (!in.max_tokens_given)
     in.options.max_tokens =
         s->net->options().block_size - static_cast<int64_t>(in.prompt.size());
+  check_logprob_requests(in, s->net->options().vocab_size);
+  std::string session, request_id;
+  if (in.record_stability_info) {
+    if (!a.contains("sampling_session_id") || !a["sampling_session_id"].is_string())
+      throw UsageError(
+          "record_stability_info needs a sampling_session_id: recorded "
+          "sequences belong to a session (the SDK's SamplingClient sends "
+          "one)");
+    session = session_of(a["sampling_session_id"].get<std::string>());
+    request_id = get_or<std::string>(a, "zerostep_request_id", "");
+    if (request_id.empty())
+      throw InternalError("a sample command without its request id");
+  }
   SampleOutput out =
       zerostep::sample(s->net, in.prompt, in.num_samples, in.options);
   if (in.prompt_logprobs_last_n > 0) {
@@ -394,7 +718,15 @@ std::string SamplerStore::sample(ModelRegistry& models, const json& a) {
     for (size_t i = 0; i + scored < out.prompt_logprobs.size(); ++i)
       out.prompt_logprobs[i] = std::numeric_limits<float>::quiet_NaN();
   }
-  return encode_sample_response(out);
+  const SampleExtras extras = compute_sample_extras(s->net, in, out);
+  if (in.record_stability_info) {
+    stability_.expire();
+    for (size_t i = 0; i < out.sequences.size(); ++i)
+      stability_.record(request_id + ":" + std::to_string(i),
+                        {caller.tenant, session, in.prompt,
+                         out.sequences[i].tokens, out.sequences[i].logprobs});
+  }
+  return encode_sample_response(out, extras);
 }
 
 }  // namespace tinker

@@ -28,13 +28,23 @@
 //     once; its future resolves to a protobuf SampleResponse. A retried
 //     asample (same sampling session, seq_id and body) gets the original
 //     future; the same seq_id with another body is HTTP 409.
-//   - Unserved endpoints (save_weights_external, ...): a request carrying a
-//   model_id and seq_id still takes
-//     its place in the model's order and consumes its seq_id (the SDK
-//     numbers every training-client request, and a later one would wait
-//     for the missing seq_id forever); its future fails with "not
-//     implemented" and nothing changes. Without a seq_id: HTTP 404 with
-//     the same message (not 501, which the SDK retries).
+//   - save_weights_external is a sequenced request of its model like
+//     save_weights (external weights, export_weights.h); copy_weights and
+//     weights_info run in the command queue and answer at once.
+//   - REST (the SDK's RestClient): GET training_runs[/<id>], GET
+//     checkpoints and training_runs/<id>/checkpoints, GET sessions[/<id>],
+//     DELETE and PUT .../checkpoints/<kind>/<name>[/ttl], and GET
+//     .../external_weights/<name>/external_weights_urls, whose signed URLs
+//     GET downloads/... serves without a key (Note [Signed downloads] in
+//     downloads.h). A method a path does not serve is 405 with a JSON body
+//     and an Allow header, whatever the method.
+//   - Unserved endpoints (unload_model, ...): a request carrying a
+//     model_id and seq_id still takes its place in the model's order and
+//     consumes its seq_id (the SDK numbers every training-client request,
+//     and a later one would wait for the missing seq_id forever); its
+//     future fails with "not implemented" and nothing changes. Without a
+//     seq_id: HTTP 404 with the same message (not 501, which the SDK
+//     retries).
 //   - Malformed bodies (JSON or protobuf) get HTTP 400 with a JSON body
 //     {"error", "category": "user"}; unknown paths 404.
 //   - Ids: session ids are "session-<instance>-<n>" and model ids
@@ -42,8 +52,22 @@
 //     options.instance_id, a random token per Service by default, so ids
 //     never repeat across restarts and one run's checkpoints
 //     (<state_dir>/<model id>/...) are never another's.
-// API keys are not checked (the SDK requires one starting with "tml-").
-//
+//   - Tenants (tenancy.h): every request carries its Caller (the HTTP front
+//     checked its API key, http.h). Sessions, models, futures and sampling
+//     sessions belong to the tenant that made them, and every id a request
+//     names goes through one of the resolve_*() functions below (Note [One
+//     tenant check] in tenancy.h): another tenant's id is answered exactly
+//     as an id that does not exist. A session_id must be one that
+//     create_session gave the caller's tenant (404 otherwise). Every
+//     Command carries the caller, so the trainer finds the tenant's files.
+//   - Quotas: a create_model (or a create-via-load) beyond the tenant's
+//     max_models is HTTP 403 with nothing changed ("x-should-retry:
+//     false", so the SDK does not retry it); max_bytes is checked by the
+//     trainer when a save runs (checkpoints.h).
+//   - Listings: GET checkpoints (the tenant's checkpoints of every run,
+//     newest first, ?limit=&offset=) and GET training_runs/<id>/checkpoints
+//     (one run's; 404 for a run that is neither a live model of the tenant
+//     nor in its folder), run on rank 0 in the command queue.
 // Execution: run_rank0() pops the queued Commands in order and calls
 // `execute` for each (which broadcasts it and runs it on every rank; see
 // Note [One command stream] in command.h).
@@ -61,10 +85,14 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tools/tinker/command.h"
+#include "tools/tinker/downloads.h"
+#include "tools/tinker/tenancy.h"
 
 namespace zerostep {
 namespace tinker {
@@ -74,18 +102,25 @@ namespace tinker {
 inline constexpr int64_t kMaxSampleIdsPerRequest = 128;
 
 struct HttpRequest {
-  std::string method;  // "GET" or "POST"
-  std::string path;    // e.g. "/api/v1/healthz"
+  std::string method;  // "GET", "POST", "DELETE", "PUT", ...
+  std::string path;    // e.g. "/api/v1/healthz", %-escapes decoded
+  std::string query;   // after '?', as sent ("limit=10&offset=0")
   std::string body;
   std::string content_type;      // request Content-Type
   std::string content_encoding;  // request Content-Encoding
   std::string accept;            // request Accept
+  std::string host;              // request Host (for URLs it hands out)
+  Caller caller;                 // who it acts for (the key's tenant)
 };
 
 struct HttpResponse {
   int status = 200;
   std::string content_type = "application/json";
   std::string body;
+  // When not empty: the body is this file's bytes instead (a download,
+  // sent by the HTTP front without holding it in memory).
+  std::string body_file;
+  std::vector<std::pair<std::string, std::string>> headers;  // extra ones
 };
 
 struct ServiceOptions {
@@ -105,6 +140,15 @@ struct ServiceOptions {
   std::string instance_id;
   // Reported by get_server_capabilities: {name, max_context}.
   std::vector<std::pair<std::string, int64_t>> models;
+  // The trainer's state directory: downloads are read from it (Note
+  // [Signed downloads] in downloads.h). Empty: downloads answer 404.
+  std::string state_dir;
+  // The base of the download URLs get_external_weights_urls hands out
+  // ("https://trainer.example.com" behind a TLS proxy); empty: "http://"
+  // and the request's Host header.
+  std::string public_url;
+  // The secret download URLs are signed with; empty: drawn at random.
+  std::string download_secret;
 };
 
 // Counters for tests and the load benchmark.
@@ -132,32 +176,72 @@ class Service {
   struct Future {
     bool done = false;
     CommandResult result;
+    std::string tenant;
   };
   struct Held {
     std::string request_id;
     Command command;
     Clock::time_point deadline;
   };
+  // What create_session gave, for the sessions endpoints.
+  struct SessionInfo {
+    int64_t created = 0;  // order of creation
+    nlohmann::json user_metadata;  // object of strings, or null
+    nlohmann::json display_name;   // string or null
+    std::vector<std::string> sampler_ids;
+  };
   struct ModelSeq {
+    std::string tenant;
+    bool failed = false;  // its creation failed: not counted in a quota
     int64_t next = 1;
     std::map<int64_t, Held> held;
     std::map<int64_t, std::pair<uint64_t, std::string>> seen;  // hash, id
   };
 
-  HttpResponse create_model(const std::string& body);
-  HttpResponse load_weights(const std::string& body);
-  HttpResponse sequenced(const std::string& op, const std::string& model_id,
-                         int64_t seq_id, const std::string& body,
-                         Command command);
-  HttpResponse get_info(const std::string& body);
+  HttpResponse create_model(const Caller& caller, const std::string& body);
+  HttpResponse load_weights(const Caller& caller, const std::string& body);
+  HttpResponse sequenced(const Caller& caller, const std::string& op,
+                         const std::string& model_id, int64_t seq_id,
+                         const std::string& body, Command command);
+  HttpResponse get_info(const Caller& caller, const std::string& body);
   // Runs `op` in the command queue and answers its result at once (JSON,
-  // or HTTP 400 with the error).
-  HttpResponse run_now(const std::string& op, const nlohmann::json& args);
-  HttpResponse asample(const std::string& raw, const nlohmann::json& body);
-  HttpResponse retrieve_future(const std::string& body,
+  // or HTTP 400, or the result's http_status, with the error).
+  HttpResponse run_now(const Caller& caller, const std::string& op,
+                       const nlohmann::json& args);
+  HttpResponse asample(const Caller& caller, const std::string& raw,
+                       const nlohmann::json& body);
+  HttpResponse retrieve_future(const Caller& caller, const std::string& body,
                                const std::string& accept);
-  // Requires mu_ held.
-  std::string new_future();
+  HttpResponse list_checkpoints(const Caller& caller, const std::string& run,
+                                const std::string& query);
+  // GET training_runs[/<id>] and sessions[/<id>].
+  HttpResponse list_training_runs(const Caller& caller,
+                                  const std::string& query);
+  HttpResponse get_training_run(const Caller& caller, const std::string& run);
+  HttpResponse list_sessions(const Caller& caller, const std::string& query);
+  HttpResponse get_session(const Caller& caller, const std::string& session);
+  // GET .../external_weights_urls and the downloads they name.
+  HttpResponse external_weights_urls(const HttpRequest& req,
+                                     const std::string& path);
+  HttpResponse download(const HttpRequest& req, const std::string& ep);
+  // The caller's live models (created, not failed); requires mu_ held.
+  std::vector<std::string> live_models(const Caller& caller) const;
+
+  // Note [One tenant check] (tenancy.h): the only ways a request's ids are
+  // looked up. Each is true (or non-null) only for an id that exists and
+  // is the caller's. Require mu_ held.
+  ModelSeq* resolve_model(const Caller& caller, const std::string& model_id);
+  bool resolve_session(const Caller& caller, const std::string& session_id);
+  Future* resolve_future(const Caller& caller, const std::string& request_id);
+  // "<session or model id>:sample:<n>": the caller's if that session or
+  // model is.
+  bool resolve_sampling_session(const Caller& caller,
+                                const std::string& sampling_session_id);
+  // 403 if creating one more model would exceed the caller's max_models.
+  std::optional<HttpResponse> over_model_quota(const Caller& caller);
+
+  // Require mu_ held.
+  std::string new_future(const Caller& caller);
   void enqueue(const std::string& request_id, Command command);
   void fail(const std::string& request_id, const std::string& error);
   void expire_gaps();
@@ -170,6 +254,8 @@ class Service {
   std::map<std::string, Future> futures_;  // GUARDED_BY(mu_)
   std::deque<std::pair<std::string, Command>> queue_;  // GUARDED_BY(mu_)
   std::map<std::string, ModelSeq> models_;             // GUARDED_BY(mu_)
+  TenantIds sessions_;                                 // GUARDED_BY(mu_)
+  std::map<std::string, SessionInfo> session_info_;     // GUARDED_BY(mu_)
   std::map<std::string, std::pair<uint64_t, std::string>>
       creates_;  // GUARDED_BY(mu_)
   // "<sampling session>#<seq_id>" -> (body hash, request id).
@@ -179,6 +265,7 @@ class Service {
   int64_t next_session_ = 1;  // GUARDED_BY(mu_)
   bool stopping_ = false;     // GUARDED_BY(mu_)
   ServiceStats stats_;        // GUARDED_BY(mu_)
+  const DownloadSigner signer_;
 };
 
 // Every rank but 0: receive each command rank 0 broadcasts and execute it,

@@ -87,8 +87,9 @@ def check(server_binary, launch, sig):
     s = Server(server_binary, launch)
     try:
         assert s.request("GET", "healthz") == {"status": "ok"}
+        session = s.request("POST", "create_session", {})["session_id"]
         created = s.request("POST", "create_model", {
-            "session_id": "signal-test", "model_seq_id": 0,
+            "session_id": session, "model_seq_id": 0,
             "base_model": "zerostep/tiny-gpt", "lora_config": {"rank": 2, "seed": 3}})
         assert "model_id" in s.result(created["request_id"])
         model_id = created["model_id"]

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -19,6 +20,7 @@
 #include "tools/tinker/protocol.h"
 #include "tools/tinker/request_fields.h"
 #include "tools/tinker/sampling.h"
+#include "tools/tinker/stability.h"
 #include "zero/phase.h"
 
 namespace zerostep {
@@ -95,7 +97,7 @@ struct RankTrainer::Impl {
             comm->world_size())),
         models(comm, config, options.base_seed,
                MemoryCheck{options.ranks_in_process, options.available_memory}),
-        checkpoints(comm, options.state_dir),
+        checkpoints(comm, options.state_dir, config.zero.stage),
         samplers(comm, options.state_dir) {}
 
   Communicator* comm;
@@ -156,11 +158,49 @@ struct RankTrainer::Impl {
   // window's next positions; datum at position p is rank p % W's in row
   // p / W; every rank runs one forward per row the request touches, and
   // one backward() per row it completes.
+  // stable_reinforce: rank 0 resolves every datum's provenance against the
+  // sampler's records (Note [Stability records] in stability.h) and
+  // broadcasts the result, so every rank fails alike or gets the same q.
+  void fill_recorded_q(const ForwardBackwardIn& in, const Model& m,
+                       const Caller& caller, std::vector<DatumPlan>* plans) {
+    std::string payload;
+    if (comm->rank() == 0) {
+      try {
+        std::vector<float> all;
+        for (size_t i = 0; i < in.data.size(); ++i) {
+          const std::vector<float> q = samplers.stability().resolve(
+              caller.tenant, session_of(m.id), in.data[i], i);
+          all.insert(all.end(), q.begin(), q.end());
+        }
+        payload = "q" + std::string(reinterpret_cast<const char*>(all.data()),
+                                    all.size() * sizeof(float));
+      } catch (const UsageError& e) {
+        payload = std::string("e") + e.what();
+      }
+    }
+    broadcast_bytes(*comm, &payload);
+    if (payload.empty() || payload[0] != 'q')
+      throw UsageError(payload.empty() ? "stable_reinforce: no answer from "
+                                         "rank 0"
+                                       : payload.substr(1));
+    size_t offset = 1;
+    for (DatumPlan& p : *plans) {
+      const int64_t t = p.targets.size(0);
+      p.q = torch::empty({t}, torch::kFloat32);
+      std::memcpy(p.q.data_ptr<float>(), payload.data() + offset,
+                  static_cast<size_t>(t) * sizeof(float));
+      offset += static_cast<size_t>(t) * sizeof(float);
+    }
+    ZS_CHECK(offset == payload.size());
+  }
+
   CommandResult forward_backward(const Command& c) {
     const ForwardBackwardIn in = decode_forward_backward(c.blob);
-    Model& m = models.get(in.model_id);
-    const std::vector<DatumPlan> plans = plan_forward_backward(in, m.base);
+    Model& m = models.get(in.model_id, c.caller.tenant);
+    std::vector<DatumPlan> plans = plan_forward_backward(in, m.base);
     const LossConfig config = loss_config(in.loss_fn, in.loss_fn_config);
+    if (in.loss_fn == "stable_reinforce")
+      fill_recorded_q(in, m, c.caller, &plans);
     // Validated on every rank: from here on every rank runs the same
     // collectives.
     const int w = comm->world_size(), r = comm->rank();
@@ -173,7 +213,7 @@ struct RankTrainer::Impl {
         start - static_cast<int64_t>(win.pending.size());
     std::vector<int64_t> offset(static_cast<size_t>(n) + 1, 0);
     for (int64_t j = 0; j < n; ++j)
-      offset[j + 1] = offset[j] + plans[j].targets.size(0);
+      offset[j + 1] = offset[j] + plans[j].targets.numel();
     const int64_t total = offset[n];
     std::vector<float> lp_all(static_cast<size_t>(total), 0.0f),
         el_all(static_cast<size_t>(total), 0.0f);
@@ -239,6 +279,7 @@ struct RankTrainer::Impl {
                               lp_all.begin() + offset[j + 1]);
       outs[j].elementwise_loss.assign(el_all.begin() + offset[j],
                                       el_all.begin() + offset[j + 1]);
+      if (plans[j].targets.dim() == 2) outs[j].k = plans[j].targets.size(1);
       loss_sum += loss_all[static_cast<size_t>(j)];
     }
     CommandResult res;
@@ -261,8 +302,8 @@ struct RankTrainer::Impl {
                      "Nothing was changed; call optim_step first");
   }
 
-  CommandResult optim_step(const nlohmann::json& a) {
-    Model& m = models.get(require_string(a, "model_id"));
+  CommandResult optim_step(const Caller& caller, const nlohmann::json& a) {
+    Model& m = models.get(require_string(a, "model_id"), caller.tenant);
     nlohmann::json p;
     if (const nlohmann::json* adam = get_object(a, "adam_params")) {
       p = *adam;
@@ -315,8 +356,8 @@ struct RankTrainer::Impl {
             static_cast<double>(m.engine->global_steps())}}}});
   }
 
-  CommandResult get_info(const nlohmann::json& a) {
-    Model& m = models.get(require_string(a, "model_id"));
+  CommandResult get_info(const Caller& caller, const nlohmann::json& a) {
+    Model& m = models.get(require_string(a, "model_id"), caller.tenant);
     const uint64_t d = digest(m);
     int64_t trainable = 0;
     for (const torch::Tensor& p : m.engine->parameters())
@@ -341,25 +382,37 @@ struct RankTrainer::Impl {
   }
 
   CommandResult dispatch(const Command& c) {
-    if (c.op == "noop" || c.op == "shutdown") return CommandResult();
-    if (c.op == "create_model") return ok_json(models.create_model(c.args));
+    if (c.op == "noop") {
+      // Note [Checkpoint expiry] in retention.h: rank 0 sweeps while idle.
+      if (comm->rank() == 0) checkpoints.sweep_expired();
+      return CommandResult();
+    }
+    if (c.op == "shutdown") return CommandResult();
+    const Caller& caller = c.caller;
+    if (c.op == "create_model")
+      return ok_json(models.create_model(c.args, caller.tenant));
     if (c.op == "forward_backward") return forward_backward(c);
-    if (c.op == "optim_step") return optim_step(c.args);
+    if (c.op == "optim_step") return optim_step(caller, c.args);
     if (c.op == "save_weights") {
       require_no_open_window("save_weights", c.args);
-      return ok_json(checkpoints.save_weights(models, c.args));
+      return ok_json(checkpoints.save_weights(models, caller, c.args));
     }
     if (c.op == "load_weights") {
       require_no_open_window("load_weights", c.args);
-      return ok_json(checkpoints.load_weights(models, c.args));
+      return ok_json(checkpoints.load_weights(models, caller, c.args));
     }
-    if (c.op == "get_info") return get_info(c.args);
+    if (c.op == "get_info") return get_info(caller, c.args);
+    if (c.op == "save_weights_external") {
+      require_no_open_window("save_weights_external", c.args);
+      return ok_json(checkpoints.save_external(models, caller, c.args));
+    }
     if (c.op == "save_weights_for_sampler")
-      return ok_json(samplers.save_for_sampler(models, c.args));
-    // Sessions and sampling are rank 0's alone (sampling.h).
+      return ok_json(samplers.save_for_sampler(models, caller, c.args));
+    // Sessions, sampling, listings and deletes are rank 0's alone
+    // (sampling.h, checkpoints.h).
     const bool rank0 = comm->rank() == 0;
     if (c.op == "create_sampling_session")
-      return rank0 ? ok_json(samplers.create_session(models, c.args))
+      return rank0 ? ok_json(samplers.create_session(models, caller, c.args))
                    : CommandResult();
     if (c.op == "get_sampler")
       return rank0 ? ok_json(samplers.get_sampler(c.args)) : CommandResult();
@@ -367,9 +420,36 @@ struct RankTrainer::Impl {
       if (!rank0) return CommandResult();
       CommandResult r;
       r.has_proto = true;
-      r.proto = samplers.sample(models, c.args);
+      r.proto = samplers.sample(models, caller, c.args);
       return r;
     }
+    if (c.op == "list_checkpoints")
+      return rank0 ? ok_json(checkpoints.list(caller, c.args))
+                   : CommandResult();
+    if (c.op == "delete_checkpoint" || c.op == "set_checkpoint_ttl") {
+      if (!rank0) return CommandResult();
+      nlohmann::json out = c.op == "delete_checkpoint"
+                               ? checkpoints.remove(caller, c.args)
+                               : checkpoints.set_ttl(caller, c.args);
+      // The in-memory copy of sampler weights follows the files.
+      samplers.forget(caller, out.at("path").get<std::string>());
+      return ok_json(out);
+    }
+    if (c.op == "external_weights_files")
+      return rank0 ? ok_json(checkpoints.external_files(caller, c.args))
+                   : CommandResult();
+    if (c.op == "list_training_runs")
+      return rank0 ? ok_json(checkpoints.runs(models, caller, c.args))
+                   : CommandResult();
+    if (c.op == "get_training_run")
+      return rank0 ? ok_json(checkpoints.run(models, caller, c.args))
+                   : CommandResult();
+    if (c.op == "copy_weights")
+      return rank0 ? ok_json(checkpoints.copy(caller, c.args))
+                   : CommandResult();
+    if (c.op == "weights_info")
+      return rank0 ? ok_json(checkpoints.weights_info(caller, c.args))
+                   : CommandResult();
     throw InternalError("unknown command '" + c.op + "'");
   }
 };
@@ -386,6 +466,10 @@ CommandResult RankTrainer::execute(const Command& command) {
     return CommandResult::failure(e.what(), "server");
   } catch (const InternalError& e) {
     return CommandResult::failure(e.what(), "server");
+  } catch (const NotFound& e) {
+    CommandResult r = CommandResult::failure(e.what(), "user");
+    r.http_status = 404;
+    return r;
   } catch (const Error& e) {  // UsageError, ConfigError, IoError
     return CommandResult::failure(e.what(), "user");
   } catch (const c10::Error& e) {

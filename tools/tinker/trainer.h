@@ -23,10 +23,20 @@
 //   save_weights /   Engine::save_checkpoint / load_checkpoint under
 //   load_weights     options.state_dir (re-partitioning allowed; weights
 //                    only unless the request asks for the optimizer).
+//   save_weights_external
+//                    CheckpointStore::save_external: Engine::
+//                    export_full_model on every rank (a collective), the
+//                    files written by rank 0 (export_weights.h).
 //   save_weights_for_sampler, create_sampling_session, get_sampler, sample
 //                    SamplerStore (sampling.h): the snapshot's gather runs
 //                    on every rank; sessions and sampling on rank 0 alone,
 //                    the other ranks executing them as no-ops.
+//   stable_reinforce rank 0 resolves every datum's provenance against the
+//                    sampler's records and broadcasts q (Note [Stability
+//                    records] in stability.h) before any forward.
+//   listings, runs, deletes, TTLs, copies, weights_info
+//                    CheckpointStore on rank 0 alone; while idle (noop)
+//                    rank 0 sweeps expired checkpoints once a minute.
 //
 // Note [Window positions]
 // ~~~~~~~~~~~~~~~~~~~~~~~
