@@ -114,9 +114,8 @@ def sdk(server, folder):
     import numpy as np
 
     def datum(**extra):
-        inputs = {"target_tokens": np.array(ids[1:], dtype=np.int64),
-                  "weights": np.ones(n, dtype=np.float32)}
-        inputs.update(extra)
+        inputs = {"target_tokens": np.array(ids[1:], dtype=np.int64)}
+        inputs.update(extra or {"weights": np.ones(n, dtype=np.float32)})
         return types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
                            loss_fn_inputs=inputs)
 
@@ -125,7 +124,7 @@ def sdk(server, folder):
     for loss in ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]:
         d = datum() if loss == "cross_entropy" else datum(
             logprobs=base, advantages=adv)
-        out = tc.forward_backward([d], loss).result()
+        out = tc.forward_backward([d], loss, {"beta": 0.1} if loss == "dro" else None).result()
         assert out.loss_fn_outputs, loss
         print("  %s loss %s" % (loss, out.metrics.get("loss:sum")))
     tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
