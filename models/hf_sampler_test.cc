@@ -8,8 +8,9 @@
 // round differently. Logits here are O(10) (initializer_range 0.5 makes
 // them sharp, so a wrong position changes them by O(1)); 2e-4 absolute is
 // about 100 ulps at that size, orders below what a RoPE offset of one
-// position changes (the planted-bug check in the commit message moved
-// every cached logit by more than 0.1).
+// position changes: with the cached steps' RoPE planted at position 0
+// instead of `past`, the largest difference was 13.3-17.0 for each family
+// and every sample differed.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
