@@ -256,9 +256,9 @@ HfAttentionImpl::HfAttentionImpl(const HfDecoderConfig& c,
   }
 }
 
-torch::Tensor HfAttentionImpl::forward(const torch::Tensor& x,
-                                       const torch::Tensor& cos,
-                                       const torch::Tensor& sin) {
+std::vector<torch::Tensor> HfAttentionImpl::rotated_qkv(
+    const torch::Tensor& x, const torch::Tensor& cos,
+    const torch::Tensor& sin) {
   const int64_t b = x.size(0), t = x.size(1);
   torch::Tensor q = q_proj_(x).view({b, t, heads_, head_dim_});
   torch::Tensor k = k_proj_(x).view({b, t, kv_heads_, head_dim_});
@@ -272,23 +272,48 @@ torch::Tensor HfAttentionImpl::forward(const torch::Tensor& x,
   v = v.transpose(1, 2);
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
+  return {q, k, v};
+}
+
+torch::Tensor HfAttentionImpl::attend(const torch::Tensor& q, torch::Tensor k,
+                                      torch::Tensor v, int64_t past) {
+  const int64_t b = q.size(0), t = q.size(2), total = k.size(2);
   if (kv_heads_ != heads_) {  // transformers' repeat_kv
     const int64_t rep = heads_ / kv_heads_;
-    k = k.unsqueeze(2).expand({b, kv_heads_, rep, t, head_dim_})
-            .reshape({b, heads_, t, head_dim_});
-    v = v.unsqueeze(2).expand({b, kv_heads_, rep, t, head_dim_})
-            .reshape({b, heads_, t, head_dim_});
+    k = k.unsqueeze(2).expand({b, kv_heads_, rep, total, head_dim_})
+            .reshape({b, heads_, total, head_dim_});
+    v = v.unsqueeze(2).expand({b, kv_heads_, rep, total, head_dim_})
+            .reshape({b, heads_, total, head_dim_});
   }
   torch::Tensor scores = product(q, k.transpose(2, 3)) *
                          std::pow(static_cast<double>(head_dim_), -0.5);
+  // Query i sits at position past + i and sees keys 0 ... past + i.
   torch::Tensor future =
-      torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
-          .triu(1);
+      torch::ones({t, total}, torch::TensorOptions().dtype(torch::kBool).device(q.device()))
+          .triu(past + 1);
   scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
   torch::Tensor probs = scores.softmax(-1, torch::kFloat).to(q.scalar_type());
   torch::Tensor y = product(probs, v).transpose(1, 2).reshape(
       {b, t, heads_ * head_dim_});
   return o_proj_(y);
+}
+
+torch::Tensor HfAttentionImpl::forward(const torch::Tensor& x,
+                                       const torch::Tensor& cos,
+                                       const torch::Tensor& sin) {
+  const std::vector<torch::Tensor> qkv = rotated_qkv(x, cos, sin);
+  return attend(qkv[0], qkv[1], qkv[2], /*past=*/0);
+}
+
+torch::Tensor HfAttentionImpl::forward_cached(
+    const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+    torch::Tensor& k_cache, torch::Tensor& v_cache, int64_t past) {
+  const int64_t t = x.size(1);
+  const std::vector<torch::Tensor> qkv = rotated_qkv(x, cos, sin);
+  k_cache.narrow(2, past, t).copy_(qkv[1]);
+  v_cache.narrow(2, past, t).copy_(qkv[2]);
+  return attend(qkv[0], k_cache.narrow(2, 0, past + t),
+                v_cache.narrow(2, 0, past + t), past);
 }
 
 HfMlpImpl::HfMlpImpl(const HfDecoderConfig& c, const HfDecoderOptions& o,
@@ -325,6 +350,17 @@ torch::Tensor HfDecoderLayerImpl::forward(const torch::Tensor& x,
                                           const torch::Tensor& sin) {
   return zero3_block(*this, x, [&](const torch::Tensor& in) {
     torch::Tensor h = in + self_attn_(input_layernorm_(in), cos, sin);
+    return h + mlp_(post_attention_layernorm_(h));
+  });
+}
+
+torch::Tensor HfDecoderLayerImpl::forward_cached(
+    const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+    torch::Tensor& k_cache, torch::Tensor& v_cache, int64_t past) {
+  return zero3_block(*this, x, [&](const torch::Tensor& in) {
+    torch::Tensor h = in + self_attn_->forward_cached(input_layernorm_(in), cos,
+                                                      sin, k_cache, v_cache,
+                                                      past);
     return h + mlp_(post_attention_layernorm_(h));
   });
 }
@@ -369,6 +405,36 @@ HfCausalLmImpl::HfCausalLmImpl(const HfDecoderConfig& config,
   inv_freq_ = rope_inv_freq(config);
 }
 
+void HfCausalLmImpl::check_token_ids(const torch::Tensor& tokens) const {
+  if (tokens.is_meta() || tokens.numel() == 0) return;
+  const int64_t low = tokens.min().item<int64_t>();
+  const int64_t high = tokens.max().item<int64_t>();
+  if (low < 0 || high >= config_.vocab_size)
+    throw UsageError("token id " + std::to_string(low < 0 ? low : high) +
+                     " is outside the vocabulary [0, " +
+                     std::to_string(config_.vocab_size) + ")");
+}
+
+std::pair<torch::Tensor, torch::Tensor> HfCausalLmImpl::rope(
+    int64_t start, int64_t t, const torch::Tensor& like) const {
+  // transformers' rotary embedding: float32 angles, cos/sin cast to the
+  // activations' dtype.
+  torch::Tensor positions = torch::arange(
+      start, start + t,
+      torch::TensorOptions().dtype(torch::kFloat).device(like.device()));
+  torch::Tensor freqs =
+      positions.unsqueeze(1) * inv_freq_.to(like.device()).unsqueeze(0);
+  torch::Tensor angles = torch::cat({freqs, freqs}, -1);
+  return {angles.cos().to(like.scalar_type()),
+          angles.sin().to(like.scalar_type())};
+}
+
+torch::Tensor HfCausalLmImpl::head(const torch::Tensor& hidden) {
+  torch::Tensor x = model_->norm_(hidden);
+  if (lm_head_) return static_cast<HfLmHeadImpl&>(*lm_head_).forward(x);
+  return project(x, lm_head_weight_);
+}
+
 torch::Tensor HfCausalLmImpl::forward(const torch::Tensor& tokens) {
   if (tokens.dim() != 2 || tokens.scalar_type() != torch::kLong)
     throw UsageError("an HF decoder's tokens must be a [batch, t] int64 tensor");
@@ -377,29 +443,52 @@ torch::Tensor HfCausalLmImpl::forward(const torch::Tensor& tokens) {
     throw UsageError("a sequence of " + std::to_string(t) +
                      " tokens: must be 1 to max_position_embeddings = " +
                      std::to_string(config_.max_position_embeddings));
-  if (!tokens.is_meta() && tokens.numel() > 0) {
-    const int64_t low = tokens.min().item<int64_t>();
-    const int64_t high = tokens.max().item<int64_t>();
-    if (low < 0 || high >= config_.vocab_size)
-      throw UsageError("token id " + std::to_string(low < 0 ? low : high) +
-                       " is outside the vocabulary [0, " +
-                       std::to_string(config_.vocab_size) + ")");
-  }
+  check_token_ids(tokens);
   torch::Tensor x = model_->embed_tokens_->forward(tokens);
-  // transformers' rotary embedding: float32 angles, cos/sin cast to the
-  // activations' dtype.
-  torch::Tensor positions =
-      torch::arange(t, torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
-  torch::Tensor freqs =
-      positions.unsqueeze(1) * inv_freq_.to(x.device()).unsqueeze(0);
-  torch::Tensor angles = torch::cat({freqs, freqs}, -1);
-  torch::Tensor cos = angles.cos().to(x.scalar_type());
-  torch::Tensor sin = angles.sin().to(x.scalar_type());
+  const auto [cos, sin] = rope(0, t, x);
   for (const auto& layer : *model_->layers_)
     x = layer->as<HfDecoderLayerImpl>()->forward(x, cos, sin);
-  x = model_->norm_(x);
-  if (lm_head_) return static_cast<HfLmHeadImpl&>(*lm_head_).forward(x);
-  return project(x, lm_head_weight_);
+  return head(x);
+}
+
+KvCache HfCausalLmImpl::new_cache(int64_t batch, int64_t capacity) const {
+  if (batch < 1)
+    throw UsageError("KV cache batch = " + std::to_string(batch) +
+                     " must be >= 1");
+  if (capacity < 1 || capacity > config_.max_position_embeddings)
+    throw UsageError("KV cache capacity = " + std::to_string(capacity) +
+                     " must be in [1, max_position_embeddings = " +
+                     std::to_string(config_.max_position_embeddings) + "]");
+  const torch::Tensor& w = model_->embed_tokens()->weight();
+  const auto like = torch::TensorOptions().dtype(w.scalar_type()).device(w.device());
+  KvCache cache;
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    cache.keys.push_back(torch::zeros(
+        {batch, config_.num_key_value_heads, capacity, config_.head_dim}, like));
+    cache.values.push_back(torch::zeros(
+        {batch, config_.num_key_value_heads, capacity, config_.head_dim}, like));
+  }
+  return cache;
+}
+
+torch::Tensor HfCausalLmImpl::forward_cached(torch::Tensor tokens,
+                                             KvCache* cache) {
+  ZS_CHECK(cache != nullptr);
+  check_cached_step(tokens, *cache);
+  ZS_CHECK(static_cast<int64_t>(cache->keys.size()) ==
+           config_.num_hidden_layers);
+  check_token_ids(tokens);
+  const int64_t t = tokens.size(1), past = cache->length;
+  torch::Tensor x = model_->embed_tokens_->forward(tokens);
+  const auto [cos, sin] = rope(past, t, x);  // Note [Cached RoPE positions]
+  int64_t l = 0;
+  for (const auto& layer : *model_->layers_) {
+    x = layer->as<HfDecoderLayerImpl>()->forward_cached(
+        x, cos, sin, cache->keys[l], cache->values[l], past);
+    ++l;
+  }
+  cache->length = past + t;
+  return head(x);
 }
 
 HfCausalLm make_hf_decoder(const HfDecoderConfig& config,

@@ -48,10 +48,12 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "blocks/zero3_block.h"
 #include "engine/hf_checkpoint.h"
+#include "models/causal_lm.h"
 #include "models/hf_config.h"
 
 namespace zerostep {
@@ -120,8 +122,26 @@ class HfAttentionImpl : public torch::nn::Module {
   // x [batch, t, hidden]; cos and sin [t, head_dim] in x's dtype.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos,
                         const torch::Tensor& sin);
+  // x [batch, t, hidden], the t positions after `past` cached ones (cos and
+  // sin are theirs): writes their rotated keys and values into k_cache and
+  // v_cache ([batch, kv_heads, capacity, head_dim]) at [past, past + t) and
+  // attends over [0, past + t).
+  torch::Tensor forward_cached(const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin, torch::Tensor& k_cache,
+                               torch::Tensor& v_cache, int64_t past);
+  int64_t kv_heads() const { return kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
 
  private:
+  // q [b, heads, t, d], k and v [b, kv_heads, t, d], normed and rotated.
+  std::vector<torch::Tensor> rotated_qkv(const torch::Tensor& x,
+                                         const torch::Tensor& cos,
+                                         const torch::Tensor& sin);
+  // Causal attention of q (positions past ... past + t - 1) over k and v
+  // (positions 0 ... past + t - 1), then o_proj.
+  torch::Tensor attend(const torch::Tensor& q, torch::Tensor k,
+                       torch::Tensor v, int64_t past);
+
   int64_t heads_, kv_heads_, head_dim_;
   HfLinear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr},
       o_proj_{nullptr};
@@ -147,6 +167,11 @@ class HfDecoderLayerImpl : public torch::nn::Module, public Zero3Block {
                      int64_t layer);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos,
                         const torch::Tensor& sin);
+  // forward() of the t positions after `past` cached ones
+  // (HfAttentionImpl::forward_cached).
+  torch::Tensor forward_cached(const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin, torch::Tensor& k_cache,
+                               torch::Tensor& v_cache, int64_t past);
 
  private:
   HfAttention self_attn_{nullptr};
@@ -171,7 +196,7 @@ class HfModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(HfModel);
 
-class HfCausalLmImpl : public torch::nn::Module {
+class HfCausalLmImpl : public torch::nn::Module, public CausalLm {
  public:
   HfCausalLmImpl(const HfDecoderConfig& config,
                  const HfDecoderOptions& options = {});
@@ -179,6 +204,22 @@ class HfCausalLmImpl : public torch::nn::Module {
   // vocab_size → logits [batch, t, vocab] in the parameters' dtype.
   // UsageError (naming the rule) for other shapes or token ids.
   torch::Tensor forward(const torch::Tensor& tokens);
+
+  // CausalLm (models/causal_lm.h). Note [Cached RoPE positions]: a cached
+  // step rotates its queries and keys by their absolute positions (past
+  // ... past + t - 1), and the cache holds keys already rotated, as
+  // transformers' DynamicCache does; each layer's cache is [batch,
+  // num_key_value_heads, capacity, head_dim] (the groups are expanded at
+  // attention time), in the parameters' dtype.
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t context_length() const override {
+    return config_.max_position_embeddings;
+  }
+  torch::Tensor logits(const torch::Tensor& tokens) override {
+    return forward(tokens);
+  }
+  KvCache new_cache(int64_t batch, int64_t capacity) const override;
+  torch::Tensor forward_cached(torch::Tensor tokens, KvCache* cache) override;
   const HfDecoderConfig& config() const { return config_; }
   const HfDecoderOptions& options() const { return options_; }
   // RoPE's inverse frequencies, [head_dim / 2] float32 (transformers'
@@ -186,6 +227,15 @@ class HfCausalLmImpl : public torch::nn::Module {
   const torch::Tensor& inv_freq() const { return inv_freq_; }
 
  private:
+  // UsageError unless every id of tokens is in [0, vocab_size).
+  void check_token_ids(const torch::Tensor& tokens) const;
+  // RoPE's cos and sin of positions [start, start + t), [t, head_dim], in
+  // `like`'s dtype and device.
+  std::pair<torch::Tensor, torch::Tensor> rope(int64_t start, int64_t t,
+                                               const torch::Tensor& like) const;
+  // The final norm and the head.
+  torch::Tensor head(const torch::Tensor& x);
+
   HfDecoderConfig config_;
   HfDecoderOptions options_;
   HfModel model_{nullptr};

@@ -22,6 +22,15 @@ bool ends_with(const std::vector<int64_t>& seq,
          std::equal(suffix.begin(), suffix.end(), seq.end() - suffix.size());
 }
 
+// Whether `text` holds `stop` ending past its first `before` bytes: the
+// stop strings a step's new bytes complete (Note [Stop strings]).
+bool contains_new(const std::string& text, size_t before,
+                  const std::string& stop) {
+  if (text.size() < stop.size()) return false;
+  const size_t from = before >= stop.size() ? before - stop.size() + 1 : 0;
+  return text.find(stop, from) != std::string::npos;
+}
+
 // Sample i's generator: its own stream, from (seed, i) alone.
 uint64_t sample_seed(uint64_t seed, int64_t i) {
   SampleRng mix(seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(i + 1)));
@@ -37,10 +46,10 @@ uint64_t SampleRng::next() {
   return z ^ (z >> 31);
 }
 
-void validate_sampling(const TinyGpt& model, int64_t prompt_length,
+void validate_sampling(const CausalLm& model, int64_t prompt_length,
                        int64_t num_samples, const SamplingOptions& o) {
-  const int64_t block = model->options().block_size;
-  const int64_t vocab = model->options().vocab_size;
+  const int64_t block = model.context_length();
+  const int64_t vocab = model.vocab_size();
   if (num_samples < 1 || num_samples > kMaxSamplesPerRequest)
     throw UsageError("num_samples = " + std::to_string(num_samples) +
                      " must be in [1, " +
@@ -79,6 +88,17 @@ void validate_sampling(const TinyGpt& model, int64_t prompt_length,
                          ", outside the vocabulary [0, " +
                          std::to_string(vocab) + ")");
   }
+  for (size_t i = 0; i < o.stop_strings.size(); ++i)
+    if (o.stop_strings[i].empty())
+      throw UsageError("stop string " + std::to_string(i) +
+                       " is empty. Fix: remove it");
+  if (!o.stop_strings.empty() &&
+      (o.token_text == nullptr ||
+       static_cast<int64_t>(o.token_text->size()) < vocab))
+    throw UsageError(
+        "stop strings need the tokenizer's text of every token id, and this "
+        "model has none (a folder without a byte-level tokenizer.json?). "
+        "Fix: stop on token ids instead");
 }
 
 int64_t choose_token(const float* logits, int64_t vocab,
@@ -127,11 +147,11 @@ int64_t choose_token(const float* logits, int64_t vocab,
   return order[keep - 1];  // u * total rounded up to the last boundary
 }
 
-SampleOutput sample(TinyGpt& model, const std::vector<int64_t>& prompt,
+SampleOutput sample(CausalLm& model, const std::vector<int64_t>& prompt,
                     int64_t num_samples, const SamplingOptions& o) {
   const int64_t p = static_cast<int64_t>(prompt.size());
   validate_sampling(model, p, num_samples, o);
-  const int64_t vocab = model->options().vocab_size;
+  const int64_t vocab = model.vocab_size();
   for (size_t i = 0; i < prompt.size(); ++i)
     if (prompt[i] < 0 || prompt[i] >= vocab)
       throw UsageError("prompt token " + std::to_string(i) + " = " +
@@ -148,11 +168,11 @@ SampleOutput sample(TinyGpt& model, const std::vector<int64_t>& prompt,
   KvCache cache;
   torch::Tensor prefill;  // [1, p, vocab]
   if (o.use_kv_cache) {
-    cache = model->new_cache(1, total);
-    prefill = model->forward_cached(prompt_ids, &cache);
+    cache = model.new_cache(1, total);
+    prefill = model.forward_cached(prompt_ids, &cache);
     cache.repeat_rows(n);
   } else {
-    prefill = model->forward(prompt_ids);
+    prefill = model.logits(prompt_ids);
   }
   SampleOutput out;
   if (o.prompt_logprobs) {
@@ -160,7 +180,7 @@ SampleOutput sample(TinyGpt& model, const std::vector<int64_t>& prompt,
                                std::numeric_limits<float>::quiet_NaN());
     if (p > 1) {
       torch::Tensor lp =
-          torch::log_softmax(prefill[0].narrow(0, 0, p - 1), -1)
+          torch::log_softmax(prefill[0].narrow(0, 0, p - 1).to(torch::kFloat), -1)
               .gather(1, prompt_ids[0].narrow(0, 1, p - 1).unsqueeze(1))
               .squeeze(1)
               .contiguous();
@@ -168,10 +188,13 @@ SampleOutput sample(TinyGpt& model, const std::vector<int64_t>& prompt,
                 out.prompt_logprobs.begin() + 1);
     }
   }
-  torch::Tensor last =
-      prefill.select(1, p - 1).expand({n, vocab}).contiguous();  // [n, V]
+  torch::Tensor last = prefill.select(1, p - 1)
+                           .expand({n, vocab})
+                           .to(torch::kFloat)
+                           .contiguous();  // [n, V]
 
   out.sequences.resize(static_cast<size_t>(n));
+  std::vector<std::string> text(static_cast<size_t>(n));  // Note [Stop strings]
   std::vector<SampleRng> rngs;
   for (int64_t i = 0; i < n; ++i) rngs.emplace_back(sample_seed(o.seed, i));
   int64_t active = n;
@@ -188,22 +211,31 @@ SampleOutput sample(TinyGpt& model, const std::vector<int64_t>& prompt,
       next[r] = t;
       s.tokens.push_back(t);
       s.logprobs.push_back(lps[r * vocab + t]);
-      for (const auto& stop : o.stop) {
-        if (ends_with(s.tokens, stop)) {
-          s.stopped = true;
-          --active;
-          break;
-        }
+      bool stop = false;
+      for (const auto& ids : o.stop) stop = stop || ends_with(s.tokens, ids);
+      if (!o.stop_strings.empty()) {
+        const size_t before = text[r].size();
+        text[r] += (*o.token_text)[static_cast<size_t>(t)];
+        for (const std::string& str : o.stop_strings)
+          stop = stop || contains_new(text[r], before, str);
+      }
+      if (stop) {
+        s.stopped = true;
+        --active;
       }
     }
     if (step + 1 == o.max_tokens || active == 0) break;
     torch::Tensor ids = torch::tensor(next, torch::kLong).unsqueeze(1);
     if (o.use_kv_cache) {
-      last = model->forward_cached(ids, &cache).select(1, 0).contiguous();
+      last = model.forward_cached(ids, &cache)
+                 .select(1, 0)
+                 .to(torch::kFloat)
+                 .contiguous();
     } else {
       seqs.narrow(1, p + step, 1).copy_(ids);
-      last = model->forward(seqs.narrow(1, 0, p + step + 1))
+      last = model.logits(seqs.narrow(1, 0, p + step + 1))
                  .select(1, p + step)
+                 .to(torch::kFloat)
                  .contiguous();
     }
   }

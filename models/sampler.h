@@ -1,5 +1,6 @@
-// Sampling from a TinyGpt: batched generation with a KV cache, seeded, with
-// temperature, top-k, top-p, stop sequences and per-token logprobs.
+// Sampling from a decoder (a CausalLm: TinyGpt or a Hugging Face decoder):
+// batched generation with a KV cache, seeded, with temperature, top-k,
+// top-p, stop token sequences, stop strings and per-token logprobs.
 //
 // One call generates `num_samples` continuations of one prompt as one
 // batch: the prompt runs once (prefill), its cache is repeated for every
@@ -34,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "models/causal_lm.h"
 #include "models/tiny_gpt.h"
 
 namespace zerostep {
@@ -52,6 +54,15 @@ struct SamplingOptions {
   // Generation stops after a sample's generated tokens end with one of
   // these (each non-empty); the stop tokens are part of the output.
   std::vector<std::vector<int64_t>> stop;
+  // Note [Stop strings]: generation stops once a sample's generated text
+  // (its tokens' bytes, token_text[id] each, concatenated) contains one of
+  // these (each non-empty), as vLLM's stop strings do; the token that
+  // completes it is the last of the output. Needs token_text.
+  std::vector<std::string> stop_strings;
+  // Every token id's bytes as the tokenizer decodes it (models/
+  // token_text.h); must outlive the call and hold vocab entries when
+  // stop_strings is not empty, else unused.
+  const std::vector<std::string>* token_text = nullptr;
   // Seed of every sample's generator (see "Determinism").
   uint64_t seed = 0;
   // Also return the prompt's logprobs.
@@ -63,7 +74,7 @@ struct SamplingOptions {
 struct SampledSequence {
   std::vector<int64_t> tokens;
   std::vector<float> logprobs;  // one per token (Note [Sampled logprobs])
-  bool stopped = false;         // true: a stop sequence; false: max_tokens
+  bool stopped = false;  // true: a stop sequence or string; false: max_tokens
 };
 
 struct SampleOutput {
@@ -78,14 +89,19 @@ inline constexpr int64_t kMaxSamplesPerRequest = 128;
 
 // Checks `options` against `model` and the prompt length: UsageError
 // naming the field, its value, the rule and the fix. Called by sample().
-void validate_sampling(const TinyGpt& model, int64_t prompt_length,
+void validate_sampling(const CausalLm& model, int64_t prompt_length,
                        int64_t num_samples, const SamplingOptions& options);
 
 // num_samples continuations of `prompt` (token ids in [0, vocab)).
 // UsageError (validate_sampling, or a token out of range) before any
 // compute.
-SampleOutput sample(TinyGpt& model, const std::vector<int64_t>& prompt,
+SampleOutput sample(CausalLm& model, const std::vector<int64_t>& prompt,
                     int64_t num_samples, const SamplingOptions& options);
+inline SampleOutput sample(TinyGpt& model, const std::vector<int64_t>& prompt,
+                           int64_t num_samples,
+                           const SamplingOptions& options) {
+  return sample(*model, prompt, num_samples, options);
+}
 
 // The token a sampler with these options draws from one row of logits,
 // given a uniform draw u in [0, 1). Exposed for tests.

@@ -87,14 +87,6 @@ torch::Tensor TinyGptBlockImpl::forward_cached(torch::Tensor input,
   });
 }
 
-void KvCache::repeat_rows(int64_t times) {
-  if (times < 1)
-    throw UsageError("KvCache::repeat_rows(" + std::to_string(times) +
-                     "): times must be >= 1");
-  for (auto* list : {&keys, &values})
-    for (torch::Tensor& t : *list) t = t.repeat_interleave(times, 0);
-}
-
 TinyGptImpl::TinyGptImpl(const TinyGptOptions& o) : options_(o) {
   tok_ = register_module("tok", torch::nn::Embedding(o.vocab_size, o.d_model));
   pos_ = register_module("pos", torch::nn::Embedding(o.block_size, o.d_model));
@@ -141,17 +133,8 @@ KvCache TinyGptImpl::new_cache(int64_t batch, int64_t capacity) const {
 torch::Tensor TinyGptImpl::forward_cached(torch::Tensor tokens,
                                           KvCache* cache) {
   ZS_CHECK(cache != nullptr);
-  if (tokens.dim() != 2 || tokens.size(1) < 1)
-    throw UsageError("forward_cached: tokens must be [batch, t >= 1]");
+  check_cached_step(tokens, *cache);
   const int64_t t = tokens.size(1), past = cache->length;
-  if (tokens.size(0) != cache->batch())
-    throw UsageError("forward_cached: a batch of " +
-                     std::to_string(tokens.size(0)) + " rows for a cache of " +
-                     std::to_string(cache->batch()));
-  if (past + t > cache->capacity())
-    throw UsageError("forward_cached: " + std::to_string(past) + " cached + " +
-                     std::to_string(t) + " new positions exceed the cache's " +
-                     std::to_string(cache->capacity()));
   torch::Tensor positions = torch::arange(past, past + t, torch::kLong);
   torch::Tensor x = tok_->forward(tokens) + pos_->forward(positions);
   for (size_t l = 0; l < blocks_.size(); ++l)

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "blocks/zero3_block.h"
+#include "models/causal_lm.h"
 #include "models/lora.h"
 
 namespace zerostep {
@@ -33,21 +34,6 @@ struct TinyGptOptions {
   // weights are the same with and without adapters for a given torch seed;
   // freezing them is the caller's choice (freeze_all_but_lora).
   LoraOptions lora;
-};
-
-// The keys and values of every layer for a batch of sequences, filled by
-// TinyGptImpl::forward_cached(). keys[l] and values[l] are
-// [batch, n_head, capacity, head_dim]; positions [0, length) are valid.
-// Rows are independent sequences that share a length; repeat_rows() turns
-// one prefilled prompt into several samples.
-struct KvCache {
-  std::vector<torch::Tensor> keys, values;
-  int64_t length = 0;
-  int64_t capacity() const { return keys.empty() ? 0 : keys[0].size(2); }
-  int64_t batch() const { return keys.empty() ? 0 : keys[0].size(0); }
-  // Each row repeated `times` times (row r becomes rows r*times ...
-  // r*times + times-1): one prompt's cache for `times` samples.
-  void repeat_rows(int64_t times);
 };
 
 // One transformer block: a ZeRO stage 3 block (blocks/zero3_block.h).
@@ -75,7 +61,7 @@ class TinyGptBlockImpl : public torch::nn::Module, public Zero3Block {
 };
 TORCH_MODULE(TinyGptBlock);
 
-class TinyGptImpl : public torch::nn::Module {
+class TinyGptImpl : public torch::nn::Module, public CausalLm {
  public:
   explicit TinyGptImpl(const TinyGptOptions& options);
   // tokens: [batch, seq] int64 → logits [batch, seq, vocab].
@@ -84,13 +70,20 @@ class TinyGptImpl : public torch::nn::Module {
 
   // An empty cache for `batch` sequences of up to `capacity` tokens.
   // UsageError unless 1 <= batch and 1 <= capacity <= block_size.
-  KvCache new_cache(int64_t batch, int64_t capacity) const;
+  KvCache new_cache(int64_t batch, int64_t capacity) const override;
   // tokens: [cache->batch(), t] int64, the positions after the cached ones
   // → logits [batch, t, vocab] for them; appends their keys and values to
   // *cache. UsageError (nothing changed) if the cache would exceed its
   // capacity, the batch differs, or t < 1. Call it under torch::NoGradGuard
   // for generation (the cache is written in place).
-  torch::Tensor forward_cached(torch::Tensor tokens, KvCache* cache);
+  torch::Tensor forward_cached(torch::Tensor tokens, KvCache* cache) override;
+
+  // CausalLm (models/causal_lm.h).
+  int64_t vocab_size() const override { return options_.vocab_size; }
+  int64_t context_length() const override { return options_.block_size; }
+  torch::Tensor logits(const torch::Tensor& tokens) override {
+    return forward(tokens);
+  }
 
  private:
   TinyGptOptions options_;

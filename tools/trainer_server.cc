@@ -31,6 +31,13 @@
 //                        every rank's, so across machines it must be a
 //                        shared file system)
 //   --seed=N             seed of every base model's weights (default 1234)
+//   --model=NAME=DIR     also serve the Hugging Face folder DIR (Llama 3,
+//                        Qwen2 or Qwen3: config.json, safetensors,
+//                        tokenizer.json) as the base model NAME; repeatable.
+//                        get_info names DIR as its tokenizer, so the SDK's
+//                        get_tokenizer() loads it from there; EOS ids come
+//                        from its config; stop strings are decoded with
+//                        its tokenizer.json (a byte-level BPE)
 //   --long-poll-s=T      retrieve_future waits this long before try_again (30)
 //   --seq-gap-timeout-s=T  a request waits this long for a missing seq_id (60)
 //   --public-url=URL     the base of the download URLs
@@ -200,6 +207,7 @@ struct Flags {
   double long_poll_s = 30.0;
   double seq_gap_timeout_s = 60.0;
   std::string public_url;
+  std::vector<std::string> models;  // --model=NAME=DIR, in order
   tinker::AccessFlags access;
 };
 
@@ -219,7 +227,8 @@ Flags parse_flags(int argc, char** argv) {
           "usage: trainer_server [--port=P] [--host=H] [--config=FILE] "
           "[--stage=S] [--world=W] [--backend=sim|gloo] [--timeout-s=T] "
           "[--state-dir=DIR] [--seed=N] [--long-poll-s=T] "
-          "[--seq-gap-timeout-s=T] [--public-url=URL] %s\n",
+          "[--seq-gap-timeout-s=T] [--public-url=URL] "
+          "[--model=NAME=DIR ...] %s\n",
           tinker::access_flags_usage().c_str());
       std::exit(0);
     } else if (value(a, "port", &v))
@@ -240,6 +249,8 @@ Flags parse_flags(int argc, char** argv) {
       f.state_dir = v;
     else if (value(a, "seed", &v))
       f.seed = parse_uint64("--seed", v);
+    else if (value(a, "model", &v))
+      f.models.push_back(v);
     else if (value(a, "long-poll-s", &v))
       f.long_poll_s = parse_double("--long-poll-s", v, 0, 3600, 30.0);
     else if (value(a, "seq-gap-timeout-s", &v))
@@ -311,8 +322,25 @@ std::string state_dir_problem(const std::string& dir, int rank) {
                    "and write (with several machines, one they share)");
 }
 
+// The served base models, "NAME[=DIR],..." (the start line).
+std::string served_models() {
+  std::string out;
+  for (const tinker::BaseModel& b : tinker::base_models())
+    out += (out.empty() ? "" : ",") + b.name +
+           (b.is_hf() ? "=" + b.hf_dir : std::string());
+  return out;
+}
+
 int run(int argc, char** argv) {
   const Flags f = parse_flags(argc, argv);
+  {
+    std::vector<tinker::BaseModel> folders;
+    for (const std::string& m : f.models) {
+      const auto [name, dir] = tinker::split_model_flag(m);
+      folders.push_back(tinker::hf_base_model(name, dir));
+    }
+    tinker::serve_hf_base_models(folders);  // before any thread starts
+  }
   tinker::TrainerOptions topts;
   topts.ds_config_json = ds_config_text(f);
   topts.base_seed = f.seed;
@@ -386,10 +414,11 @@ int run(int argc, char** argv) {
       refuse_state_dir(topts.state_dir, "cannot be used: " + problem);
     prepare_rank0();
     std::printf(
-        "seed=%llu backend=sim world=%d config=%s state_dir=%s api_keys=%s\n",
+        "seed=%llu backend=sim world=%d config=%s state_dir=%s api_keys=%s "
+        "models=%s\n",
         static_cast<unsigned long long>(f.seed), f.world,
         topts.ds_config_json.c_str(), topts.state_dir.c_str(),
-        access.summary.c_str());
+        access.summary.c_str(), served_models().c_str());
     print_filled_auto(topts.ds_config_json, f.world);
     std::fflush(stdout);
     SimWorld world({f.world, f.seed});
@@ -437,10 +466,10 @@ int run(int argc, char** argv) {
     prepare_rank0();
     std::printf(
         "seed=%llu backend=gloo world=%d config=%s state_dir=%s "
-        "api_keys=%s\n",
+        "api_keys=%s models=%s\n",
         static_cast<unsigned long long>(f.seed), comm->world_size(),
         topts.ds_config_json.c_str(), topts.state_dir.c_str(),
-        access.summary.c_str());
+        access.summary.c_str(), served_models().c_str());
     print_filled_auto(topts.ds_config_json, comm->world_size());
     serve_rank0(*comm, trainer);
   } else {

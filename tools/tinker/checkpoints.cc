@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "models/hf_decoder.h"
 #include "engine/checkpoint_io.h"
 #include "engine/safetensors.h"
 #include "tools/tinker/command.h"
@@ -531,7 +532,15 @@ nlohmann::json CheckpointStore::save_external(ModelRegistry& models,
     try {
       const SafetensorsFile file =
           decode_safetensors(read_file(trainable), trainable);
-      if (m.lora.rank > 0) {
+      if (m.base.is_hf() && m.lora.rank > 0) {
+        // PEFT's adapter of the folder's decoder (models/hf_decoder.h).
+        zerostep::write_peft_adapter(trainable, hf_lora_options(m.lora),
+                                     m.base.name, tmp);
+      } else if (m.base.is_hf()) {
+        // Every parameter trained: a folder transformers loads.
+        copy_hf_folder_metadata(m.base.hf_dir, tmp);
+        fs::rename(trainable, tmp + "/model.safetensors");
+      } else if (m.lora.rank > 0) {
         AdapterSpec spec;
         spec.rank = m.lora.rank;
         spec.alpha = m.lora.alpha;

@@ -20,6 +20,13 @@ std::mutex g_construction_mu;  // torch's global RNG, shared by rank threads
 
 }  // namespace
 
+nlohmann::json model_data(const BaseModel& base) {
+  return {{"arch", base.arch},
+          {"model_name", base.name},
+          {"tokenizer_id",
+           base.is_hf() ? nlohmann::json(base.hf_dir) : nlohmann::json()}};
+}
+
 nlohmann::json lora_to_json(const LoraOptions& lora) {
   return {{"rank", lora.rank},     {"alpha", lora.alpha},
           {"seed", lora.seed},     {"train_attn", lora.attn},
@@ -49,6 +56,45 @@ TinyGpt new_tiny_gpt(const BaseModel& base, const LoraOptions& lora,
   std::lock_guard<std::mutex> lock(g_construction_mu);
   torch::manual_seed(seed);
   return TinyGpt(o);
+}
+
+HfLoraOptions hf_lora_options(const LoraOptions& lora) {
+  HfLoraOptions o;
+  if (lora.rank <= 0) return o;
+  o.rank = lora.rank;
+  o.alpha = lora.alpha;
+  o.seed = lora.seed;
+  o.target_modules.clear();
+  if (lora.attn)
+    for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"})
+      o.target_modules.push_back(p);
+  if (lora.mlp)
+    for (const char* p : {"gate_proj", "up_proj", "down_proj"})
+      o.target_modules.push_back(p);
+  return o;
+}
+
+Net new_net(const BaseModel& base, const LoraOptions& lora, uint64_t seed,
+            NetWeights weights) {
+  Net net;
+  if (!base.is_hf()) {
+    TinyGpt m = new_tiny_gpt(base, lora, seed);
+    net.lm = m.get();
+    net.module = m.ptr();
+    return net;
+  }
+  HfDecoderOptions o;
+  o.lora = hf_lora_options(lora);
+  HfCausalLm m{nullptr};
+  if (weights == NetWeights::kBase) {
+    m = load_hf_decoder(base.hf_dir, o);
+  } else {
+    if (weights == NetWeights::kMeta) o.device = torch::kMeta;
+    m = make_hf_decoder(read_hf_config(base.hf_dir), o);
+  }
+  net.lm = m.get();
+  net.module = m.ptr();
+  return net;
 }
 
 ModelRegistry::ModelRegistry(Communicator* comm, const Config& config,
@@ -97,11 +143,12 @@ void ModelRegistry::require_fits(const std::string& id, const BaseModel& base,
   const std::optional<AvailableMemory> available =
       comm_->rank() == 0 ? memory_.available() : std::nullopt;
   if (available) {
-    // The model's parameters, trainable and frozen: one replica, on rank 0.
-    TinyGpt probe = new_tiny_gpt(base, lora, base_seed_);
-    if (lora.rank > 0) freeze_all_but_lora(*probe);
+    // The model's parameters, trainable and frozen: one replica, on rank 0
+    // (a folder's on the meta device).
+    Net probe = new_net(base, lora, base_seed_, NetWeights::kMeta);
+    if (lora.rank > 0) freeze_all_but_lora(*probe.module);
     double trainable = 0, frozen = 0;
-    for (const torch::Tensor& p : probe->parameters())
+    for (const torch::Tensor& p : probe.module->parameters())
       (p.requires_grad() ? trainable : frozen) +=
           static_cast<double>(p.numel());
     const double w = comm_->world_size();
@@ -149,18 +196,18 @@ std::unique_ptr<Model> ModelRegistry::build(const std::string& id,
   m->tenant = tenant;
   m->base = base;
   m->lora = lora;
-  m->net = new_tiny_gpt(base, lora, base_seed_);
-  if (lora.rank > 0) freeze_all_but_lora(*m->net);
+  m->net = new_net(base, lora, base_seed_);
+  if (lora.rank > 0) freeze_all_but_lora(*m->net.module);
   // Frozen weights are not the engine's: make rank 0's values everyone's
   // (they are equal by construction; this keeps real multi-process runs
   // honest whatever the ranks' torch builds).
-  for (torch::Tensor& p : m->net->parameters()) {
+  for (torch::Tensor& p : m->net.module->parameters()) {
     if (p.requires_grad()) continue;
     comm_->broadcast(
         Buffer::of(p.data_ptr<float>(), static_cast<size_t>(p.numel())),
         {0, phase::kSetup});
   }
-  m->engine = std::make_unique<Engine>(m->net.ptr(), config_, comm_);
+  m->engine = std::make_unique<Engine>(m->net.module, config_, comm_);
   return m;
 }
 
@@ -203,6 +250,11 @@ nlohmann::json ModelRegistry::create_model(const nlohmann::json& a,
       throw UsageError(
           "lora_config trains nothing: set one of train_attn, "
           "train_mlp, train_unembed");
+    if (base.is_hf() && !lora.attn && !lora.mlp)
+      throw UsageError(
+          "lora_config trains only the unembedding, which " + base.name +
+          " (a Hugging Face folder) does not adapt. Fix: set train_attn or "
+          "train_mlp");
   }
   // user_metadata: the SDK's dict[str, Any]; the REST types hold strings.
   nlohmann::json metadata = nullptr;

@@ -1,5 +1,6 @@
 // ModelRegistry: this rank's replicas of the trainer server's models, by
-// model id. Each is a TinyGpt of a base model (same weights on every rank
+// model id. Each is a decoder of a base model (a TinyGpt preset, or a
+// Hugging Face folder's Llama/Qwen decoder: the same weights on every rank
 // and for every model of that base), with LoRA adapters of the request's
 // rank on its linear layers and every base weight frozen (no lora_config:
 // full fine-tuning), under an Engine.
@@ -22,6 +23,8 @@
 #include "common/cli.h"  // AvailableMemory
 #include "config/config.h"
 #include "engine/engine.h"
+#include "models/causal_lm.h"
+#include "models/hf_decoder.h"
 #include "models/lora.h"
 #include "models/tiny_gpt.h"
 #include "tools/tinker/base_model.h"
@@ -29,13 +32,30 @@
 namespace zerostep {
 namespace tinker {
 
+// A decoder the server trains or samples: a TinyGpt or an HfCausalLm, as
+// the module the Engine and torch::save see and as the CausalLm the
+// trainer and the sampler call (the same object).
+struct Net {
+  std::shared_ptr<torch::nn::Module> module;
+  CausalLm* lm = nullptr;
+  explicit operator bool() const { return module != nullptr; }
+};
+
+// How new_net fills the base weights.
+enum class NetWeights {
+  kBase,     // the base model's: a preset's from the seed, a folder's read
+  kAnyValues,  // a preset's from the seed, a folder's left uninitialised
+               // (the caller copies every parameter in)
+  kMeta,     // a folder's on the meta device (no memory; shapes only)
+};
+
 // One model's replica on this rank.
 struct Model {
   std::string id;
   std::string tenant;  // whose it is (tenancy.h)
   BaseModel base;
   LoraOptions lora;  // rank 0: full fine-tuning
-  TinyGpt net{nullptr};
+  Net net;
   std::unique_ptr<Engine> engine;
   // create_model's user_metadata (an object of strings) or null; kept in
   // its checkpoints' tinker_meta.json and shown by the training run.
@@ -43,6 +63,12 @@ struct Model {
   // When a request last named the model (get()), Unix seconds.
   int64_t last_request_unix = 0;
 };
+
+// get_info's model_data of a model of `base`: {arch, model_name,
+// tokenizer_id}; tokenizer_id is a folder's path (the SDK's get_tokenizer()
+// hands it to transformers' AutoTokenizer, which loads a local folder
+// without a network), null for a preset (its tokens are bytes).
+nlohmann::json model_data(const BaseModel& base);
 
 // `lora` as the "lora" object of checkpoint and sampler metadata, and back
 // (the keys rank, alpha, seed, train_attn, train_mlp, train_unembed).
@@ -54,6 +80,25 @@ LoraOptions lora_from_json(const nlohmann::json& l);
 // starts from, and the shape of a sampler's copy (sampling.h).
 TinyGpt new_tiny_gpt(const BaseModel& base, const LoraOptions& lora,
                      uint64_t seed);
+
+// Note [LoRA on Hugging Face folders]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A folder's decoder gets PEFT-named adapters (models/hf_decoder.h):
+// train_attn adapts q_proj, k_proj, v_proj and o_proj, train_mlp
+// gate_proj, up_proj and down_proj; the adapters' A matrices come from the
+// request's seed, B is zero (the model starts as the base). train_unembed
+// is accepted but does not adapt lm_head on a folder (the decoder has no
+// LoRA on its head): a request that trains nothing else is refused.
+
+// `lora` as a folder's decoder takes it (Note [LoRA on Hugging Face
+// folders]).
+HfLoraOptions hf_lora_options(const LoraOptions& lora);
+
+// The decoder of `base` with `lora` adapters (rank 0: none): new_tiny_gpt,
+// or a folder's decoder (Note [LoRA on Hugging Face folders]) with weights
+// as `weights` says. UsageError/IoError if the folder cannot be read.
+Net new_net(const BaseModel& base, const LoraOptions& lora, uint64_t seed,
+            NetWeights weights = NetWeights::kBase);
 
 // Note [A model that cannot fit]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -10,6 +10,7 @@
 
 #include "common/errors.h"
 #include "engine/checkpoint_io.h"
+#include "models/token_text.h"
 #include "tools/tinker/checkpoint_paths.h"
 #include "tools/tinker/command.h"
 #include "tools/tinker/request_fields.h"
@@ -28,14 +29,14 @@ using nlohmann::json;
 // parameters are gathered with Engine::full_parameters() (a collective at
 // stage 3, where each rank holds a partition); the frozen base weights are
 // whole on every rank (the engine does not own them).
-TinyGpt snapshot_of(Model& m, uint64_t seed, bool keep) {
+Net snapshot_of(Model& m, uint64_t seed, bool keep) {
   torch::Tensor full = m.engine->full_parameters();
-  if (!keep) return TinyGpt(nullptr);
-  TinyGpt copy = new_tiny_gpt(m.base, m.lora, seed);
+  if (!keep) return Net();
+  Net copy = new_net(m.base, m.lora, seed, NetWeights::kAnyValues);
   torch::NoGradGuard no_grad;
-  auto dst = copy->named_parameters();
+  auto dst = copy.module->named_parameters();
   int64_t offset = 0;
-  for (const auto& item : m.net->named_parameters()) {
+  for (const auto& item : m.net.module->named_parameters()) {
     torch::Tensor d = dst[item.key()];
     if (item.value().requires_grad()) {
       d.copy_(full.narrow(0, offset, d.numel()).view_as(d));
@@ -45,26 +46,19 @@ TinyGpt snapshot_of(Model& m, uint64_t seed, bool keep) {
     }
   }
   ZS_CHECK(offset == full.numel());
-  for (torch::Tensor& p : copy->parameters()) p.set_requires_grad(false);
+  for (torch::Tensor& p : copy.module->parameters()) p.set_requires_grad(false);
   return copy;
 }
 
-std::vector<int64_t> bytes_of(const std::string& s) {
-  std::vector<int64_t> out;
-  for (unsigned char c : s) out.push_back(c);
-  return out;
-}
-
-// stop: null/absent (none), a string, a list of strings (each its UTF-8
-// bytes: the models are byte-level), or a list of token ids (each a stop
-// token of its own).
-std::vector<std::vector<int64_t>> parse_stop(const json& params) {
-  std::vector<std::vector<int64_t>> out;
-  if (!params.contains("stop") || params["stop"].is_null()) return out;
+// stop: null/absent (none), a string or a list of strings (stop strings,
+// matched in the decoded text: Note [Stop strings] in models/sampler.h), or
+// a list of token ids (each a stop token of its own).
+void parse_stop(const json& params, SamplingOptions* o) {
+  if (!params.contains("stop") || params["stop"].is_null()) return;
   const json& stop = params["stop"];
   if (stop.is_string()) {
-    out.push_back(bytes_of(stop.get<std::string>()));
-    return out;
+    o->stop_strings.push_back(stop.get<std::string>());
+    return;
   }
   const std::string rule =
       "sampling_params.stop must be a string, a list of strings or a list "
@@ -75,16 +69,15 @@ std::vector<std::vector<int64_t>> parse_stop(const json& params) {
   for (const json& s : stop) {
     if (s.is_string()) {
       strings = true;
-      out.push_back(bytes_of(s.get<std::string>()));
+      o->stop_strings.push_back(s.get<std::string>());
     } else if (is_int64(s)) {
       ints = true;
-      out.push_back({s.get<int64_t>()});
+      o->stop.push_back({s.get<int64_t>()});
     } else {
       throw UsageError(rule + "; got an element " + elide(s.dump(), 80));
     }
   }
   if (strings && ints) throw UsageError(rule + "; got a mix");
-  return out;
 }
 
 // A list of integers of the JSON TensorData field `key` ("where" names it).
@@ -199,13 +192,14 @@ TopkRows empty_rows(int64_t length, int64_t k) {
 }
 
 // log_softmax of a full forward of `tokens`: [len, V].
-torch::Tensor full_logprobs(TinyGpt& net, const std::vector<int64_t>& tokens) {
+torch::Tensor full_logprobs(CausalLm& net, const std::vector<int64_t>& tokens) {
   torch::NoGradGuard no_grad;
   const torch::Tensor t =
       torch::from_blob(const_cast<int64_t*>(tokens.data()),
                        {1, static_cast<int64_t>(tokens.size())}, torch::kInt64)
           .clone();
-  return torch::log_softmax(net->forward(t)[0], -1).contiguous();
+  return torch::log_softmax(net.logits(t)[0].to(torch::kFloat), -1)
+      .contiguous();
 }
 
 void set_topk(tinker_public::TopkLogprobs* m, const TopkRows& t) {
@@ -269,7 +263,7 @@ SampleRequestIn parse_sample_request(const json& a, uint64_t default_seed) {
   o.seed = params.contains("seed") && !params["seed"].is_null()
                ? get_or<uint64_t>(params, "seed", 0, "sampling_params.")
                : default_seed;
-  o.stop = parse_stop(params);
+  parse_stop(params, &o);
   o.prompt_logprobs = get_or<bool>(a, "prompt_logprobs", false);
   if (a.contains("prompt_logprobs_last_n") &&
       !a["prompt_logprobs_last_n"].is_null()) {
@@ -330,7 +324,7 @@ void check_logprob_requests(const SampleRequestIn& in, int64_t vocab) {
   }
 }
 
-SampleExtras compute_sample_extras(TinyGpt& net, const SampleRequestIn& in,
+SampleExtras compute_sample_extras(CausalLm& net, const SampleRequestIn& in,
                                    const SampleOutput& out) {
   SampleExtras x;
   const int64_t n = static_cast<int64_t>(in.prompt.size());
@@ -451,6 +445,25 @@ std::string encode_sample_response(const SampleOutput& out,
   return r.SerializeAsString();
 }
 
+std::shared_ptr<const SamplerStore::TokenTable> SamplerStore::token_text(
+    const BaseModel& base) {
+  auto it = token_texts_.find(base.name);
+  if (it != token_texts_.end()) return it->second;
+  auto t = std::make_shared<TokenTable>();
+  if (!base.is_hf()) {  // a preset's tokens are bytes
+    for (int64_t b = 0; b < base.vocab_size; ++b)
+      t->bytes.push_back(std::string(1, static_cast<char>(b)));
+  } else {
+    try {
+      t->bytes = TokenText::read_folder(base.hf_dir).table(base.vocab_size);
+    } catch (const Error& e) {
+      t->problem = e.what();
+    }
+  }
+  token_texts_[base.name] = t;
+  return t;
+}
+
 SamplerStore::SamplerStore(Communicator* comm, std::string state_dir)
     : comm_(comm), state_dir_(std::move(state_dir)) {}
 
@@ -462,7 +475,7 @@ bool SamplerStore::agree(bool mine) {
 
 uint64_t sampler_bytes_bound(Model& m) {
   uint64_t numel = 0, tensors = 0;
-  for (const torch::Tensor& p : m.net->parameters()) {
+  for (const torch::Tensor& p : m.net.module->parameters()) {
     numel += static_cast<uint64_t>(p.numel());
     ++tensors;
   }
@@ -511,11 +524,12 @@ json SamplerStore::save_for_sampler(ModelRegistry& models,
                          "much). Nothing was written");
       }
     }
-    TinyGpt net = snapshot_of(m, models.base_seed(), rank0);
+    Net net = snapshot_of(m, models.base_seed(), rank0);
     if (rank0) {
       auto s = std::make_shared<Sampler>();
       s->net = net;
       s->base_model = m.base.name;
+      s->text = token_text(m.base);
       s->model_path = path;
       s->expires_at = expires;
       try {
@@ -527,7 +541,7 @@ json SamplerStore::save_for_sampler(ModelRegistry& models,
         if (expires) meta["expires_at"] = *expires;
         // The meta first: the weights file marks a whole save.
         atomic_write_file(dir + "/tinker_meta.json", meta.dump(1));
-        torch::save(net, dir + "/weights.pt.tmp");
+        torch::save(net.module, dir + "/weights.pt.tmp");
         std::filesystem::rename(dir + "/weights.pt.tmp", dir + "/weights.pt");
       } catch (const std::exception&) {
         // The snapshot still serves this run; only persistence failed.
@@ -547,11 +561,12 @@ json SamplerStore::save_for_sampler(ModelRegistry& models,
   const std::string id = m.id + ":sample:" + std::to_string(sampling_seq);
   if (agree(rank0 && sessions_.count(id) != 0))
     throw UsageError("sampling session '" + id + "' exists already");
-  TinyGpt net = snapshot_of(m, models.base_seed(), rank0);
+  Net net = snapshot_of(m, models.base_seed(), rank0);
   if (rank0) {
     auto s = std::make_shared<Sampler>();
     s->net = net;
     s->base_model = m.base.name;
+    s->text = token_text(m.base);
     sessions_[id] = s;
   }
   return {{"sampling_session_id", id}, {"type", "save_weights_for_sampler"}};
@@ -591,9 +606,11 @@ std::shared_ptr<SamplerStore::Sampler> SamplerStore::by_path(
     }
     if (meta.contains("expires_at")) s->expires_at = meta["expires_at"];
     s->base_model = meta.at("base_model").get<std::string>();
-    s->net = new_tiny_gpt(find_base_model(s->base_model),
-                          lora_from_json(meta.at("lora")), 0);
-    torch::load(s->net, dir + "/weights.pt");
+    const BaseModel& base = find_base_model(s->base_model);
+    s->net = new_net(base, lora_from_json(meta.at("lora")), 0,
+                     NetWeights::kAnyValues);
+    torch::load(s->net.module, dir + "/weights.pt");
+    s->text = token_text(base);
   } catch (const std::exception&) {
     // Names the client's path only, never a server file; the same answer
     // for another tenant's path (Note [One tenant check] in tenancy.h).
@@ -602,7 +619,8 @@ std::shared_ptr<SamplerStore::Sampler> SamplerStore::by_path(
                      "(deleted, expired, or never saved with "
                      "save_weights_for_sampler)");
   }
-  for (torch::Tensor& p : s->net->parameters()) p.set_requires_grad(false);
+  for (torch::Tensor& p : s->net.module->parameters())
+    p.set_requires_grad(false);
   s->model_path = path;
   paths_[dir] = s;
   return s;
@@ -619,10 +637,12 @@ std::shared_ptr<SamplerStore::Sampler> SamplerStore::by_base(
   auto it = bases_.find(base_model);
   if (it != bases_.end()) return it->second;
   auto s = std::make_shared<Sampler>();
-  s->base_model = find_base_model(base_model).name;  // UsageError if unknown
-  s->net = new_tiny_gpt(find_base_model(base_model), LoraOptions(),
-                        models.base_seed());
-  for (torch::Tensor& p : s->net->parameters()) p.set_requires_grad(false);
+  const BaseModel& base = find_base_model(base_model);  // UsageError if unknown
+  s->base_model = base.name;
+  s->net = new_net(base, LoraOptions(), models.base_seed());
+  s->text = token_text(base);
+  for (torch::Tensor& p : s->net.module->parameters())
+    p.set_requires_grad(false);
   bases_[base_model] = s;
   return s;
 }
@@ -697,8 +717,18 @@ std::string SamplerStore::sample(ModelRegistry& models, const Caller& caller,
       parse_sample_request(a, fnv1a64(seed_key.data(), seed_key.size()));
   if (!in.max_tokens_given)
     in.options.max_tokens =
-        s->net->options().block_size - static_cast<int64_t>(in.prompt.size());
-  check_logprob_requests(in, s->net->options().vocab_size);
+        s->net.lm->context_length() - static_cast<int64_t>(in.prompt.size());
+  check_logprob_requests(in, s->net.lm->vocab_size());
+  // The base's EOS ends every sample; stop strings read its tokenizer.
+  for (int64_t eos : find_base_model(s->base_model).eos_token_ids)
+    in.options.stop.push_back({eos});
+  if (!in.options.stop_strings.empty()) {
+    if (!s->text->problem.empty())
+      throw UsageError("sampling_params.stop holds strings, and " +
+                       s->base_model + "'s tokens cannot be decoded here: " +
+                       s->text->problem + ". Fix: stop on token ids");
+    in.options.token_text = &s->text->bytes;
+  }
   std::string session, request_id;
   if (in.record_stability_info) {
     if (!a.contains("sampling_session_id") || !a["sampling_session_id"].is_string())
@@ -712,13 +742,13 @@ std::string SamplerStore::sample(ModelRegistry& models, const Caller& caller,
       throw InternalError("a sample command without its request id");
   }
   SampleOutput out =
-      zerostep::sample(s->net, in.prompt, in.num_samples, in.options);
+      zerostep::sample(*s->net.lm, in.prompt, in.num_samples, in.options);
   if (in.prompt_logprobs_last_n > 0) {
     const size_t scored = static_cast<size_t>(in.prompt_logprobs_last_n);
     for (size_t i = 0; i + scored < out.prompt_logprobs.size(); ++i)
       out.prompt_logprobs[i] = std::numeric_limits<float>::quiet_NaN();
   }
-  const SampleExtras extras = compute_sample_extras(s->net, in, out);
+  const SampleExtras extras = compute_sample_extras(*s->net.lm, in, out);
   if (in.record_stability_info) {
     stability_.expire();
     for (size_t i = 0; i < out.sequences.size(); ++i)

@@ -3,7 +3,7 @@
 // compute_logprobs is a sample request with prompt_logprobs and
 // max_tokens = 1).
 //
-// Weights: a sampler is a snapshot, a TinyGpt (base plus LoRA) whose
+// Weights: a sampler is a snapshot, a decoder (base plus LoRA) whose
 // parameters are copied from a training model's at save_weights_for_sampler
 // time, so later training never changes what a sampling client sees (the
 // SDK's "snapshot" contract; an "inflight" save is served as a snapshot,
@@ -155,7 +155,7 @@ void check_logprob_requests(const SampleRequestIn& in, int64_t vocab);
 
 // The extras `in` asks for, of `out` sampled from `net` (Note [Prompt and
 // top-k logprobs]); empty when none is asked.
-SampleExtras compute_sample_extras(TinyGpt& net, const SampleRequestIn& in,
+SampleExtras compute_sample_extras(CausalLm& net, const SampleRequestIn& in,
                                    const SampleOutput& out);
 
 // A serialized tinker_public.SampleResponse.
@@ -201,14 +201,23 @@ class SamplerStore {
   StabilityRecords& stability() { return stability_; }
 
  private:
+  // A base model's token texts (models/token_text.h): a preset's bytes, a
+  // folder's tokenizer.json; `problem` says why a folder's cannot be read.
+  struct TokenTable {
+    std::vector<std::string> bytes;
+    std::string problem;
+  };
   struct Sampler {
-    TinyGpt net{nullptr};
+    Net net;
+    std::shared_ptr<const TokenTable> text;
     std::string base_model;
     std::string model_path;  // empty: a base model or an unnamed snapshot
     std::optional<int64_t> expires_at;  // named weights' TTL (retention.h)
   };
 
   bool agree(bool mine);
+  // `base`'s table, read once (rank 0).
+  std::shared_ptr<const TokenTable> token_text(const BaseModel& base);
   // The caller's sampler weights `path` names, loaded from disk if need
   // be; UsageError for one that is not the caller's.
   std::shared_ptr<Sampler> by_path(const Caller& caller,
@@ -223,6 +232,7 @@ class SamplerStore {
   std::map<std::string, std::shared_ptr<Sampler>> paths_;     // rank 0
   std::map<std::string, std::shared_ptr<Sampler>> sessions_;  // rank 0
   std::map<std::string, std::shared_ptr<Sampler>> bases_;     // rank 0
+  std::map<std::string, std::shared_ptr<const TokenTable>> token_texts_;
   StabilityRecords stability_;                                 // rank 0
 };
 

@@ -50,8 +50,8 @@ TEST(ParseSampleRequest, ReadsTheSdksFields) {
   EXPECT_EQ(in.options.seed, 3u);
   EXPECT_EQ(in.options.top_k, -1);
   EXPECT_TRUE(in.options.prompt_logprobs);
-  ASSERT_EQ(in.options.stop.size(), 1u);
-  EXPECT_EQ(in.options.stop[0], (std::vector<int64_t>{'a', 'b'}));
+  EXPECT_TRUE(in.options.stop.empty());
+  EXPECT_EQ(in.options.stop_strings, (std::vector<std::string>{"ab"}));
 }
 
 TEST(ParseSampleRequest, StopFormsAndDefaults) {
@@ -63,9 +63,10 @@ TEST(ParseSampleRequest, StopFormsAndDefaults) {
   EXPECT_EQ(in.options.seed, 99u);  // absent: the caller's default
   EXPECT_FALSE(in.max_tokens_given);
   EXPECT_EQ(in.options.stop, (std::vector<std::vector<int64_t>>{{10}, {11}}));
+  EXPECT_TRUE(in.options.stop_strings.empty());
   r["sampling_params"]["stop"] = "\n";
-  EXPECT_EQ(parse_sample_request(r, 0).options.stop,
-            (std::vector<std::vector<int64_t>>{{10}}));
+  EXPECT_EQ(parse_sample_request(r, 0).options.stop_strings,
+            (std::vector<std::string>{"\n"}));
   r["sampling_params"].erase("stop");
   EXPECT_TRUE(parse_sample_request(r, 0).options.stop.empty());
 }
@@ -195,7 +196,7 @@ class SampleExtrasTest : public ::testing::Test {
 
 TEST_F(SampleExtrasTest, TopkPromptRowsAreTheFullForwardsSortedRows) {
   in.topk_prompt = 5;
-  const SampleExtras x = compute_sample_extras(net, in, out);
+  const SampleExtras x = compute_sample_extras(*net, in, out);
   ASSERT_TRUE(x.topk_prompt.has_value());
   const TopkRows& t = *x.topk_prompt;
   ASSERT_EQ(t.length, 6);
@@ -217,14 +218,14 @@ TEST_F(SampleExtrasTest, TopkPromptRowsAreTheFullForwardsSortedRows) {
   }
   // prompt_logprobs_last_n = 2: only the last two rows.
   in.prompt_logprobs_last_n = 2;
-  const TopkRows last = *compute_sample_extras(net, in, out).topk_prompt;
+  const TopkRows last = *compute_sample_extras(*net, in, out).topk_prompt;
   for (int64_t p = 0; p < 4; ++p) EXPECT_EQ(last.logprobs[p * 5], -99999.0f);
   for (int64_t i = 20; i < 30; ++i) EXPECT_EQ(last.ids[i], t.ids[i]);
 }
 
 TEST_F(SampleExtrasTest, TopkSampleRowsFollowEachSequence) {
   in.topk_sample = 3;
-  const SampleExtras x = compute_sample_extras(net, in, out);
+  const SampleExtras x = compute_sample_extras(*net, in, out);
   ASSERT_EQ(x.topk_sample.size(), 2u);
   for (size_t s = 0; s < 2; ++s) {
     // The prompt and every sampled token but the last (the forward the
@@ -256,7 +257,7 @@ TEST_F(SampleExtrasTest, TargetLogprobsScorePositionIPlusOneInAnyLayout) {
   ids.cols = 2;
   ids.values = {1, 2, -1, 200, 3, 4, 5, -1, 104, 105};
   in.target_prompt = ids;
-  SampleExtras x = compute_sample_extras(net, in, out);
+  SampleExtras x = compute_sample_extras(*net, in, out);
   const torch::Tensor lp = full(in.prompt);
   for (int64_t i = 0; i < 5; ++i)
     for (int64_t j = 0; j < 2; ++j) {
@@ -274,7 +275,7 @@ TEST_F(SampleExtrasTest, TargetLogprobsScorePositionIPlusOneInAnyLayout) {
   csr.crow = {0, 0, 1, 1, 1, 2};
   csr.col = {1, 0};
   in.target_prompt = csr;
-  x = compute_sample_extras(net, in, out);
+  x = compute_sample_extras(*net, in, out);
   EXPECT_EQ(x.target_logprobs,
             (std::vector<float>{lp[1][200].item<float>(),
                                 lp[4][104].item<float>()}));
@@ -288,15 +289,15 @@ TEST_F(SampleExtrasTest, TargetLogprobsScorePositionIPlusOneInAnyLayout) {
 
 TEST_F(SampleExtrasTest, AltTokensAreSeededDrawsWithTheirLogprobs) {
   in.alt_tokens_k = 3;
-  const SampleExtras a = compute_sample_extras(net, in, out);
+  const SampleExtras a = compute_sample_extras(*net, in, out);
   ASSERT_EQ(a.alt_tokens.size(), 15u);
   const torch::Tensor lp = full(in.prompt);
   for (size_t c = 0; c < 15; ++c)
     EXPECT_EQ(a.alt_logprobs[c], lp[c / 3][a.alt_tokens[c]].item<float>());
-  EXPECT_EQ(compute_sample_extras(net, in, out).alt_tokens, a.alt_tokens);
+  EXPECT_EQ(compute_sample_extras(*net, in, out).alt_tokens, a.alt_tokens);
   // Temperature 0: every draw is the row's argmax (lowest id on ties).
   in.options.temperature = 0.0;
-  const SampleExtras g = compute_sample_extras(net, in, out);
+  const SampleExtras g = compute_sample_extras(*net, in, out);
   for (size_t c = 0; c < 15; ++c)
     EXPECT_EQ(g.alt_tokens[c], lp[c / 3].argmax().item<int64_t>());
   tinker_public::SampleResponse r;

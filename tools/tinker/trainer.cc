@@ -159,7 +159,7 @@ struct RankTrainer::Impl {
   static std::pair<torch::Tensor, torch::Tensor> run_datum(
       Model& m, const DatumPlan& p, const std::string& loss_fn,
       const LossConfig& config) {
-    torch::Tensor logits = m.net->forward(p.tokens)[0];  // [T, V]
+    torch::Tensor logits = m.net.lm->logits(p.tokens)[0];  // [T, V]
     torch::Tensor lp = target_logprobs(logits, p.targets);
     return {lp, elementwise_loss(loss_fn, lp, p, config)};
   }
@@ -167,7 +167,7 @@ struct RankTrainer::Impl {
   // A rank without a datum in a row: the same forward collectives (stage
   // 3 gathers), a zero loss.
   static torch::Tensor zero_loss(Model& m) {
-    return m.net->forward(torch::zeros({1, 1}, torch::kInt64)).sum() * 0.0;
+    return m.net.lm->logits(torch::zeros({1, 1}, torch::kInt64)).sum() * 0.0;
   }
 
   // The engine averages over ranks; the protocol sums over datums.
@@ -389,8 +389,7 @@ struct RankTrainer::Impl {
         {"type", "get_info"},
         {"model_id", m.id},
         {"model_name", m.base.name},
-        {"model_data",
-         {{"arch", "zerostep-tiny-gpt"}, {"model_name", m.base.name}}},
+        {"model_data", model_data(m.base)},
         {"is_lora", m.lora.rank > 0},
         {"param_digest", digest_hex(d)},
         {"trainable_parameters", trainable},
