@@ -78,8 +78,12 @@ def ds_config(stage, dtype, mode, variant, world):
     elif dtype == "fp16":
         # A small initial scale and window: the run sees both an overflow
         # (skipped step, scale halved) and a growth.
-        c["fp16"] = {"enabled": True, "initial_scale_power": 16, "loss_scale_window": 2,
+        c["fp16"] = {"enabled": True, "initial_scale_power": 21, "loss_scale_window": 2,
                      "hysteresis": 1, "min_loss_scale": 1}
+        # DeepSpeed's fp16 gradients accumulate in the fp16 .grad (its
+        # default); zerostep's default accumulates in float32. Said on both
+        # sides, so a window's sum overflows on both or neither.
+        c["data_types"] = {"grad_accum_dtype": "fp16"}
     if variant == "clip":
         c["gradient_clipping"] = CLIP
         c["scheduler"] = {"type": "WarmupDecayLR",

@@ -78,6 +78,43 @@ FORMULA_TOLERANCES = {
 }
 
 
+def stage0_fp16_unscaled(case):
+    """DeepSpeed 0.19.8 at ZeRO stage 0 under fp16 never multiplies the loss
+    by the loss scale (engine.backward scales only for a ZeROOptimizer; its
+    FP16_Optimizer is not one) but still divides the gradients by it: the
+    update sees gradient / scale, no overflow is ever found, the scale only
+    grows, and the norm it reports is norm / scale. Nothing after the first
+    forward can be compared with zerostep there (docs/architecture.md, "Same
+    numbers as DeepSpeed"); conform.py checks that this is still what
+    DeepSpeed does (note_bug), so a fixed DeepSpeed fails the run and the
+    comparison is turned back on."""
+    return case["stage"] == 0 and case["dtype"] == "fp16" and case["optimizer"] == "deepspeed"
+
+
+def fp16_partitioned_overflow(case):
+    """fp16 at stages 2-3 with several ranks: zerostep and DeepSpeed 0.19.8
+    can disagree on whether a window overflowed when the window's largest
+    gradient sits near fp16's limit (measured: the N = 4 window and
+    managed step 2 at world 2, loss scale 2^20: zerostep overflows,
+    DeepSpeed does not). Open (docs/architecture.md, "Same numbers as
+    DeepSpeed"); the steps before the first disagreement are compared as
+    usual, the rest are counted as not compared."""
+    return case["dtype"] == "fp16" and case["stage"] >= 2 and case["world"] >= 2
+
+
+def step1_decay(case, ds_record):
+    """DeepSpeed 0.19.8 at stage 0 under bf16 or fp16 (its FP16_Optimizer
+    over its FusedAdam), with a schedule whose first lr is 0: the first
+    update still multiplies every master weight by 1 - lr * weight_decay
+    with the optimizer block's lr (docs/architecture.md, "Same numbers as
+    DeepSpeed"); zerostep, like DeepSpeed's other stages and its fp32
+    stage 0, leaves them. The comparison divides that factor out of
+    DeepSpeed's step-1 weights, so it fails if either side changes."""
+    return (case["stage"] == 0 and case["dtype"] in ("bf16", "fp16") and
+            case["optimizer"] == "deepspeed" and "scheduler" in case["config"] and
+            ds_record["steps"][0]["lr"] == 0.0)
+
+
 def tolerance(quantity, dtype, optimizer):
     if optimizer == "formula" and (quantity, dtype) in FORMULA_TOLERANCES:
         return FORMULA_TOLERANCES[(quantity, dtype)]
@@ -86,16 +123,13 @@ def tolerance(quantity, dtype, optimizer):
 
 EXACT = ("lr", "applied", "skipped_steps", "loss_scale", "loss_scale_before", "global_steps")
 
-# DeepSpeed 0.19.8's get_global_grad_norm() under fp16 is not the norm its
-# own clipping uses (docs/architecture.md, "Same numbers as DeepSpeed"):
-# at stage 0 (FP16_Optimizer) it is the unscaled norm divided once more by
-# the loss scale after the step's scale update; at stage 3 the scaled norm
-# divided by that updated scale instead of the one the gradients carry (off
-# by the growth factor on a step that grows the scale). The comparison
-# undoes exactly that, from the scales both sides recorded, so a DeepSpeed
-# that fixed it (or a zerostep that copied it) fails here.
+# DeepSpeed 0.19.8's get_global_grad_norm() at stage 3 under fp16 divides
+# the scaled norm by the loss scale after the step's scale update instead of
+# the one the gradients carry: off by the growth factor on a step that grows
+# the scale (docs/architecture.md, "Same numbers as DeepSpeed"). The
+# comparison undoes exactly that, from the scales both sides recorded, so a
+# DeepSpeed that fixed it (or a zerostep that copied it) fails here.
 DS_NORM_REPORTED = {
-    ("fp16", 0): lambda norm, step: norm * step["loss_scale"],
     ("fp16", 3): lambda norm, step: norm * step["loss_scale"] / step["loss_scale_before"],
 }
 
@@ -212,6 +246,10 @@ class Table:
         return self.rows.setdefault(key, {"abs": 0.0, "rel": 0.0, "bitwise": True, "n": 0,
                                           "worst": ""})
 
+    def note(self, what, case, steps):
+        """Counts steps left out of the comparison, and why."""
+        self.row(what, case)["n"] += steps
+
     def count_absent(self, quantity, case):
         row = self.row(quantity, case)
         row["absent"] = row.get("absent", 0) + 1
@@ -223,7 +261,8 @@ class Table:
         for key in sorted(self.rows):
             q, optimizer, stage, dtype, mode, world = key
             row = self.rows[key]
-            tol = "exact" if q in EXACT else "%g, %g" % tolerance(q, dtype, optimizer)
+            tol = ("exact" if q in EXACT else "-" if q.startswith("(") else
+                   "%g, %g" % tolerance(q, dtype, optimizer))
             n = "%d" % row["n"] + (" (+%d not reported by DeepSpeed)" % row["absent"]
                                     if row.get("absent") else "")
             print("| %s | %s | %d | %s | %s | %d | %s | %s | %.3g | %.3g | %s |" % (
@@ -240,18 +279,46 @@ def compare(run_dir, cases, table):
         name = case["name"]
         z = json.load(open(os.path.join(run_dir, "zerostep", name + ".json")))
         d = json.load(open(os.path.join(run_dir, "deepspeed", name + ".json")))
-        first = case["steps"][0] if case["mode"] == "unmanaged" else C.MANAGED_GAS
+        # The step each micro-batch's forward belongs to.
+        step_of = [k for k, n in enumerate(case["steps"]) for _ in range(n)]
+        steps = len(case["steps"])  # steps compared
+        if stage0_fp16_unscaled(case):
+            # Only the forward before any update means the same on both
+            # sides; everything after it is DeepSpeed's bug.
+            steps = 0
+            table.note("(not compared: DeepSpeed stage 0 fp16 bug)", case, len(case["steps"]))
+            if not (d["steps"][-1]["skipped_steps"] == 0 and z["steps"][-1]["skipped_steps"] > 0):
+                table.failures.append(
+                    "%s: DeepSpeed skipped %d steps, zerostep %d: the stage 0 fp16 loss-scaling "
+                    "bug this case expects (conform.stage0_fp16_unscaled) is gone; compare the "
+                    "case again" % (name, d["steps"][-1]["skipped_steps"],
+                                    z["steps"][-1]["skipped_steps"]))
+        elif fp16_partitioned_overflow(case):
+            diverged = [k for k, (zs, ds) in enumerate(zip(z["steps"], d["steps"]))
+                        if zs["applied"] != ds["applied"]]
+            if diverged:
+                steps = diverged[0]
+                table.note("(not compared: fp16 overflow decision, stages 2-3, world >= 2)",
+                           case, len(case["steps"]) - steps)
         for r, (zl, dl) in enumerate(zip(z["losses"], d["losses"])):
             if len(zl) != len(dl):
                 table.failures.append("%s rank %d: %d losses against %d" % (name, r, len(zl),
                                                                              len(dl)))
                 continue
             for i, (a, b) in enumerate(zip(zl, dl)):
-                table.add("loss_step1" if i < first else "loss", case, a, b,
+                if step_of[i] > steps:
+                    continue  # after a step that is not compared
+                table.add("loss_step1" if step_of[i] == 0 else "loss", case, a, b,
                           "rank %d micro-batch %d" % (r, i))
+        z["steps"], d["steps"] = z["steps"][:steps], d["steps"][:steps]
         for k, (zs, ds) in enumerate(zip(z["steps"], d["steps"])):
             for q in EXACT:
-                table.add(q, case, zs[q], ds[q], "step %d" % (k + 1))
+                a = zs[q]
+                if q == "global_steps":
+                    # DeepSpeed counts skipped (fp16 overflow) steps in
+                    # global_steps, zerostep does not (docs/architecture.md).
+                    a = zs["global_steps"] + zs["skipped_steps"]
+                table.add(q, case, a, ds[q], "step %d" % (k + 1))
             if zs["applied"] and ds["applied"]:
                 if ds["grad_norm"] is None:
                     # DeepSpeed computes no norm where nothing needs it
@@ -263,8 +330,14 @@ def compare(run_dir, cases, table):
                     if fix is not None:
                         norm = fix(norm, ds)
                     table.add("grad_norm", case, zs["grad_norm"], norm, "step %d" % (k + 1))
-        zp = read_params(os.path.join(run_dir, "zerostep", name + ".params"), len(case["steps"]))
-        dp = read_params(os.path.join(run_dir, "deepspeed", name + ".params"), len(case["steps"]))
+        zp = read_params(os.path.join(run_dir, "zerostep", name + ".params"),
+                         len(case["steps"]))[:steps]
+        dp = read_params(os.path.join(run_dir, "deepspeed", name + ".params"),
+                         len(case["steps"]))[:steps]
+        if steps and step1_decay(case, d):
+            o = case["config"]["optimizer"]["params"]
+            keep = 1.0 - o["lr"] * o["weight_decay"]
+            dp[0] = [v / keep for v in dp[0]]
         for k, (a, b) in enumerate(zip(zp, dp)):
             if len(a) != len(b):
                 table.failures.append("%s step %d: %d parameters against %d" % (

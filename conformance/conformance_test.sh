@@ -21,8 +21,7 @@
 # at worlds 1, 2 and 3 (the quick run: worlds 1 and 2, conformance/
 # prepare.py's quick_cases).
 set -euo pipefail
-conform="$(realpath "$1")" zbin="$(realpath "$2")" peers_run="$(realpath "$3")"
-site_sh="$(realpath "$4")" config="$5"
+config="$5"
 
 skip() {  # CASE REASON: a skip recorded in test.xml, then exit 0
   echo "SKIPPED: $2"
@@ -49,6 +48,8 @@ if [ "$config" != cuda ]; then
 //conformance:conformance_test"
 fi
 
+conform="$(realpath "$1")" zbin="$(realpath "$2")" peers_run="$(realpath "$3")"
+site_sh="$(realpath "$4")"
 python="$(python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import run; print(run.torch_python(False) or "")' "$(dirname "$peers_run")")"
 if [ -z "$python" ]; then
   echo "conformance_test: the pinned torch venv is absent although this is the --config=cuda" \
