@@ -269,6 +269,24 @@ class Table:
                 q, optimizer, stage, dtype, mode, world, n, "yes" if row["bitwise"] and row["n"] else "no",
                 row["abs"], row["rel"], tol), file=out)
 
+    def print_by_stage(self, out=sys.stdout):
+        """The table above folded over modes and worlds: per quantity,
+        optimizer, stage and dtype, the largest difference."""
+        fold = {}
+        for (q, optimizer, stage, dtype, mode, world), row in self.rows.items():
+            f = fold.setdefault((q, optimizer, stage, dtype),
+                                {"abs": 0.0, "rel": 0.0, "bitwise": True, "n": 0})
+            f["abs"], f["rel"] = max(f["abs"], row["abs"]), max(f["rel"], row["rel"])
+            f["bitwise"] = f["bitwise"] and row["bitwise"]
+            f["n"] += row["n"]
+        print("| quantity | DeepSpeed optimizer | stage | dtype | compared | bitwise "
+              "| max abs diff | max rel diff |", file=out)
+        print("|---|---|---|---|---|---|---|---|", file=out)
+        for (q, optimizer, stage, dtype), f in sorted(fold.items()):
+            print("| %s | %s | %d | %s | %d | %s | %.3g | %.3g |" % (
+                q, optimizer, stage, dtype, f["n"], "yes" if f["bitwise"] and f["n"] else "no",
+                f["abs"], f["rel"]), file=out)
+
     def json(self):
         return [{"quantity": k[0], "optimizer": k[1], "stage": k[2], "dtype": k[3],
                  "mode": k[4], "world": k[5], **v} for k, v in sorted(self.rows.items())]
@@ -395,6 +413,8 @@ def main(argv):
     compare(run_dir, cases, table)
     timing["total_s"] = time.monotonic() - t0
     table.print()
+    print()
+    table.print_by_stage()
     print("conform: %d cases at worlds %s; %s" % (
         len(cases), a.worlds, ", ".join("%s %.1f" % kv for kv in timing.items())))
     if a.json:
