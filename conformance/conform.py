@@ -1,25 +1,29 @@
 #!/usr/bin/env python3
 """zerostep against DeepSpeed 0.19.8, trained side by side (issue 47).
 
-  python3 conformance/conform.py --zerostep-bin=bazel-bin/conformance/zerostep_run \\
+  python3 conformance/conform.py --python=VENV/bin/python \\
+      --zerostep-bin=bazel-out/k8-optcuda/bin/conformance/zerostep_run \\
       --deepspeed-site=DIR [--worlds=1,2] [--long] [--dir=RUN] [--json=OUT]
 
-Writes one seeded micro-batch file and one initial-weights safetensors
-(prepare.py), runs every case (conformance/cases.py) under DeepSpeed
+Writes one seeded micro-batch file and the initial weights (one safetensors
+per dtype; prepare.py), runs every case (conformance/cases.py) under DeepSpeed
 (ds_run.py, --world gloo processes per world) and under zerostep
 (zerostep_run, built with --config=cuda: the same LibTorch as the Python
 side; W processes with torchrun's variables), then compares, per case:
 every micro-batch's loss on every rank, each step's lr, applied flag,
 skipped-step count, loss scale, global step count and global gradient
 norm, and every fp32 master parameter after every step. It prints one row
-per (quantity, stage, dtype, mode) with the largest difference seen and
+per (quantity, optimizer, stage, dtype, mode, world) with the largest
+difference seen, then the same folded per stage and dtype, and
 exits 1 if any is beyond its tolerance (TOLERANCES below, each with its
 reason; docs/architecture.md, "Same numbers as DeepSpeed", explains every
-difference). --long: every dtype with both variants and world 3 too.
+difference). --long: every dtype with both variants, and bf16 with the
+formula optimizer too; --worlds=1,2,3 adds world 3 (the test's long run
+does both).
 
-Python: the pinned torch 2.11 venv (third_party/libtorch/setup.sh) with
-DeepSpeed's folder on PYTHONPATH (benchmarks/peers/deepspeed_site.sh makes
-it). --python overrides the interpreter.
+--python: the pinned torch 2.11 venv's (third_party/libtorch/setup.sh); it
+runs with DeepSpeed's folder on PYTHONPATH (benchmarks/peers/
+deepspeed_site.sh makes it). conformance_test.sh finds both.
 """
 import argparse
 import json

@@ -12,10 +12,10 @@
 #
 # DeepSpeed's folder: $ZEROSTEP_DEEPSPEED_SITE (--test_env) if set, else
 # <cache>/deepspeed-0.19.8-site (the cache common/pinned_venv.sh uses),
-# made under a lock by deepspeed_site.sh on first use (PyPI: about 2
-# minutes), with DeepSpeed's JIT-built CPU ops (FusedAdam, its shared-memory
-# collective) kept in its torch_extensions/ (built by the first run: about
-# 4 minutes of compiling). A failure there fails the test.
+# made under a lock by deepspeed_site.sh on first use (PyPI), with
+# DeepSpeed's JIT-built CPU FusedAdam kept in its torch_extensions/ (built by
+# the first run). Measured on a busy 2-core AMD EPYC: the first run 7
+# minutes in all, later ones 3. A failure there fails the test.
 #
 # ZEROSTEP_CONFORMANCE_LONG=1 (--test_env): every dtype with both variants
 # at worlds 1, 2 and 3 (the quick run: worlds 1 and 2, conformance/

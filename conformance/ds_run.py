@@ -18,9 +18,8 @@ N-th, managed: after each.
 fp16: DeepSpeed's CPU accelerator refuses fp16 unless oneDNN has fp16
 kernels for this CPU (torch.ops.mkldnn._is_mkldnn_fp16_supported(); false on
 AVX2 CPUs). The refusal is a capability check, not a numerical one: LibTorch
-runs fp16 CPU ops either way (zerostep runs the same ones), so this driver
-lifts it for its own process (docs/architecture.md, "Same numbers as
-DeepSpeed").
+runs fp16 CPU ops either way (slowly), so this driver lifts it for its own
+process (docs/architecture.md, "Same numbers as DeepSpeed").
 Its shared-memory all-reduce op, used only by inference_all_reduce, is not
 built (training's collectives are Gloo's either way).
 """
