@@ -232,11 +232,18 @@ def rank_main(rank, a, port, names):
         if case["world"] != a.world or (names and case["name"] not in names):
             continue
         plain = fp16_mask_fill() if case["dtype"] == "fp16" else None
+        linear = torch.nn.functional.linear
         try:
             losses, steps, params = run_case(case, a.dir, data, rank)
         finally:
             if plain is not None:
                 torch.Tensor.masked_fill = plain
+            # A stage 3 engine replaces torch.nn.functional.linear
+            # process-wide with its own (matmul, then += bias: two roundings
+            # in bf16) and leaves it so; each case gets what a fresh
+            # process would (docs/architecture.md, "Same numbers as
+            # DeepSpeed").
+            torch.nn.functional.linear = linear
         gathered = [None] * a.world
         dist.all_gather_object(gathered, losses)
         if rank == 0:
