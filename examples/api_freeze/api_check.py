@@ -18,6 +18,9 @@ the rule, the fix), when:
     "Headers that come with a public target" does not list for it, or one
     whose target is not among that public target's dependencies, so that a
     consumer would have to name an internal target;
+  - a BUILD file under examples/ (the consumer workspaces, this package)
+    names an @zerostep// target that the table does not list, or a source
+    there includes a header that no public target has;
   - a frozen target or header is no longer public and docs/api.md's
     "Moved and removed" table does not name it; or a row of that table is
     not named in CHANGELOG.md, or names a forwarding header that is not
@@ -162,6 +165,30 @@ def dep_closure(label, rules):
     return seen
 
 
+def consumer_builds(root):
+    """The BUILD files of examples/: the consumer workspaces and packages."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, "examples")):
+        dirnames[:] = [d for d in dirnames if not d.startswith("bazel-")]
+        if "BUILD" in filenames:
+            out.append(os.path.join(dirpath, "BUILD"))
+    return sorted(out)
+
+
+def consumer_sources(root):
+    out = []
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, "examples")):
+        dirnames[:] = [d for d in dirnames if not d.startswith("bazel-")]
+        out.extend(os.path.join(dirpath, f) for f in filenames
+                   if f.endswith((".cc", ".h")))
+    return sorted(out)
+
+
+def zerostep_deps(build):
+    with open(build) as f:
+        return re.findall(r'"(@zerostep//[^"]+)"', f.read())
+
+
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -281,6 +308,15 @@ def check(root, frozen_path):
             "layers that use it (the package groups of //:BUILD)" %
             (label, PUBLIC))
 
+    # --- consumers name only listed targets --------------------------------
+    for build in consumer_builds(root):
+        for label in sorted(set(zerostep_deps(build))):
+            if normalize(label) not in listed:
+                problems.append(
+                    "%s depends on %s, which docs/api.md does not list as "
+                    "public: the examples use only the public API" %
+                    (os.path.relpath(build, root), label))
+
     # --- what public headers bring with them ------------------------------
     public_headers = {}
     for label, rule in public.items():
@@ -330,6 +366,15 @@ def check(root, frozen_path):
         problems.append(
             "docs/api.md's \"Headers that come with a public target\" has a "
             "row for %s, which is not public: remove the row" % label)
+
+    # --- consumers include only public headers ----------------------------
+    for src in consumer_sources(root):
+        for inc in includes(root, os.path.relpath(src, root)):
+            if inc not in public_headers:
+                problems.append(
+                    "%s includes %s, which no public target of docs/api.md "
+                    "has in hdrs: the examples use only the public API" %
+                    (os.path.relpath(src, root), inc))
 
     # --- frozen names: still public, or moved/removed with a note ---------
     moved = {}

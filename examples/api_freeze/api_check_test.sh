@@ -14,11 +14,12 @@ echo "== the checkout: $root"
 python3 "$check" "$root" || fail "docs/api.md disagrees with the build (above)"
 
 # A copy of what the check reads: BUILD files, headers, the two docs and
-# the frozen list (no bazel-* output trees, no nested workspaces' outputs).
+# the frozen list (no bazel-* output trees).
 fresh() {
   rm -rf "$tmp" && mkdir -p "$tmp"
   (cd "$root" && find . \( -name 'bazel-*' -o -name .git \) -prune -o \
-      -type f \( -name BUILD -o -name WORKSPACE -o -name '*.h' \) -print0 |
+      -type f \( -name BUILD -o -name WORKSPACE -o -name '*.h' \) \
+      -not -path './examples/*' -print0 |
       tar -c --null -T - -f - | tar -x -C "$tmp" -f -) || fail "copying the tree"
   mkdir -p "$tmp/docs" "$tmp/examples/api_freeze"
   cp "$root/docs/api.md" "$tmp/docs/"
@@ -97,5 +98,21 @@ fresh
 sed -i 's/| stable, testonly | `SimWorld`/| stable | `SimWorld`/' "$tmp/docs/api.md"
 expect "sim_world's row without testonly" \
   "//sim:sim_world is testonly in its BUILD file"
+
+# A consumer example that names an internal target.
+fresh
+mkdir -p "$tmp/examples/consumer"
+cp "$root/examples/consumer/BUILD" "$tmp/examples/consumer/BUILD"
+sed -i 's|"@zerostep//engine",|&\n        "@zerostep//zero:stage",|' "$tmp/examples/consumer/BUILD"
+expect "examples/consumer names //zero:stage" \
+  "examples/consumer/BUILD depends on @zerostep//zero:stage, which docs/api.md does not list"
+
+# A consumer example that includes an internal header.
+fresh
+mkdir -p "$tmp/examples/own_model"
+cp "$root/examples/own_model/own_model.cc" "$tmp/examples/own_model/"
+sed -i 's|#include "engine/engine.h"|&\n#include "zero/stage.h"|' "$tmp/examples/own_model/own_model.cc"
+expect "examples/own_model includes zero/stage.h" \
+  "examples/own_model/own_model.cc includes zero/stage.h, which no public target"
 
 echo PASSED
