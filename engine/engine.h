@@ -66,6 +66,9 @@
 #include <string>
 #include <vector>
 
+// Zero3Block and zero3_block(), with which a model of your own marks its
+// stage 3 blocks, come with the engine (docs/api.md).
+#include "blocks/zero3_block.h"
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "engine/boundary.h"
