@@ -77,7 +77,7 @@ bool adapted(const HfLoraOptions& lora, const std::string& module) {
 }
 
 // The LoRA stream of projection `p` of layer `layer` (distinct A's). The
-// head's stream follows the last layer's: stream_of(num_hidden_layers, 0th).
+// head's is the first after the last layer's: num_hidden_layers * 7.
 uint64_t stream_of(int64_t layer, const std::string& p) {
   const auto at = std::find(kProjections.begin(), kProjections.end(), p);
   return static_cast<uint64_t>(layer) * kProjections.size() +

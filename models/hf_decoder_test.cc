@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
@@ -61,6 +62,21 @@ std::string temp_dir(const std::string& leaf) {
                      leaf;
   fs::remove_all(d);
   return d.string();
+}
+
+// The PEFT adapter folder of m's adapters (save_lora_tensors, then
+// write_peft_adapter for the base "/models/base"): its adapter_config.json
+// and adapter_model.safetensors.
+std::pair<nlohmann::json, SafetensorsFile> peft_adapter_of(
+    const HfCausalLmImpl& m, const HfLoraOptions& lora) {
+  const std::string lora_file = temp_dir("lora.safetensors");
+  fs::create_directories(fs::path(lora_file).parent_path());
+  save_lora_tensors(m, lora_file);
+  const std::string dir = temp_dir("adapter");
+  write_peft_adapter(lora_file, lora, "/models/base", dir);
+  std::ifstream cfg(dir + "/adapter_config.json");
+  return {nlohmann::json::parse(cfg),
+          read_safetensors_file(dir + "/adapter_model.safetensors")};
 }
 
 TEST(HfDecoderTest, ParametersCarryTransformersNamesInItsOrder) {
@@ -367,21 +383,12 @@ TEST(HfDecoderTest, PeftAdapterFilesNameEveryAdapterAsPeftSavesIt) {
   lora.alpha = 6;
   lora.target_modules = {"o_proj", "up_proj"};
   HfCausalLm m = random_model(small(HfArchitecture::kLlama), 11, lora);
-  const std::string lora_file = temp_dir("lora.safetensors");
-  fs::create_directories(fs::path(lora_file).parent_path());
-  save_lora_tensors(*m, lora_file);
-  const std::string dir = temp_dir("adapter");
-  write_peft_adapter(lora_file, lora, "/models/base", dir);
-
-  std::ifstream cfg(dir + "/adapter_config.json");
-  const nlohmann::json j = nlohmann::json::parse(cfg);
+  const auto [j, f] = peft_adapter_of(*m, lora);
   EXPECT_EQ(j["peft_type"], "LORA");
   EXPECT_EQ(j["r"], 2);
   EXPECT_EQ(j["lora_alpha"], 6.0);
   EXPECT_EQ(j["target_modules"], (std::vector<std::string>{"o_proj", "up_proj"}));
   EXPECT_EQ(j["base_model_name_or_path"], "/models/base");
-  const SafetensorsFile f =
-      read_safetensors_file(dir + "/adapter_model.safetensors");
   ASSERT_EQ(f.tensors.size(), 2u * 2 * 2);
   std::set<std::string> got;
   for (const SafetensorsTensor& t : f.tensors) got.insert(t.name);
@@ -411,16 +418,8 @@ TEST(HfDecoderTest, PeftAdapterFilesHoldTheHeadsAdapters) {
   lora.target_modules = {"q_proj", "lm_head"};
   HfCausalLm m = random_model(small(HfArchitecture::kQwen3, /*tied=*/true), 14,
                               lora);
-  const std::string lora_file = temp_dir("lora.safetensors");
-  fs::create_directories(fs::path(lora_file).parent_path());
-  save_lora_tensors(*m, lora_file);
-  const std::string dir = temp_dir("adapter");
-  write_peft_adapter(lora_file, lora, "/models/base", dir);
-  std::ifstream cfg(dir + "/adapter_config.json");
-  const nlohmann::json j = nlohmann::json::parse(cfg);
+  const auto [j, f] = peft_adapter_of(*m, lora);
   EXPECT_EQ(j["target_modules"], (std::vector<std::string>{"q_proj", "lm_head"}));
-  const SafetensorsFile f =
-      read_safetensors_file(dir + "/adapter_model.safetensors");
   ASSERT_EQ(f.tensors.size(), 2u * 2 + 2);
   EXPECT_EQ(f.tensors[4].name, "base_model.model.lm_head.lora_A.weight");
   EXPECT_EQ(f.tensors[4].shape, (std::vector<uint64_t>{2, 32}));

@@ -15,12 +15,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/errors.h"
 #include "config/config.h"
+#include "engine/checkpoint_io.h"
 #include "engine/hf_checkpoint.h"
 #include "engine/safetensors.h"
 #include "models/hf_decoder.h"
@@ -28,6 +28,7 @@
 #include "tools/tinker/checkpoints.h"
 #include "tools/tinker/tenancy.h"
 #include "tools/tinker/trainer.h"
+#include "tools/tinker/trainer_test_util.h"
 
 namespace zerostep {
 namespace tinker {
@@ -35,13 +36,6 @@ namespace {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-std::string tmp_dir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name;
-  fs::remove_all(dir);
-  return dir;
-}
 
 // A small random folder of `a`, tied or not, written with save_hf_folder.
 std::string make_folder(HfArchitecture a, bool tied, const std::string& name) {
@@ -57,7 +51,7 @@ std::string make_folder(HfArchitecture a, bool tied, const std::string& name) {
   c.tie_word_embeddings = tied;
   HfCausalLm m = make_hf_decoder(c);
   init_hf_decoder_weights(*m, 3);
-  const std::string dir = tmp_dir(name);
+  const std::string dir = test_tmp_dir(name);
   save_hf_folder(*m, dir);
   return dir;
 }
@@ -158,13 +152,6 @@ TEST(ModelRegistryHfTest, TrainUnembedAdaptsTheHeadAloneOrWithTheRest) {
   });
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // At ZeRO stage 3 on two simulated ranks (every parameter partitioned:
 // persistence threshold 0), two steps train the head's adapters of a tied
 // and an untied folder, and save_weights_external writes them as PEFT's
@@ -180,7 +167,7 @@ TEST(ModelRegistryHfTest, HeadAdaptersTrainAtStage3AndExportAsPeft) {
       world);
   for (const char* base : {"tied", "untied"}) {
     SCOPED_TRACE(base);
-    const std::string state = tmp_dir(std::string("state_") + base);
+    const std::string state = test_tmp_dir(std::string("state_") + base);
     Caller alice;
     alice.tenant = "alice";
     SimWorld sim({world, 1});
@@ -211,7 +198,7 @@ TEST(ModelRegistryHfTest, HeadAdaptersTrainAtStage3AndExportAsPeft) {
     });
     const std::string folder =
         state + "/tenants/alice/m/external_weights/final";
-    const json adapter = json::parse(slurp(folder + "/adapter_config.json"));
+    const json adapter = json::parse(read_file(folder + "/adapter_config.json"));
     EXPECT_EQ(adapter["target_modules"].back(), "lm_head");
     EXPECT_EQ(adapter["lora_alpha"], 2.0);  // the server's: the rank
     const SafetensorsFile f =
@@ -247,7 +234,7 @@ TEST(ModelRegistryHfTest, HeadAdaptersTrainAtStage3AndExportAsPeft) {
 // and creates nothing.
 TEST(ModelRegistryHfTest, StateSavedWithoutTheHeadsAdaptersIsRefused) {
   serve_folders();
-  const std::string state = tmp_dir("state_before");
+  const std::string state = test_tmp_dir("state_before");
   const Config config = parse_config(server_ds_config("{}", 1), 1);
   Caller alice;
   alice.tenant = "alice";
@@ -262,7 +249,7 @@ TEST(ModelRegistryHfTest, StateSavedWithoutTheHeadsAdaptersIsRefused) {
     cp.save_weights(models, alice, {{"model_id", "old"}, {"path", "c"}});
     const std::string meta_path =
         state + "/tenants/alice/old/c/tinker_meta.json";
-    json meta = json::parse(slurp(meta_path));
+    json meta = json::parse(read_file(meta_path));
     ASSERT_EQ(meta["lora"]["train_unembed"], false);
     meta["lora"]["train_unembed"] = true;
     std::ofstream(meta_path) << meta.dump();
