@@ -67,17 +67,58 @@ torch::TensorOptions on(torch::Device device) {
   return torch::TensorOptions().dtype(torch::kFloat32).device(device);
 }
 
-bool adapted(const HfLoraOptions& lora, const std::string& projection) {
+// The LoRA target module of the head (PEFT's name for it).
+constexpr const char* kLmHead = "lm_head";
+
+bool adapted(const HfLoraOptions& lora, const std::string& module) {
   return lora.rank > 0 &&
          std::find(lora.target_modules.begin(), lora.target_modules.end(),
-                   projection) != lora.target_modules.end();
+                   module) != lora.target_modules.end();
 }
 
-// The LoRA stream of projection `p` of layer `layer` (distinct A's).
+// The LoRA stream of projection `p` of layer `layer` (distinct A's). The
+// head's is the first after the last layer's: num_hidden_layers * 7.
 uint64_t stream_of(int64_t layer, const std::string& p) {
   const auto at = std::find(kProjections.begin(), kProjections.end(), p);
   return static_cast<uint64_t>(layer) * kProjections.size() +
          static_cast<uint64_t>(at - kProjections.begin());
+}
+
+// PEFT's adapters of one projection [in -> out], registered under `owner`
+// as lora_A.weight [rank, in] and lora_B.weight [out, rank]: A from the
+// seed's stream `stream`, B zero (on kMeta: both uninitialised).
+struct LoraPair {
+  torch::Tensor a, b;
+  double scale = 0.0;  // alpha / rank
+};
+
+LoraPair register_lora(torch::nn::Module& owner, int64_t in, int64_t out,
+                       const HfLoraOptions& lora, uint64_t stream,
+                       torch::Device device) {
+  LoraPair pair;
+  pair.scale =
+      (lora.alpha > 0 ? lora.alpha : static_cast<double>(lora.rank)) /
+      static_cast<double>(lora.rank);
+  torch::Tensor a = device.is_meta()
+                        ? torch::empty({lora.rank, in}, on(device))
+                        : lora_initial_a(lora.rank, in, lora.seed, stream)
+                              .to(device);
+  auto lora_a = owner.register_module("lora_A", std::make_shared<torch::nn::Module>());
+  auto lora_b = owner.register_module("lora_B", std::make_shared<torch::nn::Module>());
+  pair.a = lora_a->register_parameter("weight", a);
+  pair.b = lora_b->register_parameter(
+      "weight", device.is_meta() ? torch::empty({out, lora.rank}, on(device))
+                                 : torch::zeros({out, lora.rank}, on(device)));
+  return pair;
+}
+
+// peft's Linear: base(x) + lora_B(lora_A(x)) * scale (no dropout); `y` is
+// base(x). Without adapters, y.
+torch::Tensor add_lora(const torch::Tensor& y, const torch::Tensor& x,
+                       const torch::Tensor& a, const torch::Tensor& b,
+                       double scale) {
+  if (!a.defined()) return y;
+  return y + project(project(x, a), b) * scale;
 }
 
 // transformers' rotate_half: [-x2, x1] for the two halves of the last dim.
@@ -119,21 +160,34 @@ class HfEmbeddingBlockImpl : public HfEmbeddingImpl, public Zero3Block {
   using HfEmbeddingImpl::HfEmbeddingImpl;
 };
 
-// lm_head of an untied model: its own stage 3 group.
+// lm_head: its own stage 3 group (Note [The head's LoRA]). Untied, it
+// holds lm_head.weight; tied, it projects with model.embed_tokens.weight
+// (`tied`, not its parameter) and holds only the adapters, so that they
+// carry PEFT's names.
 class HfLmHeadImpl : public torch::nn::Module, public Zero3Block {
  public:
-  HfLmHeadImpl(int64_t vocab, int64_t dim, torch::Device device) {
-    weight_ = register_parameter("weight", torch::empty({vocab, dim}, on(device)));
+  HfLmHeadImpl(const HfDecoderConfig& c, const HfDecoderOptions& o,
+               const torch::Tensor& tied) {
+    const int64_t vocab = c.vocab_size, dim = c.hidden_size;
+    weight_ = tied.defined()
+                  ? tied
+                  : register_parameter("weight",
+                                       torch::empty({vocab, dim}, on(o.device)));
+    if (!adapted(o.lora, kLmHead)) return;
+    lora_ = register_lora(*this, dim, vocab, o.lora,
+                          stream_of(c.num_hidden_layers, kProjections[0]),
+                          o.device);
   }
   torch::Tensor forward(const torch::Tensor& x) {
     return zero3_block(*this, x, [&](const torch::Tensor& in) {
-      return project(in, weight_);
+      return add_lora(project(in, weight_), in, lora_.a, lora_.b, lora_.scale);
     });
   }
   const torch::Tensor& weight() const { return weight_; }
 
  private:
   torch::Tensor weight_;
+  LoraPair lora_;
 };
 
 void write_file_atomically(const std::string& path, const std::string& bytes) {
@@ -185,24 +239,14 @@ HfLinearImpl::HfLinearImpl(int64_t in, int64_t out, bool bias,
   weight_ = register_parameter("weight", torch::empty({out, in}, on(device)));
   if (bias) bias_ = register_parameter("bias", torch::empty({out}, on(device)));
   if (!adapt) return;
-  lora_scale_ = (lora.alpha > 0 ? lora.alpha : static_cast<double>(lora.rank)) /
-                static_cast<double>(lora.rank);
-  torch::Tensor a = device.is_meta()
-                        ? torch::empty({lora.rank, in}, on(device))
-                        : lora_initial_a(lora.rank, in, lora.seed, lora_stream)
-                              .to(device);
-  auto lora_a = register_module("lora_A", std::make_shared<torch::nn::Module>());
-  auto lora_b = register_module("lora_B", std::make_shared<torch::nn::Module>());
-  lora_a_ = lora_a->register_parameter("weight", a);
-  lora_b_ = lora_b->register_parameter(
-      "weight", device.is_meta() ? torch::empty({out, lora.rank}, on(device))
-                                 : torch::zeros({out, lora.rank}, on(device)));
+  const LoraPair pair = register_lora(*this, in, out, lora, lora_stream, device);
+  lora_a_ = pair.a;
+  lora_b_ = pair.b;
+  lora_scale_ = pair.scale;
 }
 
 torch::Tensor HfLinearImpl::forward(const torch::Tensor& x) {
-  torch::Tensor y = project(x, weight_, bias_);
-  if (!lora_a_.defined()) return y;
-  return y + project(project(x, lora_a_), lora_b_) * lora_scale_;
+  return add_lora(project(x, weight_, bias_), x, lora_a_, lora_b_, lora_scale_);
 }
 
 HfRmsNormImpl::HfRmsNormImpl(int64_t dim, double eps, torch::Device device)
@@ -387,20 +431,24 @@ HfCausalLmImpl::HfCausalLmImpl(const HfDecoderConfig& config,
     throw UsageError("LoRA rank = " + std::to_string(options.lora.rank) +
                      " must be >= 0 (0: no adapters)");
   for (const std::string& m : options.lora.target_modules)
-    if (std::find(kProjections.begin(), kProjections.end(), m) ==
-        kProjections.end())
+    if (m != kLmHead && std::find(kProjections.begin(), kProjections.end(),
+                                  m) == kProjections.end())
       throw UsageError("LoRA target module '" + m +
                        "' is not one of q_proj, k_proj, v_proj, o_proj, "
-                       "gate_proj, up_proj, down_proj (PEFT's names of the "
-                       "decoder's projections)");
+                       "gate_proj, up_proj, down_proj, lm_head (PEFT's names "
+                       "of the decoder's projections). Fix: name those");
   model_ = register_module("model", HfModel(config, options));
-  if (config.tie_word_embeddings) {
-    lm_head_weight_ = model_->embed_tokens()->weight();
-  } else {
-    auto head = std::make_shared<HfLmHeadImpl>(config.vocab_size,
-                                               config.hidden_size, options.device);
+  // Note [The head's LoRA]: a tied model gets an lm_head module only to
+  // hold the head's adapters.
+  const torch::Tensor tied = config.tie_word_embeddings
+                                 ? model_->embed_tokens()->weight()
+                                 : torch::Tensor();
+  if (!config.tie_word_embeddings || adapted(options.lora, kLmHead)) {
+    auto head = std::make_shared<HfLmHeadImpl>(config, options, tied);
     lm_head_weight_ = head->weight();
-    lm_head_ = register_module("lm_head", head);
+    lm_head_ = register_module(kLmHead, head);
+  } else {
+    lm_head_weight_ = tied;
   }
   inv_freq_ = rope_inv_freq(config);
 }

@@ -24,6 +24,20 @@
 // (lora_dropout 0, no rsLoRA, no DoRA). write_peft_adapter() writes them as
 // peft's adapter_model.safetensors and adapter_config.json.
 //
+// Note [The head's LoRA]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// "lm_head" among the target modules adapts the head as peft does with
+// target_modules containing "lm_head": lm_head.lora_A.weight [rank,
+// hidden] and lm_head.lora_B.weight [vocab, rank], logits = x W^T +
+// (x A^T) B^T * alpha / rank. Untied, W is lm_head.weight. Tied, W is
+// model.embed_tokens.weight and the model gets an "lm_head" module that
+// holds only the two adapters (a tied model without them has no lm_head
+// module), so their names are peft's: peft 0.21 wraps a tied model's
+// lm_head Linear and leaves the input embedding alone (it warns that the
+// tied layer is adapted; ensure_weight_tying, which would adapt
+// embed_tokens too, is off), which is what this computes. The head is a
+// Zero3Block either way (Note [Hugging Face decoders at stage 3]).
+//
 // Note [Hugging Face decoders at stage 3]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Every decoder layer is a Zero3Block (blocks/zero3_block.h), and so are
@@ -32,7 +46,10 @@
 // block in use. A tied model's embedding is used twice in one forward (at
 // the input and at the head), so it is not a block: it stays whole on every
 // rank (stage 3's persistent group), as do the final norm and any
-// parameter under stage3_param_persistence_threshold.
+// parameter under stage3_param_persistence_threshold. A tied model's
+// lm_head module, which holds only the head's adapters (Note [The head's
+// LoRA]), is a block: lora_B [vocab, rank] is partitioned like the
+// layers' adapters, and the tied weight it multiplies by stays whole.
 //
 // Numbers: the forward is transformers' eager attention path (float32
 // softmax, RMSNorm in float32, cos/sin in float32 cast to the activations'
@@ -63,7 +80,8 @@ struct HfLoraOptions {
   double alpha = 0.0;  // PEFT's lora_alpha; 0 = rank (scale 1)
   uint64_t seed = 0;   // the A matrices' initialisation (models/lora.h)
   // The projections adapted, by their module names (PEFT's
-  // target_modules); each must be one of the seven.
+  // target_modules); each must be one of the seven or "lm_head" (the head:
+  // Note [The head's LoRA]).
   std::vector<std::string> target_modules = {
       "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
       "down_proj"};
@@ -239,8 +257,9 @@ class HfCausalLmImpl : public torch::nn::Module, public CausalLm {
   HfDecoderConfig config_;
   HfDecoderOptions options_;
   HfModel model_{nullptr};
-  std::shared_ptr<torch::nn::Module> lm_head_;  // untied only
-  torch::Tensor lm_head_weight_;                // lm_head.weight
+  // Untied, or tied with the head adapted (Note [The head's LoRA]).
+  std::shared_ptr<torch::nn::Module> lm_head_;
+  torch::Tensor lm_head_weight_;  // lm_head.weight or the tied embedding
   torch::Tensor inv_freq_;
 };
 TORCH_MODULE(HfCausalLm);
@@ -249,6 +268,8 @@ TORCH_MODULE(HfCausalLm);
 // options.device (on torch::kMeta: no memory) and LoRA adapters from
 // options.lora (A from its seed, B zero; on kMeta, uninitialised too).
 // UsageError naming an unknown LoRA target module or a negative rank.
+// A tied model's "lm_head" adapters add an lm_head module (Note [The
+// head's LoRA]).
 HfCausalLm make_hf_decoder(const HfDecoderConfig& config,
                            const HfDecoderOptions& options = {});
 

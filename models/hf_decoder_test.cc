@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
@@ -63,6 +64,21 @@ std::string temp_dir(const std::string& leaf) {
   return d.string();
 }
 
+// The PEFT adapter folder of m's adapters (save_lora_tensors, then
+// write_peft_adapter for the base "/models/base"): its adapter_config.json
+// and adapter_model.safetensors.
+std::pair<nlohmann::json, SafetensorsFile> peft_adapter_of(
+    const HfCausalLmImpl& m, const HfLoraOptions& lora) {
+  const std::string lora_file = temp_dir("lora.safetensors");
+  fs::create_directories(fs::path(lora_file).parent_path());
+  save_lora_tensors(m, lora_file);
+  const std::string dir = temp_dir("adapter");
+  write_peft_adapter(lora_file, lora, "/models/base", dir);
+  std::ifstream cfg(dir + "/adapter_config.json");
+  return {nlohmann::json::parse(cfg),
+          read_safetensors_file(dir + "/adapter_model.safetensors")};
+}
+
 TEST(HfDecoderTest, ParametersCarryTransformersNamesInItsOrder) {
   HfDecoderConfig c = small(HfArchitecture::kQwen3);
   c.num_hidden_layers = 1;
@@ -113,8 +129,9 @@ TEST(HfDecoderTest, MetaBuildHasTheSameNamesAndShapesAndNoStorage) {
     HfDecoderOptions meta;
     meta.device = torch::kMeta;
     meta.lora.rank = 2;
+    meta.lora.target_modules.push_back("lm_head");
     HfDecoderOptions cpu;
-    cpu.lora.rank = 2;
+    cpu.lora = meta.lora;
     const HfCausalLm a = make_hf_decoder(small(HfArchitecture::kQwen3, tied), meta);
     const HfCausalLm b = make_hf_decoder(small(HfArchitecture::kQwen3, tied), cpu);
     const auto pa = a->named_parameters(), pb = b->named_parameters();
@@ -291,7 +308,73 @@ TEST(HfDecoderTest, FreshLoraChangesNothingAndTrainsAlone) {
 
   HfLoraOptions bad = lora;
   bad.target_modules = {"qkv_proj"};
-  EXPECT_THROW(make_hf_decoder(c, HfDecoderOptions{bad}), UsageError);
+  try {
+    make_hf_decoder(c, HfDecoderOptions{bad});
+    FAIL() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("'qkv_proj' is not one of q_proj, "
+                                         "k_proj, v_proj, o_proj, gate_proj, "
+                                         "up_proj, down_proj, lm_head"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Note [The head's LoRA]: "lm_head" adapts the head under peft's names,
+// tied or untied; a tied model's lm_head module holds only the adapters
+// and is a stage 3 block; the adapter adds (x A^T) B^T * alpha / rank.
+TEST(HfDecoderTest, HeadLoraCarriesPeftNamesTiedAndUntied) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const HfDecoderConfig c = small(HfArchitecture::kLlama, tied);
+    HfLoraOptions lora;
+    lora.rank = 3;
+    lora.alpha = 6;
+    lora.seed = 5;
+    lora.target_modules = {"lm_head"};
+    HfCausalLm base = random_model(c, 13);
+    HfCausalLm adapted = random_model(c, 13, lora);
+    const std::vector<std::string> n = names(*adapted);
+    std::vector<std::string> want = names(*base);
+    want.push_back("lm_head.lora_A.weight");
+    want.push_back("lm_head.lora_B.weight");
+    EXPECT_EQ(n, want);
+    const auto params = adapted->named_parameters();
+    const torch::Tensor a = params["lm_head.lora_A.weight"];
+    const torch::Tensor b = params["lm_head.lora_B.weight"];
+    EXPECT_EQ(a.sizes(), (std::vector<int64_t>{3, 32}));
+    EXPECT_EQ(b.sizes(), (std::vector<int64_t>{50, 3}));
+    // A from the seed's stream after every layer's, B zero.
+    EXPECT_TRUE(torch::equal(
+        a, lora_initial_a(3, 32, 5, 2 * 7)));
+    EXPECT_TRUE(torch::equal(b, torch::zeros({50, 3})));
+    EXPECT_EQ(freeze_all_but_lora(*adapted), 2);
+    // The head is a block (the last), holding the adapters.
+    const Zero3BlockMap map = map_zero3_blocks(*adapted);
+    EXPECT_EQ(map.blocks.size(), tied ? 3u : 4u);
+    EXPECT_EQ(map.block_of_param,
+              (std::vector<int>{static_cast<int>(map.blocks.size()) - 1,
+                                static_cast<int>(map.blocks.size()) - 1}));
+    // Fresh: the base's logits. With B set, the logits move by
+    // (h A^T) B^T * alpha / rank: twice as far at alpha 6 as at alpha 3
+    // (the scale), and as far again for B doubled (linear in B).
+    const torch::Tensor tokens = torch::randint(50, {2, 6}, torch::kLong);
+    torch::NoGradGuard no_grad;
+    const torch::Tensor plain = base->forward(tokens);
+    EXPECT_TRUE(torch::equal(plain, adapted->forward(tokens)));
+    b.normal_(0.0, 0.5);
+    const torch::Tensor moved = adapted->forward(tokens) - plain;
+    EXPECT_GT(moved.abs().max().item<double>(), 1e-2);
+    HfLoraOptions half = lora;
+    half.alpha = 3;
+    HfCausalLm halved = random_model(c, 13, half);
+    halved->named_parameters()["lm_head.lora_B.weight"].copy_(b);
+    EXPECT_TRUE(torch::allclose(halved->forward(tokens) - plain, moved / 2,
+                                1e-4, 1e-5));
+    b.mul_(2);
+    EXPECT_TRUE(torch::allclose(adapted->forward(tokens) - plain, moved * 2,
+                                1e-4, 1e-5));
+  }
 }
 
 TEST(HfDecoderTest, PeftAdapterFilesNameEveryAdapterAsPeftSavesIt) {
@@ -300,21 +383,12 @@ TEST(HfDecoderTest, PeftAdapterFilesNameEveryAdapterAsPeftSavesIt) {
   lora.alpha = 6;
   lora.target_modules = {"o_proj", "up_proj"};
   HfCausalLm m = random_model(small(HfArchitecture::kLlama), 11, lora);
-  const std::string lora_file = temp_dir("lora.safetensors");
-  fs::create_directories(fs::path(lora_file).parent_path());
-  save_lora_tensors(*m, lora_file);
-  const std::string dir = temp_dir("adapter");
-  write_peft_adapter(lora_file, lora, "/models/base", dir);
-
-  std::ifstream cfg(dir + "/adapter_config.json");
-  const nlohmann::json j = nlohmann::json::parse(cfg);
+  const auto [j, f] = peft_adapter_of(*m, lora);
   EXPECT_EQ(j["peft_type"], "LORA");
   EXPECT_EQ(j["r"], 2);
   EXPECT_EQ(j["lora_alpha"], 6.0);
   EXPECT_EQ(j["target_modules"], (std::vector<std::string>{"o_proj", "up_proj"}));
   EXPECT_EQ(j["base_model_name_or_path"], "/models/base");
-  const SafetensorsFile f =
-      read_safetensors_file(dir + "/adapter_model.safetensors");
   ASSERT_EQ(f.tensors.size(), 2u * 2 * 2);
   std::set<std::string> got;
   for (const SafetensorsTensor& t : f.tensors) got.insert(t.name);
@@ -334,6 +408,23 @@ TEST(HfDecoderTest, PeftAdapterFilesNameEveryAdapterAsPeftSavesIt) {
               std::string::npos)
         << e.what();
   }
+}
+
+// The head's adapters in PEFT's files: lm_head in target_modules, its
+// tensors under base_model.model.lm_head (tied too: peft's name for them).
+TEST(HfDecoderTest, PeftAdapterFilesHoldTheHeadsAdapters) {
+  HfLoraOptions lora;
+  lora.rank = 2;
+  lora.target_modules = {"q_proj", "lm_head"};
+  HfCausalLm m = random_model(small(HfArchitecture::kQwen3, /*tied=*/true), 14,
+                              lora);
+  const auto [j, f] = peft_adapter_of(*m, lora);
+  EXPECT_EQ(j["target_modules"], (std::vector<std::string>{"q_proj", "lm_head"}));
+  ASSERT_EQ(f.tensors.size(), 2u * 2 + 2);
+  EXPECT_EQ(f.tensors[4].name, "base_model.model.lm_head.lora_A.weight");
+  EXPECT_EQ(f.tensors[4].shape, (std::vector<uint64_t>{2, 32}));
+  EXPECT_EQ(f.tensors[5].name, "base_model.model.lm_head.lora_B.weight");
+  EXPECT_EQ(f.tensors[5].shape, (std::vector<uint64_t>{50, 2}));
 }
 
 TEST(HfDecoderTest, MetadataCopySkipsWeights) {

@@ -207,6 +207,18 @@ def check_exports(out):
             moved = max_diff(base_logits, want["logits"])
             line += f"; the adapter moves the logits by {moved:.3g}"
             good = good and moved > 1e-3
+            # Each lm_head adapter peft loaded trained (B left zero), and
+            # peft wrapped the head: the tied embedding stays unadapted.
+            adapters = load_file(os.path.join(e["folder"],
+                                              "adapter_model.safetensors"))
+            head_b = adapters.get("base_model.model.lm_head.lora_B.weight")
+            if head_b is not None:
+                head = model.base_model.model.lm_head
+                wrapped = isinstance(head, peft.tuners.lora.LoraLayer)
+                norm = head_b.abs().max().item()
+                line += (f"; lm_head (tied: {base.config.tie_word_embeddings}) "
+                         f"wrapped by peft: {wrapped}, max |lora_B| {norm:.3g}")
+                good = good and wrapped and norm > 0
         print(("ok   " if good else "FAIL ") + line, flush=True)
         ok = ok and good
     return ok

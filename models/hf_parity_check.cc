@@ -7,8 +7,9 @@
 //    cross-entropy, and compares the logits and every parameter's gradient
 //    with transformers' (OUT/ref/<case>.safetensors).
 // 2. Writes the exports hf_parity.py check_exports reads back, with the
-//    logits they must give (OUT/exports/): a LoRA adapter trained at ZeRO
-//    stage 3 on two simulated ranks, written in PEFT's format; a full model
+//    logits they must give (OUT/exports/): LoRA adapters of an untied and
+//    a tied Llama (every projection and lm_head) trained at ZeRO stage 3
+//    on two simulated ranks, written in PEFT's format; a full model
 //    fine-tuned at stage 3, written by Engine::export_full_model beside the
 //    base's config.json; and a folder save_hf_folder wrote from a model
 //    built here.
@@ -281,22 +282,29 @@ bool write_exports(const std::string& out) {
   auto ref = read_tensors(out + "/ref/llama_bias_sharded.safetensors");
   const torch::Tensor tokens = ref["tokens"], targets = ref["targets"];
 
-  // A LoRA adapter, trained at stage 3, in PEFT's format.
+  // LoRA adapters on every projection and the head (Note [The head's
+  // LoRA] in hf_decoder.h), trained at stage 3, in PEFT's format: an
+  // untied Llama (the head's own weight) and a tied one (the embedding's).
   HfLoraOptions lora;
   lora.rank = 4;
   lora.alpha = 8;
   lora.seed = 3;
-  const std::string base = out + "/llama_bias_sharded";
-  const torch::Tensor lora_logits = train_and_export(
-      base, lora, tokens, targets, dir + "/lora.safetensors");
-  write_peft_adapter(dir + "/lora.safetensors", lora, base, dir + "/adapter");
-  write_tensors(dir + "/adapter_logits.safetensors",
-                {{"tokens", tokens}, {"logits", lora_logits}});
-  listing.push_back({{"name", "llama_bias_sharded LoRA r=4 alpha=8"},
-                     {"kind", "peft"},
-                     {"base", base},
-                     {"folder", dir + "/adapter"},
-                     {"logits", "adapter_logits.safetensors"}});
+  lora.target_modules.push_back("lm_head");
+  for (const char* name : {"llama_bias_sharded", "llama3_tied"}) {
+    const std::string base = out + "/" + name;
+    const std::string n = name;
+    const torch::Tensor lora_logits = train_and_export(
+        base, lora, tokens, targets, dir + "/lora_" + n + ".safetensors");
+    write_peft_adapter(dir + "/lora_" + n + ".safetensors", lora, base,
+                       dir + "/adapter_" + n);
+    write_tensors(dir + "/adapter_logits_" + n + ".safetensors",
+                  {{"tokens", tokens}, {"logits", lora_logits}});
+    listing.push_back({{"name", n + " LoRA r=4 alpha=8 with lm_head"},
+                       {"kind", "peft"},
+                       {"base", base},
+                       {"folder", dir + "/adapter_" + n},
+                       {"logits", "adapter_logits_" + n + ".safetensors"}});
+  }
 
   // A full fine-tune at stage 3 of a tied Qwen3, exported by the engine.
   const std::string qwen3 = out + "/qwen3";

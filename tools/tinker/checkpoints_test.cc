@@ -23,6 +23,7 @@
 #include "tools/tinker/sampling.h"
 #include "tools/tinker/tenancy.h"
 #include "tools/tinker/trainer.h"
+#include "tools/tinker/trainer_test_util.h"
 
 namespace zerostep {
 namespace tinker {
@@ -30,13 +31,6 @@ namespace {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-std::string tmp_dir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name;
-  fs::remove_all(dir);
-  return dir;
-}
 
 struct Saved {
   uint64_t checkpoint_bytes = 0, checkpoint_bound = 0;
@@ -95,7 +89,7 @@ TEST(CheckpointBoundsTest, HoldWhatEverySaveWrites) {
         const std::string at = "s" + std::to_string(stage) + " w" +
                                std::to_string(world) + " lora " +
                                std::to_string(lora);
-        const Saved s = save(stage, world, lora, tmp_dir("bounds"), Caller());
+        const Saved s = save(stage, world, lora, test_tmp_dir("bounds"), Caller());
         for (const std::string& e : s.errors) ASSERT_EQ(e, "") << at;
         ASSERT_GT(s.checkpoint_bytes, 0u) << at;
         EXPECT_LE(s.checkpoint_bytes, s.checkpoint_bound) << at;
@@ -110,7 +104,7 @@ TEST(CheckpointBoundsTest, HoldWhatEverySaveWrites) {
 // A save that would take the tenant over max_bytes is refused on every
 // rank, rank 0 saying by how much, and writes nothing.
 TEST(CheckpointBoundsTest, ASaveOverTheQuotaWritesNothing) {
-  const std::string state = tmp_dir("quota");
+  const std::string state = test_tmp_dir("quota");
   Caller caller;
   caller.tenant = "t";
   caller.max_bytes = 50000;
@@ -142,7 +136,7 @@ std::string slurp(const std::string& path) {
 // name); TTLs, their range and their expiry on a fake clock; runs; copies;
 // weights_info; each for the caller's tenant only.
 TEST(CheckpointStoreTest, ExternalWeightsTtlsRunsAndCopies) {
-  const std::string state = tmp_dir("rest");
+  const std::string state = test_tmp_dir("rest");
   int64_t now = 1'000'000;
   const Config config =
       parse_config(server_ds_config(R"({"zero_optimization":{"stage":2}})", 2),

@@ -133,8 +133,8 @@ def optim_digest(metrics):
     return "%016x" % ((hi << 32) | lo)
 
 
-def training_client(sc, rank=4, seed=7, base=BASE):
-    tc = sc.create_lora_training_client(base_model=base, rank=rank, seed=seed)
+def training_client(sc, rank=4, seed=7, base=BASE, **lora):
+    tc = sc.create_lora_training_client(base_model=base, rank=rank, seed=seed, **lora)
     return tc.result() if hasattr(tc, "result") and not hasattr(tc, "forward_backward") else tc
 
 
@@ -170,6 +170,18 @@ def check_training(server, world, base=BASE, lr=5e-2, steps=6, fall=0.8):
     print("losses", ["%.3f" % x for x in losses])
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
     assert losses[-1] < fall * losses[0], losses
+
+    if base != BASE:
+        # Issue 40: train_unembed alone adapts a folder's lm_head (the
+        # other clients train it too: the SDK's default train_unembed=True).
+        head = training_client(sc, seed=3, base=base, train_attn=False, train_mlp=False)
+        head_losses = []
+        for _ in range(3):
+            fb = head.forward_backward(data, "cross_entropy")
+            head.optim_step(adam(lr)).result()
+            head_losses.append(fb.result().metrics["loss:sum"])
+        print("lm_head alone: losses", ["%.3f" % x for x in head_losses])
+        assert all(b < a for a, b in zip(head_losses, head_losses[1:])), head_losses
 
     # Split vs whole: requests of 1, world and world datums (counts the world
     # size does not divide) against one request carrying all of them (Note

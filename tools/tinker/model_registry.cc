@@ -71,6 +71,7 @@ HfLoraOptions hf_lora_options(const LoraOptions& lora) {
   if (lora.mlp)
     for (const char* p : {"gate_proj", "up_proj", "down_proj"})
       o.target_modules.push_back(p);
+  if (lora.unembed) o.target_modules.push_back("lm_head");
   return o;
 }
 
@@ -250,11 +251,6 @@ nlohmann::json ModelRegistry::create_model(const nlohmann::json& a,
       throw UsageError(
           "lora_config trains nothing: set one of train_attn, "
           "train_mlp, train_unembed");
-    if (base.is_hf() && !lora.attn && !lora.mlp)
-      throw UsageError(
-          "lora_config trains only the unembedding, which " + base.name +
-          " (a Hugging Face folder) does not adapt. Fix: set train_attn or "
-          "train_mlp");
   }
   // user_metadata: the SDK's dict[str, Any]; the REST types hold strings.
   nlohmann::json metadata = nullptr;

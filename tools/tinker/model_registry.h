@@ -85,10 +85,11 @@ TinyGpt new_tiny_gpt(const BaseModel& base, const LoraOptions& lora,
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A folder's decoder gets PEFT-named adapters (models/hf_decoder.h):
 // train_attn adapts q_proj, k_proj, v_proj and o_proj, train_mlp
-// gate_proj, up_proj and down_proj; the adapters' A matrices come from the
-// request's seed, B is zero (the model starts as the base). train_unembed
-// is accepted but does not adapt lm_head on a folder (the decoder has no
-// LoRA on its head): a request that trains nothing else is refused.
+// gate_proj, up_proj and down_proj, train_unembed lm_head (tied or not:
+// Note [The head's LoRA] in models/hf_decoder.h), as on the toys; the
+// adapters' A matrices come from the request's seed, B is zero (the model
+// starts as the base). Any one of the three alone is valid; none is
+// refused (create_model).
 
 // `lora` as a folder's decoder takes it (Note [LoRA on Hugging Face
 // folders]).

@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 
 #include "sim/sim_world.h"
@@ -24,6 +26,13 @@ std::vector<CommandResult> execute_on_sim_world(
       results[r].push_back(trainers[r]->execute(c));
   });
   return results[0];
+}
+
+std::string test_tmp_dir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name;
+  std::filesystem::remove_all(dir);
+  return dir;
 }
 
 std::string digest_of(const CommandResult& result) {

@@ -1,5 +1,6 @@
 // What the trainer's tests share (testonly): running commands on a
-// simulated world of RankTrainers, and reading a step's parameter digest.
+// simulated world of RankTrainers, reading a step's parameter digest, and
+// a scratch folder.
 #ifndef ZEROSTEP_TOOLS_TINKER_TRAINER_TEST_UTIL_H_
 #define ZEROSTEP_TOOLS_TINKER_TRAINER_TEST_UTIL_H_
 
@@ -19,6 +20,9 @@ namespace tinker {
 std::vector<CommandResult> execute_on_sim_world(
     int world, const TrainerOptions& options,
     const std::vector<Command>& commands);
+
+// A fresh (emptied) folder `name` under the test's TEST_TMPDIR (else /tmp).
+std::string test_tmp_dir(const std::string& name);
 
 // The parameter digest an optim_step's result reports (its metrics
 // param_digest_hi:unique and param_digest_lo:unique), as digest_hex.
