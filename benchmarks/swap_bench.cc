@@ -66,7 +66,8 @@
 //   --swap_disk_chunk_bytes=N, --swap_queue_depth=N   the disk tests'
 //                           operation size (2 MiB) and operations in
 //                           flight (16): the fastest of the sizes and
-//                           depths tried here (docs/benchmarks.md)
+//                           depths tried here (docs/benchmarks.md as
+//                           of fee84cc)
 //   --swap_iterations=N     timed iterations (default 5)
 //   --swap_adam_threads=N   fused_adam_step's threads (default 1)
 //

@@ -7,7 +7,8 @@
 //   barrier: 0.
 // `wire_bytes` is what one rank sends under the ring algorithm:
 //   all_reduce 2(W-1)/W·n, reduce_scatter and all_gather (W-1)/W·n,
-//   broadcast n (root) — the β terms of the cost model in docs/architecture.md.
+//   broadcast n (root) — the β terms of the cost model in
+//   docs/design/communication.md.
 //
 // Each entry keeps the call's label (comm/communicator.h): the ledger only
 // records it; bytes_in() and count_in() group by its text.

@@ -1,6 +1,6 @@
 // The "nccl" Communicator backend: NCCL collectives on one CUDA device,
 // built only with --config=cuda (needs /usr/local/cuda; see
-// docs/architecture.md and tools/gpu_check.sh).
+// docs/design/devices_and_offload.md and tools/gpu_check.sh).
 //
 // Buffers marked `device` (an engine on the device, Note [Device kernels]
 // in zero/kernels.h) are given to NCCL as they are: each collective runs on

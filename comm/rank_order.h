@@ -113,7 +113,7 @@ void fold_pass(T* __restrict acc, const T* const* in, size_t k, size_t n, F f,
 // or an infinity passes through either the same way. So the
 // multiplication gives the division's bits, at a fraction of its cost.
 // Any other W, and the integer types (whose division truncates), divide.
-// docs/benchmarks.md measures both changes.
+// docs/benchmarks.md as of fee84cc measures both changes.
 //
 // Calls fn(f, g) with op's fold `f` and its finish `g` for `world` ranks.
 template <typename T, typename Fn>

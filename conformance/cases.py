@@ -12,7 +12,7 @@ Files of one run, in its folder:
                  a seeded model; for bf16 and fp16 rounded to the format
                  first (DeepSpeed's master weights start from the model's
                  16-bit copy, zerostep's from the float32 values given:
-                 docs/architecture.md, "Same numbers as DeepSpeed")
+                 docs/design/conformance.md, "Same numbers as DeepSpeed")
   data.bin       int64 tokens [MICRO_MAX, WORLD_MAX, MICRO_BATCH, BLOCK + 1],
                  little-endian, row-major: rank r's i-th micro-batch of a
                  case is data[i, r] (inputs [:, :-1], targets [:, 1:])

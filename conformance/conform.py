@@ -16,7 +16,7 @@ norm, and every fp32 master parameter after every step. It prints one row
 per (quantity, optimizer, stage, dtype, mode, world) with the largest
 difference seen, then the same folded per stage and dtype, and
 exits 1 if any is beyond its tolerance (TOLERANCES below, each with its
-reason; docs/architecture.md, "Same numbers as DeepSpeed", explains every
+reason; docs/design/conformance.md, "Same numbers as DeepSpeed", explains every
 difference). --long: every dtype with both variants, and bf16 with the
 formula optimizer too; --worlds=1,2,3 adds world 3 (the test's long run
 does both).
@@ -44,8 +44,8 @@ import cases as C  # noqa: E402
 # Tolerances per (quantity, dtype): (abs, rel) for floats; the bookkeeping
 # (EXACT below) must be equal. A difference passes when |a - b| <= abs +
 # rel * |b|. Each is about 3x the largest difference measured on an AMD EPYC
-# (docs/architecture.md, "Same numbers as DeepSpeed", has the table and the
-# reason for every difference):
+# (docs/design/conformance.md, "Same numbers as DeepSpeed", has the table
+# and the reason for every difference):
 #  - step 1's losses: the same LibTorch runs the same forward on the same
 #    weights and tokens, bitwise in fp32 (and bf16 at stage 3; at stages 0-2
 #    DeepSpeed's bf16 linear layers round once where zerostep's round
@@ -77,7 +77,7 @@ TOLERANCES = {
 }
 # With zerostep's update on the DeepSpeed side ("formula" cases), what is
 # left of the differences above: 1 float32 ulp in 0.7% of the parameters
-# after step 1 (docs/architecture.md, "Same numbers as DeepSpeed").
+# after step 1 (docs/design/conformance.md, "Same numbers as DeepSpeed").
 FORMULA_TOLERANCES = {
     ("params_step1", "fp32"): (2.5e-7, 0.0),
 }
@@ -89,8 +89,8 @@ def stage0_fp16_unscaled(case):
     FP16_Optimizer is not one) but still divides the gradients by it: the
     update sees gradient / scale, no overflow is ever found, the scale only
     grows, and the norm it reports is norm / scale. Nothing after the first
-    forward can be compared with zerostep there (docs/architecture.md, "Same
-    numbers as DeepSpeed"); conform.py checks that this is still what
+    forward can be compared with zerostep there (docs/design/conformance.md,
+    "Same numbers as DeepSpeed"); conform.py checks that this is still what
     DeepSpeed does (note_bug), so a fixed DeepSpeed fails the run and the
     comparison is turned back on."""
     return case["stage"] == 0 and case["dtype"] == "fp16" and case["optimizer"] == "deepspeed"
@@ -101,7 +101,7 @@ def fp16_partitioned_overflow(case):
     can disagree on whether a window overflowed when the window's largest
     gradient sits near fp16's limit (measured: the N = 4 window and
     managed step 2 at world 2, loss scale 2^20: zerostep overflows,
-    DeepSpeed does not). Open (docs/architecture.md, "Same numbers as
+    DeepSpeed does not). Open (docs/design/conformance.md, "Same numbers as
     DeepSpeed"); the steps before the first disagreement are compared as
     usual, the rest are counted as not compared."""
     return case["dtype"] == "fp16" and case["stage"] >= 2 and case["world"] >= 2
@@ -111,7 +111,7 @@ def step1_decay(case, ds_record):
     """DeepSpeed 0.19.8 at stage 0 under bf16 or fp16 (its FP16_Optimizer
     over its FusedAdam), with a schedule whose first lr is 0: the first
     update still multiplies every master weight by 1 - lr * weight_decay
-    with the optimizer block's lr (docs/architecture.md, "Same numbers as
+    with the optimizer block's lr (docs/design/conformance.md, "Same numbers as
     DeepSpeed"); zerostep, like DeepSpeed's other stages and its fp32
     stage 0, leaves them. The comparison divides that factor out of
     DeepSpeed's step-1 weights, so it fails if either side changes."""
@@ -131,7 +131,7 @@ EXACT = ("lr", "applied", "skipped_steps", "loss_scale", "loss_scale_before", "g
 # DeepSpeed 0.19.8's get_global_grad_norm() at stage 3 under fp16 divides
 # the scaled norm by the loss scale after the step's scale update instead of
 # the one the gradients carry: off by the growth factor on a step that grows
-# the scale (docs/architecture.md, "Same numbers as DeepSpeed"). The
+# the scale (docs/design/conformance.md, "Same numbers as DeepSpeed"). The
 # comparison undoes exactly that, from the scales both sides recorded, so a
 # DeepSpeed that fixed it (or a zerostep that copied it) fails here.
 DS_NORM_REPORTED = {
@@ -364,7 +364,8 @@ def compare(run_dir, cases, table):
                 a = zs[q]
                 if q == "global_steps":
                     # DeepSpeed counts skipped (fp16 overflow) steps in
-                    # global_steps, zerostep does not (docs/architecture.md).
+                    # global_steps, zerostep does not
+                    # (docs/design/conformance.md).
                     a = zs["global_steps"] + zs["skipped_steps"]
                 table.add(q, case, a, ds[q], "step %d" % (k + 1))
             if zs["applied"] and ds["applied"]:

@@ -19,7 +19,7 @@ fp16: DeepSpeed's CPU accelerator refuses fp16 unless oneDNN has fp16
 kernels for this CPU (torch.ops.mkldnn._is_mkldnn_fp16_supported(); false on
 AVX2 CPUs). The refusal is a capability check, not a numerical one: LibTorch
 runs fp16 CPU ops either way (slowly), so this driver lifts it for its own
-process (docs/architecture.md, "Same numbers as DeepSpeed").
+process (docs/design/conformance.md, "Same numbers as DeepSpeed").
 Its shared-memory all-reduce op, used only by inference_all_reduce, is not
 built (training's collectives are Gloo's either way).
 """
@@ -241,7 +241,7 @@ def rank_main(rank, a, port, names):
             # A stage 3 engine replaces torch.nn.functional.linear
             # process-wide with its own (matmul, then += bias: two roundings
             # in bf16) and leaves it so; each case gets what a fresh
-            # process would (docs/architecture.md, "Same numbers as
+            # process would (docs/design/conformance.md, "Same numbers as
             # DeepSpeed").
             torch.nn.functional.linear = linear
         gathered = [None] * a.world

@@ -184,7 +184,7 @@ TEST(ParamOffloadTest, PartitionsAreNotResident) {
 // persistent group in the model) and optimizer state are as before. Every
 // rank's device gets the same fault at the same operation, so all ranks
 // fail at the same point (a fault on one rank alone is not agreed on:
-// docs/architecture.md).
+// docs/design/devices_and_offload.md).
 TEST(ParamOffloadTest, AFaultAnywhereInStepChangesNothing) {
   const int w = 2;
   int failures = 0;

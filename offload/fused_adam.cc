@@ -101,14 +101,14 @@ void adam_scalar(const Io& a, size_t n, const StepConstants& c) {
 
 // Software prefetch, kPrefetchAhead floats (1 KiB, 16 cache lines) ahead
 // in each of the four streams, one prefetch per stream per 64-byte line.
-// Measured on the development machine (docs/benchmarks.md): without it the
-// AVX-512 kernel reached 77-87% of the plain load/store loop's bandwidth,
-// with it 92-100%. Our reading: the long sqrt and div latencies (~20 cycles
-// per vector) fill the reorder buffer, so fewer demand loads are in flight
-// than in the plain loop, and the hardware prefetchers do not make up for
-// it. 512 B to 4 KiB ahead measured alike. The main loops stop kPrefetchAhead
-// early and finish without prefetching, so no prefetch address is formed
-// past the end of a buffer.
+// Measured on the development machine (docs/benchmarks.md as of fee84cc):
+// without it the AVX-512 kernel reached 77-87% of the plain load/store loop's
+// bandwidth, with it 92-100%. Our reading: the long sqrt and div latencies (~20
+// cycles per vector) fill the reorder buffer, so fewer demand loads are in
+// flight than in the plain loop, and the hardware prefetchers do not make up
+// for it. 512 B to 4 KiB ahead measured alike. The main loops stop
+// kPrefetchAhead early and finish without prefetching, so no prefetch address
+// is formed past the end of a buffer.
 constexpr size_t kPrefetchAhead = 256;
 
 inline void prefetch_line(const float* a) {

@@ -137,7 +137,7 @@ struct SwapStoreOptions {
   // overlaps too; more: reads further ahead while earlier writes are still
   // queued behind reads (Linux's mq-deadline serves reads first). Default
   // 8: with the default sub-group, 96 MiB for 3 arrays; docs/benchmarks.md
-  // has the measurements behind both defaults.
+  // as of fee84cc has the measurements behind both defaults.
   size_t buffer_count = 8;
   // The largest single device operation: a sub-group's transfer is split
   // into pieces of this size (a multiple of kBlockAlign, at most

@@ -75,10 +75,10 @@ static_assert(kPartBytes % kChunkBytes == 0, "a part is whole chunks");
 // world 4, far past the caches, the in-place loop ran at 0.4-0.7x the
 // chunked path's speed on an AMD EPYC when the buffers lay 64 MiB + 4 KiB
 // apart, and about as fast or faster when they lay 64 MiB + 36 KiB apart;
-// at 1 to 16 MiB it ran 1.2-2.2x faster (docs/benchmarks.md). The
-// simulator does not choose where the ranks' buffers lie, so large ones
-// take the path that was fast on every layout tried. Which path runs
-// never changes the bits.
+// at 1 to 16 MiB it ran 1.2-2.2x faster (docs/benchmarks.md as of
+// fee84cc). The simulator does not choose where the ranks' buffers lie,
+// so large ones take the path that was fast on every layout tried. Which
+// path runs never changes the bits.
 constexpr size_t kInPlaceMaxBytes = size_t{16} << 20;
 
 template <typename T, typename F, typename G>

@@ -478,8 +478,8 @@ bool SimWorld::survives_faults(Slot& slot, double first, int first_rank,
 // it releases find it held, and blocking on it costs another sleep and
 // wake-up. Only when a rank wakes changes; what it then sees, under the
 // lock, and so every bit of every result, does not.
-// Measured in docs/benchmarks.md (sim_comm_bench, 1 MiB at world 4 on 2
-// cores).
+// Measured in docs/benchmarks.md as of fee84cc (sim_comm_bench, 1 MiB at
+// world 4 on 2 cores).
 constexpr int64_t kSpinNs = 50'000;
 constexpr int kLockTries = 64;
 

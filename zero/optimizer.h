@@ -170,7 +170,8 @@ class FlatOptimizer {
   // the saved moments until the next step writes it, so save() copies
   // nothing and restore() flips back. Copying the moments aside before
   // every update instead would move 16 more bytes per element and step
-  // (what that cost stages 1/2 at 26M parameters: docs/benchmarks.md).
+  // (what that cost stages 1/2 at 26M parameters: docs/benchmarks.md as
+  // of fee84cc).
   struct Snapshot {
     int64_t step_count = 0;
     int64_t generation = 0;  // the banks' flips

@@ -17,7 +17,7 @@
 // conversions use; fp16 values beyond 65504 become ±inf, which is what the
 // fp16 loss scaler detects as overflow. The values are bit-exact to what a
 // format-native implementation computes for each stored value; the bytes
-// moved and held are float32's (docs/architecture.md).
+// moved and held are float32's (docs/design/engine.md).
 //
 // Thread safety: pure functions.
 #ifndef ZEROSTEP_ZERO_PRECISION_H_

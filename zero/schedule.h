@@ -113,7 +113,7 @@ struct ScheduleOptions {
 // mixed precision) at the sizes zerostep holds them, and every other buffer
 // by name (bucket pool, scratch, staging, gathered groups, persistent
 // groups, rollback). For Psi padded elements over Nd ranks (docs/
-// architecture.md, "Memory per rank", gives the table):
+// design/engine.md, "Memory per rank", gives the table):
 //   fp32   stage 0: 16 Psi; 1: 8 Psi + 8 Psi/Nd; 2: 4 Psi + 12 Psi/Nd;
 //          3: 16 Psi/Nd (the paper's formula with fp32 weights and
 //          gradients and K = 8);

@@ -557,8 +557,9 @@ void agree_on_window(Communicator& comm, WindowEvent event, int64_t count,
 // bits are those of reducing into a scratch buffer and adding it
 // (tools/harness's digests did not move). It saves the scratch buffer's
 // write and read: about 100 MB of memory traffic per backward for the 26M
-// model's 105 MB gradient at 2 ranks (docs/benchmarks.md). Elsewhere
-// (nccl, a device's staging, grad_accum_dtype bf16) the scratch stays.
+// model's 105 MB gradient at 2 ranks (docs/benchmarks.md as of fee84cc).
+// Elsewhere (nccl, a device's staging, grad_accum_dtype bf16) the scratch
+// stays.
 bool reduces_into_partition(const Communicator& comm, Precision grad_accum);
 // What every stage's finalize() does to the gradient it owns (`grad`, in
 // k's memory): multiply by `after_sum` (Note [Gradient averaging]'s scaling

@@ -248,8 +248,9 @@
 // first window, and the first after a load, gather in forward. The same
 // bytes move, in one burst: the forward's blocks no longer wait in turn
 // for their gathers (each a synchronization of the ranks), and the gathers'
-// latencies overlap one another (docs/benchmarks.md). With the partitions
-// on NVMe (Note [NVMe parameter partitions]) the forward gathers, as
+// latencies overlap one another (measured in docs/benchmarks.md as of
+// fee84cc). With the partitions on NVMe (Note [NVMe parameter
+// partitions]) the forward gathers, as
 // without the option. A forward without backward (sampling, evaluation)
 // between steps uses what the step gathered. The bits never change (the
 // gathered values are the same); what it costs is memory: from the first

@@ -47,7 +47,7 @@ const std::vector<LossSpec>& loss_specs() {
        {}},
       // One-sided by default: the lower bound off, the upper at 4 (the
       // cookbook's tutorials/202_loss_functions.py, "CISPO defaults to a
-      // one-sided clip"; docs/architecture.md, Losses).
+      // one-sided clip"; docs/design/trainer_server.md, Losses).
       {"cispo",
        {"target_tokens", "logprobs", "advantages"},
        {},

@@ -51,7 +51,7 @@ struct LossConfig {
 
 // `loss_fn`'s config read from `loss_fn_config`: ppo defaults the
 // thresholds to 0.8 and 1.2 (Tinker's documented epsilon of 0.2), cispo to
-// 0 and 4 (the cookbook's one-sided clip, docs/architecture.md);
+// 0 and 4 (the cookbook's one-sided clip, docs/design/trainer_server.md);
 // stable_reinforce's kl_coeff defaults to 0 (no penalty); gspo's
 // thresholds and dro's beta have no documented default and are required.
 // UsageError for a loss this server does not compute (custom says why and

@@ -2,8 +2,8 @@
 // HTTP library (tools/tinker/http.h binds it to cpp-httplib) and of
 // LibTorch (it runs Commands through a function it is given).
 //
-// What it implements (facts of the official SDK, docs/architecture.md
-// "Trainer server"):
+// What it implements (facts of the official SDK, docs/design/
+// trainer_server.md):
 //   - JSON endpoints under /api/v1: healthz, get_server_capabilities,
 //     client/config, client/dynamic_config, create_session,
 //     session_heartbeat, sessions/<id>/finish, telemetry, create_model,
