@@ -51,7 +51,8 @@ def zerostep_name(name):
 
 def build_model():
     import torch_step
-    a = argparse.Namespace(**C.SHAPE)
+    # torch_step's GPT of these shapes, not a Hugging Face folder (--hf).
+    a = argparse.Namespace(hf=None, **C.SHAPE)
     return torch_step.build_model(a)
 
 
