@@ -12,7 +12,7 @@
 #include "common/errors.h"
 #include "config/config.h"
 #include "scale/scale_sim.h"
-#include "zero/precision.h"
+#include "precision/precision.h"
 
 namespace zerostep {
 

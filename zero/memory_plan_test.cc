@@ -8,7 +8,7 @@
 
 #include "zero/flat_layout.h"
 #include "zero/grouping.h"
-#include "zero/precision.h"
+#include "precision/precision.h"
 #include "zero/schedule.h"
 
 namespace zerostep {
