@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 #include <vector>
 
