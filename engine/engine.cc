@@ -8,8 +8,8 @@
 #include "common/log.h"
 #include "engine/stage_factory.h"
 #include "engine/torch_kernels.h"
-#include "zero/phase.h"
 #include "precision/precision.h"
+#include "zero/phase.h"
 #include "zero/stage.h"
 
 namespace zerostep {

@@ -14,8 +14,8 @@
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
 #include "models/task.h"
-#include "sim/sim_world.h"
 #include "precision/precision.h"
+#include "sim/sim_world.h"
 
 namespace zerostep {
 namespace {

@@ -40,8 +40,8 @@
 #include "common/zero_defaults.h"
 #include "engine/failure_latch.h"
 #include "engine/parameter_source.h"
-#include "zero/flat_layout.h"
 #include "precision/precision.h"
+#include "zero/flat_layout.h"
 #include "zero/stage.h"
 
 namespace zerostep {

@@ -125,8 +125,8 @@ Stage3Binding::Stage3Binding(std::shared_ptr<torch::nn::Module> model,
   // The groups' memory: the stage's kernels, or with offload from a device
   // its group_kernels (Note [Stage 3 offload from a device]).
   const Stage3Options& own = std::get<Stage3Options>(options.stage.per_stage);
-  Kernels* k = own.group_kernels != nullptr ? own.group_kernels
-                                            : options.stage.kernels;
+  Kernels* k =
+      own.group_kernels != nullptr ? own.group_kernels : options.stage.kernels;
   if (k != nullptr && !k->host_addressable()) kernels_ = k;
   const torch::Device device = internal::model_device(params_);
   const Zero3BlockMap map = map_zero3_blocks(*model_);

@@ -404,10 +404,7 @@ void SwapStore::read_arrays(float* const* arrays) {
 class SwapStore::Pass {
  public:
   Pass(SwapStore& store, uint64_t src, uint64_t dst)
-      : store_(store),
-        src_(src),
-        dst_(dst),
-        groups_(store.num_subgroups_) {
+      : store_(store), src_(src), dst_(dst), groups_(store.num_subgroups_) {
     for (size_t i = 0; i < store_.buffers_.size(); ++i) free_.push_back(i);
   }
 
@@ -421,8 +418,7 @@ class SwapStore::Pass {
   // The buffer holding sub-group g as read and verified; the read of g + 1
   // goes out before this returns (before the function runs on g).
   size_t read(size_t g) {
-    while (!writing_.empty() &&
-           buffer_ready(store_.buffers_[writing_.front()]))
+    while (!writing_.empty() && buffer_ready(store_.buffers_[writing_.front()]))
       retire_oldest_write();
     if (next_read_ == g && free_.empty()) retire_oldest_write();
     while (next_read_ < groups_ && !free_.empty()) start_read();
@@ -470,9 +466,9 @@ class SwapStore::Pass {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(
           store_.options_.io_chunk_bytes, slot_bytes - done));
       char* p = b.memory.data() + done;
-      b.tickets.push_back(op == IoOp::kRead
-                              ? store_.device_->submit_read(base + done, p, n)
-                              : store_.device_->submit_write(base + done, p, n));
+      b.tickets.push_back(
+          op == IoOp::kRead ? store_.device_->submit_read(base + done, p, n)
+                            : store_.device_->submit_write(base + done, p, n));
       done += n;
     }
     (op == IoOp::kRead ? store_.stats_.bytes_read
@@ -592,8 +588,7 @@ void SwapStore::rethrow_pass_error(Mode mode, const std::string& where) const {
     std::ostringstream os;
     os << "swap store on '" << device_->name() << "': " << name;
     if (writes) {
-      os << " (generation " << generation_ << " -> " << generation_ + 1
-         << ")";
+      os << " (generation " << generation_ << " -> " << generation_ + 1 << ")";
     } else {
       os << " (generation " << generation_ << ")";
     }

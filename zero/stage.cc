@@ -64,8 +64,7 @@ std::unique_ptr<Stage> make_stage(const StageOptions& options,
 }
 
 FlatStage::FlatStage(const StageOptions& options, FlatBuffers buffers,
-                     Communicator* comm, int stage,
-                     std::vector<Span> owned)
+                     Communicator* comm, int stage, std::vector<Span> owned)
     : layout_(options.layout),
       k_(options.kernels != nullptr ? *options.kernels : host_kernels()),
       buf_(buffers),

@@ -102,9 +102,9 @@ std::vector<Span> owned_chunks(const FlatLayout& layout, int64_t bucket_size,
 
 Stage2::Stage2(const StageOptions& options, const Stage2Options& own,
                FlatBuffers buffers, Communicator* comm)
-    : FlatStage(options, buffers, comm, /*stage=*/2,
-                owned_chunks(options.layout, own.reduce_bucket_size,
-                             comm->rank())),
+    : FlatStage(
+          options, buffers, comm, /*stage=*/2,
+          owned_chunks(options.layout, own.reduce_bucket_size, comm->rank())),
       overlap_comm_(own.overlap_comm),
       reduce_once_(own.reduce_once_per_step),
       grad_accum_(own.grad_accum),

@@ -42,9 +42,8 @@ void in_flight_at_once(size_t n, Issue issue, Done done) {
 
 Stage3::Stage3(const StageOptions& options, const Stage3Options& own,
                std::vector<Stage3Group> groups,
-               const std::vector<size_t>& param_numels,
-               Stage3Initial& initial, GroupStorage* storage,
-               Communicator* comm)
+               const std::vector<size_t>& param_numels, Stage3Initial& initial,
+               GroupStorage* storage, Communicator* comm)
     : groups_(std::move(groups)),
       param_offset_(param_numels.size(), 0),
       param_numel_(param_numels),

@@ -82,14 +82,11 @@ PerStageOptions stage_options(
 
 // Runs `windows` windows of `backwards` accumulated random gradients through
 // a stage on a simulated world; returns every rank's final parameters.
-std::vector<std::vector<float>> train(int stage, int world, int windows,
-                                      int backwards, double clip = 0.0,
-                                      int64_t reduce_bucket =
-                                          zero_defaults::kBucketElements,
-                                      int64_t allgather_bucket =
-                                          zero_defaults::kBucketElements,
-                                      FarKernels* far = nullptr,
-                                      bool overlap = false) {
+std::vector<std::vector<float>> train(
+    int stage, int world, int windows, int backwards, double clip = 0.0,
+    int64_t reduce_bucket = zero_defaults::kBucketElements,
+    int64_t allgather_bucket = zero_defaults::kBucketElements,
+    FarKernels* far = nullptr, bool overlap = false) {
   const std::vector<size_t> numels = {13, 50, 7};
   FlatLayout layout = FlatLayout::make(numels, world);
   StageOptions opts;
