@@ -1,4 +1,4 @@
-// The stage factory: the one place that reads zero_optimization.stage.
+// The stage factory: the one place that chooses by zero_optimization.stage.
 //
 // Note [Stage factory]
 // ~~~~~~~~~~~~~~~~~~~~
@@ -8,7 +8,7 @@
 // takes), how the model's gradients fold into the stage's accumulation,
 // which memory a device's kernels work on, and whether offload_param
 // applies. The rest of the engine sees the choice as data: the Engine
-// copies no option field and never branches on the stage number;
+// builds no stage option itself and never branches on the stage number;
 // make_param_binding() picks the binding by the alternative per_stage
 // holds, and the stages themselves (zero/stage*.h) act on their own
 // options. Checkpoints record the stage number as metadata and compare it
