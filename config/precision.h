@@ -1,8 +1,8 @@
 // The mixed-precision sections of a ds_config: "fp16", "bf16" (alias
 // "bfloat16") and "data_types" (grad_accum_dtype, param_dtype). ("amp" and
 // "torch_autocast" are decided by the key table, config/keys.h.)
-// zero/precision.h Note [Precision model], engine/loss_scaler.h Note [Loss
-// scale schedule]. PrecisionConfig is part of Config (config/config.h);
+// precision/precision.h Note [Precision model], engine/loss_scaler.h Note
+// [Loss scale schedule]. PrecisionConfig is part of Config (config/config.h);
 // PrecisionSection is parse_config's reader for these sections. docs/config.md
 // describes each key.
 //
@@ -16,7 +16,7 @@
 #include <string>
 
 #include "config/problems.h"
-#include "zero/precision.h"
+#include "precision/precision.h"
 
 namespace zerostep {
 

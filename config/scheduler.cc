@@ -67,6 +67,160 @@ std::string owners_of(const std::string& name, Type t) {
   return s;
 }
 
+// "a, b, c".
+std::string join(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += names[i];
+  }
+  return s;
+}
+
+// A finite JSON number >= 0. `what` says what the value means.
+std::optional<double> read_nonneg(ProblemReporter& report,
+                                  const std::string& key, const Json& v,
+                                  const std::string& want,
+                                  const std::string& what) {
+  if (v.is_array()) {
+    report.add(key, v.dump(),
+               "must be a single JSON number (" + what +
+                   "); DeepSpeed's per-parameter-group lists are not supported",
+               "write one number, " + want);
+    return std::nullopt;
+  }
+  if (!v.is_number()) {
+    report.type_error(key, v, "a JSON number (" + what + ")", want);
+    return std::nullopt;
+  }
+  double d = v.get<double>();
+  if (!std::isfinite(d) || d < 0) {
+    report.add(key, v.dump(), "must be a finite number >= 0 (" + what + ")",
+               "write " + want);
+    return std::nullopt;
+  }
+  return d;
+}
+
+// warmup_num_steps: a JSON integer >= 1.
+std::optional<int64_t> read_warmup_num_steps(ProblemReporter& report,
+                                             const std::string& key,
+                                             const Json& v) {
+  const std::string want = "a positive integer, e.g. 1000";
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    const bool whole = std::isfinite(d) && std::trunc(d) == d && d >= 1 &&
+                       d < 9.2233720368547758e18;
+    std::ostringstream as_int;
+    if (whole) as_int << static_cast<int64_t>(d);
+    report.add(
+        key, v.dump(),
+        "must be a JSON integer (DeepSpeed raises ValueError unless it is "
+        "an int: 1000.0 is not)",
+        whole ? "write " + as_int.str() + " (no decimal point)"
+              : "write " + want);
+    return std::nullopt;
+  }
+  if (!v.is_number_integer()) {
+    report.type_error(key, v, "a JSON integer (the number of warmup steps)",
+                      want);
+    return std::nullopt;
+  }
+  if (v.is_number_unsigned() &&
+      v.get<uint64_t>() >
+          static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    report.add(key, v.dump(), "is too large for a 64-bit integer",
+               "write " + want);
+    return std::nullopt;
+  }
+  int64_t n = v.get<int64_t>();
+  if (n < 1) {
+    report.add(key, v.dump(),
+               "must be a positive integer (DeepSpeed raises ValueError)",
+               "write " + want + "; values below 2 act as 2");
+    return std::nullopt;
+  }
+  return n;
+}
+
+// total_num_steps: a whole JSON number >= 1.
+std::optional<int64_t> read_total_num_steps(ProblemReporter& report,
+                                            const std::string& key,
+                                            const Json& v) {
+  const std::string want =
+      "the number of optimizer steps in the run, e.g. 10000";
+  std::optional<int64_t> n;
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() >
+        static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      report.add(key, v.dump(), "is too large for a 64-bit integer",
+                 "write " + want);
+      return std::nullopt;
+    }
+    n = static_cast<int64_t>(v.get<uint64_t>());
+  } else if (v.is_number_integer()) {
+    n = v.get<int64_t>();
+  } else if (v.is_number_float()) {
+    // DeepSpeed does arithmetic with it, so 1e5 works there too.
+    double d = v.get<double>();
+    if (!(std::isfinite(d) && std::trunc(d) == d &&
+          d >= -9.2233720368547758e18 && d < 9.2233720368547758e18)) {
+      report.add(key, v.dump(), "must be a whole number of optimizer steps",
+                 "write " + want);
+      return std::nullopt;
+    }
+    n = static_cast<int64_t>(d);
+  } else {
+    report.type_error(key, v, "a whole JSON number (optimizer steps)", want);
+    return std::nullopt;
+  }
+  if (*n < 1) {
+    report.add(key, v.dump(), "must be >= 1 (optimizer steps in the run)",
+               "write " + want);
+    return std::nullopt;
+  }
+  return n;
+}
+
+// warmup_type: "log" or "linear", exactly.
+std::optional<WarmupType> read_warmup_type(ProblemReporter& report,
+                                           const std::string& key,
+                                           const Json& v) {
+  const std::string want = "\"log\" or \"linear\"";
+  if (!v.is_string() || is_auto(v)) {
+    report.type_error(key, v, "a JSON string, \"log\" or \"linear\"", want);
+    return std::nullopt;
+  }
+  const std::string s = v.get<std::string>();
+  if (s == "log") {
+    return WarmupType::kLog;
+  }
+  if (s == "linear") {
+    return WarmupType::kLinear;
+  }
+  static const std::vector<std::string> kWarmupTypes = {"log", "linear"};
+  std::string guess = closest(s, kWarmupTypes);
+  report.add(
+      key, v.dump(),
+      "must be \"log\" or \"linear\", in lower case (DeepSpeed would "
+      "silently warm up with \"log\" instead)",
+      guess.empty() ? "write " + want : "did you mean \"" + guess + "\"?");
+  return std::nullopt;
+}
+
+// last_batch_iteration: only DeepSpeed's default -1.
+void check_last_batch_iteration(ProblemReporter& report, const std::string& key,
+                                const Json& v) {
+  if (v.is_number_integer() && !v.is_number_unsigned() &&
+      v.get<int64_t>() == -1) {
+    return;  // DeepSpeed's default: start from the beginning.
+  }
+  report.add(key, v.dump(),
+             "only -1 (the default, start at the beginning) is supported; a "
+             "resumed run takes the iteration from its checkpoint",
+             "remove it");
+}
+
 class ScheduleParser {
  public:
   ScheduleParser(LrScheduleSpec* out, std::vector<ConfigProblem>* problems,
@@ -84,6 +238,27 @@ class ScheduleParser {
           "1000 } }, or remove the section for a constant lr");
       return;
     }
+    check_section_keys(section);
+    const bool type_known = parse_type(section);
+    const Json* params = find_params(section);
+    if (params == nullptr) return;
+    parse_params(*params, type_known);
+  }
+
+ private:
+  bool needs_total() const {
+    return out_->type == Type::kWarmupDecayLR ||
+           out_->type == Type::kWarmupCosineLR;
+  }
+
+  void add(std::string key, std::string value, std::string rule,
+           std::string fix) {
+    report_.add(std::move(key), std::move(value), std::move(rule),
+                std::move(fix));
+  }
+
+  // Every key of the section besides "type" and "params" is a problem.
+  void check_section_keys(const Json& section) {
     for (auto it = section.begin(); it != section.end(); ++it) {
       if (contains(kSchedulerKeys, it.key())) continue;
       std::string guess = closest(it.key(), kSchedulerKeys);
@@ -94,7 +269,11 @@ class ScheduleParser {
                           "\"params\""
                         : "did you mean \"" + guess + "\"?");
     }
-    const bool type_known = parse_type(section);
+  }
+
+  // The section's "params" object, or nullptr (a problem reported) when it
+  // is missing or not an object.
+  const Json* find_params(const Json& section) {
     auto params = section.find("params");
     if (params == section.end()) {
       add("scheduler.params", "",
@@ -106,17 +285,22 @@ class ScheduleParser {
                 "the run> }"
               : "add \"params\": {} to keep every default, or e.g. "
                 "\"params\": { \"warmup_num_steps\": 1000 }");
-      return;
+      return nullptr;
     }
     if (!params->is_object()) {
       add("scheduler.params", params->dump(),
           is_auto(*params) ? auto_rule("scheduler.params")
                            : "must be a JSON object",
           "write { \"warmup_num_steps\": 1000, ... }");
-      return;
+      return nullptr;
     }
+    return &*params;
+  }
+
+  // Each parameter, then the total_num_steps its type requires.
+  void parse_params(const Json& params, bool type_known) {
     bool total_seen = false;
-    for (auto it = params->begin(); it != params->end(); ++it) {
+    for (auto it = params.begin(); it != params.end(); ++it) {
       if (it.key() == "total_num_steps") total_seen = true;
       parse_param(it.key(), it.value(), type_known);
     }
@@ -131,18 +315,6 @@ class ScheduleParser {
           "add \"total_num_steps\": <the number of optimizer steps in the "
           "run>");
     }
-  }
-
- private:
-  bool needs_total() const {
-    return out_->type == Type::kWarmupDecayLR ||
-           out_->type == Type::kWarmupCosineLR;
-  }
-
-  void add(std::string key, std::string value, std::string rule,
-           std::string fix) {
-    report_.add(std::move(key), std::move(value), std::move(rule),
-                std::move(fix));
   }
 
   // Returns whether the type is one of the three; sets out_->type if so.
@@ -205,50 +377,72 @@ class ScheduleParser {
     const std::string key = "scheduler.params." + name;
     const Type t = out_->type;
     if (name == "last_batch_iteration") {
-      parse_last_batch_iteration(key, v);
+      check_last_batch_iteration(report_, key, v);
       return;
     }
     if (type_known && !contains(params_of(t), name) &&
         contains(kSchedulerParams, name)) {
-      std::string fix = "remove it";
-      if (t == Type::kWarmupCosineLR &&
-          (name == "warmup_min_lr" || name == "warmup_max_lr")) {
-        fix +=
-            ": WarmupCosineLR scales optimizer.params.lr by a ratio; set the "
-            "peak lr there and the start as warmup_min_ratio";
-      } else if (t == Type::kWarmupLR && name == "total_num_steps") {
-        fix += ", or use \"type\": \"WarmupDecayLR\" to decay after the warmup";
-      } else {
-        fix +=
-            ", or use \"type\": \"WarmupCosineLR\" for ratios of "
-            "optimizer.params.lr";
-      }
-      add(key, v.dump(),
-          "is a parameter of " + owners_of(name, t) + "; " + to_string(t) +
-              " does not take it (DeepSpeed raises TypeError)",
-          fix);
+      report_other_schedules_param(key, name, v);
       return;
     }
     if (!contains(kSchedulerParams, name)) {
-      std::vector<std::string> candidates = params_of(t);
-      if (!contains(candidates, "last_batch_iteration")) {
-        candidates.push_back("last_batch_iteration");
-      }
-      std::string guess = config_keys::synonym(key);
-      if (guess.empty()) guess = closest(name, candidates);
-      add(key, v.dump(),
-          type_known ? std::string("is not a parameter of ") + to_string(t)
-                     : std::string("is not a parameter of any schedule "
-                                   "zerostep implements"),
-          guess.empty() ? "remove it; " +
-                              (type_known ? std::string(to_string(t))
-                                          : std::string("the schedule")) +
-                              " takes " + join(candidates)
-                        : "did you mean \"" + guess + "\"?");
+      report_unknown_param(key, name, v, type_known);
       return;
     }
+    parse_known_param(key, name, v, type_known);
+  }
+
+  // A parameter of another schedule than the known type `out_->type`.
+  void report_other_schedules_param(const std::string& key,
+                                    const std::string& name, const Json& v) {
+    const Type t = out_->type;
+    std::string fix = "remove it";
+    if (t == Type::kWarmupCosineLR &&
+        (name == "warmup_min_lr" || name == "warmup_max_lr")) {
+      fix +=
+          ": WarmupCosineLR scales optimizer.params.lr by a ratio; set the "
+          "peak lr there and the start as warmup_min_ratio";
+    } else if (t == Type::kWarmupLR && name == "total_num_steps") {
+      fix += ", or use \"type\": \"WarmupDecayLR\" to decay after the warmup";
+    } else {
+      fix +=
+          ", or use \"type\": \"WarmupCosineLR\" for ratios of "
+          "optimizer.params.lr";
+    }
+    add(key, v.dump(),
+        "is a parameter of " + owners_of(name, t) + "; " + to_string(t) +
+            " does not take it (DeepSpeed raises TypeError)",
+        fix);
+  }
+
+  // A parameter of no schedule: "did you mean" among the type's (all
+  // schedules' when the type is unknown).
+  void report_unknown_param(const std::string& key, const std::string& name,
+                            const Json& v, bool type_known) {
+    const Type t = out_->type;
+    std::vector<std::string> candidates = params_of(t);
+    if (!contains(candidates, "last_batch_iteration")) {
+      candidates.push_back("last_batch_iteration");
+    }
+    std::string guess = config_keys::synonym(key);
+    if (guess.empty()) guess = closest(name, candidates);
+    add(key, v.dump(),
+        type_known ? std::string("is not a parameter of ") + to_string(t)
+                   : std::string("is not a parameter of any schedule "
+                                 "zerostep implements"),
+        guess.empty() ? "remove it; " +
+                            (type_known ? std::string(to_string(t))
+                                        : std::string("the schedule")) +
+                            " takes " + join(candidates)
+                      : "did you mean \"" + guess + "\"?");
+  }
+
+  // A parameter the schedule takes: its value into *out_.
+  void parse_known_param(const std::string& key, const std::string& name,
+                         const Json& v, bool type_known) {
+    const Type t = out_->type;
     if (name == "warmup_min_lr") {
-      if (auto d = read_nonneg(key, v, "0 or a small lr, e.g. 1e-6",
+      if (auto d = read_nonneg(report_, key, v, "0 or a small lr, e.g. 1e-6",
                                "the lr at the start of the warmup")) {
         out_->warmup_min_lr = *d;
       }
@@ -265,169 +459,33 @@ class ScheduleParser {
           "write the peak lr, e.g. the value of optimizer.params.lr, or "
           "remove the key for 0.001");
     } else if (name == "warmup_max_lr") {
-      if (auto d = read_nonneg(key, v, "the peak lr, e.g. 0.001",
+      if (auto d = read_nonneg(report_, key, v, "the peak lr, e.g. 0.001",
                                "the lr at the end of the warmup")) {
         out_->warmup_max_lr = *d;
       }
     } else if (name == "warmup_num_steps") {
-      parse_warmup_num_steps(key, v);
+      if (auto n = read_warmup_num_steps(report_, key, v))
+        out_->warmup_num_steps = *n;
     } else if (name == "total_num_steps") {
-      parse_total_num_steps(key, v);
+      if (auto n = read_total_num_steps(report_, key, v))
+        out_->total_num_steps = *n;
     } else if (name == "warmup_type") {
       // null: DeepSpeed warns and warms up with "log", its default.
-      if (!v.is_null()) parse_warmup_type(key, v);
+      if (v.is_null()) return;
+      if (auto w = read_warmup_type(report_, key, v)) out_->warmup_type = *w;
     } else if (name == "warmup_min_ratio") {
-      if (auto d = read_nonneg(key, v, "a ratio such as 0 or 0.01",
+      if (auto d = read_nonneg(report_, key, v, "a ratio such as 0 or 0.01",
                                "the ratio of optimizer.params.lr at the "
                                "start of the warmup")) {
         out_->warmup_min_ratio = *d;
       }
     } else if (name == "cos_min_ratio") {
-      if (auto d = read_nonneg(key, v, "a ratio such as 0.0001 or 0.1",
+      if (auto d = read_nonneg(report_, key, v, "a ratio such as 0.0001 or 0.1",
                                "the ratio of optimizer.params.lr at the end "
                                "of the cosine decay")) {
         out_->cos_min_ratio = *d;
       }
     }
-  }
-
-  static std::string join(const std::vector<std::string>& names) {
-    std::string s;
-    for (size_t i = 0; i < names.size(); ++i) {
-      if (i > 0) s += ", ";
-      s += names[i];
-    }
-    return s;
-  }
-
-  // A finite JSON number >= 0. `what` says what the value means.
-  std::optional<double> read_nonneg(const std::string& key, const Json& v,
-                                    const std::string& want,
-                                    const std::string& what) {
-    if (v.is_array()) {
-      add(key, v.dump(),
-          "must be a single JSON number (" + what +
-              "); DeepSpeed's per-parameter-group lists are not supported",
-          "write one number, " + want);
-      return std::nullopt;
-    }
-    if (!v.is_number()) {
-      report_.type_error(key, v, "a JSON number (" + what + ")", want);
-      return std::nullopt;
-    }
-    double d = v.get<double>();
-    if (!std::isfinite(d) || d < 0) {
-      add(key, v.dump(), "must be a finite number >= 0 (" + what + ")",
-          "write " + want);
-      return std::nullopt;
-    }
-    return d;
-  }
-
-  void parse_warmup_num_steps(const std::string& key, const Json& v) {
-    const std::string want = "a positive integer, e.g. 1000";
-    if (v.is_number_float()) {
-      double d = v.get<double>();
-      const bool whole = std::isfinite(d) && std::trunc(d) == d && d >= 1 &&
-                         d < 9.2233720368547758e18;
-      std::ostringstream as_int;
-      if (whole) as_int << static_cast<int64_t>(d);
-      add(key, v.dump(),
-          "must be a JSON integer (DeepSpeed raises ValueError unless it is "
-          "an int: 1000.0 is not)",
-          whole ? "write " + as_int.str() + " (no decimal point)"
-                : "write " + want);
-      return;
-    }
-    if (!v.is_number_integer()) {
-      report_.type_error(key, v, "a JSON integer (the number of warmup steps)",
-                         want);
-      return;
-    }
-    if (v.is_number_unsigned() &&
-        v.get<uint64_t>() >
-            static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      add(key, v.dump(), "is too large for a 64-bit integer", "write " + want);
-      return;
-    }
-    int64_t n = v.get<int64_t>();
-    if (n < 1) {
-      add(key, v.dump(),
-          "must be a positive integer (DeepSpeed raises ValueError)",
-          "write " + want + "; values below 2 act as 2");
-      return;
-    }
-    out_->warmup_num_steps = n;
-  }
-
-  void parse_total_num_steps(const std::string& key, const Json& v) {
-    const std::string want =
-        "the number of optimizer steps in the run, e.g. 10000";
-    std::optional<int64_t> n;
-    if (v.is_number_unsigned()) {
-      if (v.get<uint64_t>() >
-          static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        add(key, v.dump(), "is too large for a 64-bit integer",
-            "write " + want);
-        return;
-      }
-      n = static_cast<int64_t>(v.get<uint64_t>());
-    } else if (v.is_number_integer()) {
-      n = v.get<int64_t>();
-    } else if (v.is_number_float()) {
-      // DeepSpeed does arithmetic with it, so 1e5 works there too.
-      double d = v.get<double>();
-      if (!(std::isfinite(d) && std::trunc(d) == d &&
-            d >= -9.2233720368547758e18 && d < 9.2233720368547758e18)) {
-        add(key, v.dump(), "must be a whole number of optimizer steps",
-            "write " + want);
-        return;
-      }
-      n = static_cast<int64_t>(d);
-    } else {
-      report_.type_error(key, v, "a whole JSON number (optimizer steps)", want);
-      return;
-    }
-    if (*n < 1) {
-      add(key, v.dump(), "must be >= 1 (optimizer steps in the run)",
-          "write " + want);
-      return;
-    }
-    out_->total_num_steps = *n;
-  }
-
-  void parse_warmup_type(const std::string& key, const Json& v) {
-    const std::string want = "\"log\" or \"linear\"";
-    if (!v.is_string() || is_auto(v)) {
-      report_.type_error(key, v, "a JSON string, \"log\" or \"linear\"", want);
-      return;
-    }
-    const std::string s = v.get<std::string>();
-    if (s == "log") {
-      out_->warmup_type = WarmupType::kLog;
-      return;
-    }
-    if (s == "linear") {
-      out_->warmup_type = WarmupType::kLinear;
-      return;
-    }
-    static const std::vector<std::string> kWarmupTypes = {"log", "linear"};
-    std::string guess = closest(s, kWarmupTypes);
-    add(key, v.dump(),
-        "must be \"log\" or \"linear\", in lower case (DeepSpeed would "
-        "silently warm up with \"log\" instead)",
-        guess.empty() ? "write " + want : "did you mean \"" + guess + "\"?");
-  }
-
-  void parse_last_batch_iteration(const std::string& key, const Json& v) {
-    if (v.is_number_integer() && !v.is_number_unsigned() &&
-        v.get<int64_t>() == -1) {
-      return;  // DeepSpeed's default: start from the beginning.
-    }
-    add(key, v.dump(),
-        "only -1 (the default, start at the beginning) is supported; a "
-        "resumed run takes the iteration from its checkpoint",
-        "remove it");
   }
 
   LrScheduleSpec* out_;

@@ -55,7 +55,7 @@
 
 #include "common/errors.h"
 #include "config/problems.h"
-#include "zero/precision.h"
+#include "precision/precision.h"
 
 namespace zerostep {
 

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "common/zero_defaults.h"
 #include "config/problems.h"
 
 namespace zerostep {
@@ -38,13 +39,14 @@ struct ZeroConfig {
   // its bucket before a parameter that would overflow it, so 0 and 1 both
   // reduce one parameter at a time (zerostep's smallest bucket is
   // 16 × world_size elements; docs/config.md).
-  int64_t reduce_bucket_size = 500000000;
-  int64_t allgather_bucket_size = 500000000;  // elements
+  int64_t reduce_bucket_size = zero_defaults::kBucketElements;
+  int64_t allgather_bucket_size = zero_defaults::kBucketElements;  // elements
   bool contiguous_gradients = true;
   // Stage 3: parameters with fewer elements stay whole on every rank
   // (zero_optimization.stage3_param_persistence_threshold or its other
   // name, param_persistence_threshold).
-  int64_t stage3_param_persistence_threshold = 100000;
+  int64_t stage3_param_persistence_threshold =
+      zero_defaults::kPersistenceThreshold;
   // Stage 3: the largest block group (elements) gathered ahead of its use
   // (zero_optimization.stage3_prefetch_bucket_size or its other name
   // prefetch_bucket_size; DeepSpeed's default 5e7; 0 turns it off; Note
@@ -55,7 +57,7 @@ struct ZeroConfig {
   // (zero_optimization.stage3_max_reuse_distance or max_reuse_distance;
   // DeepSpeed's default 1e9; 0 releases after every forward; Note [Stage 3
   // reuse distance] in zero/stage3.h).
-  int64_t stage3_max_reuse_distance = 1000000000;
+  int64_t stage3_max_reuse_distance = zero_defaults::kMaxReuseDistance;
   // Stage 3: a prefetch is issued only while the gathered block groups stay
   // within this many elements (zero_optimization.stage3_max_live_parameters
   // or max_live_parameters; DeepSpeed's default 1e9).

@@ -6,9 +6,10 @@
 #include "blocks/zero3_block.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "engine/stage_factory.h"
 #include "engine/torch_kernels.h"
+#include "precision/precision.h"
 #include "zero/phase.h"
-#include "zero/precision.h"
 #include "zero/stage.h"
 
 namespace zerostep {
@@ -103,15 +104,18 @@ struct ChosenKernels {
   Kernels* groups = nullptr;
 };
 
-// The caller's kernels, a TorchKernels on the model's device, or none.
+// The caller's kernels, a TorchKernels on the model's device, or none,
+// where kernel_placement() puts them (Note [Stage factory]).
 ChosenKernels choose_kernels(const std::vector<torch::Tensor>& params,
                              const ZeroConfig& zero, Kernels* given,
                              std::unique_ptr<Kernels>* own) {
-  const bool offload =
-      zero.offload_optimizer.device != OffloadDevice::kNone ||
-      (zero.stage == 3 && zero.offload_param.device != OffloadDevice::kNone);
+  const KernelPlacement placement = kernel_placement(zero);
+  auto placed = [&](Kernels* k) {
+    return placement == KernelPlacement::kGroups ? ChosenKernels{nullptr, k}
+                                                 : ChosenKernels{k, nullptr};
+  };
   if (given != nullptr) {
-    if (offload && zero.stage != 3)
+    if (placement == KernelPlacement::kNone)
       throw UsageError(
           "EngineOptions::kernels is given with zero_optimization.stage " +
           std::to_string(zero.stage) +
@@ -119,13 +123,12 @@ ChosenKernels choose_kernels(const std::vector<torch::Tensor>& params,
           "the host and moves the model's gradients and weights with "
           "LibTorch copies, so no kernels are used. Fix: leave "
           "EngineOptions::kernels unset");
-    return offload ? ChosenKernels{nullptr, given} : ChosenKernels{given, nullptr};
+    return placed(given);
   }
   if (internal::model_device(params).is_cpu()) return {};
-  if (offload && zero.stage != 3) return {};  // Note [ZeRO-Offload]
+  if (placement == KernelPlacement::kNone) return {};  // Note [ZeRO-Offload]
   *own = std::make_unique<TorchKernels>(params.front().device());
-  return offload ? ChosenKernels{nullptr, own->get()}
-                 : ChosenKernels{own->get(), nullptr};
+  return placed(own->get());
 }
 
 void check_overrides(const StepOverrides& o) {
@@ -206,44 +209,29 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const Config& config,
   const std::vector<std::string> names =
       materialize_meta(*model_, options.parameter_source);
   if (dtype() == Precision::kBf16) model_->to(torch::kBFloat16);
-  BindingOptions bo;
-  bo.stage.stage = config_.zero.stage;
-  bo.stage.layout = layout_;
-  bo.stage.optimizer = hyper();
-  bo.stage.reduce_bucket_size = config_.zero.reduce_bucket_size;
-  bo.stage.allgather_bucket_size = config_.zero.allgather_bucket_size;
-  bo.stage.overlap_comm = config_.zero.overlap_comm;
-  bo.stage.grad_accum = config_.precision.grad_accum_dtype;
-  bo.stage.averaging = {config_.prescale_gradients,
-                        config_.gradient_predivide_factor};
-  bo.stage.reduce_once_per_step = config_.zero.reduce_once_per_step;
-  bo.stage.gather_once_per_step = config_.zero.gather_once_per_step;
-  bo.stage.collectives_outside_backward =
+  // Note [Stage factory]: the stage and its options, chosen from the config.
+  StageResources resources;
+  resources.layout = layout_;
+  resources.optimizer = hyper();
+  resources.optimizer_swap = offload_->optimizer_swap();
+  resources.param_swap = offload_->param_swap();
+  resources.kernels = kernels.stage;
+  resources.group_kernels = kernels.groups;
+  resources.collectives_outside_backward =
       options.stage3_collectives_outside_backward;
-  bo.stage.prefetch_numel =
-      static_cast<size_t>(config_.zero.stage3_prefetch_bucket_size);
-  bo.stage.reuse_distance_numel =
-      static_cast<size_t>(config_.zero.stage3_max_reuse_distance);
-  bo.stage.max_live_numel =
-      static_cast<size_t>(config_.zero.stage3_max_live_parameters);
-  bo.stage.optimizer_swap = offload_->optimizer_swap();
-  bo.stage.param_swap = offload_->param_swap();
-  bo.stage.kernels = kernels.stage;
-  bo.stage.group_kernels = kernels.groups;
+  const StageChoice chosen = choose_stage(config_, resources);
+  BindingOptions bo;
+  bo.stage = chosen.options;
+  bo.fold_accum = chosen.fold_accum;
   bo.dtype = dtype();
   bo.persistence_threshold = config_.zero.stage3_param_persistence_threshold;
   bo.offload = config_.zero.offload_optimizer.device != OffloadDevice::kNone;
   bo.pin_memory = config_.zero.offload_optimizer.pin_memory;
   bo.offload_staging_on_cpu = options.offload_staging_on_cpu;
-  // Note [Partitioned master]: the model's bf16 weights stay on its device
-  // and hold the one full copy, unless offload keeps the master on the host.
-  bo.stage.bf16_weights = dtype() == Precision::kBf16 && !bo.offload;
   bo.source = options.parameter_source;
   bo.names = names;
   // Note [Transactional update]: what a failed step() keeps as it was.
-  replica_may_tear_ =
-      bo.stage.stage == 2 &&
-      (partitions_gradients(bo.stage) || partitions_master(bo.stage));
+  replica_may_tear_ = chosen.replica_may_tear;
   binding_ = make_param_binding(model_, params_, bo, comm_, &latch_);
   stage_ = &binding_->stage();
   // Once per run, not once per rank.

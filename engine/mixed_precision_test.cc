@@ -1,5 +1,6 @@
 // Mixed precision in the engine: bf16 weights, fp16 loss scaling and the
-// overflow skip, on the simulator (zero/precision.h, engine/loss_scaler.h).
+// overflow skip, on the simulator (precision/precision.h,
+// engine/loss_scaler.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,8 +14,8 @@
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
 #include "models/task.h"
+#include "precision/precision.h"
 #include "sim/sim_world.h"
-#include "zero/precision.h"
 
 namespace zerostep {
 namespace {

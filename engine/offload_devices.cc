@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "engine/stage_factory.h"
 #include "offload/posix_block_device.h"
 
 namespace zerostep {
@@ -33,8 +34,7 @@ OffloadDevices::OffloadDevices(const ZeroConfig& zero, int rank,
   optimizer_swap_.sub_group_numel = static_cast<size_t>(zero.sub_group_size);
   optimizer_swap_.buffer_count =
       static_cast<size_t>(zero.offload_optimizer.buffer_count);
-  // offload_param applies to stage 3's partitions only.
-  if (zero.stage == 3)
+  if (offload_param_applies(zero))
     param_swap_.device =
         swap_device(zero.offload_param, rank, given_param_device, "params",
                     &owned_param_device_);

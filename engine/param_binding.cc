@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 
 #include <functional>
+#include <variant>
 
 #include "common/errors.h"
 #include "engine/flat_binding.h"
@@ -80,7 +81,7 @@ void ParamBinding::install_grad_ready_hooks(
 std::unique_ptr<ParamBinding> make_param_binding(
     std::shared_ptr<torch::nn::Module> model, std::vector<torch::Tensor> params,
     const BindingOptions& options, Communicator* comm, FailureLatch* latch) {
-  if (options.stage.stage == 3)
+  if (std::holds_alternative<Stage3Options>(options.stage.per_stage))
     return std::make_unique<Stage3Binding>(std::move(model), std::move(params),
                                            options, comm, latch);
   return std::make_unique<FlatBinding>(std::move(model), std::move(params),

@@ -1,12 +1,13 @@
 // ParamBinding: how a model's trainable parameters are bound to one ZeRO
 // stage's storage. The Engine drives every stage through this interface
-// and never branches on the stage number; make_param_binding() is the one
-// place that chooses:
+// and never branches on the stage number (Note [Stage factory] in
+// engine/stage_factory.h: choose_stage() reads it, once);
+// make_param_binding() picks the binding by the stage options' type:
 //
 //   FlatBinding (engine/flat_binding.h)      stages 0-2: the parameters and
 //       their .grad view two flat buffers the stage reduces and updates;
 //       mixed precision folds each backward's bf16/fp16 gradient into the
-//       float32 accumulation (Note [Precision model] in zero/precision.h).
+//       float32 accumulation (Note [Precision model] in precision/precision.h).
 //   Stage3Binding (engine/stage3_binding.h)  stage 3: one storage per group
 //       (Note [Stage 3 grouping rule] in zero/grouping.h), materialized and
 //       released around each Zero3Block's forward and backward.
@@ -36,10 +37,11 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "common/zero_defaults.h"
 #include "engine/failure_latch.h"
 #include "engine/parameter_source.h"
+#include "precision/precision.h"
 #include "zero/flat_layout.h"
-#include "zero/precision.h"
 #include "zero/stage.h"
 
 namespace zerostep {
@@ -96,11 +98,16 @@ class ParamBinding {
 
 // What a binding is built from.
 struct BindingOptions {
-  // The stage's options (stage number, layout, optimizer, buckets, swaps).
+  // The stage and its options (layout, optimizer, the stage's own options:
+  // StageOptions::per_stage).
   StageOptions stage;
   Precision dtype = Precision::kFp32;
+  // The format each backward's gradient is folded into the binding's
+  // gradient storage with (StageChoice::fold_accum in
+  // engine/stage_factory.h; Note [Precision model]).
+  Precision fold_accum = Precision::kFp32;
   // Stage 3: zero_optimization.stage3_param_persistence_threshold.
-  int64_t persistence_threshold = 100000;
+  int64_t persistence_threshold = zero_defaults::kPersistenceThreshold;
   // Stages 1-2: zero_optimization.offload_optimizer.device is "cpu" or
   // "nvme": the model's weights and gradients stay on the model's device,
   // the float32 master and the optimizer on the host (Note [ZeRO-Offload]
@@ -140,9 +147,9 @@ void read_from_source(const ParameterSource* source, const std::string& name,
 // `params` are the model's trainable parameters (trainable_parameters() in
 // blocks/zero3_block.h) and options.stage.layout their flat layout over
 // comm's world. Moves the parameters into the binding's storage, broadcasts
-// rank 0's values to every rank (a collective), builds the stage (stage 3
-// when options.stage.stage is 3, otherwise FlatBinding's make_stage(), which
-// throws UsageError for a stage outside 0-3). `latch` (outlives
+// rank 0's values to every rank (a collective), builds the stage (a
+// Stage3Binding when options.stage.per_stage holds Stage3Options, otherwise
+// a FlatBinding over make_stage()). `latch` (outlives
 // the binding) guards the collectives stage 3 runs in a block's forward.
 std::unique_ptr<ParamBinding> make_param_binding(
     std::shared_ptr<torch::nn::Module> model, std::vector<torch::Tensor> params,

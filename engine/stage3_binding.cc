@@ -5,13 +5,14 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <variant>
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "precision/precision.h"
 #include "zero/agreement.h"
 #include "zero/grouping.h"
 #include "zero/phase.h"
-#include "zero/precision.h"
 
 namespace zerostep {
 namespace {
@@ -123,9 +124,9 @@ Stage3Binding::Stage3Binding(std::shared_ptr<torch::nn::Module> model,
   ZS_CHECK(latch_ != nullptr);
   // The groups' memory: the stage's kernels, or with offload from a device
   // its group_kernels (Note [Stage 3 offload from a device]).
-  Kernels* k = options.stage.group_kernels != nullptr
-                   ? options.stage.group_kernels
-                   : options.stage.kernels;
+  const Stage3Options& own = std::get<Stage3Options>(options.stage.per_stage);
+  Kernels* k =
+      own.group_kernels != nullptr ? own.group_kernels : options.stage.kernels;
   if (k != nullptr && !k->host_addressable()) kernels_ = k;
   const torch::Device device = internal::model_device(params_);
   const Zero3BlockMap map = map_zero3_blocks(*model_);
@@ -295,7 +296,7 @@ Stage3Binding::Stage3Binding(std::shared_ptr<torch::nn::Module> model,
   initial.source = options.source;
   initial.names = &options.names;
   initial.comm = comm;
-  stage3_ = std::make_unique<Stage3>(options.stage, groups,
+  stage3_ = std::make_unique<Stage3>(options.stage, own, groups,
                                      options.stage.layout.numels, initial,
                                      static_cast<GroupStorage*>(this), comm);
   initial.drop_last();

@@ -98,7 +98,7 @@ class Stage3Binding final : public ParamBinding,
   size_t numel_;
   FailureLatch* latch_;
   // Note [Stage 3 on a device] (zero/stage3.h): the device's kernels, when
-  // the storages are off the host (StageOptions::group_kernels, else
+  // the storages are off the host (Stage3Options::group_kernels, else
   // kernels); nullptr on the host.
   Kernels* kernels_ = nullptr;
   std::vector<torch::Tensor> group_params_;  // bf16 when training in bf16

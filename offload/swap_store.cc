@@ -397,159 +397,205 @@ void SwapStore::read_arrays(float* const* arrays) {
   });
 }
 
+// One run_pass's pipeline (Note [Swap pass atomicity]): which buffers are
+// free, being read and being written, the sub-group read next, and where
+// the pass is (for the error message). Reads go ahead as far as free
+// buffers allow; writes are retired oldest first.
+class SwapStore::Pass {
+ public:
+  Pass(SwapStore& store, uint64_t src, uint64_t dst)
+      : store_(store), src_(src), dst_(dst), groups_(store.num_subgroups_) {
+    for (size_t i = 0; i < store_.buffers_.size(); ++i) free_.push_back(i);
+  }
+
+  const std::string& where() const { return where_; }
+  void set_where(std::string where) { where_ = std::move(where); }
+  void at(const char* what, size_t subgroup) {
+    where_ = std::string(what) + " sub-group " + std::to_string(subgroup) +
+             " of " + std::to_string(groups_);
+  }
+
+  // The buffer holding sub-group g as read and verified; the read of g + 1
+  // goes out before this returns (before the function runs on g).
+  size_t read(size_t g) {
+    while (!writing_.empty() && buffer_ready(store_.buffers_[writing_.front()]))
+      retire_oldest_write();
+    if (next_read_ == g && free_.empty()) retire_oldest_write();
+    while (next_read_ < groups_ && !free_.empty()) start_read();
+    const size_t current = reading_.front();
+    reading_.pop_front();
+    wait_buffer(store_.buffers_[current], IoOp::kRead);
+    store_.verify(store_.buffers_[current], src_);
+    if (next_read_ == g + 1 && next_read_ < groups_ && free_.empty())
+      retire_oldest_write();
+    while (next_read_ < groups_ && !free_.empty()) start_read();
+    return current;
+  }
+
+  // A free buffer for sub-group g, zeroed (a pass that writes only).
+  size_t zeroed(size_t g) {
+    if (free_.empty()) retire_oldest_write();
+    const size_t current = free_.front();
+    free_.pop_front();
+    Buffer& b = store_.buffers_[current];
+    b.subgroup = g;
+    std::memset(b.memory.data(), 0, b.memory.size());
+    return current;
+  }
+
+  // Buffer i sealed for `generation` and its write submitted.
+  void write(size_t i, uint64_t generation) {
+    Buffer& b = store_.buffers_[i];
+    store_.seal(b, generation);
+    submit(b, IoOp::kWrite, dst_);
+    writing_.push_back(i);
+  }
+
+  void release(size_t i) { free_.push_back(i); }
+
+  void finish_writes() {
+    while (!writing_.empty()) retire_oldest_write();
+  }
+
+ private:
+  void submit(Buffer& b, IoOp op, uint64_t copy) {
+    at(op == IoOp::kRead ? "reading" : "writing", b.subgroup);
+    const uint64_t base = store_.slot_offset(copy, b.subgroup);
+    const uint64_t slot_bytes = store_.slot_bytes_;
+    for (uint64_t done = 0; done < slot_bytes;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(
+          store_.options_.io_chunk_bytes, slot_bytes - done));
+      char* p = b.memory.data() + done;
+      b.tickets.push_back(
+          op == IoOp::kRead ? store_.device_->submit_read(base + done, p, n)
+                            : store_.device_->submit_write(base + done, p, n));
+      done += n;
+    }
+    (op == IoOp::kRead ? store_.stats_.bytes_read
+                       : store_.stats_.bytes_written) += slot_bytes;
+  }
+
+  void wait_buffer(Buffer& b, IoOp op) {
+    at(op == IoOp::kRead ? "reading" : "writing", b.subgroup);
+    Timed t(&store_.stats_.wait_seconds);
+    while (!b.tickets.empty()) {
+      const IoTicket ticket = b.tickets.front();
+      b.tickets.pop_front();  // retired even if wait throws
+      store_.device_->wait(ticket);
+    }
+  }
+
+  bool buffer_ready(const Buffer& b) const {
+    for (IoTicket t : b.tickets) {
+      if (!store_.device_->poll(t)) return false;
+    }
+    return true;
+  }
+
+  void retire_oldest_write() {
+    const size_t i = writing_.front();
+    wait_buffer(store_.buffers_[i], IoOp::kWrite);
+    writing_.pop_front();
+    free_.push_back(i);
+  }
+
+  void start_read() {
+    const size_t i = free_.front();
+    free_.pop_front();
+    store_.buffers_[i].subgroup = next_read_++;
+    submit(store_.buffers_[i], IoOp::kRead, src_);
+    reading_.push_back(i);
+  }
+
+  SwapStore& store_;
+  const uint64_t src_;  // the copy read: generation_ % 2
+  const uint64_t dst_;  // the copy written: (generation_ + 1) % 2
+  const size_t groups_;
+  std::deque<size_t> free_, reading_, writing_;
+  size_t next_read_ = 0;
+  std::string where_ = "start";
+};
+
 void SwapStore::run_pass(Mode mode, const std::function<void(Buffer&)>& body,
                          bool commit) {
   stats_ = SwapPassStats();
   const auto start = std::chrono::steady_clock::now();
   const bool reads = mode != Mode::kWrite;
   const bool writes = mode != Mode::kRead;
-  const uint64_t src = generation_ % 2;
-  const uint64_t dst = (generation_ + 1) % 2;
-  const size_t groups = num_subgroups_;
-
-  std::deque<size_t> free_buffers, reading, writing;
-  for (size_t i = 0; i < buffers_.size(); ++i) free_buffers.push_back(i);
-  size_t next_read = 0;
-  // Where the pass is, for the error message.
-  std::string stage = "start";
-  auto set_stage = [&](const char* what, size_t subgroup) {
-    stage = std::string(what) + " sub-group " + std::to_string(subgroup) +
-            " of " + std::to_string(groups);
-  };
-
-  auto submit = [&](Buffer& b, IoOp op, uint64_t copy) {
-    set_stage(op == IoOp::kRead ? "reading" : "writing", b.subgroup);
-    const uint64_t base = slot_offset(copy, b.subgroup);
-    for (uint64_t done = 0; done < slot_bytes_;) {
-      const size_t n = static_cast<size_t>(
-          std::min<uint64_t>(options_.io_chunk_bytes, slot_bytes_ - done));
-      char* p = b.memory.data() + done;
-      b.tickets.push_back(op == IoOp::kRead
-                              ? device_->submit_read(base + done, p, n)
-                              : device_->submit_write(base + done, p, n));
-      done += n;
-    }
-    (op == IoOp::kRead ? stats_.bytes_read : stats_.bytes_written) +=
-        slot_bytes_;
-  };
-  auto wait_buffer = [&](Buffer& b, IoOp op) {
-    set_stage(op == IoOp::kRead ? "reading" : "writing", b.subgroup);
-    Timed t(&stats_.wait_seconds);
-    while (!b.tickets.empty()) {
-      const IoTicket ticket = b.tickets.front();
-      b.tickets.pop_front();  // retired even if wait throws
-      device_->wait(ticket);
-    }
-  };
-  auto buffer_ready = [&](Buffer& b) {
-    for (IoTicket t : b.tickets) {
-      if (!device_->poll(t)) return false;
-    }
-    return true;
-  };
-  auto retire_oldest_write = [&] {
-    const size_t i = writing.front();
-    wait_buffer(buffers_[i], IoOp::kWrite);
-    writing.pop_front();
-    free_buffers.push_back(i);
-  };
-  auto start_read = [&] {
-    const size_t i = free_buffers.front();
-    free_buffers.pop_front();
-    buffers_[i].subgroup = next_read++;
-    submit(buffers_[i], IoOp::kRead, src);
-    reading.push_back(i);
-  };
-
+  Pass pass(*this, generation_ % 2, (generation_ + 1) % 2);
   try {
     if (writes && record_uncertain_) {
-      stage = "invalidating the uncertain commit record";
+      pass.set_where("invalidating the uncertain commit record");
       Timed t(&stats_.wait_seconds);
       invalidate_uncertain_record();
     }
-    for (size_t g = 0; g < groups; ++g) {
-      size_t current;
-      if (reads) {
-        // Read as far ahead as free buffers allow; sub-group g at least.
-        while (!writing.empty() && buffer_ready(buffers_[writing.front()])) {
-          retire_oldest_write();
-        }
-        if (next_read == g && free_buffers.empty()) retire_oldest_write();
-        while (next_read < groups && !free_buffers.empty()) start_read();
-        current = reading.front();
-        reading.pop_front();
-        wait_buffer(buffers_[current], IoOp::kRead);
-        verify(buffers_[current], src);
-        // The read of g + 1 goes out before the function runs on g.
-        if (next_read == g + 1 && next_read < groups && free_buffers.empty()) {
-          retire_oldest_write();
-        }
-        while (next_read < groups && !free_buffers.empty()) start_read();
-      } else {
-        if (free_buffers.empty()) retire_oldest_write();
-        current = free_buffers.front();
-        free_buffers.pop_front();
-        Buffer& b = buffers_[current];
-        b.subgroup = g;
-        std::memset(b.memory.data(), 0, b.memory.size());
-      }
-      Buffer& b = buffers_[current];
+    for (size_t g = 0; g < num_subgroups_; ++g) {
+      const size_t current = reads ? pass.read(g) : pass.zeroed(g);
       {
-        set_stage("the function on", g);
+        pass.at("the function on", g);
         Timed t(&stats_.function_seconds);
-        body(b);
+        body(buffers_[current]);
       }
       if (writes) {
-        seal(b, generation_ + 1);
-        submit(b, IoOp::kWrite, dst);
-        writing.push_back(current);
+        pass.write(current, generation_ + 1);
       } else {
-        free_buffers.push_back(current);
+        pass.release(current);
       }
     }
-    while (!writing.empty()) retire_oldest_write();
+    pass.finish_writes();
     if (writes) {
       Timed t(&stats_.wait_seconds);
-      stage = "flushing the new sub-groups";
+      pass.set_where("flushing the new sub-groups");
       device_->flush();
       if (commit) {
-        stage = "committing generation " + std::to_string(generation_ + 1);
+        pass.set_where("committing generation " +
+                       std::to_string(generation_ + 1));
         commit_record();
       }
     }
   } catch (...) {
-    // Every transfer must finish before its buffer is reused or freed.
-    for (Buffer& b : buffers_) {
-      while (!b.tickets.empty()) {
-        const IoTicket ticket = b.tickets.front();
-        b.tickets.pop_front();
-        try {
-          device_->wait(ticket);
-        } catch (...) {
-        }
-      }
-    }
+    wait_every_transfer();
     stats_.seconds = seconds_since(start);
-    try {
-      throw;
-    } catch (const IoError& e) {
-      const char* name = mode == Mode::kUpdate  ? "update"
-                         : mode == Mode::kWrite ? "write_all"
-                                                : "read_all";
-      std::ostringstream os;
-      os << "swap store on '" << device_->name() << "': " << name;
-      if (writes) {
-        os << " (generation " << generation_ << " -> " << generation_ + 1
-           << ")";
-      } else {
-        os << " (generation " << generation_ << ")";
-      }
-      os << " failed at " << stage << "; the store keeps generation "
-         << generation_ << " and stays usable. Cause: " << e.what();
-      throw IoError(os.str());
-    }
+    rethrow_pass_error(mode, pass.where());
   }
   stats_.seconds = seconds_since(start);
+}
+
+void SwapStore::wait_every_transfer() {
+  for (Buffer& b : buffers_) wait_ignoring_errors(b);
+}
+
+void SwapStore::wait_ignoring_errors(Buffer& b) {
+  // Every transfer must finish before its buffer is reused or freed.
+  while (!b.tickets.empty()) {
+    const IoTicket ticket = b.tickets.front();
+    b.tickets.pop_front();
+    try {
+      device_->wait(ticket);
+    } catch (...) {
+    }
+  }
+}
+
+void SwapStore::rethrow_pass_error(Mode mode, const std::string& where) const {
+  try {
+    throw;
+  } catch (const IoError& e) {
+    const bool writes = mode != Mode::kRead;
+    const char* name = mode == Mode::kUpdate  ? "update"
+                       : mode == Mode::kWrite ? "write_all"
+                                              : "read_all";
+    std::ostringstream os;
+    os << "swap store on '" << device_->name() << "': " << name;
+    if (writes) {
+      os << " (generation " << generation_ << " -> " << generation_ + 1 << ")";
+    } else {
+      os << " (generation " << generation_ << ")";
+    }
+    os << " failed at " << where << "; the store keeps generation "
+       << generation_ << " and stays usable. Cause: " << e.what();
+    throw IoError(os.str());
+  }
 }
 
 void SwapStore::read_range(size_t array, uint64_t first, uint64_t count,
@@ -599,14 +645,7 @@ void SwapStore::read_range(size_t array, uint64_t first, uint64_t count,
                   static_cast<size_t>(hi - lo) * sizeof(float));
     }
   } catch (const IoError& e) {
-    while (!b.tickets.empty()) {
-      const IoTicket ticket = b.tickets.front();
-      b.tickets.pop_front();
-      try {
-        device_->wait(ticket);
-      } catch (...) {
-      }
-    }
+    wait_ignoring_errors(b);
     std::ostringstream os;
     os << "swap store: " << range.str() << " (generation " << generation_
        << ") failed at sub-group " << b.subgroup << "; nothing changed. "

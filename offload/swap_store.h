@@ -267,12 +267,23 @@ class SwapStore {
  private:
   enum class Mode { kRead, kUpdate, kWrite };
   struct Buffer;
+  class Pass;  // one run_pass's pipeline state
 
   // The pipeline of Note [Swap pass atomicity]; body runs on each
   // sub-group's buffer in order.
   // commit = false stops a writing pass before its record (prepared_).
   void run_pass(Mode mode, const std::function<void(Buffer&)>& body,
                 bool commit = true);
+  // After a failed pass: waits for every transfer still in flight (their
+  // errors ignored), so that no buffer is reused or freed under one.
+  void wait_every_transfer();
+  // Waits for each of b's transfers in flight, ignoring their errors.
+  void wait_ignoring_errors(Buffer& b);
+  // Inside a catch block of run_pass: rethrows the error in flight, an
+  // IoError as one naming the call, the generations and `where` the pass
+  // failed.
+  [[noreturn]] void rethrow_pass_error(Mode mode,
+                                       const std::string& where) const;
   void require_not_prepared(const char* what) const;
   // update() and prepare_update(): `what` names the call in errors.
   void update_pass(const char* what,

@@ -535,7 +535,16 @@ std::optional<MemoryPlan> scenario_memory_plan(const Scenario& s,
   return memory_plan(model_shape(*task.make_model(s.seed), s.model), o);
 }
 
-ScenarioResult run_scenario(const Scenario& s) {
+namespace {
+
+// A failure of the scenario unless `cond`.
+void require(ScenarioResult& res, bool cond, const std::string& why) {
+  if (!cond) res.failures.push_back(why);
+}
+
+// The scenario's settings that no run could take: UsageError naming the
+// flag and the fix.
+void check_scenario(const Scenario& s) {
   if (const std::string why = device_problem(s); !why.empty())
     throw UsageError(why);
   if ((s.offload == OffloadDevice::kNvme ||
@@ -567,22 +576,12 @@ ScenarioResult run_scenario(const Scenario& s) {
                        " is outside the run (window < steps, rank < world, "
                        "backward < that window's N)");
   }
-  std::unique_ptr<Task> task = make_task(s.model, s.model_scale);
-  int64_t total = 0;
-  for (size_t k = 0; k < s.backwards.size(); ++k)
-    total += window_samples(s, static_cast<int>(k));
-  const Batch data = task->make_data(s.seed ^ 0x5eed, total);
+}
 
-  const bool varying =
-      std::adjacent_find(s.backwards.begin(), s.backwards.end(),
-                         std::not_equal_to<int>()) != s.backwards.end();
-  ScenarioResult res;
-  res.scenario = s;
-
-  Run unmanaged{scenario_config(s, false), s.world_size, false, false,
-                s.device};
-  Run managed{scenario_config(s, true), s.world_size, varying, false,
-              s.device};
+// The single-rank reference of `s`: one managed backward over each whole
+// window, on the CPU always (without offload a CUDA model needs the engine
+// on the device).
+Run reference_run(const Scenario& s) {
   Scenario ref_s = s;
   ref_s.world_size = 1;
   ref_s.stage = 0;
@@ -590,14 +589,13 @@ ScenarioResult run_scenario(const Scenario& s) {
   ref_s.offload = ref_s.offload_param = OffloadDevice::kNone;
   ref_s.scaling = GradAccumScaling::kNone;  // the factor is in the loss
   ref_s.backwards = {1};
-  // On the CPU always: without offload a CUDA model needs the engine on
-  // the device.
-  Run reference{scenario_config(ref_s, true), 1, false, true, "cpu"};
+  return Run{scenario_config(ref_s, true), 1, false, true, "cpu"};
+}
 
-  res.ignored_keys = unmanaged.config.ignored_keys;
-  res.unmanaged = train(s, *task, data, unmanaged);
-  res.managed = train(s, *task, data, managed);
-  res.reference = train(s, *task, data, reference);
+// The twins that isolate one setting: the same run without offload, and
+// without gather_once_per_step, where the scenario has them.
+void train_twins(const Scenario& s, const Task& task, const Batch& data,
+                 ScenarioResult& res) {
   const bool offloaded = s.offload != OffloadDevice::kNone ||
                          s.offload_param != OffloadDevice::kNone;
   if (offloaded && s.device == "cpu") {
@@ -608,7 +606,7 @@ ScenarioResult run_scenario(const Scenario& s) {
     // groups in the device's memory), so its twin is the host's run.
     plain.kernels = "host";
     res.in_memory =
-        train(plain, *task, data,
+        train(plain, task, data,
               Run{scenario_config(plain, false), s.world_size, false, false});
     res.offload_bitwise_equal = res.in_memory.digest == res.unmanaged.digest;
     res.offload_compared = true;
@@ -616,15 +614,18 @@ ScenarioResult run_scenario(const Scenario& s) {
   if (s.gather_once_per_step) {
     Scenario every = s;
     every.gather_once_per_step = false;
-    res.gathered_every_use =
-        train(every, *task, data,
-              Run{scenario_config(every, false), s.world_size, false, false,
-                  s.device});
+    res.gathered_every_use = train(every, task, data,
+                                   Run{scenario_config(every, false),
+                                       s.world_size, false, false, s.device});
     res.gather_once_bitwise_equal =
         res.gathered_every_use.digest == res.unmanaged.digest;
     res.gather_once_compared = true;
   }
+}
 
+// Unmanaged against managed (bitwise) and against the reference (relative
+// differences).
+void compare_parameters(ScenarioResult& res) {
   const auto& u = res.unmanaged.params;
   const auto& m = res.managed.params;
   const auto& ref = res.reference.params;
@@ -643,11 +644,12 @@ ScenarioResult run_scenario(const Scenario& s) {
   res.ref_max_rel_diff = max_ref > 0 ? max_ref_diff / max_ref : max_ref_diff;
   res.ref_rel_l2_diff =
       ref_sq > 0 ? std::sqrt(diff_sq / ref_sq) : std::sqrt(diff_sq);
+}
 
-  auto require = [&](bool cond, const std::string& why) {
-    if (!cond) res.failures.push_back(why);
-  };
-  // Note [Overflows nobody injected]: windows a run skipped on its own.
+// Note [Overflows nobody injected]: which windows the runs skipped against
+// the injected one; sets reference_compared and expected_global_samples.
+// Returns the number of windows the runs skipped.
+int64_t check_skipped_windows(const Scenario& s, ScenarioResult& res) {
   std::vector<int> injected;
   if (s.overflow_window >= 0) injected.push_back(s.overflow_window);
   const bool only_injected = res.unmanaged.skipped_windows == injected &&
@@ -675,26 +677,26 @@ ScenarioResult run_scenario(const Scenario& s) {
                   static_cast<int>(k)) == expected_skips.end())
       res.expected_global_samples += window_samples(s, static_cast<int>(k));
   if (!res.reference_compared) {
-    require(res.unmanaged.skipped_windows == res.managed.skipped_windows,
+    require(res, res.unmanaged.skipped_windows == res.managed.skipped_windows,
             "unmanaged and managed skipped different windows");
     if (s.overflow_window >= 0)
       for (const RunDigest* d : {&res.unmanaged, &res.managed, &res.reference})
-        require(std::find(d->skipped_windows.begin(), d->skipped_windows.end(),
+        require(res,
+                std::find(d->skipped_windows.begin(), d->skipped_windows.end(),
                           s.overflow_window) != d->skipped_windows.end(),
                 "a run did not skip the injected window " +
                     std::to_string(s.overflow_window));
   }
-  const int64_t skipped =
-      static_cast<int64_t>(res.unmanaged.skipped_windows.size());
-  const int64_t steps = static_cast<int64_t>(s.backwards.size()) - skipped;
-  require(res.bitwise_equal,
-          "unmanaged and managed parameters differ "
-          "(max_abs_diff " +
-              std::to_string(res.max_abs_diff) + ")");
-  require(res.offload_bitwise_equal,
+  return static_cast<int64_t>(res.unmanaged.skipped_windows.size());
+}
+
+// The twins' verdicts: the offload run and the gather_once_per_step run
+// against the same run without them.
+void check_twins(const Scenario& s, ScenarioResult& res) {
+  require(res, res.offload_bitwise_equal,
           "the offload run differs from the same run without offload");
   if (res.gather_once_compared) {
-    require(res.gather_once_bitwise_equal,
+    require(res, res.gather_once_bitwise_equal,
             "the gather_once_per_step run differs from the same run without "
             "it");
     // Note [Stage 3 gather once per step]: a window of N > 1 backward calls
@@ -704,7 +706,8 @@ ScenarioResult run_scenario(const Scenario& s) {
     const bool several =
         *std::max_element(s.backwards.begin(), s.backwards.end()) > 1;
     if (several && res.gathered_every_use.forward_comm_bytes > 0)
-      require(res.unmanaged.forward_comm_bytes <
+      require(res,
+              res.unmanaged.forward_comm_bytes <
                   res.gathered_every_use.forward_comm_bytes,
               "gather_once_per_step all-gathered " +
                   std::to_string(res.unmanaged.forward_comm_bytes) +
@@ -712,38 +715,52 @@ ScenarioResult run_scenario(const Scenario& s) {
                   std::to_string(res.gathered_every_use.forward_comm_bytes) +
                   " of the same run without it");
   }
-  require(res.unmanaged.comm_bytes == res.managed.comm_bytes,
+}
+
+// What the unmanaged run communicated: as many bytes as the managed run,
+// nothing during backward at stages 0-1, and at stages 2-3 a reduce-scatter
+// in every backward unless reduce_once_per_step.
+void check_communication(const Scenario& s, ScenarioResult& res) {
+  require(res, res.unmanaged.comm_bytes == res.managed.comm_bytes,
           "unmanaged moved " + std::to_string(res.unmanaged.comm_bytes) +
               " bytes, managed " + std::to_string(res.managed.comm_bytes));
   if (s.stage <= 1)
-    require(res.unmanaged.backward_comm_bytes == 0,
+    require(res, res.unmanaged.backward_comm_bytes == 0,
             "stage " + std::to_string(s.stage) +
                 " unmanaged communicated during backward");
   // Note [Reduce once per step]: the backwards only agree and (stage 3)
   // gather; by default stages 2/3 reduce in every backward.
   if (s.stage >= 2)
-    require((res.unmanaged.backward_reduce_scatter_bytes == 0) ==
+    require(res,
+            (res.unmanaged.backward_reduce_scatter_bytes == 0) ==
                 s.reduce_once_per_step,
             std::string("stage ") + std::to_string(s.stage) +
                 " unmanaged reduce-scattered " +
                 std::to_string(res.unmanaged.backward_reduce_scatter_bytes) +
                 " bytes during backward with reduce_once_per_step " +
                 (s.reduce_once_per_step ? "on" : "off"));
-  require(res.unmanaged.replicas_identical, "unmanaged replicas diverged");
-  require(res.managed.replicas_identical, "managed replicas diverged");
-  require(res.unmanaged.steps_applied == steps,
+}
+
+// The runs' training state: replicas, applied and skipped steps, samples,
+// loss-scale and gradient-norm trajectories, each against the others and
+// (where compared) the reference's within reference_tolerance().
+void check_training(const Scenario& s, int64_t skipped, ScenarioResult& res) {
+  const int64_t steps = static_cast<int64_t>(s.backwards.size()) - skipped;
+  require(res, res.unmanaged.replicas_identical, "unmanaged replicas diverged");
+  require(res, res.managed.replicas_identical, "managed replicas diverged");
+  require(res, res.unmanaged.steps_applied == steps,
           "unmanaged applied " + std::to_string(res.unmanaged.steps_applied) +
               " of " + std::to_string(steps) + " updates");
-  require(res.managed.steps_applied == steps,
+  require(res, res.managed.steps_applied == steps,
           "managed applied " + std::to_string(res.managed.steps_applied) +
               " of " + std::to_string(steps) + " updates");
-  require(res.unmanaged.global_samples == res.expected_global_samples,
+  require(res, res.unmanaged.global_samples == res.expected_global_samples,
           "unmanaged global_samples " +
               std::to_string(res.unmanaged.global_samples) +
               " != " + std::to_string(res.expected_global_samples));
   for (const RunDigest* d : {&res.unmanaged, &res.managed, &res.reference})
     if (res.reference_compared || d != &res.reference)
-      require(d->skipped_steps == skipped,
+      require(res, d->skipped_steps == skipped,
               std::string(d == &res.unmanaged ? "unmanaged"
                           : d == &res.managed ? "managed"
                                               : "reference") +
@@ -751,13 +768,13 @@ ScenarioResult run_scenario(const Scenario& s) {
                   " steps, expected " + std::to_string(skipped));
   // One entry per window in every run: the managed run's per-window scale
   // is its value after the window's last step().
-  require(res.unmanaged.loss_scales == res.managed.loss_scales,
+  require(res, res.unmanaged.loss_scales == res.managed.loss_scales,
           "unmanaged and managed loss-scale trajectories differ");
   if (res.reference_compared)
-    require(res.unmanaged.loss_scales == res.reference.loss_scales,
+    require(res, res.unmanaged.loss_scales == res.reference.loss_scales,
             "the loss-scale trajectory differs from the reference's");
   const double tol = reference_tolerance(s.dtype);
-  require(res.unmanaged.grad_norms == res.managed.grad_norms,
+  require(res, res.unmanaged.grad_norms == res.managed.grad_norms,
           "unmanaged and managed global gradient norms differ");
   for (size_t k = 0; k < res.reference.grad_norms.size(); ++k) {
     const double want = res.reference.grad_norms[k];
@@ -769,44 +786,84 @@ ScenarioResult run_scenario(const Scenario& s) {
     res.ref_grad_norm_rel_diff = std::max(res.ref_grad_norm_rel_diff, rel);
   }
   if (res.reference_compared) {
-    require(res.ref_grad_norm_rel_diff <= tol,
+    require(res, res.ref_grad_norm_rel_diff <= tol,
             "the global gradient norm differs from the reference's by " +
                 std::to_string(res.ref_grad_norm_rel_diff) +
                 " (relative; tolerance " + std::to_string(tol) + ")");
-    require(res.ref_rel_l2_diff <= tol,
+    require(res, res.ref_rel_l2_diff <= tol,
             "differs from the single-rank reference by " +
                 std::to_string(res.ref_rel_l2_diff) +
                 " (relative L2; tolerance " + std::to_string(tol) + ")");
   }
-  for (const std::string& f : lr_failures(res)) require(false, f);
+}
+
+// Note [Memory plan]: no run holds more than its plan, at rest or at its
+// peak (a gathered block or a full gradient kept alive shows here).
+void check_memory_plan(const Scenario& s, const Config& config,
+                       const Task& task, ScenarioResult& res) {
+  const std::optional<MemoryPlan> plan = scenario_memory_plan(s, config, task);
+  if (!plan) return;
+  res.memory_planned = true;
+  res.memory_plan_bytes = plan->total_bytes();
+  for (const auto& [name, d] :
+       {std::pair{"unmanaged", &res.unmanaged}, {"managed", &res.managed}}) {
+    require(res, d->memory_rest_bytes <= res.memory_plan_bytes,
+            std::string(name) + " holds " +
+                std::to_string(d->memory_rest_bytes) +
+                " bytes at rest, more than the " +
+                std::to_string(res.memory_plan_bytes) +
+                " its memory plan gives (Note [Memory plan])");
+    require(res, d->memory_peak_bytes <= res.memory_plan_bytes,
+            std::string(name) + " peaked at " +
+                std::to_string(d->memory_peak_bytes) +
+                " bytes, more than the " +
+                std::to_string(res.memory_plan_bytes) +
+                " its memory plan gives (Note [Memory plan])");
+  }
+}
+
+}  // namespace
+
+ScenarioResult run_scenario(const Scenario& s) {
+  check_scenario(s);
+  std::unique_ptr<Task> task = make_task(s.model, s.model_scale);
+  int64_t total = 0;
+  for (size_t k = 0; k < s.backwards.size(); ++k)
+    total += window_samples(s, static_cast<int>(k));
+  const Batch data = task->make_data(s.seed ^ 0x5eed, total);
+
+  const bool varying =
+      std::adjacent_find(s.backwards.begin(), s.backwards.end(),
+                         std::not_equal_to<int>()) != s.backwards.end();
+  ScenarioResult res;
+  res.scenario = s;
+
+  Run unmanaged{scenario_config(s, false), s.world_size, false, false,
+                s.device};
+  Run managed{scenario_config(s, true), s.world_size, varying, false, s.device};
+  res.ignored_keys = unmanaged.config.ignored_keys;
+  res.unmanaged = train(s, *task, data, unmanaged);
+  res.managed = train(s, *task, data, managed);
+  res.reference = train(s, *task, data, reference_run(s));
+  train_twins(s, *task, data, res);
+
+  compare_parameters(res);
+  const int64_t skipped = check_skipped_windows(s, res);
+  require(res, res.bitwise_equal,
+          "unmanaged and managed parameters differ "
+          "(max_abs_diff " +
+              std::to_string(res.max_abs_diff) + ")");
+  check_twins(s, res);
+  check_communication(s, res);
+  check_training(s, skipped, res);
+  for (const std::string& f : lr_failures(res)) require(res, false, f);
   // Rest memory: stage 3 must release every full storage it gathered for
   // forward and backward by the end of step(). Stages 0-2 allocate all of
   // it up front (FlatStage::memory) and the optimizer state is allocated at
   // construction (zero/optimizer.h), so they hold it too: every stage is
   // checked.
-  for (const std::string& f : rest_memory_failures(res)) require(false, f);
-  // Note [Memory plan]: no run holds more than its plan, at rest or at its
-  // peak (a gathered block or a full gradient kept alive shows here).
-  if (const std::optional<MemoryPlan> plan =
-          scenario_memory_plan(s, unmanaged.config, *task)) {
-    res.memory_planned = true;
-    res.memory_plan_bytes = plan->total_bytes();
-    for (const auto& [name, d] : {std::pair{"unmanaged", &res.unmanaged},
-                                  {"managed", &res.managed}}) {
-      require(d->memory_rest_bytes <= res.memory_plan_bytes,
-              std::string(name) + " holds " +
-                  std::to_string(d->memory_rest_bytes) +
-                  " bytes at rest, more than the " +
-                  std::to_string(res.memory_plan_bytes) +
-                  " its memory plan gives (Note [Memory plan])");
-      require(d->memory_peak_bytes <= res.memory_plan_bytes,
-              std::string(name) + " peaked at " +
-                  std::to_string(d->memory_peak_bytes) +
-                  " bytes, more than the " +
-                  std::to_string(res.memory_plan_bytes) +
-                  " its memory plan gives (Note [Memory plan])");
-    }
-  }
+  for (const std::string& f : rest_memory_failures(res)) require(res, false, f);
+  check_memory_plan(s, unmanaged.config, *task, res);
   res.ok = res.failures.empty();
   return res;
 }

@@ -163,10 +163,17 @@ TEST(ScaleSimTest, PlannedMemoryIsTheStagesOwn) {
         world.run([&](int r) {
           std::vector<float> p(layout.padded_numel), g(layout.padded_numel);
           StageOptions so;
-          so.stage = stage;
           so.layout = layout;
-          so.reduce_bucket_size = o.reduce_bucket_size;
-          so.allgather_bucket_size = o.allgather_bucket_size;
+          if (stage == 0) {
+            so.per_stage = Stage0Options{o.reduce_bucket_size, false};
+          } else if (stage == 1) {
+            so.per_stage = Stage1Options{};
+          } else {
+            Stage2Options s2;
+            s2.reduce_bucket_size = o.reduce_bucket_size;
+            s2.allgather_bucket_size = o.allgather_bucket_size;
+            so.per_stage = s2;
+          }
           // Note [Stage 2 buckets]: stage 2 takes no gradient buffer.
           real[r] = make_stage(so,
                                {p.data(), partitions_gradients(so) ? nullptr

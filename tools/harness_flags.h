@@ -11,8 +11,8 @@
 
 #include "common/errors.h"
 #include "config/config.h"
+#include "precision/precision.h"
 #include "scale/scale_sim.h"
-#include "zero/precision.h"
 
 namespace zerostep {
 

@@ -41,7 +41,7 @@
 #include <string>
 
 #include "offload/fused_adam.h"
-#include "zero/precision.h"
+#include "precision/precision.h"
 
 namespace zerostep {
 
@@ -117,7 +117,7 @@ class Kernels {
     return sum_of_squares(x, n);
   }
   // acc[i] = round_to(acc_p, acc[i] + round_to(grad_p, g[i]))
-  // (Note [Precision model] in zero/precision.h).
+  // (Note [Precision model] in precision/precision.h).
   virtual void accumulate(float* acc, const float* g, size_t n,
                           Precision grad_p, Precision acc_p) = 0;
 

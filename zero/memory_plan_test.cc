@@ -6,9 +6,9 @@
 #include <set>
 #include <string>
 
+#include "precision/precision.h"
 #include "zero/flat_layout.h"
 #include "zero/grouping.h"
-#include "zero/precision.h"
 #include "zero/schedule.h"
 
 namespace zerostep {

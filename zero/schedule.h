@@ -62,10 +62,11 @@
 
 #include "comm/communicator.h"
 #include "comm/ledger.h"
+#include "common/zero_defaults.h"
+#include "precision/precision.h"
+#include "zero/grouping.h"
 #include "zero/phase.h"
 #include "zero/stage.h"
-#include "zero/grouping.h"
-#include "zero/precision.h"
 #include "zero/stage3.h"
 
 namespace zerostep {
@@ -76,14 +77,14 @@ struct ScheduleOptions {
   bool managed = false;
   int backwards = 1;  // backward() calls in the window
   // zero_optimization keys, with DeepSpeed's defaults.
-  int64_t reduce_bucket_size = 500000000;
-  int64_t allgather_bucket_size = 500000000;
+  int64_t reduce_bucket_size = zero_defaults::kBucketElements;
+  int64_t allgather_bucket_size = zero_defaults::kBucketElements;
   bool overlap_comm = false;
-  int64_t persistence_threshold = 100000;
+  int64_t persistence_threshold = zero_defaults::kPersistenceThreshold;
   // stage3_max_reuse_distance (Note [Stage 3 reuse distance] in
   // zero/stage3.h): a kept block group is not all-gathered again for its
   // backward, and the pool holds one parameter slot per kept group.
-  int64_t max_reuse_distance = 1000000000;
+  int64_t max_reuse_distance = zero_defaults::kMaxReuseDistance;
   // zerostep's gather_once_per_step (Note [Stage 3 gather once per step] in
   // zero/stage3.h): a block group is all-gathered by the step, for the next
   // window, and the pool holds one parameter slot per block group.

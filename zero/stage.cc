@@ -6,6 +6,7 @@
 #include <exception>
 #include <sstream>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "common/errors.h"
@@ -16,12 +17,17 @@
 namespace zerostep {
 
 bool partitions_master(const StageOptions& options) {
-  return (options.stage == 1 || options.stage == 2) && options.bf16_weights;
+  if (const auto* s1 = std::get_if<Stage1Options>(&options.per_stage))
+    return s1->bf16_weights;
+  if (const auto* s2 = std::get_if<Stage2Options>(&options.per_stage))
+    return s2->bf16_weights;
+  return false;
 }
 
 bool partitions_gradients(const StageOptions& options) {
-  return options.stage == 2 && !options.reduce_once_per_step &&
-         !options.collectives_outside_backward;
+  const auto* s2 = std::get_if<Stage2Options>(&options.per_stage);
+  return s2 != nullptr && !s2->reduce_once_per_step &&
+         !s2->collectives_outside_backward;
 }
 
 std::unique_ptr<Stage> make_stage(const StageOptions& options,
@@ -33,30 +39,37 @@ std::unique_ptr<Stage> make_stage(const StageOptions& options,
   // Note [Stage 2 buckets]: no full gradient buffer exactly then.
   ZS_CHECK((buffers.grads == nullptr) == partitions_gradients(options));
   ZS_CHECK(options.layout.world_size == comm->world_size());
-  switch (options.stage) {
-    case 0:
-      return std::make_unique<Stage0>(options, buffers, comm);
-    case 1:
+  struct Make {
+    const StageOptions& options;
+    FlatBuffers buffers;
+    Communicator* comm;
+    std::unique_ptr<Stage> operator()(const Stage0Options& own) const {
+      return std::make_unique<Stage0>(options, own, buffers, comm);
+    }
+    std::unique_ptr<Stage> operator()(const Stage1Options&) const {
       return std::make_unique<Stage1>(options, buffers, comm);
-    case 2:
-      return std::make_unique<Stage2>(options, buffers, comm);
-    default:
+    }
+    std::unique_ptr<Stage> operator()(const Stage2Options& own) const {
+      return std::make_unique<Stage2>(options, own, buffers, comm);
+    }
+    std::unique_ptr<Stage> operator()(const Stage3Options&) const {
       throw UsageError(
-          "zero_optimization.stage = " + std::to_string(options.stage) +
-          " is not one make_stage() builds (stages 0, 1 and 2; the Engine "
-          "builds stage 3, which needs its LibTorch storages). Fix: use "
-          "stage 0, 1, 2, or an Engine for stage 3");
-  }
+          "zero_optimization.stage = 3 is not one make_stage() builds "
+          "(stages 0, 1 and 2; the Engine builds stage 3, which needs its "
+          "LibTorch storages). Fix: use stage 0, 1, 2, or an Engine for "
+          "stage 3");
+    }
+  };
+  return std::visit(Make{options, buffers, comm}, options.per_stage);
 }
 
 FlatStage::FlatStage(const StageOptions& options, FlatBuffers buffers,
-                     Communicator* comm, bool partitioned,
-                     std::vector<Span> owned)
+                     Communicator* comm, int stage, std::vector<Span> owned)
     : layout_(options.layout),
       k_(options.kernels != nullptr ? *options.kernels : host_kernels()),
       buf_(buffers),
       comm_(comm),
-      partitioned_(partitioned),
+      partitioned_(stage > 0),
       owned_(std::move(owned)),
       owned_numel_(0),
       optimizer_(options.optimizer, [&] {
@@ -64,8 +77,9 @@ FlatStage::FlatStage(const StageOptions& options, FlatBuffers buffers,
         for (const Span& s : owned_) n += s.numel;
         return n;
       }(), AdamKernel::kFused, options.optimizer_swap, &k_),
-      averaging_(averaging_steps(options.averaging, options.stage,
+      averaging_(averaging_steps(options.averaging, stage,
                                  options.layout.world_size)) {
+  ZS_CHECK(stage >= 0 && stage <= 2);
   for (const Span& s : owned_) {
     ZS_CHECK(s.offset + s.numel <= layout_.padded_numel);
     owned_numel_ += s.numel;

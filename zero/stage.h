@@ -55,11 +55,11 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // By default stages 2/3 reduce-scatter every backward's gradient into the
 // rank's partition, so only the partition accumulates over the window
-// (DeepSpeed's semantics). With StageOptions::reduce_once_per_step
-// (zero_optimization.reduce_once_per_step) every backward accumulates
-// locally into the full, unsharded gradient (stage 2: the flat gradient
-// buffer, which stage 2 holds anyway; stage 3: one full gradient storage
-// per group, kept from the group's first backward on), and
+// (DeepSpeed's semantics). With reduce_once_per_step (Stage2Options,
+// Stage3Options; zero_optimization.reduce_once_per_step) every backward
+// accumulates locally into the full, unsharded gradient (stage 2: the flat
+// gradient buffer, which stage 2 holds anyway; stage 3: one full
+// gradient storage per group, kept from the group's first backward on), and
 // reduce_window() reduce-scatters it once per window, sums it into the
 // partition and clears it. The engine cannot know, in unmanaged mode,
 // which backward is the last before step(), so the reduction is always in
@@ -155,15 +155,17 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <variant>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "common/zero_defaults.h"
+#include "precision/precision.h"
 #include "zero/averaging.h"
 #include "zero/flat_layout.h"
 #include "zero/kernels.h"
 #include "zero/optimizer.h"
 #include "zero/phase.h"
-#include "zero/precision.h"
 
 namespace zerostep {
 
@@ -182,70 +184,116 @@ struct ParamSwap {
   size_t buffer_count = 5;
 };
 
-struct StageOptions {
-  int stage = 0;  // 0, 1, 2 or 3
-  FlatLayout layout;
-  OptimizerHyper optimizer;
-  // Stage 2: elements per reduce-scatter bucket (all ranks' chunks
-  // together; Note [Stage 2 buckets]: the bucket pool's slot size) and per
-  // all-gather; reduce buckets asynchronously during autograd.
-  int64_t reduce_bucket_size = 500000000;
-  int64_t allgather_bucket_size = 500000000;
+// The options only stage 0 takes (Note [Stage 0 buckets] in zero/stage0.h).
+struct Stage0Options {
+  // Elements per all-reduce bucket (zero_optimization.reduce_bucket_size).
+  int64_t reduce_bucket_size = zero_defaults::kBucketElements;
+  // Managed mode: the boundary backward's buckets are all-reduced during
+  // its autograd pass.
   bool overlap_comm = false;
-  // Stages 2/3: the format of the partition gradient accumulated over the
-  // window (data_types.grad_accum_dtype; Note [Precision model]).
-  Precision grad_accum = Precision::kFp32;
-  // Stages 1-2: the model computes with bf16 weights of its own and no
+};
+
+// The options only stage 1 takes.
+struct Stage1Options {
+  // The model computes with bf16 weights of its own and no
   // offload_optimizer moves the master elsewhere, so the float32 master is
   // partitioned (Note [Partitioned master]).
   bool bf16_weights = false;
+};
+
+// The options only stage 2 takes (Note [Stage 2 buckets] in zero/stage2.h).
+struct Stage2Options {
+  // Elements per reduce-scatter bucket (all ranks' chunks together: the
+  // bucket pool's slot size) and per all-gather
+  // (zero_optimization.reduce_bucket_size, allgather_bucket_size).
+  int64_t reduce_bucket_size = zero_defaults::kBucketElements;
+  int64_t allgather_bucket_size = zero_defaults::kBucketElements;
+  // Reduce buckets asynchronously during autograd.
+  bool overlap_comm = false;
+  // The format of the partition gradient accumulated over the window
+  // (data_types.grad_accum_dtype; Note [Precision model]).
+  Precision grad_accum = Precision::kFp32;
+  // As Stage1Options::bf16_weights (Note [Partitioned master]).
+  bool bf16_weights = false;
+  // zero_optimization.reduce_once_per_step (Note [Reduce once per step]).
+  bool reduce_once_per_step = false;
+  // No collective inside backward, for ranks that share one autograd
+  // thread: stage 2 then keeps the full gradient buffer and reduces it
+  // after each backward (Note [Stage 2 buckets] in zero/stage2.h).
+  bool collectives_outside_backward = false;
+};
+
+// The options only stage 3 takes (zero/stage3.h).
+struct Stage3Options {
+  // Elements of reduce-scatters in flight with overlap_comm (Note [Stage 3
+  // reduce-scatter in flight] in zero/stage3.h).
+  int64_t reduce_bucket_size = zero_defaults::kBucketElements;
+  bool overlap_comm = false;
+  // As Stage2Options::grad_accum.
+  Precision grad_accum = Precision::kFp32;
+  // zero_optimization.reduce_once_per_step (Note [Reduce once per step]).
+  bool reduce_once_per_step = false;
+  // zerostep's zero_optimization.gather_once_per_step (Note [Stage 3
+  // gather once per step] in zero/stage3.h): a block group gathered once
+  // stays gathered until the step or a load.
+  bool gather_once_per_step = false;
+  // No collective inside backward (Note [Stage 3 collectives outside
+  // backward] in zero/stage3.h).
+  bool collectives_outside_backward = false;
+  // The largest group (padded elements) gathered ahead of its use (Note
+  // [Stage 3 prefetch] in zero/stage3.h;
+  // zero_optimization.stage3_prefetch_bucket_size); 0: none.
+  size_t prefetch_numel = 0;
+  // A block group stays gathered from its forward to its backward when
+  // fewer than this many elements of other block groups run in between
+  // (Note [Stage 3 reuse distance] in zero/stage3.h;
+  // zero_optimization.stage3_max_reuse_distance); 0: released after every
+  // forward.
+  size_t reuse_distance_numel = 0;
+  // A prefetch is issued only while the block groups gathered, with it,
+  // hold at most this many elements
+  // (zero_optimization.stage3_max_live_parameters).
+  size_t max_live_numel = static_cast<size_t>(-1);
+  // Where the parameter partitions live.
+  ParamSwap param_swap;
+  // The memory of the gathered groups (the GroupStorage's buffers) when it
+  // is not StageOptions::kernels' (Note [Stage 3 offload from a device] in
+  // zero/stage3.h: the partitions on the host, the groups on the model's
+  // device); nullptr: StageOptions::kernels. Must outlive the stage.
+  Kernels* group_kernels = nullptr;
+};
+
+// The stage and the options only it takes: the alternative's index is the
+// stage number (stage_number()). A stage is handed its own alternative
+// only, so it cannot be given an option it would ignore.
+using PerStageOptions =
+    std::variant<Stage0Options, Stage1Options, Stage2Options, Stage3Options>;
+
+// What every stage takes, and the stage's own options.
+struct StageOptions {
+  // Which stage, with its own options; stage 0 by default.
+  PerStageOptions per_stage;
+  FlatLayout layout;
+  OptimizerHyper optimizer;
   // prescale_gradients and gradient_predivide_factor: each rank's gradient
   // scaled before the sum, the sum after it, as DeepSpeed's code does at
   // this stage (Note [Gradient averaging] in zero/averaging.h); the
   // default sums and divides by the world size once.
   GradAveraging averaging;
-  // Stages 2/3: zero_optimization.reduce_once_per_step (Note [Reduce once
-  // per step]). Stages 0/1 reduce once per window anyway.
-  bool reduce_once_per_step = false;
-  // Stage 3: zerostep's zero_optimization.gather_once_per_step (Note
-  // [Stage 3 gather once per step] in zero/stage3.h): a block group
-  // gathered once stays gathered until the step or a load.
-  bool gather_once_per_step = false;
-  // Stages 2-3: no collective inside backward (Note [Stage 3 collectives
-  // outside backward] in zero/stage3.h), for ranks that share one autograd
-  // thread. Stage 2 then keeps the full gradient buffer and reduces it
-  // after each backward (Note [Stage 2 buckets] in zero/stage2.h).
-  bool collectives_outside_backward = false;
-  // Stage 3: the largest group (padded elements) gathered ahead of its use
-  // (Note [Stage 3 prefetch] in zero/stage3.h;
-  // zero_optimization.stage3_prefetch_bucket_size); 0: none.
-  size_t prefetch_numel = 0;
-  // Stage 3: a block group stays gathered from its forward to its backward
-  // when fewer than this many elements of other block groups run in
-  // between (Note [Stage 3 reuse distance] in zero/stage3.h;
-  // zero_optimization.stage3_max_reuse_distance); 0: released after every
-  // forward.
-  size_t reuse_distance_numel = 0;
-  // Stage 3: a prefetch is issued only while the block groups gathered,
-  // with it, hold at most this many elements
-  // (zero_optimization.stage3_max_live_parameters).
-  size_t max_live_numel = static_cast<size_t>(-1);
   // Where the optimizer keeps its state (zero/optimizer.h Note [NVMe
   // optimizer state]); in memory by default.
   OptimizerSwap optimizer_swap;
-  // Stage 3 only: where the parameter partitions live.
-  ParamSwap param_swap;
   // The memory the stage's buffers are in and the kernels that work on it
   // (Note [Device kernels] in zero/kernels.h; stage 3: Note [Stage 3 on a
   // device] in zero/stage3.h); nullptr: host_kernels(). Must outlive the
   // stage.
   Kernels* kernels = nullptr;
-  // Stage 3: the memory of the gathered groups (the GroupStorage's
-  // buffers) when it is not `kernels`' (Note [Stage 3 offload from a
-  // device] in zero/stage3.h: the partitions on the host, the groups on
-  // the model's device); nullptr: `kernels`. Must outlive the stage.
-  Kernels* group_kernels = nullptr;
 };
+
+// 0, 1, 2 or 3: the alternative options.per_stage holds.
+inline int stage_number(const StageOptions& options) {
+  return static_cast<int>(options.per_stage.index());
+}
 
 // Whether the stage takes each backward's gradient parameter by parameter,
 // into reduce buckets, instead of from a full flat gradient buffer (Note
@@ -464,10 +512,12 @@ class FlatStage : public Stage {
   void gather_master(float* out);
 
  protected:
-  // `partitioned`: the owned spans are this rank's share, reduced into a
-  // buffer of its own (stages 1/2), not the replicated whole (stage 0).
+  // `stage`: the subclass's number (0, 1 or 2), which sets the gradient
+  // averaging (zero/averaging.h); at stages 1/2 the owned spans are this
+  // rank's share, reduced into a buffer of its own, at stage 0 the
+  // replicated whole.
   FlatStage(const StageOptions& options, FlatBuffers buffers,
-            Communicator* comm, bool partitioned, std::vector<Span> owned);
+            Communicator* comm, int stage, std::vector<Span> owned);
   // finalize() of an owned gradient that holds the sum over the ranks
   // (stage 2): divided by `sum_divisor` (W) first, in the same pass; with
   // averaging_.scaled, multiplied by averaging_.after instead (Note
@@ -524,7 +574,8 @@ class FlatStage : public Stage {
                         put);
 };
 
-// Throws UsageError for an unsupported stage number.
+// Stages 0-2, as options.per_stage holds. Throws UsageError for stage 3
+// (its Stage3 needs the storages the Engine's binding builds).
 std::unique_ptr<Stage> make_stage(const StageOptions& options,
                                   FlatBuffers buffers, Communicator* comm);
 

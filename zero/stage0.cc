@@ -5,12 +5,12 @@
 
 namespace zerostep {
 
-Stage0::Stage0(const StageOptions& options, FlatBuffers buffers,
-               Communicator* comm)
-    : FlatStage(options, buffers, comm, /*partitioned=*/false,
+Stage0::Stage0(const StageOptions& options, const Stage0Options& own,
+               FlatBuffers buffers, Communicator* comm)
+    : FlatStage(options, buffers, comm, /*stage=*/0,
                 {Span{0, options.layout.padded_numel}}),
-      overlap_comm_(options.overlap_comm),
-      launcher_(options.layout, options.reduce_bucket_size,
+      overlap_comm_(own.overlap_comm),
+      launcher_(options.layout, own.reduce_bucket_size,
                 [this](size_t k, const char* phase) {
                   const Span& b = launcher_.buckets()[k];
                   // Note [Gradient averaging] in zero/averaging.h.

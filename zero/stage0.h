@@ -31,7 +31,8 @@ namespace zerostep {
 
 class Stage0 final : public FlatStage {
  public:
-  Stage0(const StageOptions& options, FlatBuffers buffers, Communicator* comm);
+  Stage0(const StageOptions& options, const Stage0Options& own,
+         FlatBuffers buffers, Communicator* comm);
 
   int stage() const override { return 0; }
   void begin_boundary_backward(int64_t window_backwards,

@@ -4,7 +4,7 @@ namespace zerostep {
 
 Stage1::Stage1(const StageOptions& options, FlatBuffers buffers,
                Communicator* comm)
-    : FlatStage(options, buffers, comm, /*partitioned=*/true,
+    : FlatStage(options, buffers, comm, /*stage=*/1,
                 {Span{options.layout.partition_begin(comm->rank()),
                       options.layout.partition_numel}}),
       grad_partition_(k_.allocate(options.layout.partition_numel)) {

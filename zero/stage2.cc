@@ -100,17 +100,17 @@ std::vector<Span> owned_chunks(const FlatLayout& layout, int64_t bucket_size,
 
 }  // namespace
 
-Stage2::Stage2(const StageOptions& options, FlatBuffers buffers,
-               Communicator* comm)
-    : FlatStage(options, buffers, comm, /*partitioned=*/true,
-                owned_chunks(options.layout, options.reduce_bucket_size,
-                             comm->rank())),
-      overlap_comm_(options.overlap_comm),
-      reduce_once_(options.reduce_once_per_step),
-      grad_accum_(options.grad_accum),
-      allgather_piece_(aligned_elements(options.allgather_bucket_size /
+Stage2::Stage2(const StageOptions& options, const Stage2Options& own,
+               FlatBuffers buffers, Communicator* comm)
+    : FlatStage(
+          options, buffers, comm, /*stage=*/2,
+          owned_chunks(options.layout, own.reduce_bucket_size, comm->rank())),
+      overlap_comm_(own.overlap_comm),
+      reduce_once_(own.reduce_once_per_step),
+      grad_accum_(own.grad_accum),
+      allgather_piece_(aligned_elements(own.allgather_bucket_size /
                                         options.layout.world_size)),
-      launcher_(options.layout, options.reduce_bucket_size,
+      launcher_(options.layout, own.reduce_bucket_size,
                 [this](size_t k, const char* phase) -> std::shared_ptr<Work> {
                   if (pooled_) return launch_pooled(k, phase);
                   const Span& b = launcher_.buckets()[k];

@@ -134,7 +134,8 @@ class BucketLauncher {
 
 class Stage2 final : public FlatStage, public ParamGradSink {
  public:
-  Stage2(const StageOptions& options, FlatBuffers buffers, Communicator* comm);
+  Stage2(const StageOptions& options, const Stage2Options& own,
+         FlatBuffers buffers, Communicator* comm);
   ~Stage2() override;
 
   int stage() const override { return 2; }

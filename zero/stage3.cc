@@ -40,22 +40,22 @@ void in_flight_at_once(size_t n, Issue issue, Done done) {
 
 }  // namespace
 
-Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
-               const std::vector<size_t>& param_numels,
-               Stage3Initial& initial, GroupStorage* storage,
-               Communicator* comm)
+Stage3::Stage3(const StageOptions& options, const Stage3Options& own,
+               std::vector<Stage3Group> groups,
+               const std::vector<size_t>& param_numels, Stage3Initial& initial,
+               GroupStorage* storage, Communicator* comm)
     : groups_(std::move(groups)),
       param_offset_(param_numels.size(), 0),
       param_numel_(param_numels),
       group_of_(param_numels.size(), 0),
       k_(options.kernels != nullptr ? *options.kernels : host_kernels()),
-      gk_(options.group_kernels != nullptr ? *options.group_kernels : k_),
+      gk_(own.group_kernels != nullptr ? *own.group_kernels : k_),
       storage_(storage),
       comm_(comm),
-      grad_accum_(options.grad_accum),
-      reduce_once_(options.reduce_once_per_step),
-      gather_once_(options.gather_once_per_step),
-      outside_backward_(options.collectives_outside_backward),
+      grad_accum_(own.grad_accum),
+      reduce_once_(own.reduce_once_per_step),
+      gather_once_(own.gather_once_per_step),
+      outside_backward_(own.collectives_outside_backward),
       world_(comm->world_size()),
       rank_(comm->rank()),
       averaging_(averaging_steps(options.averaging, 3, comm->world_size())),
@@ -99,7 +99,7 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
   ZS_CHECK(optimizer_.numel() == owned_numel_);
   size_t largest = 0;
   for (size_t n : partition_) largest = std::max(largest, n);
-  const ParamSwap& swap = options.param_swap;
+  const ParamSwap& swap = own.param_swap;
   if (swap.device != nullptr) {
     // Note [NVMe parameter partitions].
     if (!k_.host_addressable())
@@ -139,14 +139,14 @@ Stage3::Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
   // Note [Stage 3 prefetch]: where it can help.
   if (world_ > 1 && !param_store_ && !outside_backward_ &&
       comm->overlaps_async())
-    prefetch_numel_ = options.prefetch_numel;
-  max_live_numel_ = options.max_live_numel;
+    prefetch_numel_ = own.prefetch_numel;
+  max_live_numel_ = own.max_live_numel;
   // Note [Stage 3 reduce-scatter in flight]: where it can help.
-  if (options.overlap_comm && world_ > 1 && fused_ && !reduce_once_ &&
+  if (own.overlap_comm && world_ > 1 && fused_ && !reduce_once_ &&
       comm->overlaps_async())
     in_flight_limit_ =
-        static_cast<size_t>(std::max<int64_t>(1, options.reduce_bucket_size));
-  kept_ = stage3_kept_for_backward(groups_, options.reuse_distance_numel);
+        static_cast<size_t>(std::max<int64_t>(1, own.reduce_bucket_size));
+  kept_ = stage3_kept_for_backward(groups_, own.reuse_distance_numel);
   reduced_.assign(groups_.size(), false);
   pending_.assign(groups_.size(), 0);
   // Note [Stage 3 initial values]: group by group; with the partitions on

@@ -59,7 +59,7 @@
 //
 // Note [NVMe parameter partitions]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// With StageOptions::param_swap.device set (offload_param.device =
+// With Stage3Options::param_swap.device set (offload_param.device =
 // "nvme"), the rank's partitions live in a SwapStore of one array (the
 // partitions concatenated, part_offset_ as in memory) on that device, not
 // in part_params_. Every read of a group's partition (gather,
@@ -108,7 +108,7 @@
 // one CUDA device: LibTorch runs every backward on a device through that
 // device's one autograd thread) would hang there, each waiting in a
 // collective for ranks queued behind it. With
-// StageOptions::collectives_outside_backward:
+// Stage3Options::collectives_outside_backward:
 //   - the engine holds a group's parameters from the end of its forward
 //     (hold()) to its backward, so gather_for_backward finds them gathered
 //     and communicates nothing (a group that was not held is a UsageError
@@ -129,7 +129,7 @@
 // A model on a device with offload_optimizer (or offload_param) keeps the
 // gathered groups on its device and the rank's partitions on the host:
 // StageOptions::kernels are the host's (the partitions, their gradient,
-// the optimizer state, the NVMe store) and StageOptions::group_kernels
+// the optimizer state, the NVMe store) and Stage3Options::group_kernels
 // the device's (the GroupStorage's full parameters and gradients). Each
 // collective's buffers are marked by where they live: a gather reads a
 // host partition into device storage, a reduce-scatter reads device
@@ -151,7 +151,7 @@
 // backend whose async collectives complete in the call (sim, the default)
 // only the order of the collectives changes. The bits never do: the
 // gathered values are the same. At most one group is ahead at a time, and
-// only one of at most StageOptions::prefetch_numel padded elements
+// only one of at most Stage3Options::prefetch_numel padded elements
 // (DeepSpeed's stage3_prefetch_bucket_size; 0 turns prefetch off). A
 // prefetched group that is not the next one gathered (a model that runs
 // its blocks in another order, or skips one) is waited for and dropped at
@@ -166,7 +166,7 @@
 // fetch), with the NVMe partitions (one read scratch) and with
 // collectives_outside_backward (the groups stay gathered anyway).
 // A prefetch is also skipped when it would bring the block groups gathered
-// above StageOptions::max_live_numel elements (their unpadded sizes;
+// above Stage3Options::max_live_numel elements (their unpadded sizes;
 // DeepSpeed's stage3_max_live_parameters, which bounds its prefetch the
 // same way).
 //
@@ -182,7 +182,7 @@
 // Each reduce-scatter adds into the group's own range of the partition
 // accumulator, once per backward, as the blocking one does, so the bits
 // are the same. What it costs is gradient memory: at most
-// StageOptions::reduce_bucket_size padded elements are in flight (a group
+// Stage3Options::reduce_bucket_size padded elements are in flight (a group
 // larger than that goes alone); before issuing another, the oldest are
 // waited for. The pool keeps the extra gradient slots between windows
 // (Note [Stage 3 buffer pool]), so the memory at rest grows as the peak
@@ -230,7 +230,7 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The partitions change only in a step (apply_update) or a load
 // (load_state), so a group gathered after one of them holds the right
-// values until the next. With StageOptions::gather_once_per_step
+// values until the next. With Stage3Options::gather_once_per_step
 // (zerostep's zero_optimization.gather_once_per_step) a block group, once
 // gathered (by a forward, a backward, or a prefetch), stays gathered:
 // neither release() after its forward nor the reduction after its backward
@@ -284,7 +284,7 @@ namespace zerostep {
 // persistent group's own storage. Each materialize returns padded_numel
 // floats; materialize_grads returns zeros. Under mixed precision the model
 // may compute in another format than these float32 buffers
-// (zero/precision.h): the two hooks let the engine convert.
+// (precision/precision.h): the two hooks let the engine convert.
 class GroupStorage {
  public:
   static constexpr size_t kOwn = static_cast<size_t>(-1);
@@ -331,7 +331,8 @@ class Stage3 final : public Stage {
   // `initial` gives the groups' first values (Note [Stage 3 initial
   // values]); `param_numels[i]` is parameter i's size (to map parameters to
   // offsets inside their group).
-  Stage3(const StageOptions& options, std::vector<Stage3Group> groups,
+  Stage3(const StageOptions& options, const Stage3Options& own,
+         std::vector<Stage3Group> groups,
          const std::vector<size_t>& param_numels, Stage3Initial& initial,
          GroupStorage* storage, Communicator* comm);
 

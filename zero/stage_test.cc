@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/zero_defaults.h"
 #include "sim/sim_world.h"
 #include "zero/far_kernels.h"
 #include "zero/stage2.h"
@@ -53,25 +54,48 @@ void give(Stage& st, const StageOptions& o, const std::vector<float>& g,
     });
 }
 
+// Stage `stage`'s own options (0-2) with the buckets and overlap a test
+// sets; stage 1 takes none of them.
+PerStageOptions stage_options(
+    int stage, int64_t reduce_bucket = zero_defaults::kBucketElements,
+    int64_t allgather_bucket = zero_defaults::kBucketElements,
+    bool overlap = false) {
+  switch (stage) {
+    case 0: {
+      Stage0Options s;
+      s.reduce_bucket_size = reduce_bucket;
+      s.overlap_comm = overlap;
+      return s;
+    }
+    case 1:
+      return Stage1Options{};
+    default: {
+      EXPECT_EQ(stage, 2);
+      Stage2Options s;
+      s.reduce_bucket_size = reduce_bucket;
+      s.allgather_bucket_size = allgather_bucket;
+      s.overlap_comm = overlap;
+      return s;
+    }
+  }
+}
+
 // Runs `windows` windows of `backwards` accumulated random gradients through
 // a stage on a simulated world; returns every rank's final parameters.
-std::vector<std::vector<float>> train(int stage, int world, int windows,
-                                      int backwards, double clip = 0.0,
-                                      int64_t reduce_bucket = 500000000,
-                                      int64_t allgather_bucket = 500000000,
-                                      FarKernels* far = nullptr,
-                                      bool overlap = false) {
+std::vector<std::vector<float>> train(
+    int stage, int world, int windows, int backwards, double clip = 0.0,
+    int64_t reduce_bucket = zero_defaults::kBucketElements,
+    int64_t allgather_bucket = zero_defaults::kBucketElements,
+    FarKernels* far = nullptr, bool overlap = false) {
   const std::vector<size_t> numels = {13, 50, 7};
   FlatLayout layout = FlatLayout::make(numels, world);
   StageOptions opts;
-  opts.stage = stage;
+  opts.per_stage =
+      stage_options(stage, reduce_bucket, allgather_bucket, overlap);
   opts.layout = layout;
   opts.optimizer.kind = OptimizerKind::kAdamW;
   opts.optimizer.lr = 0.01;
   opts.optimizer.weight_decay = 0.1;
-  opts.reduce_bucket_size = reduce_bucket;
-  opts.allgather_bucket_size = allgather_bucket;
-  opts.overlap_comm = overlap;
   opts.kernels = far;
   SimWorld sim({world, 5});
   std::vector<RankState> ranks(world);
@@ -208,8 +232,7 @@ TEST(StageTest, Stage2OwnsOneChunkOfEveryBucket) {
     std::vector<float> p(layout.padded_numel);
     StageOptions o;
     o.layout = layout;
-    o.stage = 2;
-    o.reduce_bucket_size = 64;  // 32 per rank
+    o.per_stage = stage_options(2, /*reduce_bucket=*/64);  // 32 per rank
     owned[r] = make_stage(o, {p.data(), nullptr}, &sim.comm(r))->owned_spans();
   });
   ASSERT_EQ(owned[0].size(), 4u);  // 224 / 64 buckets, the last one 32
@@ -239,7 +262,7 @@ TEST(StageTest, DisagreeingWindowIsAnErrorOnEveryRankAndReducesNothing) {
   for (int stage : {0, 1, 2}) {
     FlatLayout layout = FlatLayout::make({40}, 2);
     StageOptions opts;
-    opts.stage = stage;
+    opts.per_stage = stage_options(stage);
     opts.layout = layout;
     SimWorld sim({2, 5});
     std::vector<RankState> ranks(2);
@@ -273,7 +296,7 @@ TEST(StageTest, DisagreeingWindowIsAnErrorOnEveryRankAndReducesNothing) {
 TEST(StageTest, Stage2ExtraBackwardMeetsTheOthersStepWithAClearError) {
   FlatLayout layout = FlatLayout::make({40}, 2);
   StageOptions opts;
-  opts.stage = 2;
+  opts.per_stage = stage_options(2);
   opts.layout = layout;
   SimWorld sim({2, 5});
   auto errors = sim.run_collect([&](int r) {
@@ -372,14 +395,15 @@ PooledRun run_pooled(int world, const std::vector<size_t>& order,
   std::vector<size_t> numels;
   for (size_t i = 0; i < 40; ++i) numels.push_back(1 + (i * 7) % 37);
   const FlatLayout layout = FlatLayout::make(numels, world);
+  Stage2Options own;
+  own.reduce_bucket_size = 32 * world;
+  own.overlap_comm = overlap;
+  own.collectives_outside_backward = full_buffer;
   StageOptions opts;
-  opts.stage = 2;
+  opts.per_stage = own;
   opts.layout = layout;
   opts.optimizer.kind = OptimizerKind::kAdamW;
   opts.optimizer.lr = 0.01;
-  opts.reduce_bucket_size = 32 * world;
-  opts.overlap_comm = overlap;
-  opts.collectives_outside_backward = full_buffer;
   SimWorld sim({world, 5});
   PooledRun out;
   out.params.resize(world);
@@ -487,9 +511,9 @@ TEST(StageTest, Stage1HoldsOneWorldthOfTheOptimizerState) {
     std::vector<float> p(layout.padded_numel), g(layout.padded_numel);
     StageOptions o;
     o.layout = layout;
-    o.stage = 1;
+    o.per_stage = Stage1Options{};
     mem[r] = make_stage(o, {p.data(), g.data()}, &sim.comm(r))->memory();
-    o.stage = 0;
+    o.per_stage = Stage0Options{};
     mem0[r] = make_stage(o, {p.data(), g.data()}, &sim.comm(r))->memory();
   });
   EXPECT_EQ(mem[0].optimizer_state_bytes * 4, mem0[0].optimizer_state_bytes);
@@ -502,17 +526,18 @@ TEST(StageTest, Stage1HoldsOneWorldthOfTheOptimizerState) {
                                    mem[0].rollback_bytes);
 }
 
-TEST(StageTest, UnsupportedStageIsAClearError) {
+// make_stage() builds stages 0-2; stage 3 needs the Engine's storages.
+TEST(StageTest, Stage3IsAClearErrorInMakeStage) {
   SimWorld sim({1, 5});
   std::vector<float> p(16), g(16);
   StageOptions o;
   o.layout = FlatLayout::make({16}, 1);
-  o.stage = 4;
+  o.per_stage = Stage3Options{};
   try {
     make_stage(o, {p.data(), g.data()}, &sim.comm(0));
     FAIL();
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("zero_optimization.stage = 4"),
+    EXPECT_NE(std::string(e.what()).find("zero_optimization.stage = 3"),
               std::string::npos);
   }
 }

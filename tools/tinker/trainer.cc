@@ -7,7 +7,9 @@
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "common/errors.h"
 #include "config/config.h"
@@ -217,30 +219,37 @@ struct RankTrainer::Impl {
     ZS_CHECK(offset == payload.size());
   }
 
-  CommandResult forward_backward(const Command& c) {
-    const ForwardBackwardIn in = decode_forward_backward(c.blob);
-    Model& m = models.get(in.model_id, c.caller.tenant);
-    std::vector<DatumPlan> plans = plan_forward_backward(in, m.base);
-    const LossConfig config = loss_config(in.loss_fn, in.loss_fn_config);
-    if (in.loss_fn == "stable_reinforce")
-      fill_recorded_q(in, m, c.caller, &plans);
-    // Validated on every rank: from here on every rank runs the same
-    // collectives.
+  // One forward_backward request's outputs, datum by datum: datum j's
+  // target logprobs and elementwise loss at [offset[j], offset[j + 1]) of
+  // the flat arrays (zeros on the ranks that did not run it), and its
+  // summed loss.
+  struct RequestOutputs {
+    std::vector<int64_t> offset;
+    std::vector<float> logprobs, elementwise;
+    std::vector<double> loss;
+
+    explicit RequestOutputs(const std::vector<DatumPlan>& plans)
+        : offset(plans.size() + 1, 0), loss(plans.size(), 0.0) {
+      for (size_t j = 0; j < plans.size(); ++j)
+        offset[j + 1] = offset[j] + plans[j].targets.numel();
+      logprobs.assign(static_cast<size_t>(offset.back()), 0.0f);
+      elementwise.assign(static_cast<size_t>(offset.back()), 0.0f);
+    }
+  };
+
+  // Note [Window positions]: the rows the request's positions [start, end)
+  // touch, this rank's datum of each (the request's, a pending one, or
+  // none: a zero loss), and a backward() for every row the request
+  // completes (none when forward_only). Outputs of the request's datums go
+  // into *out.
+  void run_rows(Model& m, const ForwardBackwardIn& in,
+                const std::vector<DatumPlan>& plans, const LossConfig& config,
+                const Window& win, int64_t start, RequestOutputs* out) {
     const int w = comm->world_size(), r = comm->rank();
-    const int64_t n = static_cast<int64_t>(plans.size());
-    Window none;
-    Window& win = in.forward_only ? none : windows[m.id];
-    const int64_t start = win.datums, end = start + n;
+    const int64_t end = start + static_cast<int64_t>(plans.size());
     // The pending datums sit at positions [start - pending, start).
     const int64_t pending_from =
         start - static_cast<int64_t>(win.pending.size());
-    std::vector<int64_t> offset(static_cast<size_t>(n) + 1, 0);
-    for (int64_t j = 0; j < n; ++j)
-      offset[j + 1] = offset[j] + plans[j].targets.numel();
-    const int64_t total = offset[n];
-    std::vector<float> lp_all(static_cast<size_t>(total), 0.0f),
-        el_all(static_cast<size_t>(total), 0.0f);
-    std::vector<double> loss_all(static_cast<size_t>(n), 0.0);
     for (int64_t row = start / w; row * w < end; ++row) {
       const bool complete = !in.forward_only && (row + 1) * w <= end;
       const int64_t p = row * w + r;
@@ -249,15 +258,15 @@ struct RankTrainer::Impl {
         torch::AutoGradMode grad_mode(complete);
         if (p >= start && p < end) {
           const int64_t j = p - start;
-          auto out = run_datum(m, plans[j], in.loss_fn, config);
-          loss = out.second.sum();
-          torch::Tensor lpc = out.first.detach().contiguous(),
-                        elc = out.second.detach().contiguous();
+          auto o = run_datum(m, plans[j], in.loss_fn, config);
+          loss = o.second.sum();
+          torch::Tensor lpc = o.first.detach().contiguous(),
+                        elc = o.second.detach().contiguous();
           std::copy(lpc.data_ptr<float>(), lpc.data_ptr<float>() + lpc.numel(),
-                    lp_all.begin() + offset[j]);
+                    out->logprobs.begin() + out->offset[j]);
           std::copy(elc.data_ptr<float>(), elc.data_ptr<float>() + elc.numel(),
-                    el_all.begin() + offset[j]);
-          loss_all[static_cast<size_t>(j)] = loss.item<double>();
+                    out->elementwise.begin() + out->offset[j]);
+          out->loss[static_cast<size_t>(j)] = loss.item<double>();
         } else if (p < start && complete) {
           // This rank's datum came with an earlier request: its outputs
           // went back then; now its row is complete.
@@ -270,45 +279,83 @@ struct RankTrainer::Impl {
       }
       if (complete) backward(m, loss);
     }
-    if (!in.forward_only) {
-      // Keep the datums of the row the request left partial.
-      std::vector<PendingDatum> pending;
-      for (int64_t p = (end / w) * w; p < end; ++p) {
-        if (p < start)
-          pending.push_back(std::move(win.pending[p - pending_from]));
-        else
-          pending.push_back({plans[p - start], in.loss_fn, config});
-      }
-      win.pending = std::move(pending);
-      win.datums = end;
+  }
+
+  // The window after the request: its datums counted, and the datums of
+  // the row it left partial kept (earlier requests' and this one's).
+  static void keep_partial_row(Window* win, int w,
+                               const std::vector<DatumPlan>& plans,
+                               const std::string& loss_fn,
+                               const LossConfig& config, int64_t start) {
+    const int64_t end = start + static_cast<int64_t>(plans.size());
+    const int64_t pending_from =
+        start - static_cast<int64_t>(win->pending.size());
+    std::vector<PendingDatum> pending;
+    for (int64_t p = (end / w) * w; p < end; ++p) {
+      if (p < start)
+        pending.push_back(std::move(win->pending[p - pending_from]));
+      else
+        pending.push_back({plans[p - start], loss_fn, config});
     }
-    if (w > 1) {
-      // Each datum's outputs live on one rank, zeros elsewhere: a sum
-      // gathers them exactly.
-      std::vector<float> packed(lp_all);
-      packed.insert(packed.end(), el_all.begin(), el_all.end());
-      if (!packed.empty())
-        comm->all_reduce(Buffer::of(packed.data(), packed.size()),
-                         {ReduceOp::kSum, phase::kForward});
-      comm->all_reduce(Buffer::of(loss_all.data(), loss_all.size()),
+    win->pending = std::move(pending);
+    win->datums = end;
+  }
+
+  // Each datum's outputs live on one rank, zeros elsewhere: a sum gathers
+  // them exactly, on every rank.
+  void gather_outputs(RequestOutputs* out) {
+    if (comm->world_size() == 1) return;
+    const size_t total = out->logprobs.size();
+    std::vector<float> packed(out->logprobs);
+    packed.insert(packed.end(), out->elementwise.begin(),
+                  out->elementwise.end());
+    if (!packed.empty())
+      comm->all_reduce(Buffer::of(packed.data(), packed.size()),
                        {ReduceOp::kSum, phase::kForward});
-      std::copy(packed.begin(), packed.begin() + total, lp_all.begin());
-      std::copy(packed.begin() + total, packed.end(), el_all.begin());
-    }
-    std::vector<DatumOut> outs(static_cast<size_t>(n));
+    comm->all_reduce(Buffer::of(out->loss.data(), out->loss.size()),
+                     {ReduceOp::kSum, phase::kForward});
+    std::copy(packed.begin(), packed.begin() + total, out->logprobs.begin());
+    std::copy(packed.begin() + total, packed.end(), out->elementwise.begin());
+  }
+
+  static CommandResult encode_outputs(const std::vector<DatumPlan>& plans,
+                                      const RequestOutputs& out) {
+    std::vector<DatumOut> outs(plans.size());
     double loss_sum = 0.0;
-    for (int64_t j = 0; j < n; ++j) {
-      outs[j].logprobs.assign(lp_all.begin() + offset[j],
-                              lp_all.begin() + offset[j + 1]);
-      outs[j].elementwise_loss.assign(el_all.begin() + offset[j],
-                                      el_all.begin() + offset[j + 1]);
+    for (size_t j = 0; j < plans.size(); ++j) {
+      outs[j].logprobs.assign(out.logprobs.begin() + out.offset[j],
+                              out.logprobs.begin() + out.offset[j + 1]);
+      outs[j].elementwise_loss.assign(
+          out.elementwise.begin() + out.offset[j],
+          out.elementwise.begin() + out.offset[j + 1]);
       if (plans[j].targets.dim() == 2) outs[j].k = plans[j].targets.size(1);
-      loss_sum += loss_all[static_cast<size_t>(j)];
+      loss_sum += out.loss[j];
     }
     CommandResult res;
     res.has_proto = true;
     res.proto = encode_forward_backward_output(outs, {{"loss:sum", loss_sum}});
     return res;
+  }
+
+  CommandResult forward_backward(const Command& c) {
+    const ForwardBackwardIn in = decode_forward_backward(c.blob);
+    Model& m = models.get(in.model_id, c.caller.tenant);
+    std::vector<DatumPlan> plans = plan_forward_backward(in, m.base);
+    const LossConfig config = loss_config(in.loss_fn, in.loss_fn_config);
+    if (in.loss_fn == "stable_reinforce")
+      fill_recorded_q(in, m, c.caller, &plans);
+    // Validated on every rank: from here on every rank runs the same
+    // collectives.
+    Window none;
+    Window& win = in.forward_only ? none : windows[m.id];
+    const int64_t start = win.datums;
+    RequestOutputs out(plans);
+    run_rows(m, in, plans, config, win, start, &out);
+    if (!in.forward_only)
+      keep_partial_row(&win, comm->world_size(), plans, in.loss_fn, config,
+                       start);
+    gather_outputs(&out);
+    return encode_outputs(plans, out);
   }
 
   // save_weights / load_weights of a model inside an open window: refused
@@ -432,6 +479,14 @@ struct RankTrainer::Impl {
       return ok_json(samplers.save_for_sampler(models, caller, c.args));
     // Sessions, sampling, listings and deletes are rank 0's alone
     // (sampling.h, checkpoints.h).
+    if (std::optional<CommandResult> r = dispatch_rank0_only(c)) return *r;
+    throw InternalError("unknown command '" + c.op + "'");
+  }
+
+  // The commands rank 0 alone serves: its result there, an empty one on
+  // the other ranks; nullopt for any other command.
+  std::optional<CommandResult> dispatch_rank0_only(const Command& c) {
+    const Caller& caller = c.caller;
     const bool rank0 = comm->rank() == 0;
     if (c.op == "create_sampling_session")
       return rank0 ? ok_json(samplers.create_session(models, caller, c.args))
@@ -472,7 +527,7 @@ struct RankTrainer::Impl {
     if (c.op == "weights_info")
       return rank0 ? ok_json(checkpoints.weights_info(caller, c.args))
                    : CommandResult();
-    throw InternalError("unknown command '" + c.op + "'");
+    return std::nullopt;
   }
 };
 

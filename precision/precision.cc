@@ -1,4 +1,4 @@
-#include "zero/precision.h"
+#include "precision/precision.h"
 
 #include <cmath>
 #include <cstring>

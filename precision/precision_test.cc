@@ -1,4 +1,4 @@
-#include "zero/precision.h"
+#include "precision/precision.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
