@@ -57,14 +57,24 @@ std::vector<std::string> every_class(int rank, int64_t k) {
 // counters moved in the failed step().
 // Stage 3 once more with gather_once_per_step and reduce_once_per_step:
 // its step all-gathers every block group too (Note [Stage 3 gather once per
-// step]), all in flight at once, and reduce-scatters every group.
+// step]), all in flight at once, and reduce-scatters every group; and once
+// with the config's persistence threshold, which keeps this MLP's groups
+// whole: its step all-gathers them from the spare of the persistent
+// partitions, and the moments are written only after that (Note
+// [Transactional update]).
 TEST(FaultRunTest, EveryFaultInsideStepIsAnErrorEverywhereAndNoPartialUpdate) {
-  const std::vector<std::pair<int, bool>> runs = {
-      {0, false}, {1, false}, {2, false}, {3, false}, {3, true}};
-  for (const auto& [stage, once] : runs) {
+  struct Run {
+    int stage;
+    bool once;
+    bool persistent = false;
+  };
+  const std::vector<Run> runs = {{0, false}, {1, false},       {2, false},
+                                 {3, false}, {3, true},        {3, false, true}};
+  for (const auto& [stage, once, persistent] : runs) {
     for (bool managed : {false, true}) {
       FaultScenario f = base(stage, managed);
       f.scenario.gather_once_per_step = f.scenario.reduce_once_per_step = once;
+      if (persistent) f.scenario.persistence_threshold = -1;
       const std::vector<CollectiveTiming> schedule = baseline_schedule(f);
       int in_step = 0;  // faults that hit inside step() itself
       for (const CollectiveTiming& c : schedule) {
@@ -86,7 +96,8 @@ TEST(FaultRunTest, EveryFaultInsideStepIsAnErrorEverywhereAndNoPartialUpdate) {
       // windows' agreement (unmanaged) or norm/all-gather (stages 1-3) are
       // inside step(), each hit by 6 faults.
       if (stage == 0 && managed) continue;
-      EXPECT_GE(in_step, 2 * 6) << "stage " << stage << " managed " << managed;
+      EXPECT_GE(in_step, 2 * 6) << "stage " << stage << " managed " << managed
+                                << " persistent " << persistent;
     }
   }
 }

@@ -123,7 +123,7 @@ TEST(MemoryPlanTest, BuffersAreNamed) {
             std::set<std::string>{"window accumulation (float32)"});
   EXPECT_TRUE(names(1, Precision::kFp32).count("reduced gradient partition"));
   EXPECT_TRUE(
-      names(1, Precision::kFp32).count("rollback: the moments' second bank"));
+      names(1, Precision::kFp32).count("rollback: the moments' commit scratch"));
   const std::set<std::string> s2 = names(2, Precision::kBf16);
   for (const char* n : {"bucket pool", "bucket scratch", "all-gather staging",
                         "rollback: the owned master"})

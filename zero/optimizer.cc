@@ -46,6 +46,7 @@ FlatOptimizer::~FlatOptimizer() = default;
 FlatOptimizer::FlatOptimizer(FlatOptimizer&&) noexcept = default;
 
 std::vector<float> FlatOptimizer::read_array(size_t i) const {
+  require_settled("exp_avg");
   if (i >= num_arrays_) return {};
   std::vector<float> out(numel_, 0.0f);
   if (store_) {
@@ -67,6 +68,7 @@ std::vector<float> FlatOptimizer::exp_avg_sq() const { return read_array(1); }
 
 void FlatOptimizer::load_state(int64_t step_count, std::vector<float> exp_avg,
                                std::vector<float> exp_avg_sq) {
+  require_settled("load_state");
   const size_t want_m = num_arrays_ >= 1 ? numel_ : 0;
   const size_t want_v = num_arrays_ == 2 ? numel_ : 0;
   if (step_count < 0 || exp_avg.size() != want_m ||
@@ -90,25 +92,24 @@ void FlatOptimizer::load_state(int64_t step_count, std::vector<float> exp_avg,
 
 void FlatOptimizer::save(Snapshot* out) {
   out->step_count = step_count_;
-  out->generation = generation_;
-  out->num_arrays = num_arrays_;
   if (store_) return;  // the device keeps the committed moments
-  // Note [Two banks of moments]: the spare bank, allocated on the first
-  // save, is where every later step writes.
-  banked_ = true;
-  fit_spare();
+  // Note [Moments written at commit]: from now on steps defer the moments.
+  deferred_ = true;
+  fit_scratch(num_arrays_);
 }
 
-void FlatOptimizer::fit_spare() {
-  if (spare_exp_avg_.size() != exp_avg_.size())
-    spare_exp_avg_ = kernels_->allocate(exp_avg_.size());
-  if (spare_exp_avg_sq_.size() != exp_avg_sq_.size())
-    spare_exp_avg_sq_ = kernels_->allocate(exp_avg_sq_.size());
+void FlatOptimizer::fit_scratch(size_t arrays) {
+  const size_t want = arrays * std::min(numel_, kCommitChunk);
+  if (scratch_.size() >= want) return;
+  scratch_ = kernels_->allocate(want);
 }
 
-void FlatOptimizer::flip() {
-  std::swap(exp_avg_, spare_exp_avg_);
-  std::swap(exp_avg_sq_, spare_exp_avg_sq_);
+void FlatOptimizer::require_settled(const char* what) const {
+  if (pending_ == nullptr && !(store_ && store_->has_prepared())) return;
+  throw UsageError(std::string("FlatOptimizer::") + what +
+                   ": the last step() is neither committed nor restored. "
+                   "Fix: call commit() once the update has succeeded "
+                   "everywhere, or restore() to undo it");
 }
 
 void FlatOptimizer::restore(const Snapshot& snapshot) {
@@ -117,23 +118,46 @@ void FlatOptimizer::restore(const Snapshot& snapshot) {
     if (store_->has_prepared()) store_->discard_prepared();
     return;
   }
-  // The spare bank holds the saved moments only until the next step
-  // writes it: one step at most since the save.
-  ZS_CHECK(banked_);
-  ZS_CHECK(generation_ == snapshot.generation ||
-           generation_ == snapshot.generation + 1);
-  if (generation_ == snapshot.generation + 1) flip();
-  generation_ = snapshot.generation;
-  if (snapshot.num_arrays < num_arrays_) {
-    // SGD's momentum appeared in the undone step: it had no buffer before.
-    exp_avg_ = DeviceArray();
-    spare_exp_avg_ = DeviceArray();
-  }
-  num_arrays_ = snapshot.num_arrays;
+  // Note [Moments written at commit]: the moments were never written.
+  pending_.reset();
 }
 
 void FlatOptimizer::commit() {
-  if (store_ && store_->has_prepared()) store_->commit_prepared();
+  if (store_) {
+    if (store_->has_prepared()) store_->commit_prepared();
+    return;
+  }
+  if (pending_ == nullptr) return;
+  // Note [Moments written at commit]: the step's update again, the
+  // moments in place, the parameters to the scratch.
+  const Pending& q = *pending_;
+  if (q.hyper.kind == OptimizerKind::kSGD && q.hyper.momentum != 0.0 &&
+      exp_avg_.size() != numel_) {
+    exp_avg_ = kernels_->allocate(numel_);  // appears: zeros, as in step()
+    num_arrays_ = 1;
+  }
+  // As in step(): SGD's momentum buffer only while the momentum is on.
+  const bool sgd = q.hyper.kind == OptimizerKind::kSGD;
+  const bool moments = !sgd || q.hyper.momentum != 0.0;
+  float* m = moments ? exp_avg_.data() : nullptr;
+  float* v = moments && !sgd ? exp_avg_sq_.data() : nullptr;
+  for (const Piece& piece : q.pieces) {
+    if (piece.at_commit) {
+      // Its parameters too, in the same pass.
+      const size_t o = piece.state_offset;
+      update(piece.in, piece.out, q.grads + o, m ? m + o : nullptr,
+             m ? m + o : nullptr, v ? v + o : nullptr, v ? v + o : nullptr,
+             piece.numel, q.hyper);
+      continue;
+    }
+    for (size_t c = 0; c < piece.numel && moments; c += kCommitChunk) {
+      const size_t o = piece.state_offset + c;
+      update(piece.in + c, scratch_.data(), q.grads + o, m + o, m + o,
+             v ? v + o : nullptr, v ? v + o : nullptr,
+             std::min(kCommitChunk, piece.numel - c), q.hyper);
+    }
+  }
+  pending_.reset();
 }
 
 size_t FlatOptimizer::state_bytes() const {
@@ -141,9 +165,7 @@ size_t FlatOptimizer::state_bytes() const {
   return exp_avg_.bytes() + exp_avg_sq_.bytes();
 }
 
-size_t FlatOptimizer::rollback_bytes() const {
-  return spare_exp_avg_.bytes() + spare_exp_avg_sq_.bytes();
-}
+size_t FlatOptimizer::rollback_bytes() const { return scratch_.bytes(); }
 
 AdamStepParams FlatOptimizer::adam_params(const OptimizerHyper& hyper,
                                           int64_t step) const {
@@ -197,6 +219,7 @@ void FlatOptimizer::step(const std::vector<Piece>& pieces, const float* grads,
     throw UsageError("FlatOptimizer: the optimizer type cannot change "
                      "between steps");
   }
+  require_settled("step");
   const size_t n = numel_;
   {
     size_t at = 0;  // the pieces cover the state in order
@@ -214,59 +237,71 @@ void FlatOptimizer::step(const std::vector<Piece>& pieces, const float* grads,
     step_swapped(q.out, grads, hyper);
     return;
   }
-  if (kind_ == OptimizerKind::kSGD && hyper.momentum != 0.0 &&
-      exp_avg_.size() != n) {
-    // A momentum scheduled up from 0 gets its buffer (zeros) when it
-    // first appears; a scheduled 0 runs without it.
-    exp_avg_ = kernels_->allocate(n);
-    num_arrays_ = 1;
-  }
-  if (kind_ != OptimizerKind::kSGD && kernel_ == AdamKernel::kFused) {
-    // Note [Two banks of moments]: banked, the new moments go to the spare
-    // bank in the same pass, and the banks flip.
-    float* m_out = banked_ ? spare_exp_avg_.data() : exp_avg_.data();
-    float* v_out = banked_ ? spare_exp_avg_sq_.data() : exp_avg_sq_.data();
-    const AdamStepParams ap = adam_params(hyper, step_count_ + 1);
+  // SGD's momentum scheduled up from 0 gets its buffer (zeros) when it
+  // first appears; a scheduled 0 runs without it.
+  const bool momentum = kind_ == OptimizerKind::kSGD && hyper.momentum != 0.0;
+  const bool appears = momentum && exp_avg_.size() != n;
+  ++step_count_;
+  if (!deferred_) {
+    if (appears) {
+      exp_avg_ = kernels_->allocate(n);
+      num_arrays_ = 1;
+    }
+    float* m = kind_ != OptimizerKind::kSGD || momentum ? exp_avg_.data()
+                                                         : nullptr;
+    float* v = kind_ != OptimizerKind::kSGD ? exp_avg_sq_.data() : nullptr;
     for (const Piece& q : pieces) {
       const size_t o = q.state_offset;
-      kernels_->adam_into(
-          AdamArrays{q.in, q.out, grads + o, exp_avg_.data() + o, m_out + o,
-                     exp_avg_sq_.data() + o, v_out + o},
-          q.numel, ap);
-    }
-    ++step_count_;
-    if (banked_) {
-      flip();
-      ++generation_;
+      update(q.in, q.out, grads + o, m ? m + o : nullptr, m ? m + o : nullptr,
+             v ? v + o : nullptr, v ? v + o : nullptr, q.numel, hyper);
     }
     return;
   }
-  // SGD and the reference loop update in place: banked, on a copy of the
-  // moments in the spare bank, which then becomes the current one.
+  // Note [Moments written at commit]: the new moments of each chunk go to
+  // the scratch and are dropped; commit() writes them.
+  const size_t arrays = kind_ != OptimizerKind::kSGD ? 2 : momentum ? 1 : 0;
+  fit_scratch(arrays);
+  float* sm = arrays >= 1 ? scratch_.data() : nullptr;
+  float* sv = arrays == 2 ? scratch_.data() + std::min(n, kCommitChunk)
+                          : nullptr;
+  const float* m = appears || arrays == 0 ? nullptr : exp_avg_.data();
+  const float* v = arrays == 2 ? exp_avg_sq_.data() : nullptr;
   for (const Piece& q : pieces)
-    if (q.out != q.in) kernels_->copy(q.out, q.in, q.numel);
-  if (banked_) {
-    fit_spare();
-    if (exp_avg_.size() == n)
-      kernels_->copy(spare_exp_avg_.data(), exp_avg_.data(), n);
-    if (exp_avg_sq_.size() == n)
-      kernels_->copy(spare_exp_avg_sq_.data(), exp_avg_sq_.data(), n);
-    flip();
-    ++generation_;
-  }
-  ++step_count_;
-  for (const Piece& q : pieces) {
-    const size_t o = q.state_offset;
-    if (kind_ == OptimizerKind::kSGD) {
-      float* buf = hyper.momentum != 0.0 ? exp_avg_.data() + o : nullptr;
-      kernels_->sgd(q.out, grads + o, buf, q.numel,
-                    {hyper.lr, hyper.weight_decay, hyper.momentum,
-                     step_count_ == 1});
-    } else {
-      reference_adam(q.out, grads + o, exp_avg_.data() + o,
-                     exp_avg_sq_.data() + o, q.numel, hyper);
+    for (size_t c = 0; c < q.numel && !q.at_commit; c += kCommitChunk) {
+      const size_t o = q.state_offset + c;
+      update(q.in + c, q.out + c, grads + o, m ? m + o : nullptr, sm,
+             v ? v + o : nullptr, sv, std::min(kCommitChunk, q.numel - c),
+             hyper);
     }
+  pending_ = std::make_unique<Pending>(Pending{pieces, grads, hyper});
+}
+
+void FlatOptimizer::update(const float* p_in, float* p_out, const float* g,
+                           const float* m_in, float* m_out, const float* v_in,
+                           float* v_out, size_t n,
+                           const OptimizerHyper& hyper) {
+  if (kind_ != OptimizerKind::kSGD && kernel_ == AdamKernel::kFused) {
+    kernels_->adam_into(AdamArrays{p_in, p_out, g, m_in, m_out, v_in, v_out},
+                        n, adam_params(hyper, step_count_));
+    return;
   }
+  // SGD and the reference loop update in place: on copies where the
+  // outputs are apart.
+  if (p_out != p_in) kernels_->copy(p_out, p_in, n);
+  if (m_out != nullptr && m_out != m_in) {
+    if (m_in != nullptr)
+      kernels_->copy(m_out, m_in, n);
+    else
+      kernels_->zero(m_out, n);
+  }
+  if (v_out != nullptr && v_out != v_in) kernels_->copy(v_out, v_in, n);
+  if (kind_ == OptimizerKind::kSGD) {
+    kernels_->sgd(p_out, g, m_out, n,
+                  {hyper.lr, hyper.weight_decay, hyper.momentum,
+                   step_count_ == 1});
+    return;
+  }
+  reference_adam(p_out, g, m_out, v_out, n, hyper);
 }
 
 void FlatOptimizer::reference_adam(float* params, const float* grads,

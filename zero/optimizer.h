@@ -5,8 +5,8 @@
 // the Adam update; SGD momentum with dampening 0, no Nesterov).
 //
 // State (exp_avg, exp_avg_sq or the momentum buffer) is allocated once, at
-// construction, for exactly the span's length (and a second bank of it at
-// the first save(): Note [Two banks of moments]): in the memory of the
+// construction, for exactly the span's length (and, from the first save(),
+// a small scratch: Note [Moments written at commit]): in the memory of the
 // optimizer's Kernels (the host, or the device the parameters are on: Note
 // [Device kernels] in zero/kernels.h), or, with an OptimizerSwap, on a
 // BlockDevice (NVMe offload, Note [NVMe optimizer state]).
@@ -102,9 +102,10 @@ class FlatOptimizer {
 
   // One update of params[0, numel) from grads[0, numel) with `hyper`
   // (which may differ from the constructor's, e.g. a scheduled lr; the kind
-  // must not change: UsageError). Swapped: the new moments are prepared,
-  // not committed: commit() or restore() must follow before the next step
-  // or state read (UsageError otherwise); IoError if the device fails, with
+  // must not change: UsageError). After save() or swapped, the new moments
+  // are not yet the state: commit() or restore() must follow before the
+  // next step or state read (Note [Moments written at commit]; UsageError
+  // otherwise). Swapped: IoError if the device fails, with
   // the moments and step_count() unchanged and params partly updated (the
   // caller restores its copy).
   void step(float* params, const float* grads, const OptimizerHyper& hyper);
@@ -122,6 +123,11 @@ class FlatOptimizer {
     float* out = nullptr;
     size_t state_offset = 0;
     size_t numel = 0;
+    // After save(), in memory: the new parameters are written by commit()
+    // (to `out`, which may be `in`), with the moments, not by step(): for
+    // parameters nobody needs before the update has succeeded (stage 3's
+    // block groups, gathered when next used). Ignored otherwise.
+    bool at_commit = false;
   };
   // Whether step() takes more than one piece: not with a swapped state,
   // which streams through one contiguous span (the caller gathers the
@@ -159,34 +165,39 @@ class FlatOptimizer {
   // after at most one step() since the save. Used to undo an update whose
   // collective failed (Note [Transactional update] in zero/stage.h).
   //
-  // Note [Two banks of moments]
-  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-  // In memory, the first save() allocates a second bank of moments, the
-  // size of the first, in the optimizer's Kernels' memory (rollback_bytes()),
-  // and from then on every step() reads the current bank and writes the
-  // new moments to the other, in the fused kernel's one pass (Note [Update
-  // out of place] in offload/fused_adam.h; SGD and the reference loop copy
-  // and update in place), and the banks flip. The bank the step read keeps
-  // the saved moments until the next step writes it, so save() copies
-  // nothing and restore() flips back. Copying the moments aside before
-  // every update instead would move 16 more bytes per element and step
-  // (what that cost stages 1/2 at 26M parameters: docs/benchmarks.md as
-  // of fee84cc).
+  // Note [Moments written at commit]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // In memory, from the first save() on, step() writes the new parameters
+  // only: it reads the moments without writing them (the new moments of
+  // each piece of at most kCommitChunk elements go to a scratch and are
+  // dropped), and commit() writes them, in place, by running the same
+  // update again over the same inputs with the parameters' output sent to
+  // the scratch. Every element's update is a function of its own inputs
+  // (parameter, gradient, moments, step), so the moments commit() writes
+  // are bitwise those step() computed, and restore() has nothing to undo
+  // but the step count: no copy of the old moments is kept. The cost is
+  // the scratch (state_arrays() x min(numel, kCommitChunk) floats,
+  // rollback_bytes()) and a second pass over the moments per step. The
+  // caller's part of the contract: between step() and commit(), the
+  // step's input parameters (Piece::in, which may be its output: then the
+  // caller puts the old values back first) and the gradients hold what
+  // step() read. Before the first save() (stage 0) the moments are written
+  // in step() itself. Swapped (Note [NVMe optimizer state]): the device
+  // keeps the old moments itself, so save() records the step count only;
+  // step() prepares the new moments; commit() makes them the state (call
+  // it once the update's collectives succeeded) and restore() discards
+  // them. Either way a step() must be followed by commit() or restore()
+  // before the next step() or state read (UsageError otherwise). commit()
+  // throws IoError if the device fails; the old moments stay then and the
+  // caller restores. In memory, commit() cannot fail.
+  static constexpr size_t kCommitChunk = size_t{1} << 18;
   struct Snapshot {
     int64_t step_count = 0;
-    int64_t generation = 0;  // the banks' flips
-    size_t num_arrays = 0;
   };
-  // Swapped (Note [NVMe optimizer state]): the device keeps the old moments
-  // itself, so save() records the step count only; step() prepares the new
-  // moments without committing them; commit() makes them the state (call it
-  // once the update's collectives succeeded) and restore() discards them.
-  // commit() throws IoError if the device fails; the old moments stay then
-  // and the caller restores. In memory, commit() does nothing.
   void save(Snapshot* out);
   void restore(const Snapshot& snapshot);
   void commit();
-  // Bytes of the second bank (0 before the first save, and swapped).
+  // Bytes of the commit scratch (0 before the first save, and swapped).
   size_t rollback_bytes() const;
 
  private:
@@ -198,12 +209,17 @@ class FlatOptimizer {
   // In memory: the state, in kernels_'s memory. Swapped: empty.
   DeviceArray exp_avg_;
   DeviceArray exp_avg_sq_;
-  // Note [Two banks of moments]: the other bank, and whether steps write
-  // it (from the first save() on in memory).
-  DeviceArray spare_exp_avg_;
-  DeviceArray spare_exp_avg_sq_;
-  bool banked_ = false;
-  int64_t generation_ = 0;
+  // Note [Moments written at commit]: whether steps defer the moments
+  // (from the first save() on, in memory), the scratch, and the step
+  // awaiting commit() or restore().
+  bool deferred_ = false;
+  DeviceArray scratch_;
+  struct Pending {
+    std::vector<Piece> pieces;
+    const float* grads = nullptr;
+    OptimizerHyper hyper;
+  };
+  std::unique_ptr<Pending> pending_;
   size_t num_arrays_ = 0;  // state arrays: 2 (Adam), 1 or 0 (SGD)
   std::unique_ptr<SwapStore> store_;
   // Array i (0: exp_avg, 1: exp_avg_sq) as a host vector.
@@ -213,9 +229,16 @@ class FlatOptimizer {
   // LibTorch's Adam/AdamW loop over n elements, in place.
   void reference_adam(float* params, const float* grads, float* m, float* v,
                       size_t n, const OptimizerHyper& hyper);
-  // Sizes the spare bank like the current one; swaps the banks.
-  void fit_spare();
-  void flip();
+  // Sizes the scratch for `arrays` state arrays.
+  void fit_scratch(size_t arrays);
+  // UsageError if a step awaits commit() or restore(); `what` is the call.
+  void require_settled(const char* what) const;
+  // One update of n elements, state elements from `o`; moments read at
+  // m_in / v_in (nullptr: none yet, zeros) and written to m_out / v_out
+  // (each its in array or apart); step_count_ is the update's step.
+  void update(const float* p_in, float* p_out, const float* g,
+              const float* m_in, float* m_out, const float* v_in,
+              float* v_out, size_t n, const OptimizerHyper& hyper);
   AdamStepParams adam_params(const OptimizerHyper& hyper,
                                     int64_t step) const;
 };

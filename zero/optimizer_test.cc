@@ -76,11 +76,12 @@ TEST(FlatOptimizerTest, ZeroParamsAndGradsStayZero) {
   }
 }
 
-// Note [Two banks of moments]: after save(), steps write the other bank and
-// restore() undoes the one step since; the results are the bits of an
-// optimizer that never saved, for every kind and kernel, with the
-// parameters updated in place or out of place.
-TEST(FlatOptimizerTest, BanksUndoOneStepAndChangeNoBit) {
+// Note [Moments written at commit]: after save(), step() writes the
+// parameters only, commit() the moments and restore() undoes the step;
+// the results are the bits of an optimizer that never saved, for every
+// kind and kernel, over more than one commit chunk, with the parameters
+// updated in place or out of place.
+TEST(FlatOptimizerTest, DeferredMomentsUndoAndChangeNoBit) {
   struct Case {
     OptimizerKind kind;
     AdamKernel kernel;
@@ -95,45 +96,60 @@ TEST(FlatOptimizerTest, BanksUndoOneStepAndChangeNoBit) {
     h.lr = 1e-2;
     h.weight_decay = 0.05;
     h.momentum = 0.9;
-    const size_t n = 517;
+    const size_t n = FlatOptimizer::kCommitChunk + 517;
     const std::vector<float> init = normal(n, 3);
     std::vector<float> plain_p = init;
     FlatOptimizer plain(h, n, c.kernel);
-    FlatOptimizer banked(h, n, c.kernel);
+    FlatOptimizer deferred(h, n, c.kernel);
     FlatOptimizer::Snapshot saved;
-    banked.save(&saved);
-    EXPECT_EQ(banked.rollback_bytes(), banked.state_bytes());
+    deferred.save(&saved);
+    // The scratch is a chunk of each state array, not a copy of them.
+    EXPECT_EQ(deferred.rollback_bytes(),
+              deferred.state_arrays() * FlatOptimizer::kCommitChunk *
+                  sizeof(float));
     // Out of place: the parameters alternate between two buffers.
     std::vector<float> p[2] = {init, std::vector<float>(n, 0.0f)};
     int cur = 0;
     for (int step = 1; step <= 6; ++step) {
       const std::vector<float> g = normal(n, 50 + step);
-      banked.save(&saved);
-      const std::vector<float> m = banked.exp_avg(), v = banked.exp_avg_sq();
+      deferred.save(&saved);
+      const std::vector<float> m = deferred.exp_avg(),
+                               v = deferred.exp_avg_sq();
       const std::vector<float> before = p[cur];
-      banked.step(p[cur].data(), p[1 - cur].data(), g.data(), h);
+      deferred.step(p[cur].data(), p[1 - cur].data(), g.data(), h);
       EXPECT_EQ(p[cur], before);  // the input stays
+      // Until commit() or restore(), the state is not to be read.
+      EXPECT_THROW(deferred.exp_avg(), UsageError);
+      EXPECT_THROW(deferred.step(p[cur].data(), g.data(), h), UsageError);
       if (step % 3 == 0) {
         // A failed collective after the update: undone, then retried.
-        banked.restore(saved);
-        EXPECT_EQ(banked.step_count(), step - 1);
-        EXPECT_EQ(banked.exp_avg(), m);
-        EXPECT_EQ(banked.exp_avg_sq(), v);
-        banked.save(&saved);
-        banked.step(p[cur].data(), p[1 - cur].data(), g.data(), h);
+        deferred.restore(saved);
+        EXPECT_EQ(deferred.step_count(), step - 1);
+        EXPECT_EQ(deferred.exp_avg(), m);
+        EXPECT_EQ(deferred.exp_avg_sq(), v);
+        deferred.save(&saved);
+        deferred.step(p[cur].data(), p[1 - cur].data(), g.data(), h);
       }
+      deferred.commit();
+      EXPECT_EQ(p[cur], before);  // commit() does not write parameters
       cur = 1 - cur;
       plain.step(plain_p.data(), g.data(), h);
       ASSERT_EQ(p[cur], plain_p) << "step " << step;
-      ASSERT_EQ(banked.exp_avg(), plain.exp_avg());
-      ASSERT_EQ(banked.exp_avg_sq(), plain.exp_avg_sq());
+      ASSERT_EQ(deferred.exp_avg(), plain.exp_avg()) << "step " << step;
+      ASSERT_EQ(deferred.exp_avg_sq(), plain.exp_avg_sq());
     }
-    // Two steps since the save: the saved bank is gone, and saying so is
-    // an internal error, not a silent wrong state.
+    // In place: the caller puts the old parameters back before commit()
+    // (stage 3's offloaded partitions do), and the bits are the same.
     const std::vector<float> g = normal(n, 99);
-    banked.step(p[cur].data(), g.data(), h);
-    banked.step(p[cur].data(), g.data(), h);
-    EXPECT_THROW(banked.restore(saved), InternalError);
+    const std::vector<float> before = p[cur];
+    deferred.step(p[cur].data(), g.data(), h);
+    const std::vector<float> updated = p[cur];
+    p[cur] = before;
+    deferred.commit();
+    plain.step(plain_p.data(), g.data(), h);
+    EXPECT_EQ(updated, plain_p);
+    EXPECT_EQ(deferred.exp_avg(), plain.exp_avg());
+    EXPECT_EQ(deferred.exp_avg_sq(), plain.exp_avg_sq());
   }
 }
 
@@ -155,7 +171,7 @@ TEST(FlatOptimizerTest, PiecesGiveTheBitsOfOneSpan) {
       const size_t where[3] = {16, 160, 320}, size[3] = {32, 48, 16};
       FlatOptimizer one(h, n, kernel), pieces(h, n, kernel);
       FlatOptimizer::Snapshot saved;
-      pieces.save(&saved);  // banked, as the stages run it
+      pieces.save(&saved);  // deferred, as the stages run it
       size_t at = 0;
       for (int k = 0; k < 3; ++k) {
         std::copy(span.begin() + at, span.begin() + at + size[k],
@@ -173,6 +189,7 @@ TEST(FlatOptimizerTest, PiecesGiveTheBitsOfOneSpan) {
           at += size[k];
         }
         pieces.step(list, g.data(), h);
+        pieces.commit();
         std::swap(buffer, out);
         at = 0;
         for (int k = 0; k < 3; ++k) {
@@ -192,26 +209,37 @@ TEST(FlatOptimizerTest, PiecesGiveTheBitsOfOneSpan) {
   }
 }
 
-// SGD's momentum scheduled up from 0 gets its buffer in the step that
-// first uses it; undoing that step takes the buffer away again.
+// SGD's momentum scheduled up from 0 gets its buffer when the step that
+// first uses it commits; undoing that step leaves none.
 TEST(FlatOptimizerTest, RestoreUndoesAMomentumBufferThatAppeared) {
   OptimizerHyper h;
   h.kind = OptimizerKind::kSGD;
   h.lr = 0.1;
-  FlatOptimizer opt(h, 8);
+  FlatOptimizer opt(h, 8), plain(h, 8);
   FlatOptimizer::Snapshot saved;
   opt.save(&saved);
-  std::vector<float> p(8, 1.0f), g(8, 0.5f);
+  std::vector<float> p(8, 1.0f), g(8, 0.5f), q = p;
   opt.step(p.data(), g.data(), h);
+  opt.commit();
+  plain.step(q.data(), g.data(), h);
   EXPECT_EQ(opt.state_arrays(), 0u);
   opt.save(&saved);
   h.momentum = 0.9;
+  const std::vector<float> before = p;
   opt.step(p.data(), g.data(), h);
-  EXPECT_EQ(opt.state_arrays(), 1u);
   opt.restore(saved);
   EXPECT_EQ(opt.state_arrays(), 0u);
   EXPECT_TRUE(opt.exp_avg().empty());
   EXPECT_EQ(opt.step_count(), 1);
+  // Retried and committed: the buffer appears with the plain run's bits.
+  p = before;
+  opt.save(&saved);
+  opt.step(p.data(), g.data(), h);
+  opt.commit();
+  plain.step(q.data(), g.data(), h);
+  EXPECT_EQ(opt.state_arrays(), 1u);
+  EXPECT_EQ(p, q);
+  EXPECT_EQ(opt.exp_avg(), plain.exp_avg());
 }
 
 TEST(FlatOptimizerTest, StateIsSizedOnceForTheSpan) {

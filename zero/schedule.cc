@@ -4,6 +4,7 @@
 
 #include "common/errors.h"
 #include "zero/flat_layout.h"
+#include "zero/stage1.h"
 #include "zero/stage2.h"
 
 namespace zerostep {
@@ -170,6 +171,17 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
       bucket_collectives(CollectiveKind::kAllReduce, ph, ReduceOp::kAvg,
                          backward, o.overlap_comm);
     };
+    // Stage 1's window reduce (Note [Stage 1 reduce buckets]).
+    auto stage1_reduce = [&] {
+      const size_t part = layout.partition_numel;
+      const size_t piece =
+          internal::stage1_reduce_piece(layout, o.reduce_bucket_size);
+      for (size_t at = 0; at < part; at += piece)
+        out.push_back(collective(CollectiveKind::kReduceScatter,
+                                 DType::kFloat32,
+                                 std::min(piece, part - at) * w, reduce_phase,
+                                 ReduceOp::kAvg));
+    };
     for (int k = 1; k <= o.backwards; ++k) {
       out.push_back(compute(Event::Work::kForward, total));
       const bool boundary = o.managed && k == o.backwards;
@@ -190,9 +202,7 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
         if (o.stage == 2) out.push_back(agreement(w, phase::kStep));
         if (o.stage == 1) {
           out.push_back(agreement(w, phase::kStep));
-          out.push_back(collective(CollectiveKind::kReduceScatter,
-                                   DType::kFloat32, padded, reduce_phase,
-                                   ReduceOp::kAvg));
+          stage1_reduce();
         }
       }
     }
@@ -201,9 +211,7 @@ std::vector<ScheduleEvent> window_schedule(const ModelShape& m,
       if (o.stage == 0) stage0_reduce(reduce_phase, false);
       if (o.stage == 1) {
         out.push_back(agreement(w, phase::kStep));
-        out.push_back(collective(CollectiveKind::kReduceScatter,
-                                 DType::kFloat32, padded, reduce_phase,
-                                 ReduceOp::kAvg));
+        stage1_reduce();
       }
       if (o.stage == 2) out.push_back(agreement(w, phase::kStep));
     }
@@ -316,6 +324,13 @@ namespace {
 
 using Field = MemoryTerm::Field;
 
+// Note [Moments written at commit] (zero/optimizer.h): a chunk of each
+// state array, from the first save() on.
+size_t commit_scratch_bytes(size_t owned, const ScheduleOptions& o) {
+  return o.optimizer_bytes_per_element *
+         std::min(owned, FlatOptimizer::kCommitChunk);
+}
+
 void add(MemoryPlan& p, const std::string& name, size_t bytes, Field field,
          bool model_state = false) {
   if (bytes > 0) p.terms.push_back({name, bytes, field, model_state});
@@ -357,8 +372,14 @@ void flat_plan(const ModelShape& m, const ScheduleOptions& o, MemoryPlan& p) {
         add(p, "gradients of one backward (fp16 values, float32)",
             padded * f, Field::kGrads);
     }
-    if (o.stage == 1)
+    if (o.stage == 1) {
       add(p, "reduced gradient partition", owned * f, Field::kGrads);
+      // Note [Stage 1 reduce buckets].
+      const size_t piece =
+          internal::stage1_reduce_piece(layout, o.reduce_bucket_size);
+      if (piece < owned)
+        add(p, "reduce staging (one bucket)", piece * w * f, Field::kGrads);
+    }
     if (o.stage == 2) {
       add(p, "gradient partition (float32)", owned * f, Field::kGrads);
       add(p, "reduce scratch", owned * f, Field::kGrads);
@@ -391,8 +412,8 @@ void flat_plan(const ModelShape& m, const ScheduleOptions& o, MemoryPlan& p) {
   add(p, "optimizer moments", owned * o.optimizer_bytes_per_element,
       Field::kOptimizer, true);
   if (o.stage > 0)
-    add(p, "rollback: the moments' second bank",
-        owned * o.optimizer_bytes_per_element, Field::kRollback);
+    add(p, "rollback: the moments' commit scratch",
+        commit_scratch_bytes(owned, o), Field::kRollback);
   if (o.stage == 2 && (apart || !o.reduce_once_per_step))
     add(p, apart ? "rollback: the owned master" : "rollback: the owned weights",
         owned * f, Field::kRollback);
@@ -407,7 +428,7 @@ void stage3_plan(const ModelShape& m, const ScheduleOptions& o,
   const int w = o.world_size;
   const size_t f = sizeof(float);
   size_t owned = 0, largest_partition = 0, largest_block = 0, persistent = 0,
-         blocks = 0;
+         blocks = 0, persistent_owned = 0;
   const std::vector<Stage3Group> groups =
       stage3_groups(m, o.persistence_threshold);
   const std::vector<bool> kept = stage3_kept_for_backward(
@@ -419,6 +440,7 @@ void stage3_plan(const ModelShape& m, const ScheduleOptions& o,
     largest_partition = std::max(largest_partition, padded / w);
     if (groups[i].persistent) {
       persistent += padded;
+      persistent_owned += padded / w;
     } else {
       largest_block = std::max(largest_block, padded);
       blocks += padded;
@@ -465,8 +487,15 @@ void stage3_plan(const ModelShape& m, const ScheduleOptions& o,
   }
   add(p, "optimizer moments", owned * o.optimizer_bytes_per_element,
       Field::kOptimizer, true);
-  add(p, "rollback: a spare partition and the moments' second bank",
-      owned * (f + o.optimizer_bytes_per_element), Field::kRollback);
+  // Note [Transactional update]: the whole partition only where the update
+  // gathers every group; else the persistent groups' partitions.
+  add(p,
+      o.gather_once_per_step ? "rollback: a spare partition"
+                             : "rollback: the persistent groups' spare partitions",
+      (o.gather_once_per_step ? owned : persistent_owned) * f,
+      Field::kRollback);
+  add(p, "rollback: the moments' commit scratch",
+      commit_scratch_bytes(owned, o), Field::kRollback);
 }
 
 }  // namespace

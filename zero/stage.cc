@@ -230,14 +230,16 @@ void FlatStage::gather_master(float* out) {
                });
 }
 
-void FlatStage::update_owned(const OptimizerHyper& hyper, float* target) {
+void FlatStage::update_owned(const OptimizerHyper& hyper, float* target,
+                             const float* packed) {
   size_t at = 0;
   // Into `target` straight from the parameters, one piece per owned span
   // (Note [Update out of place] in offload/fused_adam.h).
   if (owned_.size() == 1 || optimizer_.steps_pieces()) {
     std::vector<FlatOptimizer::Piece> pieces;
     for (const Span& s : owned_) {
-      pieces.push_back({buf_.params + s.offset, target + s.offset, at, s.numel});
+      pieces.push_back({packed != nullptr ? packed + at : buf_.params + s.offset,
+                        target + s.offset, at, s.numel});
       at += s.numel;
     }
     optimizer_.step(pieces, owned_grad_, hyper);

@@ -89,11 +89,18 @@
 // stage does, and what it costs:
 //   stage 0   nothing: the update is local and is the last thing
 //             apply_update does, so nothing can fail after it has begun.
-//   stages 1, 2  the optimizer's step count is saved and its moments are
-//             kept: the update writes the new ones to a second bank (Note
-//             [Two banks of moments] in zero/optimizer.h), and a failure
-//             flips back. The updated owned parameters are written, from
-//             the parameters, into the full gradient buffer, which holds
+//   stages 1-3  the moments are not copied: the update computes the new
+//             parameters reading the moments without writing them, and
+//             only once the all-gather has succeeded does
+//             FlatOptimizer::commit() write the new moments in place, by
+//             the same update again over the same inputs (bitwise the
+//             values the first pass computed: Note [Moments written at
+//             commit] in zero/optimizer.h); a failure restores the step
+//             count and nothing else needs undoing. Cost: a scratch of
+//             one 256K-element chunk per state array (2 MB for Adam) and
+//             a second pass over the moments per step.
+//   stages 1, 2  the updated owned parameters are written, from the
+//             parameters, into the full gradient buffer, which holds
 //             nothing once the window's gradients are reduced into the
 //             owned partition; the all-gather runs there, in place, and
 //             only after it has succeeded does the buffer become the
@@ -103,18 +110,19 @@
 //             (FlatBuffers::exchange), so the gradient buffer now holds
 //             the old parameters, which zero_grad() clears; a caller of
 //             make_stage() without an exchange gets a copy of the
-//             parameter buffer. Cost: 8 bytes per owned element (4 for
-//             SGD with momentum, 0 for plain SGD), held for the stage's
-//             lifetime. This holds for stage 2 only where it keeps the full
-//             gradient buffer (reduce_once_per_step, collectives outside
+//             parameter buffer. Cost: nothing beyond the scratch. This
+//             holds for stage 2 only where it keeps the full gradient
+//             buffer (reduce_once_per_step, collectives outside
 //             backward).
 //   stage 2 without a full gradient (Note [Stage 2 buckets]), and stages
 //             1-2 under bf16's partitioned master (Note [Partitioned
 //             master]): there is no full buffer to stage the all-gather
 //             in, so the owned chunks (or the owned master) are copied (4
-//             bytes per owned element) and updated in place, and each
-//             bucket is all-gathered into the model's replica. A failure
-//             restores the owned chunks and the moments: the rank's
+//             bytes per owned element), the update reads the copy and
+//             writes the chunks in place, and each bucket is all-gathered
+//             into the model's replica (stage 1's partitioned master
+//             stages in the full gradient buffer instead: no copy). A
+//             failure restores the owned chunks: the rank's
 //             partition, which is what checkpoints save, is as it was; the
 //             replica's chunks owned by other ranks may hold the new values
 //             of the buckets gathered before the failure (keeping them
@@ -122,16 +130,23 @@
 //             parameter, which is what stage 2 saves). The Engine refuses
 //             backward() and step() afterwards; load_checkpoint() makes the
 //             replica whole again.
-//   stage 3   the update writes the new partition into a spare one (4
-//             bytes per owned element), which becomes the partition on
-//             success, and the new moments into the optimizer's second
-//             bank (8), which flips back on failure; the persistent groups
-//             are all-gathered into their gradient storage (reduced and
-//             zeroed by then) and copied into their parameters on success.
-//             Cost: 12 bytes per owned element.
+//   stage 3   the persistent groups' new partitions go to a spare (4
+//             bytes per persistent owned element) and are all-gathered
+//             into their gradient storage (reduced and zeroed by then);
+//             the block groups' new partitions are written in place by
+//             commit(), with the moments, once that all-gather has
+//             succeeded (they are gathered when next used); on success the
+//             spare is copied into the persistent partitions. With
+//             gather_once_per_step every block group is gathered in the
+//             step too, so the spare holds the whole partition (4 bytes
+//             per owned element). Cost: the spare and the scratch.
 //             With the partitions on NVMe (Note [NVMe parameter
 //             partitions] in zero/stage3.h) the store keeps the old
-//             partitions until its commit, after the all-gather: 8 bytes.
+//             partitions until its commit, after the all-gather (and the
+//             moments' commit reads them back from it first).
+//   Until issue 46 the moments were kept in a second bank (8 bytes per
+//   owned element for Adam), which flipped back on failure: stage 1 at
+//   two ranks then held more than stage 0.
 // MemoryStats::rollback_bytes reports the copies. reduce_window() and
 // finalize() change no parameter and no optimizer state, so a failure there
 // needs no undo. After any failed call the window's gradients are
@@ -533,8 +548,10 @@ class FlatStage : public Stage {
   void set_owned_grad(float* owned_grad) { owned_grad_ = owned_grad; }
   // The optimizer on the owned spans of the parameters; the updated values
   // go to the same offsets of `target` (the parameters themselves, or a
-  // staging buffer: Note [Transactional update]).
-  void update_owned(const OptimizerHyper& hyper, float* target);
+  // staging buffer: Note [Transactional update]). `packed`: the owned
+  // parameters read from there (optimizer order) instead of the spans.
+  void update_owned(const OptimizerHyper& hyper, float* target,
+                    const float* packed = nullptr);
   // Note [Transactional update] for stages 1/2: saves the optimizer state,
   // runs the update into the gradient buffer and `gather` (the all-gather
   // over that buffer), then copies it into the parameters; on any error

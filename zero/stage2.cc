@@ -370,8 +370,11 @@ void Stage2::update_in_place(const OptimizerHyper& hyper) {
     k_.copy(saved_owned_.data(), master_.data(), owned_numel_);
     optimizer_.save(&saved_);
     try {
+      // From the copy: it keeps the old values that commit() reads (Note
+      // [Moments written at commit] in zero/optimizer.h).
       internal::step_and_agree(*comm_, optimizer_.swapped(), [&] {
-        optimizer_.step(master_.data(), owned_grad_, hyper);
+        optimizer_.step(saved_owned_.data(), master_.data(), owned_grad_,
+                        hyper);
       });
       gather_owned(master_.data(), gather_staging_.size() / layout_.world_size,
                    gather_staging_.data(),
@@ -393,8 +396,9 @@ void Stage2::update_in_place(const OptimizerHyper& hyper) {
   }
   optimizer_.save(&saved_);
   try {
-    internal::step_and_agree(*comm_, optimizer_.swapped(),
-                             [&] { update_owned(hyper, buf_.params); });
+    internal::step_and_agree(*comm_, optimizer_.swapped(), [&] {
+      update_owned(hyper, buf_.params, saved_owned_.data());
+    });
     gather_buckets(buf_.params);
     optimizer_.commit();  // NVMe: the new moments count from here
   } catch (...) {

@@ -121,8 +121,16 @@ Stage3::Stage3(const StageOptions& options, const Stage3Options& own,
     part_scratch_.assign(largest, 0.0f);
   } else {
     part_params_ = k_.allocate(owned_numel_);
-    // Note [Transactional update]: the copy is held for the stage's life.
-    saved_params_ = k_.allocate(owned_numel_);
+    // Note [Transactional update]: the spare is held for the stage's life;
+    // the whole partition only where the update gathers every group.
+    full_spare_ = gather_once_ || optimizer_.swapped();
+    size_t spare = full_spare_ ? owned_numel_ : 0;
+    if (!full_spare_)
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        spare_offset_.push_back(spare);
+        if (groups_[g].persistent) spare += partition_[g];
+      }
+    saved_params_ = k_.allocate(spare);
   }
   part_grads_ = k_.allocate(owned_numel_);
   fused_ = internal::reduces_into_partition(*comm_, grad_accum_);
@@ -599,13 +607,18 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
   // beside the old one (Note [Update out of place] in
   // offload/fused_adam.h), which stays until the persistent groups'
   // all-gather has succeeded.
+  if (!full_spare_) {
+    apply_update_persistent_spare(hyper);
+    return;
+  }
   float* fresh = saved_params_.data();
   optimizer_.save(&saved_optimizer_);
   try {
     internal::step_and_agree(*comm_, optimizer_.swapped(), [&] {
       optimizer_.step(part_params_.data(), fresh, part_grads_.data(), hyper);
     });
-    gather_updated(fresh, /*blocks=*/gather_once_);
+    gather_updated([&](size_t g) { return fresh + part_offset_[g]; },
+                   /*blocks=*/gather_once_);
     optimizer_.commit();  // NVMe: the new moments count from here
   } catch (...) {
     // A block group gathered (or half gathered) holds the new values.
@@ -622,6 +635,39 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
       if (!groups_[g].persistent) storage_->params_written(g);
 }
 
+// Note [Transactional update] with a spare of the persistent groups only:
+// their new partitions go to the spare and are gathered; the block
+// groups' are written in place by commit() (Note [Moments written at
+// commit] in zero/optimizer.h), which runs only once the gather has
+// succeeded and cannot fail; a failure before it has changed nothing.
+void Stage3::apply_update_persistent_spare(const OptimizerHyper& hyper) {
+  std::vector<FlatOptimizer::Piece> pieces;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    float* own = part_params_.data() + part_offset_[g];
+    const bool spare = groups_[g].persistent;
+    pieces.push_back({own,
+                      spare ? saved_params_.data() + spare_offset_[g] : own,
+                      part_offset_[g], partition_[g], /*at_commit=*/!spare});
+  }
+  optimizer_.save(&saved_optimizer_);
+  try {
+    optimizer_.step(pieces, part_grads_.data(), hyper);
+    gather_updated(
+        [&](size_t g) { return saved_params_.data() + spare_offset_[g]; },
+        /*blocks=*/false);
+    optimizer_.commit();
+  } catch (...) {
+    drop_held();
+    optimizer_.restore(saved_optimizer_);
+    throw;
+  }
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (groups_[g].persistent)
+      k_.copy(part_params_.data() + part_offset_[g],
+              saved_params_.data() + spare_offset_[g], partition_[g]);
+  publish_persistent();
+}
+
 // Persistent groups are whole on every rank: they are refreshed at once,
 // through their gradient storage (reduced and zeroed by now) so that a
 // failed gather leaves the parameters untouched. With `blocks` so is every
@@ -629,7 +675,8 @@ void Stage3::apply_update(const OptimizerHyper& hyper) {
 // without it they are gathered from the partitions when next used. Every
 // all-gather is in flight at once; on failure all have ended before this
 // throws (the caller drops the slots).
-void Stage3::gather_updated(float* partitions, bool blocks) {
+void Stage3::gather_updated(
+    const std::function<const float*(size_t)>& partition, bool blocks) {
   in_flight_at_once(
       groups_.size(),
       [&](size_t g) -> std::shared_ptr<Work> {
@@ -644,7 +691,7 @@ void Stage3::gather_updated(float* partitions, bool blocks) {
           return nullptr;
         }
         return comm_->all_gather_async(
-            buffer(partitions + part_offset_[g], partition_[g]),
+            buffer(const_cast<float*>(partition(g)), partition_[g]),
             group_buffer(out, padded_[g]), {phase::kStep});
       },
       [](size_t) {});
@@ -679,7 +726,13 @@ void Stage3::apply_update_offloaded(const OptimizerHyper& hyper) {
       });
     });
     // The forward gathers the blocks (Note [Stage 3 gather once per step]).
-    gather_updated(step_params_.data(), /*blocks=*/false);
+    gather_updated([&](size_t g) { return step_params_.data() + part_offset_[g]; },
+                   /*blocks=*/false);
+    // In memory the moments are written at commit from the old parameters
+    // (Note [Moments written at commit] in zero/optimizer.h): the store
+    // still holds them until its commit.
+    if (!optimizer_.swapped())
+      param_store_->read_range(0, 0, owned_numel_, step_params_.data());
     // The commits: old partitions and moments or new ones, never a mix
     // (but for the indeterminate commit of zero/optimizer.h).
     param_store_->commit_prepared();

@@ -35,7 +35,9 @@
 //               partitions, all-gather of the persistent group (and,
 //               with gather_once_per_step, of every block group); all
 //               or nothing (Note [Transactional update] in zero/stage.h:
-//               12 bytes per owned element kept to undo it).
+//               a spare of the persistent groups' partitions, or of the
+//               whole partition with gather_once_per_step, kept to undo
+//               it).
 // Memory: Note [Stage 3 buffer pool]; memory() reports what is resident
 // now and the peak since the last reset_peak().
 //
@@ -448,10 +450,14 @@ class Stage3 final : public Stage {
   bool backward_communicates() const;
   // After an update: all-gathers the persistent groups (into their
   // gradient storage) and, with `blocks`, every block group (into pool
-  // slots) from `partitions` (the rank's, laid out as part_params_).
-  void gather_updated(float* partitions, bool blocks);
+  // slots) from `partition(g)`, group g's new partition.
+  void gather_updated(const std::function<const float*(size_t)>& partition,
+                      bool blocks);
   // apply_update with the partitions on the device.
   void apply_update_offloaded(const OptimizerHyper& hyper);
+  // apply_update where only the persistent groups are gathered (Note
+  // [Transactional update]).
+  void apply_update_persistent_spare(const OptimizerHyper& hyper);
   // The persistent groups' parameters := their gradient storage, which
   // holds the gathered update; the gradient storage is zeroed again.
   void publish_persistent();
@@ -500,8 +506,15 @@ class Stage3 final : public Stage {
   FlatOptimizer optimizer_;
   // Note [Transactional update]: the spare partition the update writes
   // (it becomes part_params_ once the update has succeeded), and the
-  // optimizer's state before the update in progress.
+  // optimizer's state before the update in progress. Where only the
+  // persistent groups are gathered in the update (neither
+  // gather_once_per_step nor a swapped optimizer), only theirs: the block
+  // groups' new partitions are written by the optimizer's commit(), once
+  // the gather has succeeded; spare_offset_[g] is then each persistent
+  // group's place in it.
   DeviceArray saved_params_;
+  bool full_spare_ = true;
+  std::vector<size_t> spare_offset_;
   FlatOptimizer::Snapshot saved_optimizer_;
   // Per group, live state.
   std::vector<float*> full_params_;  // nullptr while released

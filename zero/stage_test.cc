@@ -13,6 +13,7 @@
 #include "common/zero_defaults.h"
 #include "sim/sim_world.h"
 #include "zero/far_kernels.h"
+#include "zero/stage1.h"
 #include "zero/stage2.h"
 #include "zero/staging_comm.h"
 
@@ -151,6 +152,38 @@ TEST(StageTest, Stage1EqualsStage0Bitwise) {
     EXPECT_EQ(0, std::memcmp(p0[0].data(), p1[0].data(), p0[0].size() * 4))
         << "world " << world;
   }
+}
+
+// Note [Stage 1 reduce buckets]: a model larger than one bucket is
+// reduce-scattered piece by piece through a staging buffer of one bucket,
+// with the same bits (clipped too: the norm is over the same partition),
+// and the staging is in memory().
+TEST(StageTest, Stage1ReduceBucketsChangeNoBit) {
+  for (int world : {1, 2, 3, 4})
+    for (double clip : {0.0, 0.5}) {
+      auto one = train(1, world, 3, 3, clip);
+      auto many = train(1, world, 3, 3, clip, /*reduce_bucket=*/16 * world);
+      for (int r = 0; r < world; ++r)
+        EXPECT_EQ(one[r], many[r]) << "world " << world << " clip " << clip;
+    }
+  const FlatLayout layout = FlatLayout::make({13, 50, 7, 100}, 3);
+  ASSERT_GT(layout.partition_numel, 16u);
+  EXPECT_EQ(internal::stage1_reduce_piece(layout, 500000000),
+            layout.partition_numel);
+  EXPECT_EQ(internal::stage1_reduce_piece(layout, 16 * 3), 16u);
+  SimWorld sim({3, 5});
+  std::vector<MemoryStats> one(3), many(3);
+  sim.run([&](int r) {
+    std::vector<float> p(layout.padded_numel), g(layout.padded_numel);
+    StageOptions o;
+    o.layout = layout;
+    o.stage = 1;
+    one[r] = make_stage(o, {p.data(), g.data()}, &sim.comm(r))->memory();
+    o.reduce_bucket_size = 16 * 3;
+    many[r] = make_stage(o, {p.data(), g.data()}, &sim.comm(r))->memory();
+  });
+  EXPECT_EQ(many[0].grad_bytes, one[0].grad_bytes + 16 * 3 * sizeof(float));
+  EXPECT_EQ(many[0].peak_bytes, one[0].peak_bytes + 16 * 3 * sizeof(float));
 }
 
 // Stage 2 sums each backward's gradient over ranks and then over backwards;
@@ -469,12 +502,17 @@ TEST(StageTest, Stage2HoldsNoFullGradientAndKeepsTheBits) {
           << at;
       EXPECT_LT(pooled.memory.grad_bytes, full.memory.grad_bytes) << at;
       // At one rank a bucket's scratch chunk is the bucket itself.
-      if (world > 1)
+      if (world > 1) {
         EXPECT_LT(pooled.memory.grad_bytes,
                   layout.padded_numel * sizeof(float))
             << at;
-      // Rollback: the moments' second bank and the owned chunks.
-      EXPECT_EQ(pooled.memory.rollback_bytes, owned * 12) << at;
+      }
+      // Rollback (Note [Transactional update]): the owned chunks and the
+      // moments' commit scratch, a chunk of each.
+      EXPECT_EQ(pooled.memory.rollback_bytes,
+                (owned + 2 * std::min(owned, FlatOptimizer::kCommitChunk)) *
+                    sizeof(float))
+          << at;
       if (overlap && world > 1) {
         // Every bucket in flight, every one waited for.
         EXPECT_GT(pooled.async_issued, 0) << at;
@@ -517,9 +555,11 @@ TEST(StageTest, Stage1HoldsOneWorldthOfTheOptimizerState) {
     mem0[r] = make_stage(o, {p.data(), g.data()}, &sim.comm(r))->memory();
   });
   EXPECT_EQ(mem[0].optimizer_state_bytes * 4, mem0[0].optimizer_state_bytes);
-  // Note [Transactional update]: stage 1 keeps a copy of its moments (8
-  // bytes per owned element) to undo a failed update; stage 0 needs none.
-  EXPECT_EQ(mem[0].rollback_bytes, mem[0].optimizer_state_bytes);
+  // Note [Transactional update]: stage 1 keeps no copy of its moments, only
+  // the commit scratch (a chunk of each); stage 0 needs none.
+  const size_t owned = mem[0].optimizer_state_bytes / (2 * sizeof(float));
+  EXPECT_EQ(mem[0].rollback_bytes,
+            2 * std::min(owned, FlatOptimizer::kCommitChunk) * sizeof(float));
   EXPECT_EQ(mem0[0].rollback_bytes, 0u);
   EXPECT_EQ(mem[0].peak_bytes, mem[0].param_bytes + mem[0].grad_bytes +
                                    mem[0].optimizer_state_bytes +
