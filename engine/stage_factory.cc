@@ -34,6 +34,7 @@ StageChoice choose_stage(const Config& config, const StageResources& r) {
     }
     case 1: {
       Stage1Options s;
+      s.reduce_bucket_size = zero.reduce_bucket_size;
       s.bf16_weights = bf16_weights;
       o.per_stage = s;
       choice.fold_accum = grad_accum;

@@ -46,8 +46,8 @@ std::unique_ptr<Stage> make_stage(const StageOptions& options,
     std::unique_ptr<Stage> operator()(const Stage0Options& own) const {
       return std::make_unique<Stage0>(options, own, buffers, comm);
     }
-    std::unique_ptr<Stage> operator()(const Stage1Options&) const {
-      return std::make_unique<Stage1>(options, buffers, comm);
+    std::unique_ptr<Stage> operator()(const Stage1Options& own) const {
+      return std::make_unique<Stage1>(options, own, buffers, comm);
     }
     std::unique_ptr<Stage> operator()(const Stage2Options& own) const {
       return std::make_unique<Stage2>(options, own, buffers, comm);

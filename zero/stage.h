@@ -210,6 +210,10 @@ struct Stage0Options {
 
 // The options only stage 1 takes.
 struct Stage1Options {
+  // Elements per reduce-scatter bucket, all ranks' chunks together
+  // (zero_optimization.reduce_bucket_size; Note [Stage 1 reduce buckets]
+  // in zero/stage1.h).
+  int64_t reduce_bucket_size = zero_defaults::kBucketElements;
   // The model computes with bf16 weights of its own and no
   // offload_optimizer moves the master elsewhere, so the float32 master is
   // partitioned (Note [Partitioned master]).

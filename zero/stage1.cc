@@ -15,14 +15,14 @@ size_t stage1_reduce_piece(const FlatLayout& layout, int64_t bucket_size) {
 }
 }  // namespace internal
 
-Stage1::Stage1(const StageOptions& options, FlatBuffers buffers,
-               Communicator* comm)
+Stage1::Stage1(const StageOptions& options, const Stage1Options& own,
+               FlatBuffers buffers, Communicator* comm)
     : FlatStage(options, buffers, comm, /*stage=*/1,
                 {Span{options.layout.partition_begin(comm->rank()),
                       options.layout.partition_numel}}),
       grad_partition_(k_.allocate(options.layout.partition_numel)),
       piece_(internal::stage1_reduce_piece(options.layout,
-                                           options.reduce_bucket_size)) {
+                                           own.reduce_bucket_size)) {
   set_owned_grad(grad_partition_.data());
   if (piece_ < owned_numel_)
     reduce_staging_ = k_.allocate(piece_ * layout_.world_size);

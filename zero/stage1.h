@@ -42,7 +42,8 @@ size_t stage1_reduce_piece(const FlatLayout& layout, int64_t bucket_size);
 
 class Stage1 final : public FlatStage {
  public:
-  Stage1(const StageOptions& options, FlatBuffers buffers, Communicator* comm);
+  Stage1(const StageOptions& options, const Stage1Options& own,
+         FlatBuffers buffers, Communicator* comm);
 
   int stage() const override { return 1; }
   void reduce_window(int64_t window_backwards, int64_t global_steps,

@@ -68,8 +68,11 @@ PerStageOptions stage_options(
       s.overlap_comm = overlap;
       return s;
     }
-    case 1:
-      return Stage1Options{};
+    case 1: {
+      Stage1Options s;
+      s.reduce_bucket_size = reduce_bucket;
+      return s;
+    }
     default: {
       EXPECT_EQ(stage, 2);
       Stage2Options s;
@@ -177,9 +180,11 @@ TEST(StageTest, Stage1ReduceBucketsChangeNoBit) {
     std::vector<float> p(layout.padded_numel), g(layout.padded_numel);
     StageOptions o;
     o.layout = layout;
-    o.stage = 1;
+    o.per_stage = Stage1Options{};
     one[r] = make_stage(o, {p.data(), g.data()}, &sim.comm(r))->memory();
-    o.reduce_bucket_size = 16 * 3;
+    Stage1Options small;
+    small.reduce_bucket_size = 16 * 3;
+    o.per_stage = small;
     many[r] = make_stage(o, {p.data(), g.data()}, &sim.comm(r))->memory();
   });
   EXPECT_EQ(many[0].grad_bytes, one[0].grad_bytes + 16 * 3 * sizeof(float));
