@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "common/zero_defaults.h"
 #include "config/problems.h"
 #include "precision/precision.h"
 
@@ -28,11 +29,14 @@ struct PrecisionConfig {
   Precision grad_accum_dtype = Precision::kFp32;
   // fp16 only.
   double loss_scale = 0.0;           // 0 = dynamic
-  int initial_scale_power = 16;      // dynamic start: 2^power
-  int64_t loss_scale_window = 1000;  // clean iterations before doubling
-  int64_t hysteresis = 2;            // overflows absorbed before halving
+  // dynamic start: 2^power
+  int initial_scale_power = zero_defaults::kInitialScalePower;
+  // clean iterations before doubling
+  int64_t loss_scale_window = zero_defaults::kLossScaleWindow;
+  // overflows absorbed before halving
+  int64_t hysteresis = zero_defaults::kHysteresis;
   bool consecutive_hysteresis = false;
-  double min_loss_scale = 1.0;
+  double min_loss_scale = zero_defaults::kMinLossScale;
 };
 
 // Reads the sections into *out as parse_config meets them, and checks

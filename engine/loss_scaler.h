@@ -31,16 +31,19 @@
 
 #include <cstdint>
 
+#include "common/zero_defaults.h"
+
 namespace zerostep {
 
 struct LossScalerOptions {
   bool dynamic = true;              // fp16.loss_scale == 0
   double static_scale = 1.0;        // fp16.loss_scale when > 0
-  int initial_scale_power = 16;     // fp16.initial_scale_power
-  int64_t scale_window = 1000;      // fp16.loss_scale_window
-  int64_t hysteresis = 2;           // fp16.hysteresis
+  // fp16.initial_scale_power
+  int initial_scale_power = zero_defaults::kInitialScalePower;
+  int64_t scale_window = zero_defaults::kLossScaleWindow;  // fp16.loss_scale_window
+  int64_t hysteresis = zero_defaults::kHysteresis;         // fp16.hysteresis
   bool consecutive_hysteresis = false;  // fp16.consecutive_hysteresis
-  double min_scale = 1.0;           // fp16.min_loss_scale
+  double min_scale = zero_defaults::kMinLossScale;  // fp16.min_loss_scale
 };
 
 class LossScaler {
