@@ -22,6 +22,7 @@
 #include "sim/sim_world.h"
 #include "zero/phase.h"
 #include "zero/schedule.h"
+#include "zero/stage2.h"
 
 namespace zerostep {
 namespace {
@@ -504,6 +505,77 @@ std::string device_problem(const Scenario& s) {
 // Note [Memory plan]: the plan of the scenario's engines, or nullopt where
 // it plans nothing (offload; a backend that overlaps, whose stage 3 pools
 // grow by what is in flight).
+// Note [Stage 2 buckets] (zero/stage2.h): the bucket pool starts with
+// min(buckets, 2) slots, which cover a model whose parameters complete in
+// reverse registration order; a model that completes them in another order
+// grows it by a slot whenever every slot holds an open bucket. The plan
+// knows only the shapes, so the harness finds the order the way the
+// engine's hooks see it (one backward of the scenario's model, a hook on
+// each trainable parameter), replays the pool's rule over it, and names
+// the growth in the plan. The tiny GPT grows by one slot at buckets of 240
+// elements at three ranks: its token embedding completes before its
+// position embedding, which straddles two buckets, both kept open.
+size_t stage2_pool_growth(const Scenario& s, const Task& task,
+                          const FlatLayout& layout, int64_t bucket_size) {
+  const std::vector<Span> buckets =
+      internal::make_buckets(layout, bucket_size);
+  if (buckets.size() <= 2) return 0;  // a slot per bucket already
+  // Each parameter's elements per bucket, and what each bucket awaits.
+  std::vector<size_t> awaited(buckets.size(), 0);
+  std::vector<std::vector<std::pair<size_t, size_t>>> parts(
+      layout.numels.size());  // (bucket, elements), last bucket first
+  for (size_t p = 0; p < layout.numels.size(); ++p) {
+    const size_t begin = layout.offsets[p], end = begin + layout.numels[p];
+    for (size_t k = buckets.size(); k-- > 0;) {
+      const size_t lo = std::max(begin, buckets[k].offset);
+      const size_t hi = std::min(end, buckets[k].offset + buckets[k].numel);
+      if (lo >= hi) continue;
+      parts[p].push_back({k, hi - lo});
+      awaited[k] += hi - lo;
+    }
+  }
+  // The order autograd completes the parameters' gradients in.
+  std::shared_ptr<torch::nn::Module> model = task.make_model(s.seed);
+  std::vector<torch::Tensor> params = trainable_parameters(*model);
+  ZS_CHECK(params.size() == layout.numels.size());
+  std::vector<size_t> order;
+  std::vector<unsigned> hooks;
+  for (size_t p = 0; p < params.size(); ++p)
+    hooks.push_back(params[p].register_hook([&order, p](torch::Tensor g) {
+      order.push_back(p);
+      return g;
+    }));
+  task.loss(*model, task.make_data(s.seed ^ 0x5eed, s.micro_batch))
+      .backward();
+  for (size_t p = 0; p < params.size(); ++p)
+    params[p].remove_hook(hooks[p]);
+  // The pool's rule (Stage2::take_grad, take_slot, end_backward).
+  const size_t first = std::min<size_t>(buckets.size(), 2);
+  size_t slots = first, open = 0;
+  std::vector<bool> has_slot(buckets.size(), false);
+  auto take = [&](size_t k) {
+    if (open == slots) ++slots;
+    has_slot[k] = true;
+    ++open;
+  };
+  for (size_t p : order)
+    for (const auto& [k, n] : parts[p]) {
+      if (!has_slot[k]) take(k);
+      awaited[k] -= n;
+      if (awaited[k] == 0) {
+        has_slot[k] = false;
+        --open;
+      }
+    }
+  for (size_t k = 0; k < buckets.size(); ++k) {  // no gradient: zeros
+    if (awaited[k] == 0) continue;
+    if (!has_slot[k]) take(k);
+    has_slot[k] = false;
+    --open;
+  }
+  return slots - first;
+}
+
 std::optional<MemoryPlan> scenario_memory_plan(const Scenario& s,
                                                const Config& c,
                                                const Task& task) {
@@ -532,7 +604,23 @@ std::optional<MemoryPlan> scenario_memory_plan(const Scenario& s,
       c.optimizer.type == OptimizerType::kSGD
           ? (c.optimizer.momentum > 0 ? sizeof(float) : 0)
           : 2 * sizeof(float);
-  return memory_plan(model_shape(*task.make_model(s.seed), s.model), o);
+  const ModelShape shape = model_shape(*task.make_model(s.seed), s.model);
+  MemoryPlan plan = memory_plan(shape, o);
+  if (o.stage == 2 && !o.reduce_once_per_step) {
+    const FlatLayout layout = FlatLayout::make(shape.numels, s.world_size);
+    const size_t grown =
+        stage2_pool_growth(s, task, layout, o.reduce_bucket_size);
+    if (grown > 0) {
+      size_t largest = 0;
+      for (const Span& b : internal::make_buckets(layout, o.reduce_bucket_size))
+        largest = std::max(largest, b.numel);
+      plan.terms.push_back(
+          {"bucket pool growth (parameters completed out of order)",
+           grown * (largest + largest / s.world_size) * sizeof(float),
+           MemoryTerm::Field::kGrads, false});
+    }
+  }
+  return plan;
 }
 
 namespace {

@@ -9,6 +9,9 @@
 
 #include "common/errors.h"
 #include "models/hf_decoder.h"
+#include "models/task.h"
+#include "parity/model_shape.h"
+#include "zero/schedule.h"
 
 namespace zerostep {
 namespace {
@@ -85,6 +88,35 @@ TEST(ScenarioTest, Stage2WithOverlapAndSmallBucketsIsOkAndBitwise) {
   EXPECT_TRUE(overlapped.ok) << ::testing::PrintToString(overlapped.failures);
   // Overlap changes when buckets are sent, not what is computed.
   EXPECT_EQ(plain.unmanaged.digest, overlapped.unmanaged.digest);
+}
+
+// Note [Stage 2 buckets]: the tiny GPT completes its token embedding
+// before its position embedding, which straddles two buckets of 240
+// elements at three ranks; both stay open, so the pool takes a third slot.
+// The harness's plan replays the pool's rule over the order autograd
+// completes the parameters in and names the growth: the plan is the peak,
+// one slot and its scratch (240 + 80 floats) above the two-slot plan. (A
+// property run found this: the two-slot plan failed the memory check.)
+TEST(ScenarioTest, Stage2PoolGrowthIsInThePlan) {
+  Scenario s = base(2, 3);
+  s.model = "gpt";
+  s.backwards = {1, 2};
+  s.micro_batch = 1;
+  s.reduce_bucket_size = 256;
+  s.allgather_bucket_size = 1024;
+  ScenarioResult r = run_scenario(s);
+  EXPECT_TRUE(r.ok) << ::testing::PrintToString(r.failures);
+  EXPECT_EQ(r.memory_plan_bytes, r.unmanaged.memory_peak_bytes);
+  EXPECT_EQ(r.memory_plan_bytes, r.managed.memory_peak_bytes);
+  ScheduleOptions o;
+  o.stage = 2;
+  o.world_size = 3;
+  o.reduce_bucket_size = 256;
+  o.allgather_bucket_size = 1024;
+  const MemoryPlan two_slots = memory_plan(
+      model_shape(*make_task("gpt", 1)->make_model(s.seed), "gpt"), o);
+  EXPECT_EQ(r.memory_plan_bytes - two_slots.total_bytes(),
+            (240 + 80) * sizeof(float));
 }
 
 // Final parameters of the same scenario across stages: stages 0 and 1 are

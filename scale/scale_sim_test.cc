@@ -167,7 +167,9 @@ TEST(ScaleSimTest, PlannedMemoryIsTheStagesOwn) {
           if (stage == 0) {
             so.per_stage = Stage0Options{o.reduce_bucket_size, false};
           } else if (stage == 1) {
-            so.per_stage = Stage1Options{};
+            Stage1Options s1;
+            s1.reduce_bucket_size = o.reduce_bucket_size;
+            so.per_stage = s1;
           } else {
             Stage2Options s2;
             s2.reduce_bucket_size = o.reduce_bucket_size;
