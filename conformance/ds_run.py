@@ -150,7 +150,10 @@ def formula_adamw(params, lr, betas, eps, weight_decay):
                     p.mul_(1.0 - lr_t * group["weight_decay"])
                     m.mul_(b1).add_(g * (1.0 - b1))
                     v.mul_(b2).add_((g * (1.0 - b2)) * g)
-                    denom = v.sqrt().mul_(1.0 / math.sqrt(1.0 - b2 ** t)).add_(group["eps"])
+                    # sqrt in double, rounded once: float32 Tensor.sqrt() on the CPU is
+                    # not always correctly rounded (docs/design/conformance.md).
+                    denom = v.double().sqrt().float().mul_(1.0 / math.sqrt(1.0 - b2 ** t))
+                    denom.add_(group["eps"])
                     p.sub_((m / denom).mul_(lr_t / (1.0 - b1 ** t)))
 
     return FormulaAdamW(params)
