@@ -18,9 +18,9 @@ difference seen, then the same folded per stage and dtype, and
 exits 1 if any is beyond its tolerance (TOLERANCES below, each with its
 reason; docs/design/conformance.md, "Same numbers as DeepSpeed", explains every
 difference) or if a case that must be bitwise (formula_bitwise: fp32 with
-zerostep's update on both sides, no clip coefficient) is not. --long: every dtype with both variants, and bf16 with the
-formula optimizer too; --worlds=1,2,3 adds world 3 (the test's long run
-does both).
+zerostep's update on both sides, no clip coefficient) is not. --long: every
+dtype with both variants, and bf16 with the formula optimizer too;
+--worlds=1,2,3 adds world 3 (the test's long run does both).
 
 --python: the pinned torch 2.11 venv's (third_party/libtorch/setup.sh); it
 runs with DeepSpeed's folder on PYTHONPATH (benchmarks/peers/
