@@ -31,7 +31,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -40,7 +39,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks", "peers"))
 import cases as C  # noqa: E402
+from ports import master_port  # noqa: E402  (benchmarks/peers)
 
 # Tolerances per (quantity, dtype): (abs, rel) for floats; the bookkeeping
 # (EXACT below) must be equal. A difference passes when |a - b| <= abs +
@@ -157,11 +158,6 @@ def log(*args):
     print(*args, file=sys.stderr, flush=True)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 # A rendezvous port is picked free, closed, and then bound by the ranks; on
 # a busy machine another process may take it in between. Such a run is
@@ -206,7 +202,7 @@ def run_zerostep(binary, run_dir, world):
 
 
 def zerostep_ranks(binary, run_dir, world):
-    port = free_port()
+    port = master_port()
     shape = ",".join(str(v) for v in (C.SHAPE["vocab"], C.SHAPE["d_model"], C.SHAPE["n_layer"],
                                       C.SHAPE["n_head"], C.SHAPE["block_size"], C.MICRO_BATCH,
                                       C.MICRO_MAX, C.WORLD_MAX))

@@ -28,7 +28,6 @@ import datetime
 import json
 import math
 import os
-import socket
 import struct
 import sys
 
@@ -36,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks", "peers"))
 import cases as C  # noqa: E402
+from ports import master_port  # noqa: E402  (benchmarks/peers)
 
 DEEPSPEED_VERSION = "0.19.8"
 
@@ -261,11 +261,6 @@ def rank_main(rank, a, port, names):
     dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -276,7 +271,7 @@ def main(argv):
     os.makedirs(os.path.join(a.dir, "deepspeed"), exist_ok=True)
     names = set(a.cases.split(",")) - {""}
     import torch.multiprocessing as mp
-    mp.spawn(rank_main, args=(a, free_port(), names), nprocs=a.world, join=True)
+    mp.spawn(rank_main, args=(a, master_port(), names), nprocs=a.world, join=True)
     return 0
 
 

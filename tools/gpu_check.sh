@@ -79,7 +79,7 @@ pack() {
   # and the CPU one against DDP and FSDP2 with ranks of two threads on the
   # node's cores (benchmarks/peers/run.py: run.sh --only=cpu-threads).
   cp "$bin/benchmarks/peers/zerostep_step" "$bin/tools/launch" "$dir/peers/"
-  cp benchmarks/peers/gpu_run.py benchmarks/peers/run.py benchmarks/peers/torch_step.py \
+  cp benchmarks/peers/gpu_run.py benchmarks/peers/ports.py benchmarks/peers/run.py benchmarks/peers/torch_step.py \
     benchmarks/peers/deepspeed_step.py "$dir/peers/"
   chmod u+w "$dir"/* "$dir"/peers/*
   strip "$dir/nccl_communicator_test" "$dir/harness" "$dir/device_adam_bench" "$dir/sim_comm_bench" \

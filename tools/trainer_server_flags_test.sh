@@ -49,17 +49,26 @@ err=$(ZEROSTEP_API_KEYS=tml-flags-test-000000000000002 timeout 60 "$server" --po
 [ "$rc" -eq 2 ] && [[ "$err" == *"--api-keys and ZEROSTEP_API_KEYS are both set"* ]] || { echo "FAIL: both key sources: $rc $err"; exit 1; }
 [[ "$err" != *"tml-flags-test"* ]] || { echo "FAIL: a key in the message: $err"; exit 1; }
 # Starts the server with the arguments, waits until it listens (at most 60
-# s: longer means a hang), stops it with SIGTERM; its output in $out.
+# s: longer means a hang), stops it with SIGTERM; its output in $out. Each
+# start writes a file of its own, emptied before the server starts: the
+# shell opens a background job's redirection in the job, so a file shared
+# with the previous start could still hold that start's "listening" line
+# when the loop first reads it (and the server be stopped before it wrote
+# anything).
+serves=0
 serve() {
-  "$server" --port=0 "$@" > "$TEST_TMPDIR/out" 2>&1 &
+  serves=$((serves + 1))
+  local log="$TEST_TMPDIR/out.$serves"
+  : > "$log"
+  "$server" --port=0 "$@" > "$log" 2>&1 &
   pid=$!
   for _ in $(seq 600); do
-    grep -q "listening on http" "$TEST_TMPDIR/out" && break
+    grep -q "listening on http" "$log" && break
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.1
   done
   kill -TERM "$pid" 2>/dev/null; wait "$pid"
-  out=$(cat "$TEST_TMPDIR/out")
+  out=$(cat "$log")
 }
 serve "--state-dir=$TEST_TMPDIR/s" --host=0.0.0.0 --allow-unauthenticated
 [[ "$out" == *"WARNING: serving --host=0.0.0.0 without API keys (--allow-unauthenticated)"*"listening on http://0.0.0.0:"* ]] || { echo "FAIL: --allow-unauthenticated: $out"; exit 1; }

@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import time
 
@@ -22,13 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from ports import master_port  # beside this file
 
 
 def rank_main(rank, port, numel, reps, queue):
@@ -101,7 +94,7 @@ def main():
     p.add_argument("--out")
     a = p.parse_args()
     queue = mp.get_context("fork").SimpleQueue()
-    mp.start_processes(rank_main, args=(free_port(), a.numel, a.reps, queue),
+    mp.start_processes(rank_main, args=(master_port(), a.numel, a.reps, queue),
                        nprocs=2, start_method="fork")
     result = queue.get()
     for name, r in result.items():

@@ -52,7 +52,7 @@ import functools
 import json
 import os
 import platform
-import socket
+import re
 import statistics
 import subprocess
 import sys
@@ -61,7 +61,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from run import cpu_model, model_args  # noqa: E402  (run.py sits beside this file, packed with it)
+from ports import master_port  # noqa: E402  (ports.py and run.py sit beside this file, packed with it)
+from run import cpu_model, model_args  # noqa: E402
 
 # name: (vocab, d_model, n_layer, n_head); --block-size 512:
 # 124,796,416 and 355,290,112 parameters (untied LM head).
@@ -80,17 +81,12 @@ def log(*args):
     print(*args, file=sys.stderr, flush=True)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def launch(world, cmd, timeout_s, base_env):
     """Starts `world` copies of cmd with torchrun's variables (what
     tools/launch does); returns (exit status, rank 0's stdout, the ranks'
     stderr tail). A rank that fails stops the others."""
-    port = free_port()
+    port = master_port()
     procs = []
     for r in range(world):
         env = dict(base_env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
@@ -121,11 +117,15 @@ def clip(text, head=1500, tail=1500):
 
 def headline(err):
     """The line of an error output that says what went wrong: c10 and
-    UsageError put it first, a Python traceback last."""
-    lines = [l.strip() for l in (err or "").strip().splitlines() if l.strip()]
+    UsageError put it first, a Python traceback last. Log lines (torch's
+    "W1208 01:30:25.873000 ... Terminating process ...") are skipped: they
+    say what happened next, not what went wrong."""
+    text = re.sub(r"^exit -?\d+: ", "", (err or "").strip())
+    lines = [l.strip() for l in text.splitlines()
+             if l.strip() and not re.match(r"[IWEF]\d{4} \d\d:\d\d:\d\d", l.strip())]
     if not lines:
         return "?"
-    first = lines[0].split(": ", 1)[1] if lines[0].startswith("exit ") and ": " in lines[0] else lines[0]
+    first = lines[0]
     return lines[-1] if first.startswith("Traceback") or first.startswith("[") else first
 
 
@@ -466,7 +466,7 @@ def main(argv):
                                                      "  peak %.2f GiB" % (pk / 2**30) if pk else ""))
                 if err:
                     failures["%s/%s/round%d" % (size, name, k)] = err
-                    log("  %s FAILED (%s)" % (name, err.splitlines()[0][:200]))
+                    log("  %s FAILED (%s)\n%s" % (name, headline(err)[:200], err))
                 log("  %s: %.1f s" % (name, time.monotonic() - t0))
                 report(a, argv, sizes, runs, unsupported, failures, round_s, started, t_start,
                        complete=False)

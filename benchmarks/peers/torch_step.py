@@ -50,11 +50,11 @@ import datetime
 import json
 import math
 import os
-import socket
 import statistics
 import sys
 import time
 
+from ports import master_port  # beside this file
 
 TORCH_MODES = ("ddp", "fsdp2", "fsdp2_offload", "eager")
 
@@ -365,11 +365,6 @@ class ModeUnsupported(Exception):
     message is reported instead of a time."""
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def run_ranks(a, framework, run_mode):
     """Starts a.world ranks of rank_main and prints rank 0's JSON lines."""
@@ -377,7 +372,7 @@ def run_ranks(a, framework, run_mode):
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.start_processes(rank_main, args=(a, free_port(), queue, framework, run_mode),
+    mp.start_processes(rank_main, args=(a, master_port(), queue, framework, run_mode),
                        nprocs=a.world, start_method="spawn")
     for line in iter(queue.get, None):
         print(json.dumps(line, sort_keys=True), flush=True)
