@@ -51,7 +51,7 @@ def measure(zbin, launch, world, stage, a):
              ["--vocab=%d" % a.vocab, "--d-model=%d" % a.d_model, "--n-layer=%d" % a.n_layer,
               "--n-head=%d" % a.n_head])
     mode = "stage%d" % stage + ("_release" if stage == 3 and a.stage3_mode == "release" else "")
-    cmd = [launch, "--nproc=%d" % world, "--", zbin, "--modes=%s" % mode] + model + [
+    cmd = [launch, "--nproc=%d" % world, "--", zbin, "--modes=%s" % mode, "--rss"] + model + [
            "--block-size=%d" % a.block_size, "--bucket-elements=%d" % a.bucket_elements,
            "--micro-batch=%d" % a.micro_batch, "--backwards=%d" % a.backwards,
            "--threads=1", "--warmup=0", "--windows=%d" % a.windows]

@@ -92,6 +92,9 @@
 // the data), and the device memory in use at the end
 // (cudaMemGetInfo: total - free, which also counts the CUDA context and
 // NCCL's buffers); plain forward+backward's peak is "fwdbwd_memory".
+// --rss (CPU) adds each rank's resident memory per mode, "rss_kib" (Note
+// [Resident memory per mode]; benchmarks/peers/memory_rss.py); timing runs
+// leave it off, since it makes every large allocation a fresh mapping.
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -137,6 +140,7 @@ struct Options {
   TinyGptOptions model;
   std::string hf;  // --hf=DIR: a Hugging Face folder instead of the GPT
   std::string load = "whole";  // --load=whole|meta (with --hf)
+  bool rss = false;  // --rss: Note [Resident memory per mode]
   std::vector<std::string> modes = {"stage0"};
   std::string device = "cpu";
   std::string backend;  // "" = gloo on cpu, nccl on cuda
@@ -215,6 +219,10 @@ Options parse(int argc, char** argv) {
       {"--load", &o.load}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--rss") {
+      o.rss = true;
+      continue;
+    }
     if (a.rfind("--modes=", 0) == 0) {
       o.modes.clear();
       std::stringstream list(a.substr(8));
@@ -392,10 +400,14 @@ using bench::median;
 // made ("at_rest") and the peak over the mode's windows
 // ("training_peak"). The peaks are reset between the parts by writing 5
 // to /proc/self/clear_refs. For the figures to be this mode's alone, the
-// allocator must give freed memory back: main() fixes glibc's mmap
-// threshold (allocations of 256 KiB and more are mapped and unmapped on
-// free; its default threshold grows after each free, and freed tensors
-// would then stay in the heap). The model states are Engine::memory()'s
+// allocator must give freed memory back: with --rss, main() fixes glibc's
+// mmap threshold (allocations of 256 KiB and more are mapped and unmapped
+// on free; its default threshold grows after each free, and freed tensors
+// would then stay in the heap). That makes every large tensor fresh pages,
+// faulted in and zeroed by the kernel: on the 20M-parameter Llama (1
+// thread, AMD EPYC, three launches each way) it cost 8% of a stage 0
+// window and 17% of plain forward+backward, which is why only --rss sets
+// it and timing runs keep glibc's default, as the Python peers do. The model states are Engine::memory()'s
 // "engine_bytes"; the rest of training_peak - baseline is the activations,
 // autograd's gradients before they are bucketed, and Gloo's buffers.
 struct Rss {
@@ -456,10 +468,11 @@ nlohmann::json memory_json(const Options& o, int device_index, int64_t baseline,
 }
 
 int main_impl(int argc, char** argv) {
-  // Note [Resident memory per mode].
-  mallopt(M_MMAP_THRESHOLD, 256 << 10);
-  mallopt(M_TRIM_THRESHOLD, 1 << 20);
   const Options o = parse(argc, argv);
+  if (o.rss) {  // Note [Resident memory per mode]
+    mallopt(M_MMAP_THRESHOLD, 256 << 10);
+    mallopt(M_TRIM_THRESHOLD, 1 << 20);
+  }
   std::vector<std::pair<std::string, Mode>> modes;
   for (const std::string& m : o.modes) modes.emplace_back(m, parse_mode(m));
   set_compute_threads(o.threads);
@@ -600,7 +613,7 @@ int main_impl(int argc, char** argv) {
     }
     const Rss trained = read_rss();
     const nlohmann::json rss =
-        cuda ? nlohmann::json()
+        cuda || !o.rss ? nlohmann::json()
              : gather_rss(*comm, {before.now_kib, made.peak_kib, made.now_kib,
                                   trained.peak_kib});
     if (rank != 0) continue;
