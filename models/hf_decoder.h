@@ -51,10 +51,13 @@
 // LoRA]), is a block: lora_B [vocab, rank] is partitioned like the
 // layers' adapters, and the tied weight it multiplies by stays whole.
 //
-// Numbers: the forward is transformers' eager attention path (float32
-// softmax, RMSNorm in float32, cos/sin in float32 cast to the activations'
-// dtype), so a float32 model gives transformers' logits and gradients up
-// to summation order (models/hf_parity_test.sh states the tolerances), in
+// Numbers: the forward is transformers' (RMSNorm in float32, cos/sin in
+// float32 cast to the activations' dtype). Attention is its default sdpa
+// path in float32 on the CPU under LibTorch 2 (fused, grouped-query heads;
+// Note [fused causal attention] in hf_decoder.cc) and its eager path
+// (float32 softmax) otherwise: bf16, the KV cache's steps, CUDA and
+// LibTorch 1.13. A model gives transformers' logits and gradients up to
+// summation order (models/hf_parity_test.sh states the tolerances), in
 // float32 or, after to(torch::kBFloat16), in bf16.
 //
 // Thread safety: as torch::nn::Module. make_hf_decoder and
