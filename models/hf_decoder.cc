@@ -323,7 +323,7 @@ torch::Tensor HfAttentionImpl::attend(const torch::Tensor& q, torch::Tensor k,
                                       torch::Tensor v, int64_t past) {
   const int64_t b = q.size(0), t = q.size(2), total = k.size(2);
 #if TORCH_VERSION_MAJOR >= 2
-  // Note [fused causal attention]
+  // Note [Fused causal attention]
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
   // A float32 forward over the whole sequence on the CPU (training, and a
   // sample's prefill) takes LibTorch's fused attention, as transformers'

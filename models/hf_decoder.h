@@ -54,7 +54,7 @@
 // Numbers: the forward is transformers' (RMSNorm in float32, cos/sin in
 // float32 cast to the activations' dtype). Attention is its default sdpa
 // path in float32 on the CPU under LibTorch 2 (fused, grouped-query heads;
-// Note [fused causal attention] in hf_decoder.cc) and its eager path
+// Note [Fused causal attention] in hf_decoder.cc) and its eager path
 // (float32 softmax) otherwise: bf16, the KV cache's steps, CUDA and
 // LibTorch 1.13. A model gives transformers' logits and gradients up to
 // summation order (models/hf_parity_test.sh states the tolerances), in
