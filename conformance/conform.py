@@ -158,7 +158,6 @@ def log(*args):
     print(*args, file=sys.stderr, flush=True)
 
 
-
 # A rendezvous port is picked free, closed, and then bound by the ranks; on
 # a busy machine another process may take it in between. Such a run is
 # started again on a new port, at most this many times in all.

@@ -261,7 +261,6 @@ def rank_main(rank, a, port, names):
     dist.destroy_process_group()
 
 
-
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", required=True)

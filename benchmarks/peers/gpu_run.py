@@ -81,7 +81,6 @@ def log(*args):
     print(*args, file=sys.stderr, flush=True)
 
 
-
 def launch(world, cmd, timeout_s, base_env):
     """Starts `world` copies of cmd with torchrun's variables (what
     tools/launch does); returns (exit status, rank 0's stdout, the ranks'

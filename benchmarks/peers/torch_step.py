@@ -365,7 +365,6 @@ class ModeUnsupported(Exception):
     message is reported instead of a time."""
 
 
-
 def run_ranks(a, framework, run_mode):
     """Starts a.world ranks of rank_main and prints rank 0's JSON lines."""
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))

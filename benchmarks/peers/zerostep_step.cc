@@ -407,9 +407,10 @@ using bench::median;
 // faulted in and zeroed by the kernel: on the 20M-parameter Llama (1
 // thread, AMD EPYC, three launches each way) it cost 8% of a stage 0
 // window and 17% of plain forward+backward, which is why only --rss sets
-// it and timing runs keep glibc's default, as the Python peers do. The model states are Engine::memory()'s
-// "engine_bytes"; the rest of training_peak - baseline is the activations,
-// autograd's gradients before they are bucketed, and Gloo's buffers.
+// it and timing runs keep glibc's default, as the Python peers do. The
+// model states are Engine::memory()'s "engine_bytes"; the rest of
+// training_peak - baseline is the activations, autograd's gradients before
+// they are bucketed, and Gloo's buffers.
 struct Rss {
   int64_t now_kib = -1, peak_kib = -1;
 };
