@@ -157,7 +157,8 @@ Rendezvous::Rendezvous(const TorchrunEnv& env, const RendezvousOptions& options)
           if (!store->check({prefix + "join/" + std::to_string(r)}))
             still.push_back(r);
         missing = still;
-        progress->set("rank" + std::string(missing.size() > 1 ? "s " : " ") +
+        progress->set("waiting for rank" +
+                      std::string(missing.size() > 1 ? "s " : " ") +
                       rank_list(missing) + " of " + std::to_string(world) +
                       " to join " + host_of_store + " at " + where);
         return missing.empty();
@@ -195,10 +196,12 @@ Rendezvous::Rendezvous(const TorchrunEnv& env, const RendezvousOptions& options)
         }
         progress->set(
             joined < world
-                ? "the ranks to join " + host_of_store + " at " + where + " (" +
+                ? "waiting for the ranks to join " + host_of_store + " at " +
+                      where + " (" +
                       std::to_string(joined) + " of " + std::to_string(world) +
                       " joined" + missing_text + ")"
-                : "rank 0 to publish the table of every rank's address (all " +
+                : "waiting for rank 0 to publish the table of every rank's "
+                  "address (all " +
                       std::to_string(world) + " ranks joined " + host_of_store +
                       " at " + where + ")");
         return false;
@@ -215,8 +218,8 @@ Rendezvous::Rendezvous(const TorchrunEnv& env, const RendezvousOptions& options)
                               ", " + me.address + ")";
   try {
     run_bounded(meet, timeout, [&] {
-      return on_rank + " timed out after " + seconds(timeout) +
-             ", waiting for " + progress->get() +
+      return on_rank + " timed out after " + seconds(timeout) + ", " +
+             progress->get() +
              ". Fix: start every rank (a rank that never started, or died, "
              "is the one missing), check that MASTER_ADDR and MASTER_PORT "
              "are the same for all, or raise the timeout";
